@@ -1,0 +1,1 @@
+/* cache.c -- (being written) */

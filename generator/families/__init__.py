@@ -1,0 +1,1 @@
+"""Kernel families; importing this package registers each one."""

@@ -1,0 +1,1 @@
+/* compile.c -- (being written) */

@@ -1,0 +1,1 @@
+/* layer.c -- (being written) */

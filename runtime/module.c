@@ -1,0 +1,1 @@
+/* module.c -- (being written) */

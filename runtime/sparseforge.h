@@ -1,0 +1,540 @@
+/*
+ * sparseforge.h -- the public interface of libsparseforge.
+ *
+ * libsparseforge is the C half of sparseforge: it compiles CUDA C++ with
+ * NVRTC, loads the CUDA driver at run time, loads and launches kernels,
+ * times them, and keeps compiled kernels, tuning trials and tuned layers in
+ * a SQLite cache.  This header is the whole contract: whatever is not here
+ * is private.
+ *
+ * Conventions, for every function below:
+ *   - Every call that can fail returns an sf_status (SF_OK is 0).  The
+ *     message of the last failure is kept on the handle the call was given:
+ *     sf_errmsg() for an sf_context, sf_cache_errmsg() for an sf_cache.
+ *     sf_errstr() names a status code.
+ *   - The library never exits and never prints.
+ *   - NULL where a handle or an output pointer is required gives
+ *     SF_ERR_INVALID_ARG (and, where there is a handle, a message on it).
+ *   - Every create/open has a destroy/close that accepts NULL.
+ *   - Strings passed in are copied; the caller keeps ownership of them.
+ *     Strings handed out stay owned by the library unless the function says
+ *     the caller frees them (then with sf_free_buffer()).
+ *   - Device pointers are plain 64-bit integers (sf_devptr), as the CUDA
+ *     driver's CUdeviceptr.
+ *
+ * Threads: an sf_context or sf_cache may be used by one thread at a time.
+ * sf_compile() may run in several threads at once, each with its own
+ * context (NVRTC is thread-safe).  Several processes may share one cache
+ * file (WAL mode and a busy timeout).
+ */
+#ifndef SPARSEFORGE_H
+#define SPARSEFORGE_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#if defined(SF_BUILDING_LIBRARY) && defined(__GNUC__)
+#define SF_API __attribute__((visibility("default")))
+#else
+#define SF_API
+#endif
+
+/* ------------------------------------------------------------------------
+ * Versions and status codes
+ * ---------------------------------------------------------------------- */
+
+#define SF_VERSION_MAJOR 0
+#define SF_VERSION_MINOR 1
+#define SF_VERSION_PATCH 0
+#define SF_VERSION_STRING "0.1.0"
+
+/* The library's version string, e.g. "0.1.0".  Never fails. */
+SF_API const char *sf_version(void);
+
+/*
+ * Status codes.  The table is the single source of both the enum and the
+ * names returned by sf_errstr(): X(name, value, description).
+ */
+#define SF_STATUS_TABLE(X)                                                     \
+  X(SF_OK, 0, "success")                                                       \
+  X(SF_ERR_INVALID_ARG, 1, "invalid argument")                                 \
+  X(SF_ERR_NOMEM, 2, "out of host memory")                                     \
+  X(SF_ERR_IO, 3, "input/output error")                                        \
+  X(SF_ERR_NO_DRIVER, 4, "no CUDA driver found")                               \
+  X(SF_ERR_NO_DEVICE, 5, "no CUDA device")                                     \
+  X(SF_ERR_CUDA, 6, "CUDA driver error")                                       \
+  X(SF_ERR_COMPILE, 7, "compilation failed")                                   \
+  X(SF_ERR_NVRTC, 8, "NVRTC error")                                            \
+  X(SF_ERR_NOT_FOUND, 9, "not found")                                          \
+  X(SF_ERR_DB, 10, "database error")                                           \
+  X(SF_ERR_NOT_A_DB, 11, "file is not a sparseforge database")                 \
+  X(SF_ERR_DB_VERSION, 12, "database is from a newer sparseforge")             \
+  X(SF_ERR_CORRUPT, 13, "stored data failed its checksum")                     \
+  X(SF_ERR_LAUNCH, 14, "kernel launch failed")                                 \
+  X(SF_ERR_NO_BINARY, 15, "no binary for this GPU and no way to compile one")  \
+  X(SF_ERR_BUSY, 16, "database is busy")
+
+typedef enum sf_status {
+#define SF_STATUS_ENUM_(name, value, text) name = value,
+  SF_STATUS_TABLE(SF_STATUS_ENUM_)
+#undef SF_STATUS_ENUM_
+} sf_status;
+
+/* A short description of a status code ("no CUDA driver found"); an unknown
+ * code gives "unknown status".  Never NULL. */
+SF_API const char *sf_errstr(int status);
+
+/* The symbolic name of a status code ("SF_ERR_NO_DRIVER"); an unknown code
+ * gives "SF_UNKNOWN".  Never NULL. */
+SF_API const char *sf_status_name(int status);
+
+/* Frees a buffer that a function of this library handed to the caller.
+ * Accepts NULL. */
+SF_API void sf_free_buffer(void *buffer);
+
+/* SHA-256 of `size` bytes at `data`, written as 64 lowercase hex digits and
+ * a NUL into `hex_out` (65 bytes).  `data` may be NULL when size is 0.
+ * Returns SF_ERR_INVALID_ARG for a NULL hex_out or NULL data with size > 0. */
+SF_API sf_status sf_sha256_hex(const void *data, size_t size, char hex_out[65]);
+
+/* ------------------------------------------------------------------------
+ * Context: the CUDA driver, one device, and the last error message
+ * ---------------------------------------------------------------------- */
+
+typedef struct sf_context sf_context;
+typedef uint64_t sf_devptr;
+
+/*
+ * Creates a context for device `device_ordinal` (0 for the first GPU).
+ * Creating a context never touches the GPU: the driver (libcuda) is loaded
+ * with dlopen on the first call that needs it, so a context is enough to
+ * compile on a machine with no GPU and no driver.  GPU calls on such a
+ * machine return SF_ERR_NO_DRIVER ("no CUDA driver found: ...") or
+ * SF_ERR_NO_DEVICE ("no CUDA device ...").
+ *
+ * `*out` receives the context.  Returns SF_ERR_INVALID_ARG for a NULL out
+ * or a negative ordinal (then *out is NULL), SF_ERR_NOMEM.
+ */
+SF_API sf_status sf_context_create(int device_ordinal, sf_context **out);
+
+/* Destroys a context, its loaded modules and the device memory it still
+ * tracks.  Accepts NULL. */
+SF_API void sf_context_destroy(sf_context *ctx);
+
+/* The message of the last failed call on `ctx` ("" if none; "NULL
+ * context" for a NULL ctx).  Owned by the context, valid until its next
+ * call.  NVRTC failures carry the compiler log; CUDA failures carry the
+ * driver's error name (e.g. CUDA_ERROR_ILLEGAL_ADDRESS). */
+SF_API const char *sf_errmsg(const sf_context *ctx);
+
+/* The status of the last failed call on `ctx` (SF_OK if none). */
+SF_API sf_status sf_errcode(const sf_context *ctx);
+
+/* ------------------------------------------------------------------------
+ * Device description
+ * ---------------------------------------------------------------------- */
+
+typedef struct sf_device_info {
+  char name[256];            /* e.g. "NVIDIA H100 80GB HBM3" */
+  int cc_major, cc_minor;    /* compute capability, e.g. 9, 0 */
+  char arch[16];             /* NVRTC arch for this GPU: "sm_90a" on 9.0,
+                                else "sm_<major><minor>" */
+  int sm_count;              /* multiprocessors */
+  int l2_bytes;              /* L2 cache size */
+  int smem_per_block_optin;  /* largest dynamic shared memory a block can
+                                opt into, bytes */
+  int smem_per_sm;           /* shared memory per multiprocessor, bytes */
+  int regs_per_block;        /* 32-bit registers per block */
+  int max_threads_per_block;
+  int clock_khz;             /* peak SM clock */
+  int driver_version;        /* cuDriverGetVersion, e.g. 13000 */
+  uint64_t total_mem_bytes;
+} sf_device_info;
+
+/* Fills `*out` for the context's device.  Initializes the driver on first
+ * use.  Returns SF_ERR_NO_DRIVER, SF_ERR_NO_DEVICE (no device, or the
+ * ordinal is out of range), SF_ERR_CUDA, SF_ERR_INVALID_ARG. */
+SF_API sf_status sf_device_info_get(sf_context *ctx, sf_device_info *out);
+
+/* Number of CUDA devices, into *count.  SF_ERR_NO_DRIVER where there is no
+ * driver (then *count is 0); a driver with no device gives SF_OK and 0. */
+SF_API sf_status sf_device_count(sf_context *ctx, int *count);
+
+/* ------------------------------------------------------------------------
+ * Compilation (NVRTC; needs no GPU)
+ * ---------------------------------------------------------------------- */
+
+typedef enum sf_binary_kind {
+  SF_BINARY_CUBIN = 0, /* machine code for one arch */
+  SF_BINARY_PTX = 1    /* PTX; the driver JIT-compiles it at load */
+} sf_binary_kind;
+
+typedef struct sf_compile_options {
+  /* NVRTC arch: "sm_80", "sm_86", "sm_89", "sm_90", "sm_90a", ...; NULL or
+   * "native" means the context's GPU (which then needs the driver). */
+  const char *arch;
+  sf_binary_kind kind;
+  /* Extra include directories (NULL-terminated array, or NULL). */
+  const char *const *include_dirs;
+  /* Extra NVRTC options, passed as given (NULL-terminated, or NULL). */
+  const char *const *extra_options;
+  /* The CUDA include directory (for cuda_fp16.h and friends).  NULL: the
+   * environment's CUDA_HOME or CUDA_PATH (plus "/include"), else the
+   * directory found when the library was built, else /usr/local/cuda. */
+  const char *cuda_include_dir;
+} sf_compile_options;
+
+/* A compiled program: its binary (cubin or PTX) and the compiler's log. */
+typedef struct sf_binary sf_binary;
+
+/*
+ * Compiles `source` (CUDA C++, NUL-terminated) with NVRTC.  `program_name`
+ * names it in messages (NULL: "kernel.cu").  `opts` may be NULL (native
+ * arch, cubin).  The options always passed are, in this order:
+ * "--gpu-architecture=<arch>" (or compute_XX for PTX), "-std=c++17",
+ * "-default-device", then the include directories, then extra_options.
+ * sf_compile_canonical_options() returns that list for hashing.
+ *
+ * Returns SF_ERR_COMPILE when the source does not compile (the message
+ * holds the compiler log, including a missing header's name),
+ * SF_ERR_NVRTC for other NVRTC failures, SF_ERR_INVALID_ARG for a malformed
+ * arch, SF_ERR_NO_DRIVER / SF_ERR_NO_DEVICE when arch is native and there is
+ * no GPU, SF_ERR_NOMEM.  On success `*out` owns the binary; free it with
+ * sf_binary_free().
+ */
+SF_API sf_status sf_compile(sf_context *ctx, const char *source,
+                            const char *program_name,
+                            const sf_compile_options *opts, sf_binary **out);
+
+/*
+ * The canonical option string used to key a binary: the options sf_compile
+ * passes, without include directories (machine-specific paths), joined by
+ * single spaces.  Resolves a native arch like sf_compile does.  The caller
+ * frees *out with sf_free_buffer().
+ */
+SF_API sf_status sf_compile_canonical_options(sf_context *ctx,
+                                              const sf_compile_options *opts,
+                                              char **out);
+
+/* Wraps bytes (a cubin or PTX read from a cache or file) in an sf_binary;
+ * the bytes are copied.  PTX must be NUL-terminated text. */
+SF_API sf_status sf_binary_from_memory(const void *data, size_t size,
+                                       sf_binary_kind kind, sf_binary **out);
+
+/* The binary's bytes and size; owned by the binary.  NULL for NULL. */
+SF_API const void *sf_binary_data(const sf_binary *bin, size_t *size);
+SF_API sf_binary_kind sf_binary_get_kind(const sf_binary *bin);
+/* The compiler's log ("" when empty or not compiled here).  Owned by bin. */
+SF_API const char *sf_binary_log(const sf_binary *bin);
+SF_API void sf_binary_free(sf_binary *bin);
+
+/* The NVRTC version this library uses. */
+SF_API sf_status sf_nvrtc_version(int *major, int *minor);
+
+/* ------------------------------------------------------------------------
+ * Modules, kernels and launches
+ * ---------------------------------------------------------------------- */
+
+typedef struct sf_module sf_module;
+typedef struct sf_kernel sf_kernel;
+
+/* Loads a binary on the context's device.  SF_ERR_CUDA for an image the
+ * driver refuses (e.g. a cubin for another arch: message carries
+ * CUDA_ERROR_NO_BINARY_FOR_GPU).  Free with sf_module_unload(). */
+SF_API sf_status sf_module_load(sf_context *ctx, const sf_binary *bin,
+                                sf_module **out);
+SF_API void sf_module_unload(sf_module *mod);
+
+/* Finds a kernel by its (extern "C" or mangled) name.  The kernel belongs
+ * to the module and is valid until the module is unloaded.
+ * SF_ERR_NOT_FOUND if the module has no such kernel. */
+SF_API sf_status sf_kernel_get(sf_context *ctx, sf_module *mod,
+                               const char *name, sf_kernel **out);
+
+/* Registers, static shared memory and local memory of a kernel, as the
+ * driver reports them. */
+typedef struct sf_kernel_attrs {
+  int num_regs;
+  int shared_bytes;      /* static shared memory */
+  int local_bytes;       /* local memory per thread (spills, stack) */
+  int max_threads;       /* largest block it can launch */
+} sf_kernel_attrs;
+SF_API sf_status sf_kernel_attributes(sf_context *ctx, sf_kernel *k,
+                                      sf_kernel_attrs *out);
+
+typedef struct sf_launch_config {
+  unsigned grid[3];
+  unsigned block[3];
+  unsigned shared_bytes; /* dynamic shared memory; above 48 KB the kernel's
+                            limit is raised first */
+  void *stream;          /* a CUstream, or NULL for the default stream */
+} sf_launch_config;
+
+/* Launches `k` with `args` (an array of pointers to each argument, as
+ * cuLaunchKernel takes them).  Returns SF_ERR_LAUNCH when the launch is
+ * refused (bad configuration, too much shared memory, ...), with the CUDA
+ * error name in the message.  Does not wait for the kernel. */
+SF_API sf_status sf_launch(sf_context *ctx, sf_kernel *k,
+                           const sf_launch_config *cfg, void **args);
+
+/* Waits for all work on the context's device.  A kernel's fault surfaces
+ * here as SF_ERR_CUDA (e.g. CUDA_ERROR_ILLEGAL_ADDRESS); after a fault the
+ * context is unusable and must be destroyed (the driver's rule). */
+SF_API sf_status sf_synchronize(sf_context *ctx);
+
+typedef struct sf_timing_options {
+  int warmup;           /* launches before timing (default 3 if 0) */
+  int min_reps;         /* at least this many timed launches (default 30) */
+  int max_reps;         /* at most (default 1000) */
+  double min_total_ms;  /* keep timing until this much time (default 100) */
+  int flush_l2;         /* nonzero: overwrite a buffer twice the L2 size
+                           between timed launches (not timed) */
+  int graph_batch;      /* > 1: capture this many launches in a CUDA graph
+                           and time the graph's replays; each sample is the
+                           mean per launch.  For very short kernels. */
+} sf_timing_options;
+
+typedef struct sf_timing {
+  double median_ms, p20_ms, p80_ms, min_ms, mean_ms;
+  int reps;
+} sf_timing;
+
+/* Times a kernel with CUDA events on cfg->stream: warm-up, then repeated
+ * launches as `opts` says (NULL: defaults).  Compilation and module load are
+ * outside it by construction.  A launch or kernel failure returns its
+ * status (SF_ERR_LAUNCH or SF_ERR_CUDA). */
+SF_API sf_status sf_time_kernel(sf_context *ctx, sf_kernel *k,
+                                const sf_launch_config *cfg, void **args,
+                                const sf_timing_options *opts,
+                                sf_timing *out);
+
+/* ------------------------------------------------------------------------
+ * Device memory (enough for tests and the tuner)
+ * ---------------------------------------------------------------------- */
+
+SF_API sf_status sf_mem_alloc(sf_context *ctx, size_t size, sf_devptr *out);
+/* Frees device memory; 0 is accepted and ignored. */
+SF_API sf_status sf_mem_free(sf_context *ctx, sf_devptr ptr);
+SF_API sf_status sf_memcpy_htod(sf_context *ctx, sf_devptr dst,
+                                const void *src, size_t size);
+SF_API sf_status sf_memcpy_dtoh(sf_context *ctx, void *dst, sf_devptr src,
+                                size_t size);
+SF_API sf_status sf_memset_d8(sf_context *ctx, sf_devptr dst,
+                              unsigned char value, size_t size);
+
+/* ------------------------------------------------------------------------
+ * The cache (SQLite)
+ * ---------------------------------------------------------------------- */
+
+typedef struct sf_cache sf_cache;
+
+#define SF_CACHE_SCHEMA_VERSION 1
+
+enum {
+  SF_CACHE_READONLY = 1, /* open for reading only; never creates */
+  SF_CACHE_CREATE = 2    /* create the file if it does not exist */
+};
+
+/*
+ * Opens (or with SF_CACHE_CREATE creates) the cache at `path`: WAL mode, a
+ * busy timeout of 30 s, schema version in PRAGMA user_version.
+ *
+ * A file that is not a SQLite database, or a SQLite database that is not a
+ * sparseforge cache, gives SF_ERR_NOT_A_DB; one whose user_version is newer
+ * than SF_CACHE_SCHEMA_VERSION gives SF_ERR_DB_VERSION.  Either way the
+ * file is not modified.  A missing file without SF_CACHE_CREATE gives
+ * SF_ERR_NOT_FOUND.  On failure *out is still set (unless NOMEM or NULL
+ * out) so that sf_cache_errmsg() can tell what happened; close it.
+ */
+SF_API sf_status sf_cache_open(const char *path, int flags, sf_cache **out);
+SF_API void sf_cache_close(sf_cache *cache);
+/* Last error message on the cache ("" if none). */
+SF_API const char *sf_cache_errmsg(const sf_cache *cache);
+
+/* --- binaries ---------------------------------------------------------- */
+
+/* What identifies a compiled binary.  The key is the SHA-256 of all of
+ * these fields (sf_binary_key_hex). */
+typedef struct sf_binary_key {
+  const char *source;            /* the complete source compiled */
+  const char *options;           /* sf_compile_canonical_options() */
+  const char *arch;              /* exact arch string, e.g. "sm_90a" */
+  const char *nvrtc_version;     /* e.g. "13.0" */
+  const char *generator_version; /* the generator that wrote the source */
+  sf_binary_kind kind;
+} sf_binary_key;
+
+/* The hex key of a binary (65 bytes with the NUL). */
+SF_API sf_status sf_binary_key_hex(const sf_binary_key *key, char out[65]);
+
+/* Stores a binary (and its source) under its key; storing the same key
+ * again replaces nothing and succeeds. */
+SF_API sf_status sf_cache_put_binary(sf_cache *cache, const sf_binary_key *key,
+                                     const sf_binary *bin);
+/* Fetches the binary for `key`: SF_ERR_NOT_FOUND if absent, SF_ERR_CORRUPT
+ * if its bytes no longer match their stored sha256.  *out is freed with
+ * sf_binary_free(). */
+SF_API sf_status sf_cache_get_binary(sf_cache *cache, const sf_binary_key *key,
+                                     sf_binary **out);
+
+/* --- environments and matrices ---------------------------------------- */
+
+/* Records the GPU environment (name, compute capability, SM count, driver
+ * version) and writes its key (hex SHA-256 of those) into env_key. */
+SF_API sf_status sf_cache_put_env(sf_cache *cache, const sf_device_info *dev,
+                                  char env_key[65]);
+
+typedef struct sf_matrix_record {
+  const char *fingerprint; /* hash of pattern, permutation and values */
+  int64_t rows, cols, nnz;
+  const char *dtype;       /* "fp32", "fp16", "bf16" */
+  const char *info;        /* free text (JSON): source file, pattern... */
+} sf_matrix_record;
+SF_API sf_status sf_cache_put_matrix(sf_cache *cache,
+                                     const sf_matrix_record *m);
+
+/* --- trials ------------------------------------------------------------- */
+
+typedef enum sf_trial_status {
+  SF_TRIAL_OK = 0,
+  SF_TRIAL_COMPILE_FAIL = 1,
+  SF_TRIAL_LAUNCH_FAIL = 2,
+  SF_TRIAL_WRONG = 3,
+  SF_TRIAL_TIMEOUT = 4
+} sf_trial_status;
+
+/* One configuration tried on one GPU, matrix, operation and N. */
+typedef struct sf_trial {
+  const char *env_key;      /* sf_cache_put_env */
+  const char *matrix_fp;    /* sf_matrix_record.fingerprint */
+  const char *op;           /* the operation: family, dtype, layout,
+                               epilogue, e.g. "shflbw64.fp16.fm.bias_gelu" */
+  int64_t n;                /* columns of X */
+  const char *config;       /* the configuration, canonical JSON */
+  int status;               /* sf_trial_status */
+  double median_ms, p20_ms, p80_ms, min_ms;
+  int reps;
+  double max_error;         /* against the reference (relative) */
+  const char *binary_key;   /* may be NULL */
+  const char *message;      /* why it failed; may be NULL */
+  double created;           /* unix time; filled by the cache on read */
+} sf_trial;
+
+/* Records a trial; a trial with the same (env, matrix, op, n, config)
+ * replaces the earlier one. */
+SF_API sf_status sf_cache_put_trial(sf_cache *cache, const sf_trial *t);
+
+/* Filter for sf_cache_trials: NULL fields and n < 0 match anything. */
+typedef struct sf_trial_filter {
+  const char *env_key;
+  const char *matrix_fp;
+  const char *op;
+  int64_t n;
+} sf_trial_filter;
+
+/* Calls `cb` for every trial matching `filter` (NULL: all), best first
+ * within each (env, matrix, op, n).  The record and its strings are valid
+ * only during the call.  A nonzero return from cb stops the walk (and
+ * sf_cache_trials returns SF_OK). */
+typedef int (*sf_trial_cb)(const sf_trial *t, void *user);
+SF_API sf_status sf_cache_trials(sf_cache *cache, const sf_trial_filter *filter,
+                                 sf_trial_cb cb, void *user);
+
+/* --- layers ------------------------------------------------------------ */
+
+/* One tuned kernel of a layer, for one N bucket.  The kernel's parameters
+ * are always (const void *packed, const void *X, void *Y, int N). */
+typedef struct sf_layer_variant {
+  int64_t n_bucket;          /* the N it was tuned for */
+  const char *source;        /* complete CUDA source */
+  const char *kernel_name;
+  const char *options;       /* NVRTC options beyond the canonical ones,
+                                one per line ("" for none) */
+  const char *generator_version;
+  unsigned grid[3];          /* grid for N columns: grid[n_axis] is
+                                multiplied by ceil(N / n_tile) */
+  int n_axis;                /* -1: the grid does not depend on N */
+  int n_tile;
+  unsigned block[3];
+  unsigned shared_bytes;
+  int zero_output;           /* nonzero: Y is zeroed before each launch
+                                (split-K kernels accumulate) */
+  const void *packed;        /* packed weights, tables and bias */
+  size_t packed_size;
+  const char *config;        /* the configuration, JSON (informational) */
+} sf_layer_variant;
+
+typedef struct sf_layer_record {
+  const char *name;          /* what sf_layer_open takes */
+  const char *gpu_name;      /* the GPU it was tuned on */
+  const char *matrix_fp;
+  const char *op;
+  int64_t rows, cols;        /* M and K */
+  int x_elem_size;           /* bytes per element of X */
+  int y_elem_size;           /* bytes per element of Y */
+  int n_variants;
+  const sf_layer_variant *variants;
+} sf_layer_record;
+
+/* Stores (replaces) the layer `rec->name` tuned on `rec->gpu_name`. */
+SF_API sf_status sf_cache_put_layer(sf_cache *cache,
+                                    const sf_layer_record *rec);
+
+/* Calls `cb` with each stored layer (variants included) whose name equals
+ * `name` (NULL: all layers).  Valid only during the call; nonzero stops. */
+typedef int (*sf_layer_cb)(const sf_layer_record *rec, void *user);
+SF_API sf_status sf_cache_layers(sf_cache *cache, const char *name,
+                                 sf_layer_cb cb, void *user);
+
+/* Deletes every record of layer `name` (all GPUs).  SF_ERR_NOT_FOUND if
+ * there was none. */
+SF_API sf_status sf_cache_delete_layer(sf_cache *cache, const char *name);
+
+/* Copies every record of the cache at `other_path` into `cache`, keeping
+ * what is already there (no duplicates).  `*added` (may be NULL) receives
+ * the number of rows added. */
+SF_API sf_status sf_cache_merge(sf_cache *cache, const char *other_path,
+                                int64_t *added);
+
+/* ------------------------------------------------------------------------
+ * Layers: a tuned layer opened from the cache and run
+ * ---------------------------------------------------------------------- */
+
+typedef struct sf_layer sf_layer;
+
+/*
+ * Opens layer `name` for the context's GPU: prefers the records tuned on
+ * this GPU's name, else those of any GPU.  For each variant the cubin for
+ * this GPU's arch is fetched from the cache; if the cache has the source
+ * but no cubin, it is compiled with NVRTC and the cubin is stored (the
+ * cache must then be writable).  Packed weights are uploaded once.
+ *
+ * Returns SF_ERR_NOT_FOUND (no such layer), SF_ERR_NO_BINARY (no cubin and
+ * compiling failed), SF_ERR_CORRUPT, GPU errors.  Errors go to ctx.
+ */
+SF_API sf_status sf_layer_open(sf_context *ctx, sf_cache *cache,
+                               const char *name, sf_layer **out);
+SF_API void sf_layer_close(sf_layer *layer);
+
+/* Runs Y = layer(X) for N columns on `stream` (NULL: default stream).  X
+ * and Y are device pointers in the layout of the layer's op.  The variant
+ * whose n_bucket is nearest to N (in ratio) runs.  Does not wait. */
+SF_API sf_status sf_layer_run(sf_context *ctx, sf_layer *layer, sf_devptr x,
+                              sf_devptr y, int64_t n, void *stream);
+
+/* Shape and variant count of an open layer. */
+SF_API sf_status sf_layer_shape(const sf_layer *layer, int64_t *rows,
+                                int64_t *cols, int *n_variants);
+
+/* How many of the layer's variants sf_layer_open had to compile (0 when
+ * every cubin came from the cache); -1 for NULL. */
+SF_API int sf_layer_compiled_count(const sf_layer *layer);
+
+#ifdef __cplusplus
+}
+#endif
+#endif /* SPARSEFORGE_H */

@@ -1,0 +1,31 @@
+"""Builds libsparseforge with CMake during `pip install .` and ships it inside
+the package (sparseforge/lib/), so that the ctypes binding finds it."""
+import os
+import shutil
+import subprocess
+from pathlib import Path
+
+from setuptools import setup
+from setuptools.command.build_py import build_py
+
+ROOT = Path(__file__).resolve().parent
+
+
+class BuildWithCMake(build_py):
+    def run(self):
+        super().run()
+        build_dir = ROOT / "build" / "pip"
+        cmake_args = ["-DSF_BUILD_TESTS=OFF", "-DCMAKE_BUILD_TYPE=Release"]
+        cmake_args += os.environ.get("SF_CMAKE_ARGS", "").split()
+        subprocess.check_call(["cmake", "-S", str(ROOT), "-B", str(build_dir)] + cmake_args)
+        subprocess.check_call(["cmake", "--build", str(build_dir), "--target", "sparseforge",
+                               "-j", str(os.cpu_count() or 2)])
+        dest = Path(self.build_lib) / "sparseforge" / "lib"
+        dest.mkdir(parents=True, exist_ok=True)
+        for so in build_dir.glob("libsparseforge.so*"):
+            if so.is_symlink():
+                continue
+            shutil.copy2(so, dest / "libsparseforge.so")
+
+
+setup(cmdclass={"build_py": BuildWithCMake})

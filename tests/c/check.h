@@ -1,0 +1,56 @@
+/* check.h -- the few assertion macros the C tests use. */
+#ifndef SF_TEST_CHECK_H
+#define SF_TEST_CHECK_H
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+static int check_failures_ = 0;
+
+#define CHECK(cond)                                                        \
+  do {                                                                     \
+    if (!(cond)) {                                                         \
+      fprintf(stderr, "%s:%d: CHECK failed: %s\n", __FILE__, __LINE__,    \
+              #cond);                                                      \
+      check_failures_++;                                                   \
+    }                                                                      \
+  } while (0)
+
+#define CHECK_EQ_INT(expected, actual)                                     \
+  do {                                                                     \
+    long long e_ = (long long)(expected), a_ = (long long)(actual);        \
+    if (e_ != a_) {                                                        \
+      fprintf(stderr, "%s:%d: expected %s == %lld, got %lld\n", __FILE__,  \
+              __LINE__, #actual, e_, a_);                                  \
+      check_failures_++;                                                   \
+    }                                                                      \
+  } while (0)
+
+/* The message must contain `needle`. */
+#define CHECK_CONTAINS(haystack, needle)                                   \
+  do {                                                                     \
+    const char *h_ = (haystack);                                           \
+    if (!h_ || !strstr(h_, (needle))) {                                    \
+      fprintf(stderr, "%s:%d: expected \"%s\" in \"%s\"\n", __FILE__,      \
+              __LINE__, (needle), h_ ? h_ : "(null)");                     \
+      check_failures_++;                                                   \
+    }                                                                      \
+  } while (0)
+
+/* ctest treats 77 as skipped (SKIP_RETURN_CODE). */
+#define SKIP(reason)                                                       \
+  do {                                                                     \
+    printf("SKIPPED: %s\n", (reason));                                     \
+    return 77;                                                             \
+  } while (0)
+
+#define CHECK_DONE()                                                       \
+  do {                                                                     \
+    if (check_failures_) {                                                 \
+      fprintf(stderr, "%d check(s) failed\n", check_failures_);            \
+      return 1;                                                            \
+    }                                                                      \
+    printf("all checks passed\n");                                         \
+    return 0;                                                              \
+  } while (0)
+#endif
