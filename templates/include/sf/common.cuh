@@ -1,0 +1,64 @@
+// common.cuh -- types, conversions and the fused epilogue shared by every
+// sparseforge kernel family.  Compiles under NVRTC (no host headers).
+#pragma once
+
+#include <cuda_fp16.h>
+#include <cuda_bf16.h>
+
+namespace sf {
+
+// ---- element types ------------------------------------------------------
+// The generated source defines SF_DTYPE_FP32, SF_DTYPE_FP16 or
+// SF_DTYPE_BF16 (through the template) and uses sf::elem_t.
+template <typename T> struct elem_traits;
+template <> struct elem_traits<float> {
+  __device__ static float to_float(float v) { return v; }
+  __device__ static float from_float(float v) { return v; }
+};
+template <> struct elem_traits<__half> {
+  __device__ static float to_float(__half v) { return __half2float(v); }
+  __device__ static __half from_float(float v) { return __float2half_rn(v); }
+};
+template <> struct elem_traits<__nv_bfloat16> {
+  __device__ static float to_float(__nv_bfloat16 v) { return __bfloat162float(v); }
+  __device__ static __nv_bfloat16 from_float(float v) { return __float2bfloat16_rn(v); }
+};
+
+template <typename T> __device__ __forceinline__ float to_float(T v) {
+  return elem_traits<T>::to_float(v);
+}
+template <typename T> __device__ __forceinline__ T from_float(float v) {
+  return elem_traits<T>::from_float(v);
+}
+
+// ---- epilogue -------------------------------------------------------------
+enum Activation { ACT_NONE = 0, ACT_RELU = 1, ACT_GELU = 2 };
+
+__device__ __forceinline__ float gelu_tanh(float x) {
+  // 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))), as the reference.
+  const float k = 0.7978845608028654f;
+  float u = k * (x + 0.044715f * x * x * x);
+  return 0.5f * x * (1.0f + tanhf(u));
+}
+
+// y = act(scale * acc + bias); HAS_BIAS and ACT are compile-time so the
+// unused parts vanish.
+template <bool HAS_BIAS, int ACT>
+__device__ __forceinline__ float epilogue(float acc, float scale, float bias) {
+  float y = acc * scale;
+  if (HAS_BIAS) y += bias;
+  if (ACT == ACT_RELU) y = fmaxf(y, 0.0f);
+  if (ACT == ACT_GELU) y = gelu_tanh(y);
+  return y;
+}
+
+// Byte offset into the packed buffer, typed.
+template <typename T>
+__device__ __forceinline__ const T *section(const unsigned char *packed,
+                                            unsigned long long offset) {
+  return reinterpret_cast<const T *>(packed + offset);
+}
+
+__device__ __forceinline__ int ceil_div(int a, int b) { return (a + b - 1) / b; }
+
+}  // namespace sf
