@@ -1,0 +1,359 @@
+"""The measurement driver: for one matrix, family and operation, search the
+configurations for each N, compile in parallel, measure serially in the
+worker process, verify every candidate, record every trial in the cache and
+store the winners as a layer the runtime can open by name.
+
+Resuming is free: a trial already in the cache for this GPU, matrix,
+operation, N and configuration is returned as recorded, and a binary
+already in the cache is not compiled again.
+"""
+from __future__ import annotations
+
+import json
+import math
+import os
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from typing import Callable, Optional
+
+import numpy as np
+
+from .. import GENERATOR_VERSION
+from ..generator.kernel import (ConfigError, Kernel, Operation, canonical_config, get_family,
+                                reference)
+from ..generator.matrix import SparseMatrix, to_device_bytes
+from .execute import random_input
+from .strategies import Budget, config_key, get_strategy
+from .worker import PeerJob, Setup, Trial, Worker
+
+# Sizes of N that the runtime keeps winners for (DESIGN: N buckets).
+N_BUCKETS = (16, 64, 256, 1024, 4096, 16384)
+# Y elements verified in full below this; above it, CHECK_COLUMNS random columns.
+FULL_CHECK_LIMIT = 1 << 21
+CHECK_COLUMNS = 32
+DEFAULT_TIMING = {"warmup": 3, "min_reps": 30, "max_reps": 1000, "min_total_ms": 100.0,
+                  "flush_l2": True}
+QUICK_TIMING = {"warmup": 2, "min_reps": 10, "max_reps": 200, "min_total_ms": 15.0,
+                "flush_l2": True}
+
+
+@dataclass
+class NResult:
+    n: int
+    config: Optional[dict] = None
+    kernel_name: str = ""
+    median_ms: float = math.nan
+    p20_ms: float = math.nan
+    p80_ms: float = math.nan
+    max_error: float = math.nan
+    peer_ms: float = math.nan
+    peer_error: str = ""
+    trials: int = 0
+    failed: int = 0
+
+    @property
+    def speedup(self) -> float:
+        return self.peer_ms / self.median_ms if self.median_ms > 0 else math.nan
+
+
+@dataclass
+class LayerResult:
+    name: str
+    family_tag: str
+    op_tag: str
+    matrix: SparseMatrix
+    per_n: dict = field(default_factory=dict)
+    compiled: int = 0
+    from_cache: bool = False
+    measured: bool = True
+    note: str = ""
+
+
+def _binary_key(source: str, options: str, arch: str, nvrtc: str) -> dict:
+    return {"source": source, "options": options, "arch": arch, "nvrtc_version": nvrtc,
+            "generator_version": GENERATOR_VERSION, "ptx": False}
+
+
+class Tuner:
+    """Tunes matrices into one cache.  Without a GPU it generates and
+    compiles for `arch` and measures nothing."""
+
+    def __init__(self, cache, arch: Optional[str] = None, strategy: str = "auto",
+                 budget: Optional[str] = None, jobs: Optional[int] = None,
+                 timing: Optional[dict] = None, worker_timeout: float = 60.0,
+                 progress: Optional[Callable[[str, int, int], None]] = None,
+                 seed: Optional[int] = None, peer: bool = True):
+        from .. import native
+        self.native = native
+        self.cache = cache
+        self.strategy = strategy
+        self.budget_text = budget
+        self.jobs = jobs or os.cpu_count() or 2
+        self.timing = dict(timing or DEFAULT_TIMING)
+        self.progress = progress or (lambda label, done, total: None)
+        self.seed = seed
+        self.peer = peer
+        self.gpu, self.gpu_reason = native.gpu_available()
+        self.worker = None
+        self.device = None
+        if self.gpu:
+            self.worker = Worker(timeout_s=worker_timeout)
+            self.device = self.worker.info()
+            self.env_key = cache.put_env(self.device)
+        self.arch = arch or (self.device["arch"] if self.device else None)
+        if self.arch is None:
+            raise ValueError(f"no GPU ({self.gpu_reason}): name the target with --arch, e.g. sm_90a")
+        self.nvrtc = "%d.%d" % native.nvrtc_version()
+        self._local = threading.local()
+        self.compiled = 0
+        self.planted_fault: Optional[str] = None  # test hook (see Trial.fault)
+
+    def close(self):
+        if self.worker is not None:
+            self.worker.close()
+
+    # ---- compilation ------------------------------------------------------
+    def _ctx(self):
+        ctx = getattr(self._local, "ctx", None)
+        if ctx is None:
+            ctx = self._local.ctx = self.native.Context(0)
+        return ctx
+
+    def _compile_one(self, kernel: Kernel) -> tuple[Optional[bytes], str, str]:
+        """(cubin, binary key, error).  Served from the cache when there."""
+        ctx = self._ctx()
+        options = ctx.canonical_options(self.arch, ptx=False, options=kernel.options)
+        key = _binary_key(kernel.source, options, self.arch, self.nvrtc)
+        hexkey = self._binary_key_hex(key)
+        try:
+            data = self.cache.get_binary(key)
+        except Exception as e:  # a corrupt blob is recompiled, never loaded
+            data = None
+            _ = e
+        if data is not None:
+            return data, hexkey, ""
+        try:
+            binary = ctx.compile(kernel.source, name=kernel.name + ".cu", arch=self.arch,
+                                 options=kernel.options)
+        except Exception as e:  # noqa: BLE001 - recorded as compile_fail
+            return None, hexkey, str(e)
+        return binary.data, hexkey, ""
+
+    def _binary_key_hex(self, key: dict) -> str:
+        from ..cache import binary_key_hex
+        return binary_key_hex(key)
+
+    def compile_all(self, kernels: list[Kernel]) -> list[tuple[Optional[bytes], str, str]]:
+        with ThreadPoolExecutor(max_workers=self.jobs) as pool:
+            results = list(pool.map(self._compile_one, kernels))
+        # the cache handle is used from this thread only
+        for kernel, (data, hexkey, err) in zip(kernels, results):
+            if data is not None and not err:
+                ctx = self._ctx()
+                options = ctx.canonical_options(self.arch, ptx=False, options=kernel.options)
+                key = _binary_key(kernel.source, options, self.arch, self.nvrtc)
+                if self.cache.get_binary(key) is None:
+                    self.cache.put_binary(key, data)
+                    self.compiled += 1
+        return results
+
+    # ---- one matrix ---------------------------------------------------------
+    def tune(self, matrix: SparseMatrix, pattern: str, params: dict, op: Operation,
+             ns: list[int], name: str, bias: Optional[np.ndarray] = None,
+             force: bool = False) -> LayerResult:
+        fam = get_family(pattern)
+        tag = fam.tag(params)
+        op_tag = op.tag(tag)
+        fp = matrix.fingerprint()
+        result = LayerResult(name, tag, op_tag, matrix)
+        self.cache.put_matrix(fp, matrix.rows, matrix.cols, matrix.nnz, matrix.dtype,
+                              json.dumps({"name": name, "pattern": tag,
+                                          "synthetic_values": matrix.values_synthetic}))
+        space = fam.search_space(matrix, op, params, self.device)
+        if not space:
+            raise ConfigError(f"{tag}: no valid configuration for this matrix and GPU")
+        compiled_before = self.compiled
+        if not self.gpu:
+            result.measured = False
+            kernels = [fam.generate(matrix, op, params, c, bias=bias) for c in space]
+            res = self.compile_all(kernels)
+            bad = sum(1 for d, _, e in res if d is None)
+            result.note = (f"no GPU ({self.gpu_reason}): compiled {len(space) - bad} of "
+                           f"{len(space)} configurations for {self.arch}, measured nothing")
+            result.compiled = self.compiled - compiled_before
+            return result
+
+        existing = None if force else self._existing_layer(name, fp, op_tag, ns)
+        variants = []
+        for n in ns:
+            if existing is not None:
+                nres, kernel = self._from_layer(existing, n, fam, matrix, op, params, bias, fp, op_tag)
+                result.from_cache = True
+            else:
+                nres, kernel = self._tune_n(fam, matrix, op, params, n, bias, space, fp, op_tag, name)
+            if self.peer:
+                self._time_peer(nres, matrix, op)
+            result.per_n[n] = nres
+            if kernel is not None:
+                variants.append(self._variant(kernel, n))
+        if variants and existing is None:
+            self.cache.put_layer(name, self.device["name"], fp, op_tag, matrix.rows, matrix.cols,
+                                 op.elem_size, op.elem_size, variants)
+        result.compiled = self.compiled - compiled_before
+        return result
+
+    def _existing_layer(self, name, fp, op_tag, ns):
+        for rec in self.cache.layers(name):
+            if (rec["gpu_name"] == self.device["name"] and rec["matrix_fp"] == fp
+                    and rec["op"] == op_tag
+                    and sorted(v["n_bucket"] for v in rec["variants"]) == sorted(ns)):
+                return rec
+        return None
+
+    def _variant(self, kernel: Kernel, n: int) -> dict:
+        return {"n_bucket": n, "source": kernel.source, "kernel_name": kernel.name,
+                "options": "\n".join(kernel.options), "generator_version": GENERATOR_VERSION,
+                "grid": tuple(kernel.grid), "n_axis": kernel.n_axis, "n_tile": kernel.n_tile,
+                "block": tuple(kernel.block), "shared_bytes": kernel.shared_bytes,
+                "zero_output": kernel.zero_output, "packed": kernel.packed,
+                "config": canonical_config(kernel.config)}
+
+    def _setup(self, matrix, op, n, bias):
+        seed = self.seed if self.seed is not None else int.from_bytes(os.urandom(4), "little")
+        rng = np.random.default_rng(seed)
+        x = random_input(op, matrix.cols, n, rng)
+        cols = None
+        if matrix.rows * n > FULL_CHECK_LIMIT:
+            cols = np.sort(rng.choice(n, size=min(n, CHECK_COLUMNS), replace=False))
+        ref = reference(matrix, x, op, bias=bias, columns=cols)
+        self.worker.setup(Setup(op.dtype, op.layout, matrix.rows, n,
+                                to_device_bytes(x, op.dtype), cols, ref, self.timing))
+
+    def _measure(self, kernel: Kernel, cubin: bytes):
+        t = Trial(kernel.name, cubin, False, kernel.grid_for(self._n), kernel.block,
+                  kernel.shared_bytes, kernel.packed, kernel.zero_output, fault=self.planted_fault)
+        return self.worker.trial(t)
+
+    def _record(self, fp, op_tag, n, config, status, info=None, binary_key=None, message=None):
+        info = info or {}
+        self.cache.put_trial(self.env_key, fp, op_tag, n, canonical_config(config), status,
+                             median_ms=info.get("median_ms", math.nan),
+                             p20_ms=info.get("p20_ms", math.nan),
+                             p80_ms=info.get("p80_ms", math.nan),
+                             min_ms=info.get("min_ms", math.nan), reps=info.get("reps", 0),
+                             max_error=info.get("max_rel_err", math.nan),
+                             binary_key=binary_key, message=message)
+
+    def _tune_n(self, fam, matrix, op, params, n, bias, space, fp, op_tag, name):
+        known = {}
+        for t in self.cache.trials(self.env_key, fp, op_tag, n):
+            known[config_key(json.loads(t["config"]))] = t
+        self._n = n
+        nres = NResult(n)
+        ready = {"setup": False}
+        kernels: dict = {}
+
+        def evaluate(batch: list[dict]) -> list[float]:
+            out = [None] * len(batch)
+            todo = []
+            for i, c in enumerate(batch):
+                t = known.get(config_key(c))
+                if t is not None:
+                    out[i] = t["median_ms"] if t["status"] == "ok" else math.inf
+                else:
+                    todo.append(i)
+            gen = []
+            for i in todo:
+                try:
+                    gen.append((i, fam.generate(matrix, op, params, batch[i], bias=bias)))
+                except ConfigError as e:
+                    self._record(fp, op_tag, n, batch[i], "compile_fail", message=str(e))
+                    out[i] = math.inf
+            compiled = self.compile_all([k for _, k in gen]) if gen else []
+            for (i, kernel), (cubin, hexkey, err) in zip(gen, compiled):
+                kernels[config_key(batch[i])] = kernel
+                if cubin is None:
+                    self._record(fp, op_tag, n, batch[i], "compile_fail", binary_key=hexkey,
+                                 message=err[:4000])
+                    out[i] = math.inf
+                    continue
+                if not ready["setup"]:
+                    self._setup(matrix, op, n, bias)
+                    ready["setup"] = True
+                status, info = self._measure(kernel, cubin)
+                if status == "ok":
+                    self._record(fp, op_tag, n, batch[i], "ok", info, hexkey)
+                    out[i] = info["median_ms"]
+                elif status == "wrong":
+                    self._record(fp, op_tag, n, batch[i], "wrong", info, hexkey,
+                                 message=f"error {info['norm_rel_err']:.3g} > tol {info['tol']:.3g}, "
+                                         f"{info['unwritten']} unwritten")
+                    out[i] = math.inf
+                else:
+                    self._record(fp, op_tag, n, batch[i], status, None, hexkey, message=str(info)[:4000])
+                    out[i] = math.inf
+                self._done += 1
+                self.progress(f"{name} N={n}", self._done, self._total)
+            budget.trials += len(batch)
+            return out
+
+        budget = Budget.parse(self.budget_text, len(space))
+        strat = self.strategy
+        if strat == "auto":
+            strat = "exhaustive" if len(space) <= 48 and self.budget_text is None else "greedy"
+            if strat == "greedy" and budget.max_trials is None and budget.max_seconds is None:
+                budget = Budget(max_trials=max(8, math.ceil(len(space) / 4)))
+        self._done = 0
+        self._total = budget.max_trials or len(space)
+        get_strategy(strat).run(space, evaluate, budget, seed=0)
+
+        trials = self.cache.trials(self.env_key, fp, op_tag, n)
+        nres.trials = len(trials)
+        nres.failed = sum(1 for t in trials if t["status"] != "ok")
+        ok = [t for t in trials if t["status"] == "ok"]
+        if not ok:
+            return nres, None
+        best = min(ok, key=lambda t: t["median_ms"])
+        cfg = json.loads(best["config"])
+        kernel = kernels.get(config_key(cfg)) or fam.generate(matrix, op, params, cfg, bias=bias)
+        nres.config, nres.kernel_name = cfg, kernel.name
+        nres.median_ms, nres.p20_ms, nres.p80_ms = best["median_ms"], best["p20_ms"], best["p80_ms"]
+        nres.max_error = best["max_error"]
+        return nres, kernel
+
+    def _from_layer(self, rec, n, fam, matrix, op, params, bias, fp, op_tag):
+        """Re-times a stored winner (its cubin from the cache) for the table."""
+        v = next(v for v in rec["variants"] if v["n_bucket"] == n)
+        cfg = json.loads(v["config"])
+        kernel = Kernel(v["kernel_name"], v["source"], v["packed"], tuple(v["block"]),
+                        tuple(v["grid"]), v["n_axis"], v["n_tile"], v["shared_bytes"],
+                        bool(v["zero_output"]), tuple(o for o in v["options"].split("\n") if o), cfg)
+        nres = NResult(n, cfg, kernel.name)
+        cubin, _, err = self.compile_all([kernel])[0]
+        if cubin is None:
+            nres.peer_error = err
+            return nres, kernel
+        self._n = n
+        self._setup(matrix, op, n, bias)
+        status, info = self._measure(kernel, cubin)
+        if status == "ok":
+            nres.median_ms, nres.p20_ms, nres.p80_ms = info["median_ms"], info["p20_ms"], info["p80_ms"]
+            nres.max_error = info["max_rel_err"]
+        trials = self.cache.trials(self.env_key, fp, op_tag, n)
+        nres.trials = len(trials)
+        nres.failed = sum(1 for t in trials if t["status"] != "ok")
+        return nres, kernel
+
+    def _time_peer(self, nres: NResult, matrix: SparseMatrix, op: Operation):
+        status, info = self.worker.peer(PeerJob(op.dtype, op.layout, matrix.rows, nres.n,
+                                                matrix.cols, self.timing))
+        if status == "ok":
+            nres.peer_ms = info["median_ms"]
+            self.cache.put_trial(self.env_key, "dense", f"cublas.{op.dtype}.{op.layout}",
+                                 nres.n, json.dumps({"m": matrix.rows, "k": matrix.cols}), "ok",
+                                 median_ms=info["median_ms"], p20_ms=info["p20_ms"],
+                                 p80_ms=info["p80_ms"], min_ms=info["min_ms"], reps=info["reps"])
+        else:
+            nres.peer_error = str(info)

@@ -1,0 +1,84 @@
+"""Search strategies, one module each, behind one interface.
+
+A strategy gets the search space (a list of configuration dicts), an
+`evaluate` callable and a Budget.  `evaluate(configs)` measures a batch
+(compiled in parallel, timed serially) and returns one time per config in
+milliseconds, `math.inf` for a failed one; results already known (resumed
+trials) come back without being measured again.  A strategy stops when
+`budget.exhausted()` says so or when it has nothing left to try.
+"""
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import dataclass, field
+from typing import Callable, Optional
+
+Evaluate = Callable[[list[dict]], list[float]]
+
+
+@dataclass
+class Budget:
+    max_trials: Optional[int] = None      # trials the strategy may ask for
+    max_seconds: Optional[float] = None
+    trials: int = 0
+    started: float = field(default_factory=time.monotonic)
+
+    def exhausted(self) -> bool:
+        if self.max_trials is not None and self.trials >= self.max_trials:
+            return True
+        if self.max_seconds is not None and time.monotonic() - self.started >= self.max_seconds:
+            return True
+        return False
+
+    def remaining(self) -> Optional[int]:
+        return None if self.max_trials is None else max(0, self.max_trials - self.trials)
+
+    @classmethod
+    def parse(cls, text: Optional[str], space_size: int) -> "Budget":
+        """'all', '40' (trials), '25%' (of the space), '90s' / '5m' (time)."""
+        if text is None or text == "all":
+            return cls()
+        t = text.strip().lower()
+        try:
+            if t.endswith("%"):
+                return cls(max_trials=max(1, math.ceil(space_size * float(t[:-1]) / 100)))
+            if t.endswith("s"):
+                return cls(max_seconds=float(t[:-1]))
+            if t.endswith("m"):
+                return cls(max_seconds=60 * float(t[:-1]))
+            return cls(max_trials=max(1, int(t)))
+        except ValueError:
+            raise ValueError(f"bad budget {text!r}: expected all, N (trials), P% (of the space), "
+                             "Ns or Nm (time)") from None
+
+
+class Strategy:
+    name = ""
+
+    def run(self, space: list[dict], evaluate: Evaluate, budget: Budget, seed: int = 0) -> None:
+        raise NotImplementedError
+
+
+def config_key(config: dict) -> tuple:
+    return tuple(sorted(config.items()))
+
+
+_STRATEGIES: dict[str, type] = {}
+
+
+def register(cls):
+    _STRATEGIES[cls.name] = cls
+    return cls
+
+
+def get_strategy(name: str) -> Strategy:
+    from . import exhaustive, greedy, random_search  # noqa: F401
+    if name not in _STRATEGIES:
+        raise ValueError(f"unknown strategy {name!r}; known: {', '.join(sorted(_STRATEGIES))}")
+    return _STRATEGIES[name]()
+
+
+def strategy_names() -> list[str]:
+    from . import exhaustive, greedy, random_search  # noqa: F401
+    return sorted(_STRATEGIES)

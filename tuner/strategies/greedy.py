@@ -1,0 +1,69 @@
+"""Budgeted neighbourhood search for large spaces.
+
+Starts from a spread sample (a quarter of the budget), then repeatedly
+measures the unmeasured neighbours of the best configurations found so far
+(neighbours differ in exactly one parameter), best first; when the best
+ones have no unmeasured neighbours left it samples at random again.  Tile
+sizes interact mostly one parameter at a time, so most of the budget goes
+where the good configurations are.
+"""
+import math
+import random
+
+from . import Budget, Evaluate, Strategy, config_key, register
+
+
+def _neighbours(config: dict, index: dict, by_key: dict) -> list[dict]:
+    out = []
+    for name in config:
+        for value in index[name]:
+            if value == config[name]:
+                continue
+            cand = dict(config)
+            cand[name] = value
+            k = config_key(cand)
+            if k in by_key:
+                out.append(by_key[k])
+    return out
+
+
+@register
+class Greedy(Strategy):
+    name = "greedy"
+
+    def run(self, space: list[dict], evaluate: Evaluate, budget: Budget, seed: int = 0) -> None:
+        rng = random.Random(seed)
+        by_key = {config_key(c): c for c in space}
+        index: dict = {}
+        for c in space:
+            for k, v in c.items():
+                index.setdefault(k, [])
+                if v not in index[k]:
+                    index[k].append(v)
+        times: dict = {}
+
+        def measure(batch):
+            rem = budget.remaining()
+            if rem is not None:
+                batch = batch[:rem]
+            batch = [c for c in batch if config_key(c) not in times]
+            if not batch:
+                return
+            for c, t in zip(batch, evaluate(batch)):
+                times[config_key(c)] = t
+
+        total = budget.max_trials if budget.max_trials is not None else len(space)
+        init = max(4, math.ceil(total / 4))
+        measure(rng.sample(space, min(init, len(space))))
+        while not budget.exhausted() and len(times) < len(space):
+            ranked = sorted((t, k) for k, t in times.items() if math.isfinite(t))
+            batch = []
+            for _, k in ranked[:3]:
+                batch += [n for n in _neighbours(by_key[k], index, by_key)
+                          if config_key(n) not in times and n not in batch]
+                if len(batch) >= 6:
+                    break
+            if not batch:
+                rest = [c for c in space if config_key(c) not in times]
+                batch = rng.sample(rest, min(4, len(rest)))
+            measure(batch[:8])

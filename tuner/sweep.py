@@ -1,0 +1,75 @@
+"""Research sweeps: families x densities x shapes x N, described by a small
+TOML spec; every trial goes into the cache.
+
+    # bench/sweeps/small.toml
+    families  = ["shflbw:64", "bsr:32x32", "nm24", "csr"]
+    densities = [0.25, 0.10]          # nm24 is always 0.5
+    shapes    = [[1024, 1024]]        # M, K
+    n         = [256]
+    dtype     = "fp16"                # tensor-core families; csr runs fp32
+    seed      = 0                     # the random dense matrices pruned
+    activation = "none"
+"""
+from __future__ import annotations
+
+import sys
+import tomllib
+
+import numpy as np
+
+from ..generator.kernel import Epilogue, Operation, parse_pattern
+
+SPEC_KEYS = {"families", "densities", "shapes", "n", "dtype", "seed", "activation", "layout"}
+
+
+def load_spec(path: str) -> dict:
+    try:
+        with open(path, "rb") as f:
+            spec = tomllib.load(f)
+    except tomllib.TOMLDecodeError as e:
+        raise ValueError(f"{path}: not valid TOML: {e}") from None
+    unknown = set(spec) - SPEC_KEYS
+    if unknown:
+        raise ValueError(f"{path}: unknown keys {sorted(unknown)}; allowed: {sorted(SPEC_KEYS)}")
+    for key in ("families", "shapes", "n"):
+        if key not in spec:
+            raise ValueError(f"{path}: missing '{key}'")
+    for fam in spec["families"]:
+        parse_pattern(fam)
+    for shape in spec["shapes"]:
+        if len(shape) != 2 or min(shape) < 1:
+            raise ValueError(f"{path}: a shape is [M, K] with positive sizes, got {shape}")
+    spec.setdefault("densities", [0.25, 0.1])
+    spec.setdefault("dtype", "fp16")
+    spec.setdefault("seed", 0)
+    spec.setdefault("activation", "none")
+    spec.setdefault("layout", "fm")
+    return spec
+
+
+def sweep_matrices(spec: dict):
+    """(layer name, pattern, matrix) for every point of the sweep."""
+    from ..generator.prune import prune
+    for m, k in spec["shapes"]:
+        rng = np.random.default_rng(spec["seed"])
+        dense = rng.standard_normal((m, k)).astype(np.float32)
+        for pattern in spec["families"]:
+            fam, _ = parse_pattern(pattern)
+            densities = [0.5] if fam == "nm24" else spec["densities"]
+            for d in densities:
+                mat, _ = prune(dense, pattern, 1.0 - d, seed=spec["seed"])
+                mat = mat.astype("fp32" if fam == "csr" else spec["dtype"])
+                yield f"sweep/{pattern}/d{d:g}/{m}x{k}", pattern, mat
+
+
+def run_sweep(spec: dict, tuner, log=sys.stderr):
+    from .model import format_table, ModelRow
+    rows = []
+    for name, pattern, mat in sweep_matrices(spec):
+        fam, params = parse_pattern(pattern)
+        dtype = "fp32" if fam == "csr" else spec["dtype"]
+        op = Operation(dtype, spec["layout"], Epilogue(activation=spec["activation"]))
+        print(f"sweep: {name} ({mat.nnz} nonzeros)", file=log)
+        rows.append(ModelRow(name, tuner.tune(mat, fam, params, op, spec["n"], name)))
+    print(format_table(rows, tuner.device["name"] if tuner.device else f"none ({tuner.arch})"))
+    return rows

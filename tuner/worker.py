@@ -1,0 +1,240 @@
+"""The measurement worker: a separate process that owns the GPU context.
+
+A candidate kernel that faults (illegal address, a hang) poisons or kills
+the CUDA context of the process that ran it.  So the tuner never runs
+candidates itself: it sends them to this worker over a pipe.  After a
+fault the worker exits; after a hang the tuner kills it; either way the
+trial is recorded as failed and a fresh worker is started, set up again
+with the same inputs, and the search goes on.
+
+Protocol (pickled tuples over a multiprocessing Pipe):
+  ("setup", Setup)  -> ("ok", None)
+  ("trial", Trial)  -> ("ok", {timing..., errors...}) | ("wrong", {...})
+                       | ("launch_fail", message)
+  ("peer", PeerJob) -> ("ok", {timing...}) | ("error", message)
+  ("info", None)    -> ("ok", device_info dict)
+  ("exit", None)
+"""
+from __future__ import annotations
+
+import multiprocessing as mp
+import traceback
+from dataclasses import dataclass, field
+from typing import Any, Optional
+
+import numpy as np
+
+
+@dataclass
+class Setup:
+    dtype: str
+    layout: str
+    rows: int
+    n: int
+    x: bytes                       # X in device bytes
+    check_columns: Optional[np.ndarray]  # columns of Y (indices into N) checked; None = all
+    reference: np.ndarray          # float64 reference on those columns (orientation of Y)
+    timing: dict = field(default_factory=dict)
+
+
+@dataclass
+class Trial:
+    name: str
+    binary: bytes
+    ptx: bool
+    grid: tuple
+    block: tuple
+    shared_bytes: int
+    packed: bytes
+    zero_output: bool
+    fault: Optional[str] = None    # test hook: "illegal_address" plants a fault
+
+
+@dataclass
+class PeerJob:
+    dtype: str
+    layout: str
+    m: int
+    n: int
+    k: int
+    timing: dict = field(default_factory=dict)
+
+
+def _elem(dtype: str) -> int:
+    return 4 if dtype == "fp32" else 2
+
+
+class _State:
+    def __init__(self):
+        from .. import native
+        self.native = native
+        self.ctx = native.Context(0)
+        self.setup: Optional[Setup] = None
+        self.x = None
+        self.y = None
+
+    def do_setup(self, s: Setup):
+        for b in (self.x, self.y):
+            if b is not None:
+                b.free()
+        self.setup = s
+        self.x = self.ctx.upload(s.x)
+        self.y = self.ctx.alloc(max(1, s.rows * s.n * _elem(s.dtype)))
+
+    def do_trial(self, t: Trial):
+        from ..generator.matrix import from_device_bytes
+        from .execute import POISON, compare
+        s = self.setup
+        binary = self.native.Binary.from_bytes(t.binary, ptx=t.ptx)
+        module = self.ctx.load(binary)
+        fn = module.kernel(t.name)
+        attrs = fn.attributes()
+        packed = self.ctx.upload(t.packed if t.packed else b"\0" * 16)
+        try:
+            nbytes = s.rows * s.n * _elem(s.dtype)
+            self.ctx.memset(self.y, 0 if t.zero_output else POISON)
+            args = [packed, self.x, self.y, s.n]
+            if t.fault == "illegal_address":
+                args = [packed, self.x, 0x10, s.n]  # a pointer no allocation owns
+            self.ctx.launch(fn, t.grid, t.block, args, sig="PPPi", shared=t.shared_bytes)
+            self.ctx.synchronize()
+            y = from_device_bytes(self.ctx.download(self.y, nbytes), s.dtype, s.rows * s.n)
+            y = y.reshape((s.rows, s.n) if s.layout == "fm" else (s.n, s.rows))
+            if s.check_columns is not None:
+                y = y[:, s.check_columns] if s.layout == "fm" else y[s.check_columns, :]
+            err = compare(y, s.reference, s.dtype)
+            if not err["ok"]:
+                return "wrong", {**err, "attrs": attrs}
+            timing = self.ctx.time(fn, t.grid, t.block, args, sig="PPPi",
+                                   shared=t.shared_bytes, **s.timing)
+            return "ok", {**timing, **err, "attrs": attrs}
+        finally:
+            for release in (packed.free, module.unload):
+                try:
+                    release()
+                except Exception:  # noqa: BLE001 - a dead context fails here too
+                    pass
+
+    def do_peer(self, p: PeerJob):
+        return "ok", self.ctx.time_gemm(p.dtype, p.m, p.n, p.k, layout=p.layout, **p.timing)
+
+
+def _serve(conn):
+    state = None
+    while True:
+        try:
+            kind, payload = conn.recv()
+        except EOFError:
+            return
+        if kind == "exit":
+            return
+        try:
+            if state is None:
+                state = _State()
+            if kind == "info":
+                conn.send(("ok", state.ctx.device_info()))
+            elif kind == "setup":
+                state.do_setup(payload)
+                conn.send(("ok", None))
+            elif kind == "trial":
+                conn.send(state.do_trial(payload))
+            elif kind == "peer":
+                conn.send(state.do_peer(payload))
+            else:
+                conn.send(("error", f"unknown request {kind!r}"))
+        except Exception as e:  # noqa: BLE001 - every failure is a reply
+            msg = f"{type(e).__name__}: {e}"
+            status = "launch_fail" if kind == "trial" else "error"
+            try:
+                conn.send((status, msg))
+            except Exception:
+                pass
+            if kind == "trial" and _context_dead(e):
+                return  # the CUDA context is gone: let the tuner start a new worker
+            if kind not in ("trial", "peer"):
+                traceback.print_exc()
+
+
+def _context_dead(e: Exception) -> bool:
+    text = str(e)
+    return any(s in text for s in ("ILLEGAL_ADDRESS", "LAUNCH_FAILED", "MISALIGNED",
+                                   "ILLEGAL_INSTRUCTION", "HARDWARE_STACK_ERROR",
+                                   "LAUNCH_TIMEOUT", "ASSERT", "UNKNOWN"))
+
+
+class Worker:
+    """The tuner's handle on a worker process; restarts it after a fault."""
+
+    def __init__(self, timeout_s: float = 60.0):
+        self.timeout_s = timeout_s
+        self._ctx = mp.get_context("spawn")
+        self._proc = None
+        self._conn = None
+        self._setup: Optional[Setup] = None
+        self.restarts = 0
+
+    def _start(self):
+        parent, child = self._ctx.Pipe()
+        self._proc = self._ctx.Process(target=_serve, args=(child,), daemon=True)
+        self._proc.start()
+        child.close()
+        self._conn = parent
+        if self._setup is not None:
+            self._call("setup", self._setup)
+
+    def _kill(self):
+        if self._proc is not None:
+            self._proc.kill()
+            self._proc.join(5)
+        self._proc = self._conn = None
+
+    def _call(self, kind: str, payload: Any, timeout: Optional[float] = None):
+        if self._proc is None or not self._proc.is_alive():
+            if self._proc is not None:
+                self.restarts += 1
+            self._proc = None
+            self._start()
+        self._conn.send((kind, payload))
+        if not self._conn.poll(timeout or self.timeout_s):
+            self._kill()
+            self.restarts += 1
+            return "timeout", f"no answer from the worker within {timeout or self.timeout_s:.0f} s"
+        try:
+            return self._conn.recv()
+        except EOFError:
+            self._kill()
+            self.restarts += 1
+            return "launch_fail", "the worker process died"
+
+    def info(self) -> dict:
+        status, val = self._call("info", None)
+        if status != "ok":
+            raise RuntimeError(val)
+        return val
+
+    def setup(self, s: Setup):
+        self._setup = s
+        status, val = self._call("setup", s)
+        if status != "ok":
+            raise RuntimeError(f"worker setup failed: {val}")
+
+    def trial(self, t: Trial):
+        return self._call("trial", t)
+
+    def peer(self, p: PeerJob):
+        return self._call("peer", p)
+
+    def close(self):
+        if self._proc is not None and self._proc.is_alive():
+            try:
+                self._conn.send(("exit", None))
+                self._proc.join(5)
+            except Exception:
+                pass
+        self._kill()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
