@@ -1,1 +1,547 @@
-/* module.c -- (being written) */
+/*
+ * module.c -- modules, kernels, launches, event timing and device memory.
+ */
+#define SF_RUNTIME_INTERNAL
+#include "internal.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+/* Dynamic shared memory a kernel may use without opting in. */
+#define SF_DEFAULT_DYN_SMEM (48 * 1024)
+
+/* ---- modules ------------------------------------------------------------ */
+
+sf_status sf_module_load(sf_context *ctx, const sf_binary *bin,
+                         sf_module **out) {
+  if (!ctx) return SF_ERR_INVALID_ARG;
+  if (!out) return sf__fail(ctx, SF_ERR_INVALID_ARG, "out is NULL");
+  *out = NULL;
+  if (!bin) return sf__fail(ctx, SF_ERR_INVALID_ARG, "binary is NULL");
+  sf_status st = sf__ctx_enter(ctx);
+  if (st != SF_OK) return st;
+  size_t size = 0;
+  const void *data = sf_binary_data(bin, &size);
+  sf_binary_kind kind = sf_binary_get_kind(bin);
+  struct sf_module *m = calloc(1, sizeof *m);
+  if (!m) return sf__fail(ctx, SF_ERR_NOMEM, "out of host memory");
+  CUresult r = ctx->drv->ModuleLoadData(&m->mod, data);
+  if (r != CUDA_SUCCESS) {
+    free(m);
+    char what[128];
+    snprintf(what, sizeof what, "cuModuleLoadData(%s, %zu bytes)",
+             kind == SF_BINARY_PTX ? "PTX" : "cubin", size);
+    return sf__cu_fail(ctx, SF_ERR_CUDA, r, what);
+  }
+  m->ctx = ctx;
+  m->next = ctx->modules;
+  if (ctx->modules) ctx->modules->prev = m;
+  ctx->modules = m;
+  *out = m;
+  return SF_OK;
+}
+
+void sf__module_release(struct sf_module *m) {
+  while (m->kernels) {
+    struct sf_kernel *k = m->kernels;
+    m->kernels = k->next;
+    free(k->name);
+    free(k);
+  }
+  if (m->mod) m->ctx->drv->ModuleUnload(m->mod);
+  free(m);
+}
+
+void sf_module_unload(sf_module *m) {
+  if (!m) return;
+  sf_context *ctx = m->ctx;
+  if (m->prev)
+    m->prev->next = m->next;
+  else
+    ctx->modules = m->next;
+  if (m->next) m->next->prev = m->prev;
+  ctx->drv->CtxSetCurrent(ctx->cu);
+  sf__module_release(m);
+}
+
+/* ---- kernels ----------------------------------------------------------- */
+
+sf_status sf_kernel_get(sf_context *ctx, sf_module *mod, const char *name,
+                        sf_kernel **out) {
+  if (!ctx) return SF_ERR_INVALID_ARG;
+  if (!out) return sf__fail(ctx, SF_ERR_INVALID_ARG, "out is NULL");
+  *out = NULL;
+  if (!mod) return sf__fail(ctx, SF_ERR_INVALID_ARG, "module is NULL");
+  if (!name || !*name)
+    return sf__fail(ctx, SF_ERR_INVALID_ARG, "kernel name is NULL or empty");
+  if (mod->ctx != ctx)
+    return sf__fail(ctx, SF_ERR_INVALID_ARG,
+                    "the module belongs to another context");
+  for (struct sf_kernel *k = mod->kernels; k; k = k->next)
+    if (strcmp(k->name, name) == 0) {
+      *out = k;
+      return SF_OK;
+    }
+  sf_status st = sf__ctx_enter(ctx);
+  if (st != SF_OK) return st;
+  CUfunction fn = NULL;
+  CUresult r = ctx->drv->ModuleGetFunction(&fn, mod->mod, name);
+  if (r == CUDA_ERROR_NOT_FOUND)
+    return sf__fail(ctx, SF_ERR_NOT_FOUND,
+                    "no kernel named \"%s\" in the module (a C++ kernel "
+                    "needs extern \"C\" or its mangled name)",
+                    name);
+  if (r != CUDA_SUCCESS) {
+    char what[320];
+    snprintf(what, sizeof what, "cuModuleGetFunction(\"%.256s\")", name);
+    return sf__cu_fail(ctx, SF_ERR_CUDA, r, what);
+  }
+  struct sf_kernel *k = calloc(1, sizeof *k);
+  char *copy = sf__strdup(name);
+  if (!k || !copy) {
+    free(k);
+    free(copy);
+    return sf__fail(ctx, SF_ERR_NOMEM, "out of host memory");
+  }
+  k->mod = mod;
+  k->fn = fn;
+  k->name = copy;
+  k->dyn_smem_limit = SF_DEFAULT_DYN_SMEM;
+  k->next = mod->kernels;
+  mod->kernels = k;
+  *out = k;
+  return SF_OK;
+}
+
+static sf_status check_kernel(sf_context *ctx, const sf_kernel *k) {
+  if (!k) return sf__fail(ctx, SF_ERR_INVALID_ARG, "kernel is NULL");
+  if (k->mod->ctx != ctx)
+    return sf__fail(ctx, SF_ERR_INVALID_ARG,
+                    "the kernel belongs to another context");
+  return SF_OK;
+}
+
+sf_status sf_kernel_attributes(sf_context *ctx, sf_kernel *k,
+                               sf_kernel_attrs *out) {
+  if (!ctx) return SF_ERR_INVALID_ARG;
+  sf_status st = check_kernel(ctx, k);
+  if (st != SF_OK) return st;
+  if (!out) return sf__fail(ctx, SF_ERR_INVALID_ARG, "out is NULL");
+  if ((st = sf__ctx_enter(ctx)) != SF_OK) return st;
+  static const struct {
+    CUfunction_attribute attr;
+    size_t offset;
+    const char *what;
+  } attrs[] = {
+      {CU_FUNC_ATTRIBUTE_NUM_REGS, offsetof(sf_kernel_attrs, num_regs),
+       "cuFuncGetAttribute(NUM_REGS)"},
+      {CU_FUNC_ATTRIBUTE_SHARED_SIZE_BYTES,
+       offsetof(sf_kernel_attrs, shared_bytes),
+       "cuFuncGetAttribute(SHARED_SIZE_BYTES)"},
+      {CU_FUNC_ATTRIBUTE_LOCAL_SIZE_BYTES,
+       offsetof(sf_kernel_attrs, local_bytes),
+       "cuFuncGetAttribute(LOCAL_SIZE_BYTES)"},
+      {CU_FUNC_ATTRIBUTE_MAX_THREADS_PER_BLOCK,
+       offsetof(sf_kernel_attrs, max_threads),
+       "cuFuncGetAttribute(MAX_THREADS_PER_BLOCK)"},
+  };
+  sf_kernel_attrs a;
+  for (size_t i = 0; i < sizeof attrs / sizeof attrs[0]; i++) {
+    int v = 0;
+    CUresult r = ctx->drv->FuncGetAttribute(&v, attrs[i].attr, k->fn);
+    if (r != CUDA_SUCCESS)
+      return sf__cu_fail(ctx, SF_ERR_CUDA, r, attrs[i].what);
+    memcpy((char *)&a + attrs[i].offset, &v, sizeof v);
+  }
+  *out = a;
+  return SF_OK;
+}
+
+/* ---- launches ---------------------------------------------------------- */
+
+static sf_status check_config(sf_context *ctx, const sf_launch_config *cfg) {
+  if (!cfg) return sf__fail(ctx, SF_ERR_INVALID_ARG, "launch config is NULL");
+  for (int i = 0; i < 3; i++)
+    if (cfg->grid[i] == 0 || cfg->block[i] == 0)
+      return sf__fail(ctx, SF_ERR_INVALID_ARG,
+                      "grid (%u, %u, %u) and block (%u, %u, %u) must be at "
+                      "least 1 in every dimension",
+                      cfg->grid[0], cfg->grid[1], cfg->grid[2], cfg->block[0],
+                      cfg->block[1], cfg->block[2]);
+  return SF_OK;
+}
+
+/* The launch itself; the context is current and the arguments checked. */
+static sf_status launch_on(sf_context *ctx, sf_kernel *k,
+                           const sf_launch_config *cfg, void **args,
+                           CUstream stream) {
+  const sf__driver *d = ctx->drv;
+  CUresult r;
+  if (cfg->shared_bytes > (unsigned)k->dyn_smem_limit) {
+    r = d->FuncSetAttribute(k->fn,
+                            CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
+                            (int)cfg->shared_bytes);
+    if (r != CUDA_SUCCESS) {
+      char what[384];
+      snprintf(what, sizeof what,
+               "raising %.256s's dynamic shared memory to %u bytes", k->name,
+               cfg->shared_bytes);
+      return sf__cu_fail(ctx, SF_ERR_LAUNCH, r, what);
+    }
+    k->dyn_smem_limit = (int)cfg->shared_bytes;
+  }
+  r = d->LaunchKernel(k->fn, cfg->grid[0], cfg->grid[1], cfg->grid[2],
+                      cfg->block[0], cfg->block[1], cfg->block[2],
+                      cfg->shared_bytes, stream, args, NULL);
+  if (r != CUDA_SUCCESS) {
+    char what[512];
+    snprintf(what, sizeof what,
+             "launching %.256s (grid %u x %u x %u, block %u x %u x %u, "
+             "%u bytes dynamic shared memory)",
+             k->name, cfg->grid[0], cfg->grid[1], cfg->grid[2], cfg->block[0],
+             cfg->block[1], cfg->block[2], cfg->shared_bytes);
+    return sf__cu_fail(ctx, SF_ERR_LAUNCH, r, what);
+  }
+  return SF_OK;
+}
+
+sf_status sf_launch(sf_context *ctx, sf_kernel *k, const sf_launch_config *cfg,
+                    void **args) {
+  if (!ctx) return SF_ERR_INVALID_ARG;
+  sf_status st = check_kernel(ctx, k);
+  if (st == SF_OK) st = check_config(ctx, cfg);
+  if (st == SF_OK) st = sf__ctx_enter(ctx);
+  if (st != SF_OK) return st;
+  return launch_on(ctx, k, cfg, args, (CUstream)cfg->stream);
+}
+
+sf_status sf_synchronize(sf_context *ctx) {
+  if (!ctx) return SF_ERR_INVALID_ARG;
+  sf_status st = sf__ctx_enter(ctx);
+  if (st != SF_OK) return st;
+  CUresult r = ctx->drv->CtxSynchronize();
+  if (r != CUDA_SUCCESS)
+    return sf__cu_fail(ctx, SF_ERR_CUDA, r, "cuCtxSynchronize");
+  return SF_OK;
+}
+
+/* ---- timing ------------------------------------------------------------ */
+
+/* Events recorded per round trip to the host. */
+#define SF_EVENT_POOL 64
+
+static int cmp_double(const void *a, const void *b) {
+  double x = *(const double *)a, y = *(const double *)b;
+  return (x > y) - (x < y);
+}
+
+/* Quantile q of sorted v[0..n) with linear interpolation. */
+static double quantile(const double *v, int n, double q) {
+  double pos = q * (n - 1);
+  int lo = (int)floor(pos);
+  int hi = lo + 1 < n ? lo + 1 : lo;
+  double f = pos - lo;
+  return v[lo] * (1.0 - f) + v[hi] * f;
+}
+
+typedef struct timing_state {
+  CUstream stream, own_stream;
+  CUgraphExec exec;
+  CUevent ev[2 * SF_EVENT_POOL];
+  int n_events;
+  double *samples;
+} timing_state;
+
+static void timing_cleanup(sf_context *ctx, timing_state *t) {
+  const sf__driver *d = ctx->drv;
+  for (int i = 0; i < t->n_events; i++) d->EventDestroy(t->ev[i]);
+  if (t->exec) d->GraphExecDestroy(t->exec);
+  if (t->own_stream) {
+    d->StreamSynchronize(t->own_stream);
+    d->StreamDestroy(t->own_stream);
+  }
+  free(t->samples);
+}
+
+/* Captures `batch` launches on t->stream into t->exec. */
+static sf_status capture_graph(sf_context *ctx, sf_kernel *k,
+                               const sf_launch_config *cfg, void **args,
+                               int batch, timing_state *t) {
+  const sf__driver *d = ctx->drv;
+  CUresult r = d->StreamBeginCapture(t->stream, CU_STREAM_CAPTURE_MODE_RELAXED);
+  if (r != CUDA_SUCCESS)
+    return sf__cu_fail(ctx, SF_ERR_CUDA, r, "cuStreamBeginCapture");
+  sf_status st = SF_OK;
+  for (int i = 0; i < batch && st == SF_OK; i++)
+    st = launch_on(ctx, k, cfg, args, t->stream);
+  CUgraph graph = NULL;
+  r = d->StreamEndCapture(t->stream, &graph);
+  if (st != SF_OK) {
+    if (graph) d->GraphDestroy(graph);
+    return st;
+  }
+  if (r != CUDA_SUCCESS)
+    return sf__cu_fail(ctx, SF_ERR_CUDA, r, "cuStreamEndCapture");
+  r = d->GraphInstantiate(&t->exec, graph, 0);
+  d->GraphDestroy(graph);
+  if (r != CUDA_SUCCESS) {
+    t->exec = NULL;
+    return sf__cu_fail(ctx, SF_ERR_CUDA, r, "cuGraphInstantiate");
+  }
+  return SF_OK;
+}
+
+static sf_status run_sample(sf_context *ctx, sf_kernel *k,
+                            const sf_launch_config *cfg, void **args,
+                            timing_state *t) {
+  if (!t->exec) return launch_on(ctx, k, cfg, args, t->stream);
+  CUresult r = ctx->drv->GraphLaunch(t->exec, t->stream);
+  if (r != CUDA_SUCCESS)
+    return sf__cu_fail(ctx, SF_ERR_LAUNCH, r, "cuGraphLaunch");
+  return SF_OK;
+}
+
+static sf_status ensure_flush_buffer(sf_context *ctx, size_t *size) {
+  sf_device_info info;
+  sf_status st = sf_device_info_get(ctx, &info);
+  if (st != SF_OK) return st;
+  size_t want = 2 * (size_t)(info.l2_bytes > 0 ? info.l2_bytes : 1 << 20);
+  if (ctx->flush_buf && ctx->flush_size >= want) {
+    *size = ctx->flush_size;
+    return SF_OK;
+  }
+  if (ctx->flush_buf) ctx->drv->MemFree(ctx->flush_buf);
+  ctx->flush_buf = 0;
+  ctx->flush_size = 0;
+  CUresult r = ctx->drv->MemAlloc(&ctx->flush_buf, want);
+  if (r != CUDA_SUCCESS) {
+    ctx->flush_buf = 0;
+    return sf__cu_fail(ctx, SF_ERR_CUDA, r, "allocating the L2 flush buffer");
+  }
+  ctx->flush_size = want;
+  *size = want;
+  return SF_OK;
+}
+
+sf_status sf_time_kernel(sf_context *ctx, sf_kernel *k,
+                         const sf_launch_config *cfg, void **args,
+                         const sf_timing_options *opts, sf_timing *out) {
+  if (!ctx) return SF_ERR_INVALID_ARG;
+  sf_status st = check_kernel(ctx, k);
+  if (st == SF_OK) st = check_config(ctx, cfg);
+  if (st != SF_OK) return st;
+  if (!out) return sf__fail(ctx, SF_ERR_INVALID_ARG, "out is NULL");
+  memset(out, 0, sizeof *out);
+  sf_timing_options o;
+  memset(&o, 0, sizeof o);
+  if (opts) o = *opts;
+  if (o.warmup == 0) o.warmup = 3;
+  if (o.warmup < 0) o.warmup = 0;
+  if (o.min_reps < 0 || o.max_reps < 0 || o.graph_batch < 0 ||
+      !(o.min_total_ms >= 0.0))
+    return sf__fail(ctx, SF_ERR_INVALID_ARG,
+                    "timing options must not be negative (min_reps %d, "
+                    "max_reps %d, min_total_ms %g, graph_batch %d)",
+                    o.min_reps, o.max_reps, o.min_total_ms, o.graph_batch);
+  if (o.min_reps == 0) o.min_reps = 30;
+  if (o.max_reps == 0) o.max_reps = o.min_reps > 1000 ? o.min_reps : 1000;
+  if (o.max_reps < o.min_reps)
+    return sf__fail(ctx, SF_ERR_INVALID_ARG,
+                    "max_reps (%d) is below min_reps (%d)", o.max_reps,
+                    o.min_reps);
+  if (o.min_total_ms == 0.0) o.min_total_ms = 100.0;
+  int batch = o.graph_batch > 1 ? o.graph_batch : 1;
+  if ((st = sf__ctx_enter(ctx)) != SF_OK) return st;
+
+  const sf__driver *d = ctx->drv;
+  timing_state t;
+  memset(&t, 0, sizeof t);
+  t.stream = (CUstream)cfg->stream;
+  CUresult r;
+  size_t flush_size = 0;
+  if (o.flush_l2 && (st = ensure_flush_buffer(ctx, &flush_size)) != SF_OK)
+    return st;
+  t.samples = malloc((size_t)o.max_reps * sizeof *t.samples);
+  if (!t.samples) return sf__fail(ctx, SF_ERR_NOMEM, "out of host memory");
+  if (batch > 1 && !t.stream) {
+    /* The legacy default stream cannot be captured: use a private one. */
+    r = d->StreamCreate(&t.own_stream, CU_STREAM_NON_BLOCKING);
+    if (r != CUDA_SUCCESS) {
+      st = sf__cu_fail(ctx, SF_ERR_CUDA, r, "cuStreamCreate");
+      goto done;
+    }
+    t.stream = t.own_stream;
+  }
+  /* One plain launch first: it checks the configuration and raises the
+   * shared-memory limit outside any capture. */
+  if ((st = launch_on(ctx, k, cfg, args, t.stream)) != SF_OK) goto done;
+  if (batch > 1 && (st = capture_graph(ctx, k, cfg, args, batch, &t)) != SF_OK)
+    goto done;
+  for (int i = 0; i < o.warmup; i++)
+    if ((st = run_sample(ctx, k, cfg, args, &t)) != SF_OK) goto done;
+  r = d->StreamSynchronize(t.stream);
+  if (r != CUDA_SUCCESS) {
+    st = sf__cu_fail(ctx, SF_ERR_CUDA, r, "warm-up launches");
+    goto done;
+  }
+  int pool = o.max_reps < SF_EVENT_POOL ? o.max_reps : SF_EVENT_POOL;
+  for (; t.n_events < 2 * pool; t.n_events++) {
+    r = d->EventCreate(&t.ev[t.n_events], CU_EVENT_DEFAULT);
+    if (r != CUDA_SUCCESS) {
+      st = sf__cu_fail(ctx, SF_ERR_CUDA, r, "cuEventCreate");
+      goto done;
+    }
+  }
+
+  int reps = 0;
+  double total_ms = 0.0;
+  while (reps < o.max_reps) {
+    long want;
+    if (reps < o.min_reps) {
+      want = o.min_reps - reps;
+    } else if (total_ms >= o.min_total_ms) {
+      break;
+    } else {
+      double mean = total_ms / reps;
+      want = mean > 0 ? (long)ceil((o.min_total_ms - total_ms) / mean) : pool;
+      if (want < 1) want = 1;
+    }
+    if (want > pool) want = pool;
+    if (want > o.max_reps - reps) want = o.max_reps - reps;
+    for (long i = 0; i < want; i++) {
+      if (o.flush_l2) {
+        r = d->MemsetD8Async(ctx->flush_buf, (unsigned char)(reps + i),
+                             flush_size, t.stream);
+        if (r != CUDA_SUCCESS) {
+          st = sf__cu_fail(ctx, SF_ERR_CUDA, r, "flushing L2 (cuMemsetD8Async)");
+          goto done;
+        }
+      }
+      r = d->EventRecord(t.ev[2 * i], t.stream);
+      if (r == CUDA_SUCCESS) {
+        if ((st = run_sample(ctx, k, cfg, args, &t)) != SF_OK) goto done;
+        r = d->EventRecord(t.ev[2 * i + 1], t.stream);
+      }
+      if (r != CUDA_SUCCESS) {
+        st = sf__cu_fail(ctx, SF_ERR_CUDA, r, "cuEventRecord");
+        goto done;
+      }
+    }
+    r = d->EventSynchronize(t.ev[2 * (want - 1) + 1]);
+    if (r != CUDA_SUCCESS) {
+      st = sf__cu_fail(ctx, SF_ERR_CUDA, r, "timed launches");
+      goto done;
+    }
+    for (long i = 0; i < want; i++) {
+      float ms = 0.0f;
+      r = d->EventElapsedTime(&ms, t.ev[2 * i], t.ev[2 * i + 1]);
+      if (r != CUDA_SUCCESS) {
+        st = sf__cu_fail(ctx, SF_ERR_CUDA, r, "cuEventElapsedTime");
+        goto done;
+      }
+      t.samples[reps++] = (double)ms / batch;
+      total_ms += ms;
+    }
+  }
+
+  qsort(t.samples, (size_t)reps, sizeof *t.samples, cmp_double);
+  double sum = 0.0;
+  for (int i = 0; i < reps; i++) sum += t.samples[i];
+  out->reps = reps;
+  out->min_ms = t.samples[0];
+  out->median_ms = quantile(t.samples, reps, 0.5);
+  out->p20_ms = quantile(t.samples, reps, 0.2);
+  out->p80_ms = quantile(t.samples, reps, 0.8);
+  out->mean_ms = sum / reps;
+  st = SF_OK;
+done:
+  timing_cleanup(ctx, &t);
+  return st;
+}
+
+/* ---- device memory ----------------------------------------------------- */
+
+sf_status sf_mem_alloc(sf_context *ctx, size_t size, sf_devptr *out) {
+  if (!ctx) return SF_ERR_INVALID_ARG;
+  if (!out) return sf__fail(ctx, SF_ERR_INVALID_ARG, "out is NULL");
+  *out = 0;
+  if (size == 0) return sf__fail(ctx, SF_ERR_INVALID_ARG, "size is 0");
+  sf_status st = sf__ctx_enter(ctx);
+  if (st != SF_OK) return st;
+  CUdeviceptr p = 0;
+  CUresult r = ctx->drv->MemAlloc(&p, size);
+  if (r != CUDA_SUCCESS) {
+    char what[96];
+    snprintf(what, sizeof what, "cuMemAlloc(%zu bytes)", size);
+    return sf__cu_fail(ctx, SF_ERR_CUDA, r, what);
+  }
+  if (sf__track_alloc(ctx, (sf_devptr)p) != SF_OK) {
+    ctx->drv->MemFree(p);
+    return sf__fail(ctx, SF_ERR_NOMEM, "out of host memory");
+  }
+  *out = (sf_devptr)p;
+  return SF_OK;
+}
+
+sf_status sf_mem_free(sf_context *ctx, sf_devptr ptr) {
+  if (!ctx) return SF_ERR_INVALID_ARG;
+  if (ptr == 0) return SF_OK;
+  sf_status st = sf__ctx_enter(ctx);
+  if (st != SF_OK) return st;
+  if (!sf__untrack_alloc(ctx, ptr))
+    return sf__fail(ctx, SF_ERR_INVALID_ARG,
+                    "0x%llx was not allocated by this context (or was freed "
+                    "already)",
+                    (unsigned long long)ptr);
+  CUresult r = ctx->drv->MemFree((CUdeviceptr)ptr);
+  if (r != CUDA_SUCCESS) return sf__cu_fail(ctx, SF_ERR_CUDA, r, "cuMemFree");
+  return SF_OK;
+}
+
+static sf_status check_copy(sf_context *ctx, sf_devptr dev, const void *host,
+                            size_t size) {
+  if (size > 0 && !host)
+    return sf__fail(ctx, SF_ERR_INVALID_ARG, "host pointer is NULL");
+  if (size > 0 && !dev)
+    return sf__fail(ctx, SF_ERR_INVALID_ARG, "device pointer is 0");
+  return SF_OK;
+}
+
+sf_status sf_memcpy_htod(sf_context *ctx, sf_devptr dst, const void *src,
+                         size_t size) {
+  if (!ctx) return SF_ERR_INVALID_ARG;
+  sf_status st = check_copy(ctx, dst, src, size);
+  if (st != SF_OK || size == 0) return st;
+  if ((st = sf__ctx_enter(ctx)) != SF_OK) return st;
+  CUresult r = ctx->drv->MemcpyHtoD((CUdeviceptr)dst, src, size);
+  if (r != CUDA_SUCCESS)
+    return sf__cu_fail(ctx, SF_ERR_CUDA, r, "cuMemcpyHtoD");
+  return SF_OK;
+}
+
+sf_status sf_memcpy_dtoh(sf_context *ctx, void *dst, sf_devptr src,
+                         size_t size) {
+  if (!ctx) return SF_ERR_INVALID_ARG;
+  sf_status st = check_copy(ctx, src, dst, size);
+  if (st != SF_OK || size == 0) return st;
+  if ((st = sf__ctx_enter(ctx)) != SF_OK) return st;
+  CUresult r = ctx->drv->MemcpyDtoH(dst, (CUdeviceptr)src, size);
+  if (r != CUDA_SUCCESS)
+    return sf__cu_fail(ctx, SF_ERR_CUDA, r, "cuMemcpyDtoH");
+  return SF_OK;
+}
+
+sf_status sf_memset_d8(sf_context *ctx, sf_devptr dst, unsigned char value,
+                       size_t size) {
+  if (!ctx) return SF_ERR_INVALID_ARG;
+  if (size > 0 && !dst)
+    return sf__fail(ctx, SF_ERR_INVALID_ARG, "device pointer is 0");
+  if (size == 0) return SF_OK;
+  sf_status st = sf__ctx_enter(ctx);
+  if (st != SF_OK) return st;
+  CUresult r = ctx->drv->MemsetD8((CUdeviceptr)dst, value, size);
+  if (r != CUDA_SUCCESS) return sf__cu_fail(ctx, SF_ERR_CUDA, r, "cuMemsetD8");
+  return SF_OK;
+}
