@@ -1,0 +1,350 @@
+"""The `csr` family: unstructured sparse W (fp32) times dense X (fp32) on
+CUDA cores, specialized to one matrix as SparseRT does.
+
+The plan sorts the rows by their nonzero count, descending (a row swizzle:
+the warps of a block, and the blocks launched first, get similar and large
+work), and packs the CSR in that slot order.  A configuration chooses where
+the index lists live (`tables`):
+
+  "global"  the packed CSR in the device buffer; a warp stages 32 nonzeros
+            at a time and broadcasts them by shuffle;
+  "const"   __constant__ arrays in the generated source (only when they fit
+            in the 64 KB constant bank);
+  "imm"     straight-line code with the columns and values as immediates
+            (only for small matrices: compile time grows with nnz);
+
+and the shape of the work: `vec` (1, 2, 4: columns of X per thread, as
+float / float2 / float4 loads; tokens per thread for "tm"), `rows` (warps,
+i.e. row slots, per block) and `unroll` (nonzeros per step of the table
+loops; 1 for "imm", whose code is fully unrolled).
+
+The kernel source lives in templates/include/sf/csr.cuh; templates/csr.cu.j2
+adds the constants, the tables and the immediates.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Optional
+
+import numpy as np
+
+from ..kernel import (ConfigError, Epilogue, Family, Kernel, Operation, config_name, register,
+                      render)
+from ..matrix import SparseMatrix, round_to_dtype
+
+MAGIC = 0x53434653          # 'SFCS' little-endian
+ALIGN = 16                  # every packed section starts at a multiple of this
+
+TABLES = ("global", "const", "imm")
+VECS = (1, 2, 4)
+CONST_BYTES = 65536         # the __constant__ bank a module may fill
+IMM_MAX_NNZ = 32768         # straight-line code: compile time grows with nnz
+IMM_MAX_ROWS = 4096         # cases of the slot switch
+MAX_THREADS = 1024
+CONFIG_KEYS = ("tables", "vec", "rows", "unroll")
+
+# The search space (see search_space for the restrictions per matrix).
+SPACE = {
+    "fm": {"vec": (1, 2, 4), "rows": (2, 4, 8), "unroll": (4, 8)},
+    "tm": {"vec": (1, 2), "rows": (4, 8), "unroll": (4, 8)},
+}
+
+_ACT = {"none": 0, "relu": 1, "gelu": 2}
+
+
+def _align(n: int) -> int:
+    return (n + ALIGN - 1) // ALIGN * ALIGN
+
+
+@dataclass
+class CsrPlan:
+    """What a csr kernel is built from: the schedule (slot order), the CSR
+    in slot order, the packed buffer holding it, and the byte offsets of its
+    sections."""
+    shape: tuple[int, int]
+    dtype: str                   # of the matrix's values (kernels read fp32)
+    order: np.ndarray            # int32 [M]: slot -> original row
+    ptr: np.ndarray              # int32 [M+1]: nonzero offsets in slot order
+    col: np.ndarray              # int32 [nnz]
+    val: np.ndarray              # float32 [nnz], rounded to `dtype`
+    bias: Optional[np.ndarray]   # float32 [M], original order, or None
+    offsets: dict                # section name -> byte offset in packed
+    packed: bytes
+    perm: Optional[np.ndarray] = None
+    name: str = ""
+    meta: dict = field(default_factory=dict)
+
+    @property
+    def rows(self) -> int:
+        return self.shape[0]
+
+    @property
+    def cols(self) -> int:
+        return self.shape[1]
+
+    @property
+    def nnz(self) -> int:
+        return int(self.col.size)
+
+
+def schedule(matrix: SparseMatrix) -> np.ndarray:
+    """Row order: nonzero count descending; ties keep the original order."""
+    return np.argsort(-matrix.row_nnz(), kind="stable").astype(np.int32)
+
+
+def const_bytes(m: int, k: int, nnz: int) -> int:
+    """Bytes of the __constant__ tables for an m x k matrix with nnz
+    nonzeros (columns as 16-bit when k fits)."""
+    idx = 2 if k <= 65536 else 4
+    return 4 * m + 4 * (m + 1) + idx * max(nnz, 1) + 4 * max(nnz, 1)
+
+
+def pack(matrix: SparseMatrix, bias: Optional[np.ndarray] = None) -> CsrPlan:
+    """The schedule and the packed buffer for `matrix` (with `bias`, fp32 of
+    M in original row order, when given)."""
+    m, k = matrix.shape
+    if m < 1 or k < 1:
+        raise ValueError(f"csr needs at least one row and one column, got {m} x {k}")
+    if matrix.nnz >= 2 ** 31:
+        raise ValueError(f"csr indexes nonzeros with int32; {matrix.nnz} is too many")
+    order = schedule(matrix)
+    counts = matrix.row_nnz()[order]
+    ptr = np.zeros(m + 1, dtype=np.int64)
+    np.cumsum(counts, out=ptr[1:])
+    # gather each row's nonzeros in slot order
+    starts = matrix.indptr[:-1][order]
+    idx = (np.repeat(starts - ptr[:-1], counts) + np.arange(matrix.nnz)).astype(np.int64)
+    col = matrix.indices[idx].astype(np.int32)
+    val = round_to_dtype(matrix.values, matrix.dtype)[idx].astype(np.float32)
+    if bias is not None:
+        bias = np.ascontiguousarray(bias, dtype=np.float32).reshape(-1)
+        if bias.shape != (m,):
+            raise ValueError(f"bias has {bias.size} entries, expected M = {m}")
+        if not np.all(np.isfinite(bias)):
+            raise ValueError("bias contains NaN or infinity")
+
+    sections = [("header", np.array([MAGIC, m, k, matrix.nnz], dtype=np.uint32).tobytes()),
+                ("order", order.astype(np.int32).tobytes()),
+                ("ptr", ptr.astype(np.int32).tobytes()),
+                ("col", col.tobytes()),
+                ("val", val.tobytes())]
+    if bias is not None:
+        sections.append(("bias", bias.tobytes()))
+    offsets, out, pos = {}, bytearray(), 0
+    for name, data in sections:
+        offsets[name] = pos
+        out += data + b"\0" * (_align(len(data)) - len(data))
+        pos = len(out)
+    offsets.setdefault("bias", 0)
+    return CsrPlan((m, k), matrix.dtype, order, ptr.astype(np.int32), col, val,
+                   None if bias is None else bias.copy(), offsets, bytes(out),
+                   None if matrix.perm is None else matrix.perm.copy(), matrix.name)
+
+
+def unpack_packed(packed: bytes, dtype: str = "fp32") -> tuple[SparseMatrix, Optional[np.ndarray]]:
+    """The matrix (original row order) and bias a packed buffer holds."""
+    head = np.frombuffer(packed, dtype=np.uint32, count=4)
+    if head[0] != MAGIC:
+        raise ValueError("not a csr packed buffer (bad magic)")
+    m, k, nnz = (int(v) for v in head[1:])
+    pos = ALIGN
+
+    def take(dt, count):
+        nonlocal pos
+        a = np.frombuffer(packed, dtype=dt, count=count, offset=pos).copy()
+        pos += _align(a.nbytes)
+        return a
+
+    order = take(np.int32, m).astype(np.int64)
+    ptr = take(np.int32, m + 1).astype(np.int64)
+    col = take(np.int32, nnz)
+    val = take(np.float32, nnz)
+    bias = take(np.float32, m) if pos + 4 * m <= len(packed) else None
+    counts = np.diff(ptr)
+    row_nnz = np.zeros(m, dtype=np.int64)
+    row_nnz[order] = counts
+    indptr = np.zeros(m + 1, dtype=np.int64)
+    np.cumsum(row_nnz, out=indptr[1:])
+    # slot s's nonzeros go to indptr[order[s]]...
+    dest = (np.repeat(indptr[order] - ptr[:-1], counts) + np.arange(nnz)).astype(np.int64)
+    indices = np.empty(nnz, dtype=np.int32)
+    values = np.empty(nnz, dtype=np.float32)
+    indices[dest] = col
+    values[dest] = val
+    return SparseMatrix((m, k), indptr, indices, values, dtype=dtype), bias
+
+
+def _float_literal(v: float) -> str:
+    """A C float literal that reads back as exactly the float32 `v`."""
+    s = str(np.float32(v))
+    if not any(ch in s for ch in ".e"):
+        s += ".0"
+    return s + "f"
+
+
+def _join(items, per_line: int = 16) -> str:
+    items = list(items)
+    lines = [", ".join(items[i:i + per_line]) for i in range(0, len(items), per_line)]
+    return "\n    " + ",\n    ".join(lines) + "\n" if lines else "0"
+
+
+class CsrFamily(Family):
+    name = "csr"
+    dtypes = ("fp32",)
+    layouts = ("fm", "tm")
+
+    def tag(self, params: dict) -> str:
+        return "csr"
+
+    def fits(self, matrix: SparseMatrix, params: dict) -> bool:
+        return matrix.rows >= 1 and matrix.cols >= 1   # any pattern is a CSR
+
+    # ---- configurations --------------------------------------------------
+    @staticmethod
+    def tables_allowed(matrix: SparseMatrix) -> list[str]:
+        out = ["global"]
+        if const_bytes(matrix.rows, matrix.cols, matrix.nnz) <= CONST_BYTES:
+            out.append("const")
+        if matrix.nnz <= IMM_MAX_NNZ and matrix.rows <= IMM_MAX_ROWS:
+            out.append("imm")
+        return out
+
+    def search_space(self, matrix: SparseMatrix, op: Operation, params: dict,
+                     device: Optional[dict] = None) -> list[dict]:
+        self._check_op(op)
+        space = SPACE[op.layout]
+        out = []
+        for tables in self.tables_allowed(matrix):
+            for vec in space["vec"]:
+                for rows in space["rows"]:
+                    for unroll in (space["unroll"] if tables != "imm" else (1,)):
+                        cfg = {"tables": tables, "vec": vec, "rows": rows, "unroll": unroll}
+                        try:
+                            self.check_config(cfg, matrix, op, params, device)
+                        except ConfigError:
+                            continue
+                        out.append(cfg)
+        return out
+
+    @staticmethod
+    def _check_op(op: Operation) -> None:
+        if op.dtype != "fp32":
+            raise ConfigError(f"csr computes in fp32 only (op.dtype is {op.dtype!r})")
+        if op.layout not in ("fm", "tm"):
+            raise ConfigError(f"csr layout is fm or tm, got {op.layout!r}")
+
+    def check_config(self, config: dict, matrix: SparseMatrix, op: Operation, params: dict,
+                     device: Optional[dict] = None) -> None:
+        self._check_op(op)
+        if params:
+            raise ConfigError(f"csr takes no pattern parameters (got {params!r})")
+        missing = [k for k in CONFIG_KEYS if k not in config]
+        extra = [k for k in config if k not in CONFIG_KEYS]
+        if missing or extra:
+            raise ConfigError(f"csr config needs exactly the keys {CONFIG_KEYS}; "
+                              f"missing {missing}, unknown {extra}")
+        tables, vec, rows, unroll = (config[k] for k in CONFIG_KEYS)
+        if tables not in TABLES:
+            raise ConfigError(f"tables must be one of {TABLES}, got {tables!r}")
+        for key in ("vec", "rows", "unroll"):
+            if not isinstance(config[key], (int, np.integer)) or isinstance(config[key], bool):
+                raise ConfigError(f"{key} must be an integer, got {config[key]!r}")
+        if vec not in VECS:
+            raise ConfigError(f"vec must be one of {VECS}, got {vec}")
+        if rows < 1 or 32 * rows > MAX_THREADS:
+            raise ConfigError(f"rows (warps per block) must be 1..{MAX_THREADS // 32}, got {rows}")
+        limit = MAX_THREADS
+        if device and device.get("max_threads_per_block"):
+            limit = min(limit, int(device["max_threads_per_block"]))
+        if 32 * rows > limit:
+            raise ConfigError(f"threads per block 32 * rows = {32 * rows} exceed the device's {limit}")
+        if tables == "imm":
+            if unroll != 1:
+                raise ConfigError(f"unroll must be 1 with tables 'imm' (its code is fully unrolled), got {unroll}")
+        elif unroll not in (1, 2, 4, 8, 16, 32):
+            raise ConfigError(f"unroll must divide 32 (1, 2, 4, 8, 16, 32), got {unroll}")
+        if matrix.rows < 1 or matrix.cols < 1:
+            raise ConfigError(f"csr needs at least one row and one column, got {matrix.rows} x {matrix.cols}")
+        if tables == "const":
+            need = const_bytes(matrix.rows, matrix.cols, matrix.nnz)
+            if need > CONST_BYTES:
+                raise ConfigError(f"tables 'const' need {need} bytes of __constant__ memory, "
+                                  f"more than {CONST_BYTES}")
+        if tables == "imm":
+            if matrix.nnz > IMM_MAX_NNZ:
+                raise ConfigError(f"tables 'imm' need nnz <= {IMM_MAX_NNZ} (compile time), "
+                                  f"got {matrix.nnz}")
+            if matrix.rows > IMM_MAX_ROWS:
+                raise ConfigError(f"tables 'imm' need M <= {IMM_MAX_ROWS} (cases of the slot "
+                                  f"switch), got {matrix.rows}")
+
+    # ---- plan, unpack, generate ----------------------------------------------
+    def plan(self, matrix: SparseMatrix, op: Operation, params: dict, config: dict,
+             bias: Optional[np.ndarray] = None) -> CsrPlan:
+        self.check_config(config, matrix, op, params)
+        if op.epilogue.bias and bias is None:
+            raise ValueError("the epilogue adds a bias but none was given")
+        if not op.epilogue.bias and bias is not None:
+            raise ValueError("a bias was given but the epilogue adds none")
+        return pack(matrix, bias)
+
+    def unpack(self, plan: CsrPlan) -> SparseMatrix:
+        """The matrix the plan's packed buffer holds (original row order,
+        values as the kernel reads them, the permutation carried along)."""
+        mat, _ = unpack_packed(plan.packed, plan.dtype)
+        mat.perm = None if plan.perm is None else plan.perm.copy()
+        mat.name = plan.name
+        return mat
+
+    def generate(self, matrix: SparseMatrix, op: Operation, params: dict, config: dict,
+                 bias: Optional[np.ndarray] = None) -> Kernel:
+        p = self.plan(matrix, op, params, config, bias)
+        return self.render(p, op, config)
+
+    def render(self, p: CsrPlan, op: Operation, config: dict) -> Kernel:
+        m, k = p.shape
+        tables, vec, rows, unroll = (int(config[k_]) if k_ != "tables" else config[k_]
+                                     for k_ in CONFIG_KEYS)
+        name = config_name(self.tag({}), config, op)
+        ep = op.epilogue
+        values = dict(name=name, M=m, K=k, nnz=p.nnz, layout=op.layout, tables=tables,
+                      vec=vec, rows=rows, unroll=unroll, epilogue_tag=ep.tag,
+                      has_bias=ep.bias, act=_ACT[ep.activation],
+                      scale=_float_literal(ep.scale), off=p.offsets)
+        if tables == "const":
+            values.update(self._const_tables(p))
+        elif tables == "imm":
+            values["imm_cases"] = self._imm_cases(p)
+        source = render("csr.cu.j2", **values)
+        bn = 32 * vec
+        return Kernel(name=name, source=source, packed=p.packed, block=(32 * rows, 1, 1),
+                      grid=(-(-m // rows), 1, 1), n_axis=1, n_tile=bn,
+                      config=dict(config))
+
+    @staticmethod
+    def _const_tables(p: CsrPlan) -> dict:
+        m, k = p.shape
+        col = p.col if p.nnz else np.zeros(1, dtype=np.int32)
+        val = p.val if p.nnz else np.zeros(1, dtype=np.float32)
+        return dict(c_order=_join(map(str, p.order.tolist())),
+                    c_ptr=_join(map(str, p.ptr.tolist())),
+                    c_col_type="unsigned short" if k <= 65536 else "int",
+                    c_col=_join(map(str, col.tolist()), 32),
+                    c_val=_join(map(_float_literal, val.tolist()), 8))
+
+    @staticmethod
+    def _imm_cases(p: CsrPlan, per_line: int = 4) -> list[dict]:
+        cases = []
+        cols = p.col.tolist()
+        vals = [_float_literal(v) for v in p.val.tolist()]
+        for s in range(p.rows):
+            lo, hi = int(p.ptr[s]), int(p.ptr[s + 1])
+            terms = [f"a({cols[j]}, {vals[j]});" for j in range(lo, hi)]
+            lines = [" ".join(terms[i:i + per_line]) for i in range(0, len(terms), per_line)]
+            row = int(p.order[s])
+            cases.append(dict(slot=s, row=row, nnz=hi - lo, lines=lines,
+                              bias=_float_literal(p.bias[row]) if p.bias is not None else ""))
+        return cases
+
+
+FAMILY = register(CsrFamily())

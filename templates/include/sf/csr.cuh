@@ -1,0 +1,355 @@
+// csr.cuh -- unstructured sparse W (fp32, CSR) times dense X (fp32) on CUDA
+// cores, specialized to one matrix in the manner of SparseRT: the generated
+// source fixes M, K, the schedule (rows sorted by their nonzero count) and,
+// depending on the configuration, where the index lists and values live:
+//
+//   TABLES_GLOBAL  packed CSR in the `packed` device buffer;
+//   TABLES_CONST   index lists and values in __constant__ arrays of the
+//                  generated source (small matrices);
+//   TABLES_IMM     straight-line code: every nonzero is an immediate column
+//                  and an immediate value in a switch over row slots.
+//
+// Work decomposition (both layouts): one warp computes one row of W for
+// BN = 32 * VEC output columns (fm) or tokens (tm); a block holds ROWS warps,
+// i.e. ROWS consecutive row slots of the schedule.  Grid: x = row blocks,
+// y = tiles of N.  Every row slot writes its row, so empty rows get
+// epilogue(0) and nothing needs zeroing beforehand.
+//
+// Packed buffer (all sections 16-byte aligned, offsets baked in):
+//   header int32[4]   {magic 'SFCS', M, K, nnz}
+//   order  int32[M]   row slot -> original row (rows by nnz, descending)
+//   ptr    int32[M+1] nonzero offsets, in slot order
+//   col    int32[nnz] column of each nonzero, sorted within a row
+//   val    fp32[nnz]  value of each nonzero
+//   bias   fp32[M]    bias in ORIGINAL row order (only with a bias)
+// The packed CSR is always present: TABLES_IMM falls back on it when the
+// vector path does not apply (N not a multiple of VEC, or X / Y misaligned).
+//
+// Compiles under NVRTC with -I templates/include; no host headers.
+#pragma once
+
+#include "sf/common.cuh"
+
+namespace sf {
+namespace csr {
+
+enum Layout { LAYOUT_FM = 0, LAYOUT_TM = 1 };
+enum TableKind { TABLES_GLOBAL = 0, TABLES_CONST = 1, TABLES_IMM = 2 };
+
+constexpr int WARP = 32;
+
+// ---- configuration ------------------------------------------------------
+// The generated source derives its Cfg from this and adds SCALE (a float
+// cannot be a template parameter in C++17).
+template <int M_, int K_, int NNZ_, int LAYOUT_, int TABLES_, int VEC_, int ROWS_,
+          int UNROLL_, bool HAS_BIAS_, int ACT_>
+struct Config {
+  static constexpr int M = M_;            // rows of W (and of Y, fm)
+  static constexpr int K = K_;            // columns of W = rows of X (fm)
+  static constexpr int NNZ = NNZ_;        // stored nonzeros
+  static constexpr int LAYOUT = LAYOUT_;  // LAYOUT_FM or LAYOUT_TM
+  static constexpr int TABLES = TABLES_;  // where the index lists live
+  static constexpr int VEC = VEC_;        // columns (fm) / tokens (tm) per thread
+  static constexpr int ROWS = ROWS_;      // warps = row slots per block
+  static constexpr int UNROLL = UNROLL_;  // nonzeros per step of the table loops
+  static constexpr bool HAS_BIAS = HAS_BIAS_;
+  static constexpr int ACT = ACT_;        // sf::Activation
+  static constexpr int THREADS = WARP * ROWS;
+  static constexpr int BN = WARP * VEC;   // columns / tokens of one block
+  // Blocks per SM the register allocation must allow: at least 1024
+  // resident threads (64 registers a thread).  Without it ptxas may aim
+  // for full occupancy and spill.
+  static constexpr int MIN_BLOCKS = THREADS >= 1024 ? 1 : 1024 / THREADS;
+
+  static_assert(M >= 1 && K >= 1, "W has at least one row and one column");
+  static_assert(NNZ >= 0, "nonzero count is not negative");
+  static_assert(LAYOUT == LAYOUT_FM || LAYOUT == LAYOUT_TM, "layout is fm or tm");
+  static_assert(TABLES == TABLES_GLOBAL || TABLES == TABLES_CONST || TABLES == TABLES_IMM,
+                "tables are global, const or imm");
+  static_assert(VEC == 1 || VEC == 2 || VEC == 4, "VEC is 1, 2 or 4 (float, float2, float4)");
+  static_assert(ROWS >= 1 && THREADS <= 1024, "a block holds 1..32 warps");
+  static_assert(UNROLL >= 1 && UNROLL <= WARP && WARP % UNROLL == 0,
+                "UNROLL divides the warp's staged chunk of 32 nonzeros");
+  static_assert(ACT == ACT_NONE || ACT == ACT_RELU || ACT == ACT_GELU, "known activation");
+};
+
+// Byte offsets of the packed sections (baked in by the template).
+template <unsigned long long ORDER_, unsigned long long PTR_, unsigned long long COL_,
+          unsigned long long VAL_, unsigned long long BIAS_>
+struct Offsets {
+  static constexpr unsigned long long ORDER = ORDER_, PTR = PTR_, COL = COL_, VAL = VAL_,
+                                      BIAS = BIAS_;
+  static_assert(ORDER % 16 == 0 && PTR % 16 == 0 && COL % 16 == 0 && VAL % 16 == 0 &&
+                    BIAS % 16 == 0,
+                "packed sections are 16-byte aligned");
+};
+
+// ---- vector helpers ---------------------------------------------------------
+template <int VEC> struct Vec;
+template <> struct Vec<1> {
+  using type = float;
+  __device__ static void load(const float *p, float (&v)[1]) { v[0] = __ldg(p); }
+  __device__ static void store(float *p, const float (&v)[1]) { *p = v[0]; }
+};
+template <> struct Vec<2> {
+  using type = float2;
+  __device__ static void load(const float *p, float (&v)[2]) {
+    float2 t = __ldg(reinterpret_cast<const float2 *>(p));
+    v[0] = t.x; v[1] = t.y;
+  }
+  __device__ static void store(float *p, const float (&v)[2]) {
+    *reinterpret_cast<float2 *>(p) = make_float2(v[0], v[1]);
+  }
+};
+template <> struct Vec<4> {
+  using type = float4;
+  __device__ static void load(const float *p, float (&v)[4]) {
+    float4 t = __ldg(reinterpret_cast<const float4 *>(p));
+    v[0] = t.x; v[1] = t.y; v[2] = t.z; v[3] = t.w;
+  }
+  __device__ static void store(float *p, const float (&v)[4]) {
+    *reinterpret_cast<float4 *>(p) = make_float4(v[0], v[1], v[2], v[3]);
+  }
+};
+
+// ---- accumulators: acc(col, value) adds value * X[col, this thread's n] ----
+// Feature-major, vector path: VEC consecutive columns n0..n0+VEC-1 of X row
+// `col`, one VEC-wide load.  Threads past N load column 0 (valid: N >= VEC)
+// and store nothing.
+template <int VEC> struct FmVecAcc {
+  const float *xp;      // X + n0 (or X for an idle thread)
+  long long ld;         // N, the leading dimension of X
+  float acc[VEC];
+  __device__ FmVecAcc(const float *X, int N, int n0) : xp(X + (n0 < N ? n0 : 0)), ld(N) {
+#pragma unroll
+    for (int i = 0; i < VEC; ++i) acc[i] = 0.0f;
+  }
+  __device__ __forceinline__ void operator()(int col, float w) {
+    float x[VEC];
+    Vec<VEC>::load(xp + col * ld, x);
+#pragma unroll
+    for (int i = 0; i < VEC; ++i) acc[i] = fmaf(w, x[i], acc[i]);
+  }
+};
+
+// Feature-major, scalar path (any N and alignment): VEC scalar loads with
+// the column clamped to N - 1.
+template <int VEC> struct FmScalarAcc {
+  const float *X;
+  long long ld;
+  int nc[VEC];          // clamped columns
+  float acc[VEC];
+  __device__ FmScalarAcc(const float *X_, int N, int n0) : X(X_), ld(N) {
+#pragma unroll
+    for (int i = 0; i < VEC; ++i) {
+      nc[i] = min(n0 + i, N - 1);
+      acc[i] = 0.0f;
+    }
+  }
+  __device__ __forceinline__ void operator()(int col, float w) {
+    const float *row = X + col * ld;
+#pragma unroll
+    for (int i = 0; i < VEC; ++i) acc[i] = fmaf(w, __ldg(row + nc[i]), acc[i]);
+  }
+};
+
+// Token-major: X is N x K; this thread's tokens are t0 + 32 i (i < VEC), so
+// that the lanes of a warp read consecutive tokens.  Tokens past N are
+// clamped to N - 1 for loading and not stored.
+template <int K, int VEC> struct TmAcc {
+  const float *xr[VEC];  // X row of each token
+  float acc[VEC];
+  __device__ TmAcc(const float *X, int N, int t0) {
+#pragma unroll
+    for (int i = 0; i < VEC; ++i) {
+      xr[i] = X + static_cast<long long>(min(t0 + WARP * i, N - 1)) * K;
+      acc[i] = 0.0f;
+    }
+  }
+  __device__ __forceinline__ void operator()(int col, float w) {
+#pragma unroll
+    for (int i = 0; i < VEC; ++i) acc[i] = fmaf(w, __ldg(xr[i] + col), acc[i]);
+  }
+};
+
+// ---- row sums over tables ------------------------------------------------------
+// Global tables: the warp stages 32 nonzeros at a time (one coalesced load
+// of columns and of values, a lane each) and broadcasts them by shuffle.
+// All lanes run the loop together: `hi - lo` is uniform over the warp.
+template <int UNROLL, class Acc>
+__device__ __forceinline__ void row_sum_staged(const int *__restrict__ col,
+                                               const float *__restrict__ val, int lo, int hi,
+                                               int lane, Acc &acc) {
+  constexpr unsigned FULL_MASK = 0xffffffffu;
+  for (int base = lo; base < hi; base += WARP) {
+    const int count = min(WARP, hi - base);
+    const int my_col = lane < count ? __ldg(col + base + lane) : 0;
+    const float my_val = lane < count ? __ldg(val + base + lane) : 0.0f;
+    for (int j0 = 0; j0 < count; j0 += UNROLL) {
+#pragma unroll
+      for (int u = 0; u < UNROLL; ++u) {
+        const int j = j0 + u;  // < 32: UNROLL divides 32
+        const int c = __shfl_sync(FULL_MASK, my_col, j);
+        const float w = __shfl_sync(FULL_MASK, my_val, j);
+        if (j < count) acc(c, w);
+      }
+    }
+  }
+}
+
+// Tables every lane reads at the same index (__constant__ arrays: the
+// constant cache broadcasts one address to the warp).
+template <int UNROLL, class Tab, class Acc>
+__device__ __forceinline__ void row_sum_uniform(int lo, int hi, Acc &acc) {
+  int j = lo;
+  for (; j + UNROLL <= hi; j += UNROLL) {
+#pragma unroll
+    for (int u = 0; u < UNROLL; ++u) acc(Tab::col(j + u), Tab::val(j + u));
+  }
+  for (; j < hi; ++j) acc(Tab::col(j), Tab::val(j));
+}
+
+// ---- schedules: slot -> (original row, sum over its nonzeros, bias) -----------
+// Each provides
+//   template <bool FAST, class Acc> static int sum(packed, slot, lane, acc, bias)
+// returning the original row; FAST selects the fast accumulator's code (for
+// TABLES_IMM the immediates; the generic path otherwise).
+
+template <class Cfg, class Off>
+__device__ __forceinline__ float packed_bias(const unsigned char *packed, int row) {
+  return Cfg::HAS_BIAS ? __ldg(section<float>(packed, Off::BIAS) + row) : 0.0f;
+}
+
+// Packed CSR in global memory.
+template <class Cfg, class Off> struct GlobalSchedule {
+  template <bool FAST, class Acc>
+  __device__ static __forceinline__ int sum(const unsigned char *packed, int slot, int lane,
+                                            Acc &acc, float &bias) {
+    const int row = __ldg(section<int>(packed, Off::ORDER) + slot);
+    const int *ptr = section<int>(packed, Off::PTR);
+    row_sum_staged<Cfg::UNROLL>(section<int>(packed, Off::COL), section<float>(packed, Off::VAL),
+                                __ldg(ptr + slot), __ldg(ptr + slot + 1), lane, acc);
+    bias = packed_bias<Cfg, Off>(packed, row);
+    return row;
+  }
+};
+
+// __constant__ tables.  Tab (generated) provides static order(s), ptr(s),
+// col(j), val(j).
+template <class Cfg, class Off, class Tab> struct ConstSchedule {
+  template <bool FAST, class Acc>
+  __device__ static __forceinline__ int sum(const unsigned char *packed, int slot, int lane,
+                                            Acc &acc, float &bias) {
+    const int row = Tab::order(slot);
+    row_sum_uniform<Cfg::UNROLL, Tab>(Tab::ptr(slot), Tab::ptr(slot + 1), acc);
+    bias = packed_bias<Cfg, Off>(packed, row);
+    return row;
+  }
+};
+
+// Immediates.  Imm (generated) provides
+//   template <class Acc> static int rows(int slot, Acc &acc, float &bias)
+// a switch over slots whose cases are straight-line sums.  The generic path
+// (FAST = false) reads the packed CSR instead, so the straight-line code is
+// instantiated once.
+template <class Cfg, class Off, class Imm> struct ImmSchedule {
+  template <bool FAST, class Acc>
+  __device__ static __forceinline__ int sum(const unsigned char *packed, int slot, int lane,
+                                            Acc &acc, float &bias) {
+    if (FAST) return Imm::rows(slot, acc, bias);
+    return GlobalSchedule<Cfg, Off>::template sum<false>(packed, slot, lane, acc, bias);
+  }
+};
+
+// ---- stores -----------------------------------------------------------------
+template <class Cfg>
+__device__ __forceinline__ float finish(float acc, float bias) {
+  return epilogue<Cfg::HAS_BIAS, Cfg::ACT>(acc, Cfg::SCALE, bias);
+}
+
+template <class Cfg>
+__device__ __forceinline__ void store_fm_vec(float *Y, int N, int row, int n0,
+                                             const float (&acc)[Cfg::VEC], float bias) {
+  if (n0 >= N) return;
+  float y[Cfg::VEC];
+#pragma unroll
+  for (int i = 0; i < Cfg::VEC; ++i) y[i] = finish<Cfg>(acc[i], bias);
+  Vec<Cfg::VEC>::store(Y + static_cast<long long>(row) * N + n0, y);
+}
+
+template <class Cfg>
+__device__ __forceinline__ void store_fm_scalar(float *Y, int N, int row, int n0,
+                                                const float (&acc)[Cfg::VEC], float bias) {
+  float *yr = Y + static_cast<long long>(row) * N;
+#pragma unroll
+  for (int i = 0; i < Cfg::VEC; ++i)
+    if (n0 + i < N) yr[n0 + i] = finish<Cfg>(acc[i], bias);
+}
+
+template <class Cfg>
+__device__ __forceinline__ void store_tm(float *Y, int N, int row, int t0,
+                                         const float (&acc)[Cfg::VEC], float bias) {
+#pragma unroll
+  for (int i = 0; i < Cfg::VEC; ++i) {
+    const int t = t0 + WARP * i;
+    if (t < N) Y[static_cast<long long>(t) * Cfg::M + row] = finish<Cfg>(acc[i], bias);
+  }
+}
+
+// ---- kernel bodies ----------------------------------------------------------
+template <int VEC>
+__device__ __forceinline__ bool vector_ok(const void *X, const void *Y, int N) {
+  if (VEC == 1) return true;
+  const unsigned long long a = reinterpret_cast<unsigned long long>(X) |
+                               reinterpret_cast<unsigned long long>(Y);
+  return N % VEC == 0 && a % (4 * VEC) == 0;
+}
+
+// Y (M x N) = epilogue(W X), X K x N.
+template <class Cfg, class Schedule>
+__device__ __forceinline__ void spmm_fm(const unsigned char *__restrict__ packed,
+                                        const float *__restrict__ X, float *__restrict__ Y,
+                                        int N) {
+  const int lane = threadIdx.x % WARP;
+  const int slot = blockIdx.x * Cfg::ROWS + threadIdx.x / WARP;
+  if (slot >= Cfg::M) return;  // whole warps leave
+  const int n0 = blockIdx.y * Cfg::BN + lane * Cfg::VEC;
+  float bias = 0.0f;
+  if (vector_ok<Cfg::VEC>(X, Y, N)) {
+    FmVecAcc<Cfg::VEC> acc(X, N, n0);
+    const int row = Schedule::template sum<true>(packed, slot, lane, acc, bias);
+    store_fm_vec<Cfg>(Y, N, row, n0, acc.acc, bias);
+  } else {
+    FmScalarAcc<Cfg::VEC> acc(X, N, n0);
+    const int row = Schedule::template sum<false>(packed, slot, lane, acc, bias);
+    store_fm_scalar<Cfg>(Y, N, row, n0, acc.acc, bias);
+  }
+}
+
+// Y (N x M) = epilogue(X W^T), X N x K.
+template <class Cfg, class Schedule>
+__device__ __forceinline__ void spmm_tm(const unsigned char *__restrict__ packed,
+                                        const float *__restrict__ X, float *__restrict__ Y,
+                                        int N) {
+  const int lane = threadIdx.x % WARP;
+  const int slot = blockIdx.x * Cfg::ROWS + threadIdx.x / WARP;
+  if (slot >= Cfg::M) return;
+  const int t0 = blockIdx.y * Cfg::BN + lane;
+  float bias = 0.0f;
+  TmAcc<Cfg::K, Cfg::VEC> acc(X, N, t0);
+  const int row = Schedule::template sum<true>(packed, slot, lane, acc, bias);
+  store_tm<Cfg>(Y, N, row, t0, acc.acc, bias);
+}
+
+template <class Cfg, class Schedule>
+__device__ __forceinline__ void spmm(const unsigned char *__restrict__ packed, const void *X,
+                                     void *Y, int N) {
+  if (N <= 0) return;
+  if (Cfg::LAYOUT == LAYOUT_FM)
+    spmm_fm<Cfg, Schedule>(packed, static_cast<const float *>(X), static_cast<float *>(Y), N);
+  else
+    spmm_tm<Cfg, Schedule>(packed, static_cast<const float *>(X), static_cast<float *>(Y), N);
+}
+
+}  // namespace csr
+}  // namespace sf
