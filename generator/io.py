@@ -271,7 +271,10 @@ def _load_npz(p: Path, name, seed):
     if "format" in arrays and "shape" in arrays and "data" in arrays:
         nm = name or (_scalar_str(arrays["sparseforge_name"]) if "sparseforge_name" in arrays
                       else p.stem)
-        return [(nm, _scipy_to_matrix(p, arrays))]
+        m = _scipy_to_matrix(p, arrays)
+        if "perm" in arrays:
+            m.perm = _check_perm(p, "array 'perm'", arrays["perm"], m.rows)
+        return [(nm, m)]
     dense_keys = [k for k in arrays
                   if not (k.endswith(".perm") and k[:-5] in arrays)
                   and not (k.endswith(".dtype") and k[:-6] in arrays)]
