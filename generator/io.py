@@ -247,16 +247,17 @@ def _read_npz(p: Path) -> dict[str, np.ndarray]:
                 key = info.filename[:-4] if info.filename.endswith(".npy") else info.filename
                 try:
                     data = z.read(info)
-                except (zipfile.BadZipFile, EOFError, OSError, ValueError) as e:
-                    _fail(p, f"member {info.filename!r} cannot be read (truncated or corrupt: {e})")
-                except Exception as e:  # zlib.error and friends
-                    _fail(p, f"member {info.filename!r} cannot be read ({type(e).__name__}: {e})")
+                except Exception as e:  # BadZipFile, EOFError, zlib.error, ...
+                    _fail(p, f"member {info.filename!r} cannot be read, truncated or corrupt "
+                             f"({type(e).__name__}: {e})")
                 out[key] = _parse_npy(p, f"array {key!r}", data)
             return out
+    except WeightFileError:
+        raise
     except zipfile.BadZipFile as e:
         _fail(p, f"not a valid .npz (zip) archive, truncated or corrupt ({e})")
-    except (EOFError, OSError) as e:
-        _fail(p, f"cannot read the .npz archive ({e})")
+    except Exception as e:  # zipfile raises many kinds on a corrupt archive
+        _fail(p, f"corrupt .npz archive ({type(e).__name__}: {e})")
 
 
 def _scalar_str(v: np.ndarray) -> str:

@@ -420,3 +420,29 @@ def test_dlmc_subset_loads(dlmc_files, dlmc_dir):
             assert m.shape == (int(r["nrows"]), int(r["ncols"]))
             assert m.nnz == int(float(r["nnz"]))
     assert set(rows) == {"dlmc/" + str(f.relative_to(dlmc_dir)) for f in dlmc_files}
+
+
+@pytest.mark.parametrize("ext", [".npy", ".npz", ".safetensors", ".mtx", ".smtx"])
+def test_damaged_files_give_named_value_errors(tmp_path, rng, ext):
+    """Every truncation and a spread of overwritten bytes: either the file
+    still loads, or a ValueError that starts with the file's path."""
+    d = sparse_dense(rng, 6, 9, 0.4)
+    m = SparseMatrix.from_dense(d)
+    if ext not in (".npy", ".smtx"):
+        m.perm = rng.permutation(6)
+    src = tmp_path / f"src{ext}"
+    io.save(src, m)
+    data = src.read_bytes()
+    cases = [data[:i] for i in range(len(data))]
+    for i in range(0, len(data), max(1, len(data) // 200)):
+        for b in (0x00, 0x20, 0xFF, ord("9"), ord("-")):
+            x = bytearray(data)
+            x[i] = b
+            cases.append(bytes(x))
+    p = tmp_path / f"bad{ext}"
+    for c in cases:
+        p.write_bytes(c)
+        try:
+            io.load(p)
+        except ValueError as e:
+            assert str(e).startswith(f"{p}: "), str(e)
