@@ -1,0 +1,445 @@
+"""The row-group gather GEMM shared by the `bsr` and `shflbw` families.
+
+Both patterns reduce to the same computation: the rows of W (permuted for
+shflbw) fall into groups; group g has a list of k_g columns and a dense
+weight tile over them, and
+
+    Y[rows of g, :] = epilogue(W_g . X[cols of g, :])
+
+- shflbw: a group is V consecutive rows of the permuted matrix; its list is
+  the group's column support (the union of its rows' supports, so a matrix
+  that does not fit exactly still runs, with explicit zeros stored).
+- bsr: a group is one block-row of br rows (several block-rows when br < 16,
+  to fill one m16 tensor-core tile); its list is the union of its nonzero
+  blocks' columns, each block contributing a run of bc columns.
+
+`plan` packs the weights in BK-chunks (one chunk of one group is one
+contiguous BM x BK run), the column indices per chunk (padded with the
+group's last index, under zero weights), the schedule (groups sorted by k_g,
+longest first), the row map and the bias.  The device code is
+templates/include/sf/rowgroup.cuh; templates/rowgroup.cu.j2 only bakes in the
+constants.  Split-K is not implemented: one CTA runs one group's whole K.
+"""
+from __future__ import annotations
+
+import weakref
+from dataclasses import dataclass, field
+from typing import Optional
+
+import numpy as np
+
+from ..kernel import ConfigError, Family, Kernel, Operation, config_name, render
+from ..matrix import SparseMatrix, from_device_bytes, round_to_dtype, to_device_bytes
+
+BN_CHOICES = (16, 32, 64, 128, 256)
+BK_CHOICES = (16, 32, 64)
+STAGE_CHOICES = (2, 3, 4)
+MAX_WARPS = 8
+MAX_ACC_REGS = 128
+CONFIG_KEYS = ("bk", "bn", "stages", "wm", "wn")
+ACT_CODES = {"none": 0, "relu": 1, "gelu": 2}
+ELEM_T = {"fp16": "__half", "bf16": "__nv_bfloat16"}
+MAX_GRID_Y = 65535
+
+
+def smem_limit(device: Optional[dict]) -> int:
+    """Largest dynamic shared memory per block: the device's opt-in limit
+    when given, else by compute capability (227 KB on sm_90, 163 KB on
+    sm_80, 99 KB on other sm_8x); with no device, sm_90's."""
+    if device:
+        if device.get("smem_per_block_optin"):
+            return int(device["smem_per_block_optin"])
+        major = int(device.get("cc_major", 9))
+        minor = int(device.get("cc_minor", 0))
+        if major == 8:
+            return 163 * 1024 if minor == 0 else 99 * 1024
+        if major < 8:
+            return 48 * 1024
+    return 227 * 1024
+
+
+def smem_bytes(bm: int, config: dict) -> int:
+    """Dynamic shared memory of a configuration (mirrors Config::SMEM_BYTES)."""
+    bn, bk, stages = config["bn"], config["bk"], config["stages"]
+    pipe = stages * (bm * bk * 2 + bk * bn * 2)
+    c_tile = bm * (bn + 8) * 2
+    return max(pipe, c_tile) + bm * 4
+
+
+def min_blocks(bm: int, config: dict) -> int:
+    """The minimum-CTAs-per-SM hint of __launch_bounds__: the CTAs whose
+    register files fit when each thread gets its accumulators, its A and B
+    fragments and ~64 registers of addressing (ptxas's own default with
+    only a thread count is too tight for the large warp tiles and spills)."""
+    mf, nf = bm // config["wm"] // 16, config["bn"] // config["wn"] // 8
+    regs = -(-(mf * nf * 4 + mf * 4 + nf * 2 + 64) // 8) * 8
+    threads = 32 * config["wm"] * config["wn"]
+    return max(1, min(8, 65536 // (threads * regs)))
+
+
+def _align16(n: int) -> int:
+    return (n + 15) & ~15
+
+
+# ---- grouping ----------------------------------------------------------------------
+
+@dataclass
+class Grouping:
+    """How the rows of a matrix fall into groups, and each group's columns."""
+    group_rows: int                  # rows per group (the last may have fewer)
+    bm: int                          # tile rows: group_rows rounded up to 16
+    perm: Optional[np.ndarray]       # permuted position -> original row; None = identity
+    supports: list                   # per group: sorted int32 column list
+    exact: bool                      # every stored entry is a nonzero of the pattern
+
+    @property
+    def num_groups(self) -> int:
+        return len(self.supports)
+
+
+def permuted_csr(matrix: SparseMatrix, perm: Optional[np.ndarray]):
+    """(indptr, indices, values) of W[perm] (W itself when perm is None)."""
+    if perm is None:
+        return matrix.indptr, matrix.indices, matrix.values
+    nnz_row = matrix.row_nnz()[perm]
+    indptr = np.zeros(matrix.rows + 1, dtype=np.int64)
+    np.cumsum(nnz_row, out=indptr[1:])
+    starts = matrix.indptr[perm]
+    # gather each permuted row's range of the original arrays
+    offs = np.arange(int(indptr[-1]), dtype=np.int64) - np.repeat(indptr[:-1], nnz_row)
+    src = np.repeat(starts, nnz_row) + offs
+    return indptr, matrix.indices[src], matrix.values[src]
+
+
+def _group_bounds(m: int, group_rows: int):
+    n_groups = (m + group_rows - 1) // group_rows if group_rows else 0
+    for g in range(n_groups):
+        yield g, g * group_rows, min(m, (g + 1) * group_rows)
+
+
+def union_supports(matrix: SparseMatrix, perm: Optional[np.ndarray], group_rows: int,
+                   block_cols: int = 1) -> tuple[list, int]:
+    """Per group, the sorted union of its rows' columns; with block_cols > 1
+    the union of the touched column blocks, expanded to runs of block_cols
+    (clipped at K).  Also returns the number of entries stored."""
+    indptr, indices, _ = permuted_csr(matrix, perm)
+    k = matrix.cols
+    supports, stored = [], 0
+    for _, r0, r1 in _group_bounds(matrix.rows, group_rows):
+        cols = indices[indptr[r0]:indptr[r1]]
+        if block_cols > 1:
+            blocks = np.unique(cols // block_cols).astype(np.int64)
+            exp = (blocks[:, None] * block_cols + np.arange(block_cols)[None, :]).ravel()
+            sup = exp[exp < k].astype(np.int32)
+        else:
+            sup = np.unique(cols).astype(np.int32)
+        supports.append(sup)
+        stored += sup.size * (r1 - r0)
+    return supports, stored
+
+
+def shflbw_grouping(matrix: SparseMatrix, v: int) -> tuple[np.ndarray, list]:
+    """(perm, supports) of a shflbw plan, from generator/analysis.py: the
+    matrix's own permutation when it fits (or groups best), else one
+    recovered exactly (a shuffled Shfl-BW matrix) or greedily (then the
+    supports are unions and the plan stores explicit zeros)."""
+    from ..analysis import shflbw_groups
+    perm, supports = shflbw_groups(matrix, v)
+    perm = np.ascontiguousarray(perm, dtype=np.int64)
+    if perm.shape != (matrix.rows,) or not np.array_equal(np.sort(perm), np.arange(matrix.rows)):
+        raise ValueError("analysis.shflbw_groups returned something that is not a row permutation")
+    return perm, [np.ascontiguousarray(s_, dtype=np.int32) for s_ in supports]
+
+
+def round_up(n: int, m: int) -> int:
+    return (n + m - 1) // m * m
+
+
+# ---- the plan ------------------------------------------------------------------------
+
+@dataclass
+class RowGroupPlan:
+    """Everything a row-group kernel needs: the packed device buffer, its
+    section offsets, the schedule and the constants the template bakes in."""
+    family: str
+    tag: str
+    dtype: str
+    shape: tuple[int, int]
+    group_rows: int
+    bm: int
+    bk: int
+    permuted: bool                    # the kernel maps rows through the rows table
+    perm: Optional[np.ndarray]        # permuted position -> original row (None: identity)
+    matrix_perm: Optional[np.ndarray]  # the input matrix's perm, handed back by unpack
+    slots: np.ndarray                 # int32 (num_slots, 4): first chunk, chunks, first row, rows
+    group_k: np.ndarray               # k_g (unpadded) per slot
+    offsets: dict                     # section -> byte offset in packed
+    packed: bytes
+    has_bias: bool
+    exact: bool
+    stored_entries: int               # sum over groups of rows x k_g (explicit zeros included)
+    meta: dict = field(default_factory=dict)
+
+    @property
+    def num_slots(self) -> int:
+        return int(self.slots.shape[0])
+
+    @property
+    def total_chunks(self) -> int:
+        return int(self.slots[:, 1].sum()) if self.num_slots else 0
+
+
+def build_plan(matrix: SparseMatrix, op: Operation, grouping: Grouping, bk: int, *,
+               family: str, tag: str, bias: Optional[np.ndarray] = None) -> RowGroupPlan:
+    """Packs `matrix` by `grouping` into BK-chunks, longest group first."""
+    if op.dtype not in ELEM_T:
+        raise ValueError(f"{family} supports dtypes {tuple(ELEM_T)}, not {op.dtype!r}")
+    if bk not in BK_CHOICES:
+        raise ValueError(f"bk must be one of {BK_CHOICES}, got {bk}")
+    m, k = matrix.shape
+    G, bm = grouping.group_rows, grouping.bm
+    perm = grouping.perm
+    n_groups = grouping.num_groups
+    if n_groups > MAX_GRID_Y:
+        raise ValueError(f"{n_groups} groups exceed the grid's y limit of {MAX_GRID_Y}")
+    if op.epilogue.bias:
+        if bias is None:
+            raise ValueError("the epilogue has a bias but none was given")
+        bias = np.asarray(bias, dtype=np.float32).ravel()
+        if bias.shape != (m,):
+            raise ValueError(f"bias has {bias.size} entries, expected M = {m}")
+    kg = np.array([s.size for s in grouping.supports], dtype=np.int64)
+    chunks = (kg + bk - 1) // bk
+    order = np.argsort(-kg, kind="stable")          # longest first
+    first = np.zeros(n_groups, dtype=np.int64)
+    first[order] = np.concatenate([[0], np.cumsum(chunks[order])[:-1]]) if n_groups else []
+    total_chunks = int(chunks.sum())
+    if total_chunks * bm * bk * 2 >= 1 << 40 or total_chunks >= 1 << 31:
+        raise ValueError("matrix too large for one row-group plan")
+
+    weights = np.zeros((total_chunks, bm, bk), dtype=np.float32)
+    indices = np.zeros((total_chunks, bk), dtype=np.int32)
+    indptr, pind, pval = permuted_csr(matrix, perm)
+    for g, r0, r1 in _group_bounds(m, G):
+        sup = grouping.supports[g]
+        nch = int(chunks[g])
+        if nch == 0:
+            continue
+        lo, hi = int(indptr[r0]), int(indptr[r1])
+        local_rows = np.repeat(np.arange(r1 - r0), np.diff(indptr[r0:r1 + 1]))
+        pos = np.searchsorted(sup, pind[lo:hi])
+        if np.any(pos >= sup.size) or np.any(sup[np.minimum(pos, sup.size - 1)] != pind[lo:hi]):
+            raise ValueError(f"group {g}: a nonzero lies outside the group's column list")
+        tile = np.zeros((bm, nch * bk), dtype=np.float32)
+        tile[local_rows, pos] = pval[lo:hi]
+        f = int(first[g])
+        weights[f:f + nch] = tile.reshape(bm, nch, bk).transpose(1, 0, 2)
+        idx = np.full(nch * bk, sup[-1], dtype=np.int32)
+        idx[:sup.size] = sup
+        indices[f:f + nch] = idx.reshape(nch, bk)
+
+    slots = np.zeros((n_groups, 4), dtype=np.int32)
+    for s, g in enumerate(order):
+        r0 = int(g) * G
+        slots[s] = (first[g], chunks[g], r0, min(m, r0 + G) - r0)
+
+    sections = [("weights", to_device_bytes(weights.ravel(), op.dtype)),
+                ("indices", indices.tobytes()),
+                ("slots", slots.tobytes()),
+                ("rows", perm.astype(np.int32).tobytes() if perm is not None else b""),
+                ("bias", bias.tobytes() if op.epilogue.bias else b"")]
+    offsets, buf, pos = {}, bytearray(), 0
+    for name, data in sections:
+        pos = _align16(pos)
+        buf.extend(b"\0" * (pos - len(buf)))
+        offsets[name] = pos
+        buf.extend(data)
+        pos += len(data)
+    buf.extend(b"\0" * (_align16(len(buf)) - len(buf)))
+    stored = int(sum(int(kg[g]) * (r1 - r0) for g, r0, r1 in _group_bounds(m, G)))
+    return RowGroupPlan(family=family, tag=tag, dtype=op.dtype, shape=(m, k), group_rows=G,
+                        bm=bm, bk=bk, permuted=perm is not None, perm=perm,
+                        matrix_perm=matrix.perm, slots=slots, group_k=kg[order].astype(np.int32),
+                        offsets=offsets, packed=bytes(buf), has_bias=bool(op.epilogue.bias),
+                        exact=grouping.exact, stored_entries=stored,
+                        meta={"nnz": matrix.nnz})
+
+
+def unpack_plan(plan: RowGroupPlan) -> SparseMatrix:
+    """The matrix a plan encodes, read back from its packed bytes: values
+    rounded to the plan's dtype, stored zeros dropped; perm is the one the
+    plan runs with (a permuted plan) or the input matrix's (otherwise)."""
+    m, k = plan.shape
+    bm, bk = plan.bm, plan.bk
+    total = plan.total_chunks
+    raw = plan.packed
+    w = from_device_bytes(raw[plan.offsets["weights"]:], plan.dtype, total * bm * bk)
+    w = w.reshape(total, bm, bk)
+    idx = np.frombuffer(raw, dtype=np.int32, count=total * bk,
+                        offset=plan.offsets["indices"]).reshape(total, bk)
+    slots = np.frombuffer(raw, dtype=np.int32, count=plan.num_slots * 4,
+                          offset=plan.offsets["slots"]).reshape(-1, 4)
+    rows_tab = (np.frombuffer(raw, dtype=np.int32, count=m, offset=plan.offsets["rows"])
+                if plan.permuted else None)
+    rr, cc, vv = [], [], []
+    for f, nch, r0, nrows in slots:
+        if nch == 0:
+            continue
+        tile = w[f:f + nch].transpose(1, 0, 2).reshape(bm, nch * bk)[:nrows]
+        cols = idx[f:f + nch].ravel()
+        lr, lk = np.nonzero(tile)
+        orig = rows_tab[r0 + lr] if rows_tab is not None else r0 + lr
+        rr.append(orig.astype(np.int64))
+        cc.append(cols[lk].astype(np.int64))
+        vv.append(tile[lr, lk])
+    if rr:
+        r = np.concatenate(rr)
+        c = np.concatenate(cc)
+        v = np.concatenate(vv)
+    else:
+        r = c = np.zeros(0, dtype=np.int64)
+        v = np.zeros(0, dtype=np.float32)
+    key = r * max(1, k) + c
+    if np.unique(key).size != key.size:
+        raise ValueError("packed plan stores an entry twice")
+    o = np.argsort(key, kind="stable")
+    indptr = np.zeros(m + 1, dtype=np.int64)
+    np.cumsum(np.bincount(r, minlength=m), out=indptr[1:])
+    perm = plan.perm if plan.permuted else plan.matrix_perm
+    return SparseMatrix((m, k), indptr, c[o], v[o], dtype=plan.dtype, perm=perm)
+
+
+# ---- the family base ----------------------------------------------------------------
+
+class RowGroupFamily(Family):
+    """A Family whose kernels are the row-group gather GEMM.  Subclasses
+    define `name`, `tag`, `_params` (validated parameters) and `_grouping`."""
+    dtypes = ("fp16", "bf16")
+    layouts = ("fm",)
+    template = "rowgroup.cu.j2"
+
+    def __init__(self):
+        self._cache: dict = {}
+
+    # -- to implement -------------------------------------------------------
+    def _grouping_uncached(self, matrix: SparseMatrix, params: dict) -> Grouping:
+        raise NotImplementedError
+
+    def _check_params(self, params: dict) -> tuple:
+        raise NotImplementedError
+
+    # -- grouping, cached per matrix object -----------------------------------
+    def grouping(self, matrix: SparseMatrix, params: dict) -> Grouping:
+        key = (id(matrix), self._check_params(params), matrix.nnz, matrix.shape)
+        hit = self._cache.get(key)
+        if hit is not None and hit[0]() is matrix:
+            return hit[1]
+        g = self._grouping_uncached(matrix, params)
+        if len(self._cache) >= 8:
+            self._cache.pop(next(iter(self._cache)))
+        self._cache[key] = (weakref.ref(matrix), g)
+        return g
+
+    def fits(self, matrix: SparseMatrix, params: dict) -> bool:
+        return self.grouping(matrix, params).exact
+
+    # -- configurations ------------------------------------------------------
+    def tile_rows(self, matrix: SparseMatrix, params: dict) -> int:
+        """BM of every configuration for this matrix and params."""
+        return self.grouping(matrix, params).bm
+
+    def check_config(self, config: dict, matrix: SparseMatrix, op: Operation, params: dict,
+                     device: Optional[dict] = None) -> None:
+        self._check_params(params)
+        if op.dtype not in self.dtypes:
+            raise ConfigError(f"dtype: {self.name} supports {self.dtypes}, not {op.dtype!r}")
+        if op.layout not in self.layouts:
+            raise ConfigError(f"layout: {self.name} supports {self.layouts}, not {op.layout!r}")
+        keys = tuple(sorted(config))
+        if keys != CONFIG_KEYS:
+            raise ConfigError(f"keys: a {self.name} configuration has exactly {CONFIG_KEYS}, got {keys}")
+        bn, bk, wm, wn, st = (config[k] for k in ("bn", "bk", "wm", "wn", "stages"))
+        for k_ in CONFIG_KEYS:
+            if not isinstance(config[k_], (int, np.integer)) or isinstance(config[k_], bool):
+                raise ConfigError(f"{k_}: must be an integer, got {config[k_]!r}")
+        bm = self.tile_rows(matrix, params)
+        if bn not in BN_CHOICES:
+            raise ConfigError(f"bn: must be one of {BN_CHOICES}, got {bn}")
+        if bk not in BK_CHOICES:
+            raise ConfigError(f"bk: must be one of {BK_CHOICES}, got {bk}")
+        if st not in STAGE_CHOICES:
+            raise ConfigError(f"stages: must be one of {STAGE_CHOICES}, got {st}")
+        if wm < 1 or wn < 1 or wm * wn > MAX_WARPS:
+            raise ConfigError(f"warps: wm x wn must be 1..{MAX_WARPS}, got {wm}x{wn}")
+        if bm % (16 * wm):
+            raise ConfigError(f"bm % (16*wm): BM = {bm} is not a multiple of 16 x wm = {16 * wm}")
+        if bn % (16 * wn):
+            raise ConfigError(f"bn % (16*wn): BN = {bn} is not a multiple of 16 x wn = {16 * wn}")
+        acc = (bm // wm // 16) * (bn // wn // 8) * 4
+        if acc > MAX_ACC_REGS:
+            raise ConfigError(f"accumulators: warp tile {bm // wm}x{bn // wn} needs {acc} fp32 "
+                              f"registers per thread, more than {MAX_ACC_REGS}")
+        smem = smem_bytes(bm, config)
+        limit = smem_limit(device)
+        if smem > limit:
+            raise ConfigError(f"shared memory: {smem} bytes exceed the limit of {limit}")
+
+    def search_space(self, matrix: SparseMatrix, op: Operation, params: dict,
+                     device: Optional[dict] = None) -> list[dict]:
+        bm = self.tile_rows(matrix, params)
+        out = []
+        for bn in BN_CHOICES:
+            for bk in BK_CHOICES:
+                for wm in (1, 2, 4, 8):
+                    for wn in (1, 2, 4, 8):
+                        for st in STAGE_CHOICES:
+                            cfg = {"bk": bk, "bn": bn, "stages": st, "wm": wm, "wn": wn}
+                            try:
+                                self.check_config(cfg, matrix, op, params, device)
+                            except ConfigError:
+                                continue
+                            out.append(cfg)
+        return out
+
+    def default_config(self, matrix: SparseMatrix, op: Operation, params: dict,
+                       device: Optional[dict] = None) -> dict:
+        """A reasonable configuration without tuning."""
+        for wm, wn in ((2, 2), (1, 2), (4, 2), (1, 1), (8, 1)):
+            cfg = {"bk": 32, "bn": 128, "stages": 3, "wm": wm, "wn": wn}
+            try:
+                self.check_config(cfg, matrix, op, params, device)
+                return cfg
+            except ConfigError:
+                continue
+        return self.search_space(matrix, op, params, device)[0]
+
+    # -- plan, unpack, generate ----------------------------------------------
+    def plan(self, matrix: SparseMatrix, op: Operation, params: dict, config: dict,
+             bias: Optional[np.ndarray] = None) -> RowGroupPlan:
+        self.check_config(config, matrix, op, params)
+        return build_plan(matrix, op, self.grouping(matrix, params), config["bk"],
+                          family=self.name, tag=self.tag(params), bias=bias)
+
+    def unpack(self, plan: RowGroupPlan) -> SparseMatrix:
+        return unpack_plan(plan)
+
+    def render(self, plan: RowGroupPlan, op: Operation, config: dict) -> Kernel:
+        name = config_name(plan.tag, config, op)
+        bm = plan.bm
+        smem = smem_bytes(bm, config)
+        scale = float(np.float32(op.epilogue.scale))
+        source = render(self.template, name=name, family=plan.family, tag=plan.tag,
+                        dtype=plan.dtype, elem_t=ELEM_T[plan.dtype], m=plan.shape[0],
+                        k=plan.shape[1], num_slots=plan.num_slots, group_rows=plan.group_rows,
+                        bm=bm, total_chunks=plan.total_chunks, off=plan.offsets,
+                        permuted=plan.permuted, has_bias=plan.has_bias,
+                        act=ACT_CODES[op.epilogue.activation], scale=scale.hex() + "f",
+                        smem_bytes=smem, min_blocks=min_blocks(bm, config), **config)
+        threads = 32 * config["wm"] * config["wn"]
+        return Kernel(name=name, source=source, packed=plan.packed, block=(threads, 1, 1),
+                      grid=(1, max(1, plan.num_slots), 1), n_axis=0, n_tile=config["bn"],
+                      shared_bytes=smem, zero_output=False, options=(), config=dict(config))
+
+    def generate(self, matrix: SparseMatrix, op: Operation, params: dict, config: dict,
+                 bias: Optional[np.ndarray] = None) -> Kernel:
+        return self.render(self.plan(matrix, op, params, config, bias=bias), op, config)

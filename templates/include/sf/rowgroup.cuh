@@ -1,0 +1,390 @@
+// rowgroup.cuh -- the row-group gather GEMM behind the `bsr` and `shflbw`
+// families: fp16 or bf16 operands, fp32 accumulation, mma.sync m16n8k16
+// (sm_80 and newer), feature-major activations (X is K x N, Y is M x N).
+//
+// The weight matrix is cut into row groups of at most BM rows.  Group g owns
+// a list of k_g column indices (padded with zero-weight entries to a
+// multiple of BK) and a dense BM x k_g weight tile, so that
+//     Y[rows of g, :] = epilogue(W_g . X[cols of g, :]).
+// shflbw: a group is V consecutive rows of the permuted matrix and its list
+// is the group's column support.  bsr: a group is one block-row (or several
+// short ones) and its list is its nonzero blocks' columns, in runs of bc.
+//
+// One CTA computes one group x BN columns of N.  The kernel body reads:
+//     slot = the group this CTA owns (longest groups first)
+//     row map -> shared memory
+//     prologue: STAGES-1 chunks in flight (cp.async)
+//     main loop: wait for chunk c; issue chunk c+STAGES-1; MMAs on chunk c
+//     epilogue: scale, bias, activation in registers -> shared tile ->
+//               16-byte stores into the group's original rows
+//
+// Packed sections (their byte offsets are Problem constants; all 16-byte
+// aligned):
+//     weights  T[chunks][BM][BK]   one BK-chunk of a group: one contiguous run
+//     indices  int32[chunks][BK]   the rows of X that chunk gathers
+//     slots    int4[NUM_SLOTS]     {first chunk, chunks, first row, rows}
+//     rows     int32[M]            permuted position -> original row
+//                                  (only when PERMUTED)
+//     bias     float32[M]          in original row order (only when HAS_BIAS)
+//
+// The Problem type (generated per matrix) provides:
+//     M, K, NUM_SLOTS, W_OFF, IDX_OFF, SLOT_OFF, ROWS_OFF, BIAS_OFF,
+//     PERMUTED, HAS_BIAS, ACT, SCALE.
+#pragma once
+
+#include "sf/common.cuh"
+#include "sf/mma_sm80.cuh"
+
+namespace sf {
+namespace rowgroup {
+
+// ---- configuration ------------------------------------------------------------
+
+template <typename T, int BM_, int BN_, int BK_, int WM_, int WN_, int STAGES_>
+struct Config {
+  using elem_t = T;
+  static constexpr int BM = BM_;          // rows of a CTA tile = rows of a group, padded to 16
+  static constexpr int BN = BN_;          // columns of N per CTA
+  static constexpr int BK = BK_;          // K depth of one stage = one packed chunk
+  static constexpr int WM = WM_;          // warps along M
+  static constexpr int WN = WN_;          // warps along N
+  static constexpr int STAGES = STAGES_;  // cp.async pipeline depth
+
+  static constexpr int WARPS = WM * WN;
+  static constexpr int THREADS = 32 * WARPS;
+  static constexpr int WTM = BM / WM;     // rows of one warp's tile
+  static constexpr int WTN = BN / WN;     // columns of one warp's tile
+  static constexpr int MF = WTM / 16;     // m16 fragments per warp
+  static constexpr int NF = WTN / 8;      // n8 fragments per warp
+  static constexpr int A_ROW_CH = BK / 8;  // 16-byte chunks in a row of the A tile
+  static constexpr int B_ROW_CH = BN / 8;  // ... of the B tile and of the output tile
+  static constexpr int A_CHUNKS = BM * A_ROW_CH;
+  static constexpr int B_CHUNKS = BK * B_ROW_CH;
+  static constexpr int A_ITERS = (A_CHUNKS + THREADS - 1) / THREADS;
+  static constexpr int B_ITERS = (B_CHUNKS + THREADS - 1) / THREADS;
+  static constexpr int A_BYTES = BM * BK * 2;
+  static constexpr int B_BYTES = BK * BN * 2;
+  static constexpr int STAGE_BYTES = A_BYTES + B_BYTES;
+  static constexpr int PIPE_BYTES = STAGES * STAGE_BYTES;
+  static constexpr int C_LD = BN + 8;     // output tile row, padded by 16 bytes (elements)
+  static constexpr int C_BYTES = BM * C_LD * 2;
+  static constexpr int ROWMAP_OFF = PIPE_BYTES > C_BYTES ? PIPE_BYTES : C_BYTES;
+  static constexpr int SMEM_BYTES = ROWMAP_OFF + BM * 4;  // dynamic shared memory
+
+  static_assert(sizeof(T) == 2, "tensor-core path takes 16-bit elements");
+  static_assert(BM >= 16 && BM % 16 == 0, "BM is a multiple of 16");
+  static_assert(BK == 16 || BK == 32 || BK == 64, "BK is 16, 32 or 64");
+  static_assert(BN >= 16 && BN <= 256 && (BN & (BN - 1)) == 0, "BN is a power of two in [16, 256]");
+  static_assert(BM % (16 * WM) == 0, "BM is a multiple of 16 x WM");
+  static_assert(BN % (16 * WN) == 0, "BN is a multiple of 16 x WN (warps take n16 steps)");
+  static_assert(MF * NF * 4 <= 128, "at most 128 fp32 accumulators per thread");
+  static_assert(STAGES >= 2 && STAGES <= 4, "STAGES is 2, 3 or 4");
+  static_assert(THREADS <= 512, "at most 16 warps");
+};
+
+// ---- shared-memory swizzle --------------------------------------------------------
+
+// Index (in 16-byte chunks) of chunk `ch` of row `row` in a tile whose rows
+// hold ROW_CH chunks (a power of two).  The XOR spreads the 8 rows an
+// ldmatrix phase reads at one logical chunk over the 8 distinct 16-byte
+// bank groups of a 128-byte line, for any row width.
+template <int ROW_CH>
+__device__ __forceinline__ int swizzle(int row, int ch) {
+  constexpr int LINE_ROWS = ROW_CH >= 8 ? 1 : 8 / ROW_CH;  // rows sharing a 128-byte line
+  constexpr int MASK = ROW_CH >= 8 ? 7 : ROW_CH - 1;
+  return row * ROW_CH + (ch ^ ((row / LINE_ROWS) & MASK));
+}
+
+// ---- the group a CTA owns -------------------------------------------------------------
+
+struct Slot {
+  int first_chunk;  // of the group's packed weights and indices
+  int chunks;       // BK-chunks (0 for an empty group)
+  int first_row;    // permuted position (or row) of the group's row 0
+  int rows;         // rows that exist (<= BM)
+};
+
+template <class P>
+__device__ __forceinline__ Slot load_slot(const unsigned char *packed, int s) {
+  const int4 v = section<int4>(packed, P::SLOT_OFF)[s];
+  return Slot{v.x, v.y, v.z, v.w};
+}
+
+// Original row of each of the group's BM tile rows (-1 past its last row),
+// into shared memory.
+template <class Cfg, class P>
+__device__ __forceinline__ void load_row_map(const unsigned char *packed, const Slot &slot,
+                                             int *s_rows) {
+  for (int r = threadIdx.x; r < Cfg::BM; r += Cfg::THREADS) {
+    int orig = -1;
+    if (r < slot.rows) {
+      orig = P::PERMUTED ? __ldg(section<int>(packed, P::ROWS_OFF) + slot.first_row + r)
+                         : slot.first_row + r;
+    }
+    s_rows[r] = orig;
+  }
+}
+
+// ---- tile loaders ---------------------------------------------------------------------
+
+// A: one packed chunk (BM x BK, contiguous) -> the stage's A tile.
+template <class Cfg>
+__device__ __forceinline__ void load_a_tile(unsigned s_a, const unsigned short *w_chunk) {
+#pragma unroll
+  for (int i = 0; i < Cfg::A_ITERS; ++i) {
+    const int ch = threadIdx.x + i * Cfg::THREADS;
+    if (Cfg::A_CHUNKS % Cfg::THREADS == 0 || ch < Cfg::A_CHUNKS) {
+      const int r = ch / Cfg::A_ROW_CH, c = ch % Cfg::A_ROW_CH;
+      sm80::cp_async_16(s_a + 16 * swizzle<Cfg::A_ROW_CH>(r, c), w_chunk + 8 * ch, true);
+    }
+  }
+}
+
+// B: BK gathered rows of X, columns [n0, n0 + BN) -> the stage's B tile.
+// Each thread owns B_ITERS fixed (row, 16-byte chunk) slots of the tile; the
+// row indices of the next chunk are fetched into registers one iteration
+// early so that their latency hides behind the MMAs.  VEC: N % 8 == 0 and X
+// 16-byte aligned (cp.async, zero-filled past N); else element loads.
+template <class Cfg, bool VEC>
+struct BLoader {
+  int idx[Cfg::B_ITERS];  // rows of X for the chunk issued next
+  const unsigned short *x;
+  int n_len;              // N
+  int col[Cfg::B_ITERS];  // first column of each owned slot (absolute)
+
+  __device__ __forceinline__ BLoader(const unsigned short *x_, int n, int n0) : x(x_), n_len(n) {
+#pragma unroll
+    for (int i = 0; i < Cfg::B_ITERS; ++i) {
+      const int ch = threadIdx.x + i * Cfg::THREADS;
+      col[i] = n0 + 8 * (ch % Cfg::B_ROW_CH);
+      idx[i] = 0;
+    }
+  }
+
+  __device__ __forceinline__ static bool owns(int i) {
+    return Cfg::B_CHUNKS % Cfg::THREADS == 0 ||
+           threadIdx.x + i * Cfg::THREADS < Cfg::B_CHUNKS;
+  }
+
+  __device__ __forceinline__ void fetch_indices(const int *chunk_idx) {
+#pragma unroll
+    for (int i = 0; i < Cfg::B_ITERS; ++i) {
+      if (owns(i)) idx[i] = __ldg(chunk_idx + (threadIdx.x + i * Cfg::THREADS) / Cfg::B_ROW_CH);
+    }
+  }
+
+  __device__ __forceinline__ void load(unsigned s_b) const {
+#pragma unroll
+    for (int i = 0; i < Cfg::B_ITERS; ++i) {
+      if (!owns(i)) continue;
+      const int ch = threadIdx.x + i * Cfg::THREADS;
+      const int r = ch / Cfg::B_ROW_CH, c = ch % Cfg::B_ROW_CH;
+      const unsigned dst = s_b + 16 * swizzle<Cfg::B_ROW_CH>(r, c);
+      const unsigned short *src = x + (size_t)idx[i] * n_len + col[i];
+      if (VEC) {
+        const bool in = col[i] < n_len;
+        sm80::cp_async_16(dst, in ? src : x, in);
+      } else {
+        unsigned w[4];
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          const unsigned lo = col[i] + 2 * e < n_len ? src[2 * e] : 0u;
+          const unsigned hi = col[i] + 2 * e + 1 < n_len ? src[2 * e + 1] : 0u;
+          w[e] = lo | (hi << 16);
+        }
+        asm volatile("st.shared.v4.b32 [%0], {%1, %2, %3, %4};\n" ::"r"(dst), "r"(w[0]),
+                     "r"(w[1]), "r"(w[2]), "r"(w[3])
+                     : "memory");
+      }
+    }
+  }
+};
+
+// ---- compute --------------------------------------------------------------------------
+
+// acc += A tile (rows of this warp) . B tile (columns of this warp), one
+// stage: BK/16 steps of ldmatrix (A), ldmatrix.trans (B) and MF x NF mma.
+template <class Cfg>
+__device__ __forceinline__ void mma_stage(float (&acc)[Cfg::MF][Cfg::NF][4], unsigned s_a,
+                                          unsigned s_b, int warp_m, int warp_n, int lane) {
+  using T = typename Cfg::elem_t;
+#pragma unroll
+  for (int kk = 0; kk < Cfg::BK / 16; ++kk) {
+    unsigned a[Cfg::MF][4];
+    unsigned b[Cfg::NF][2];
+#pragma unroll
+    for (int mi = 0; mi < Cfg::MF; ++mi) {
+      // lanes 0-15: rows 0-15 at k 0-7; lanes 16-31: rows 0-15 at k 8-15
+      const int row = warp_m * Cfg::WTM + mi * 16 + (lane & 15);
+      const int ch = 2 * kk + (lane >> 4);
+      sm80::ldmatrix_x4(a[mi], s_a + 16 * swizzle<Cfg::A_ROW_CH>(row, ch));
+    }
+#pragma unroll
+    for (int nj = 0; nj < Cfg::NF / 2; ++nj) {
+      // lanes 0-15: k 0-15 at columns 0-7; lanes 16-31: k 0-15 at columns 8-15
+      const int row = 16 * kk + (lane & 15);
+      const int ch = (warp_n * Cfg::WTN + nj * 16) / 8 + (lane >> 4);
+      unsigned r[4];
+      sm80::ldmatrix_x4_trans(r, s_b + 16 * swizzle<Cfg::B_ROW_CH>(row, ch));
+      b[2 * nj][0] = r[0];
+      b[2 * nj][1] = r[1];
+      b[2 * nj + 1][0] = r[2];
+      b[2 * nj + 1][1] = r[3];
+    }
+#pragma unroll
+    for (int mi = 0; mi < Cfg::MF; ++mi) {
+#pragma unroll
+      for (int ni = 0; ni < Cfg::NF; ++ni) sm80::mma_16816<T>(acc[mi][ni], a[mi], b[ni]);
+    }
+  }
+}
+
+// ---- epilogue -------------------------------------------------------------------------
+
+// Accumulators -> act(scale * acc + bias) in T -> the shared output tile
+// (BM x BN, rows padded to C_LD so the fragment stores do not conflict).
+template <class Cfg, class P>
+__device__ __forceinline__ void epilogue_to_smem(const float (&acc)[Cfg::MF][Cfg::NF][4],
+                                                 const unsigned char *packed,
+                                                 const int *s_rows, unsigned char *s_c,
+                                                 int warp_m, int warp_n, int lane) {
+  using T = typename Cfg::elem_t;
+#pragma unroll
+  for (int mi = 0; mi < Cfg::MF; ++mi) {
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      const int row = warp_m * Cfg::WTM + mi * 16 + (lane >> 2) + 8 * h;
+      float bias = 0.0f;
+      if (P::HAS_BIAS) {
+        const int orig = s_rows[row];
+        if (orig >= 0) bias = __ldg(section<float>(packed, P::BIAS_OFF) + orig);
+      }
+      unsigned *dst = reinterpret_cast<unsigned *>(s_c) + (row * Cfg::C_LD) / 2;
+#pragma unroll
+      for (int ni = 0; ni < Cfg::NF; ++ni) {
+        const int col = warp_n * Cfg::WTN + ni * 8 + 2 * (lane & 3);
+        const float y0 = epilogue<P::HAS_BIAS, P::ACT>(acc[mi][ni][2 * h], P::SCALE, bias);
+        const float y1 = epilogue<P::HAS_BIAS, P::ACT>(acc[mi][ni][2 * h + 1], P::SCALE, bias);
+        dst[col / 2] = sm80::pack2<T>(y0, y1);
+      }
+    }
+  }
+}
+
+// The shared output tile -> Y rows (original order), columns [n0, n0+BN)
+// clipped to N; rows past the group's end are skipped.
+template <class Cfg, bool VEC>
+__device__ __forceinline__ void store_tile(const unsigned char *s_c, const int *s_rows,
+                                           unsigned short *y, int n_len, int n0) {
+  constexpr int CHUNKS = Cfg::BM * Cfg::B_ROW_CH;
+#pragma unroll 4
+  for (int ch = threadIdx.x; ch < CHUNKS; ch += Cfg::THREADS) {
+    const int r = ch / Cfg::B_ROW_CH, c = ch % Cfg::B_ROW_CH;
+    const int orig = s_rows[r];
+    const int n = n0 + 8 * c;
+    if (orig < 0 || n >= n_len) continue;
+    const unsigned char *src = s_c + 2 * (r * Cfg::C_LD + 8 * c);
+    unsigned short *dst = y + (size_t)orig * n_len + n;
+    if (VEC) {
+      *reinterpret_cast<uint4 *>(dst) = *reinterpret_cast<const uint4 *>(src);
+    } else {
+      const unsigned short *s16 = reinterpret_cast<const unsigned short *>(src);
+#pragma unroll
+      for (int e = 0; e < 8; ++e)
+        if (n + e < n_len) dst[e] = s16[e];
+    }
+  }
+}
+
+// ---- the kernel body ------------------------------------------------------------------
+
+template <class Cfg, class P, bool VEC>
+__device__ __forceinline__ void gemm_group(const unsigned char *__restrict__ packed,
+                                           const unsigned short *__restrict__ x,
+                                           unsigned short *__restrict__ y, int n_len,
+                                           const Slot &slot, unsigned char *smem) {
+  const int lane = threadIdx.x & 31;
+  const int warp = threadIdx.x >> 5;
+  const int warp_m = warp % Cfg::WM;
+  const int warp_n = warp / Cfg::WM;
+  const int n0 = blockIdx.x * Cfg::BN;
+  const unsigned s_base = sm80::smem_addr(smem);
+  int *s_rows = reinterpret_cast<int *>(smem + Cfg::ROWMAP_OFF);
+
+  load_row_map<Cfg, P>(packed, slot, s_rows);
+
+  const unsigned short *w = section<unsigned short>(packed, P::W_OFF) +
+                            (size_t)slot.first_chunk * (Cfg::BM * Cfg::BK);
+  const int *ind = section<int>(packed, P::IDX_OFF) + (size_t)slot.first_chunk * Cfg::BK;
+  const int chunks = slot.chunks;
+
+  float acc[Cfg::MF][Cfg::NF][4];
+#pragma unroll
+  for (int mi = 0; mi < Cfg::MF; ++mi)
+#pragma unroll
+    for (int ni = 0; ni < Cfg::NF; ++ni)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) acc[mi][ni][e] = 0.0f;
+
+  BLoader<Cfg, VEC> bl(x, n_len, n0);
+
+  // prologue: chunks 0 .. STAGES-2 in flight, indices of chunk STAGES-1 fetched
+#pragma unroll
+  for (int s = 0; s < Cfg::STAGES - 1; ++s) {
+    if (s < chunks) {
+      const unsigned s_a = s_base + s * Cfg::STAGE_BYTES;
+      load_a_tile<Cfg>(s_a, w + (size_t)s * (Cfg::BM * Cfg::BK));
+      bl.fetch_indices(ind + s * Cfg::BK);
+      bl.load(s_a + Cfg::A_BYTES);
+    }
+    sm80::cp_async_commit();
+  }
+  if (Cfg::STAGES - 1 < chunks) bl.fetch_indices(ind + (Cfg::STAGES - 1) * Cfg::BK);
+
+  // main loop
+  int read_stage = 0, write_stage = Cfg::STAGES - 1;
+  for (int c = 0; c < chunks; ++c) {
+    sm80::cp_async_wait<Cfg::STAGES - 2>();
+    __syncthreads();  // chunk c landed for everyone; stage of chunk c-1 is free
+    const int next = c + Cfg::STAGES - 1;
+    if (next < chunks) {
+      const unsigned s_a = s_base + write_stage * Cfg::STAGE_BYTES;
+      load_a_tile<Cfg>(s_a, w + (size_t)next * (Cfg::BM * Cfg::BK));
+      bl.load(s_a + Cfg::A_BYTES);
+      if (next + 1 < chunks) bl.fetch_indices(ind + (next + 1) * Cfg::BK);
+    }
+    sm80::cp_async_commit();
+    const unsigned s_a = s_base + read_stage * Cfg::STAGE_BYTES;
+    mma_stage<Cfg>(acc, s_a, s_a + Cfg::A_BYTES, warp_m, warp_n, lane);
+    read_stage = read_stage + 1 == Cfg::STAGES ? 0 : read_stage + 1;
+    write_stage = write_stage + 1 == Cfg::STAGES ? 0 : write_stage + 1;
+  }
+
+  sm80::cp_async_wait<0>();
+  __syncthreads();  // pipeline buffers free for the output tile; row map visible
+  epilogue_to_smem<Cfg, P>(acc, packed, s_rows, smem, warp_m, warp_n, lane);
+  __syncthreads();
+  store_tile<Cfg, VEC>(smem, s_rows, y, n_len, n0);
+}
+
+// Entry: blockIdx.x = tile of N, blockIdx.y = schedule slot (group).
+template <class Cfg, class P>
+__device__ __forceinline__ void kernel(const unsigned char *__restrict__ packed,
+                                       const void *__restrict__ x_, void *__restrict__ y_,
+                                       int n_len) {
+  extern __shared__ __align__(128) unsigned char smem[];
+  if (P::NUM_SLOTS == 0 || (int)blockIdx.y >= P::NUM_SLOTS) return;
+  const Slot slot = load_slot<P>(packed, blockIdx.y);
+  const unsigned short *x = static_cast<const unsigned short *>(x_);
+  unsigned short *y = static_cast<unsigned short *>(y_);
+  const bool vec = (n_len & 7) == 0 &&
+                   ((reinterpret_cast<unsigned long long>(x_) |
+                     reinterpret_cast<unsigned long long>(y_)) & 15) == 0;
+  if (vec)
+    gemm_group<Cfg, P, true>(packed, x, y, n_len, slot, smem);
+  else
+    gemm_group<Cfg, P, false>(packed, x, y, n_len, slot, smem);
+}
+
+}  // namespace rowgroup
+}  // namespace sf

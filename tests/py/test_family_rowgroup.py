@@ -1,0 +1,402 @@
+"""The row-group gather GEMM families `bsr` and `shflbw`: plan/unpack round
+trips, a NumPy run of each packed plan, configuration constraints, NVRTC
+compilation for sm_80 and sm_90a (CPU), and correctness on the GPU (marked
+gpu)."""
+import ctypes
+import os
+import re
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from sparseforge.generator.kernel import ConfigError, Epilogue, Operation, get_family, reference
+from sparseforge.generator.matrix import SparseMatrix, round_to_dtype
+from sparseforge.generator.families import rowgroup
+
+FP16 = Operation("fp16", "fm")
+
+
+# ---- matrices ------------------------------------------------------------------------
+
+def make_bsr(m, k, br, bc, density, rng, dtype="fp16", empty_block_rows=()):
+    nbr, nbc = -(-m // br), -(-k // bc)
+    blocks = rng.random((nbr, nbc)) < density
+    for b in empty_block_rows:
+        blocks[b] = False
+    mask = np.kron(blocks, np.ones((br, bc), dtype=bool))[:m, :k]
+    vals = rng.standard_normal((m, k)).astype(np.float32) + 3.0  # never 0 after rounding
+    return SparseMatrix.from_dense(np.where(mask, vals, 0.0), dtype=dtype)
+
+
+def make_shflbw(m, k, v, density, rng, dtype="fp16", with_perm=True, empty_groups=()):
+    """An exact Shfl-BW matrix: group g of the permuted rows shares one
+    support; rows shuffled by a random permutation."""
+    permuted = np.zeros((m, k), dtype=np.float32)
+    for g in range(-(-m // v)):
+        if g in empty_groups:
+            continue
+        sup = rng.random(k) < density
+        rows = slice(g * v, min(m, (g + 1) * v))
+        vals = rng.standard_normal((rows.stop - rows.start, k)).astype(np.float32) + 3.0
+        permuted[rows] = np.where(sup[None, :], vals, 0.0)
+    perm = rng.permutation(m)
+    dense = np.zeros_like(permuted)
+    dense[perm] = permuted
+    return SparseMatrix.from_dense(dense, dtype=dtype, perm=perm if with_perm else None)
+
+
+def make_random(m, k, density, rng, dtype="fp16"):
+    mask = rng.random((m, k)) < density
+    vals = rng.standard_normal((m, k)).astype(np.float32) + 3.0
+    return SparseMatrix.from_dense(np.where(mask, vals, 0.0), dtype=dtype)
+
+
+def emulate(plan, x):
+    """Y from the packed plan, the way the kernel computes it (pads and
+    all), in float64; x is K x N."""
+    m, k = plan.shape
+    bm, bk, raw = plan.bm, plan.bk, plan.packed
+    total = plan.total_chunks
+    from sparseforge.generator.matrix import from_device_bytes
+    w = from_device_bytes(raw[plan.offsets["weights"]:], plan.dtype, total * bm * bk)
+    w = w.reshape(total, bm, bk).astype(np.float64)
+    idx = np.frombuffer(raw, np.int32, total * bk, plan.offsets["indices"]).reshape(total, bk)
+    slots = np.frombuffer(raw, np.int32, plan.num_slots * 4, plan.offsets["slots"]).reshape(-1, 4)
+    rows = np.frombuffer(raw, np.int32, m, plan.offsets["rows"]) if plan.permuted else None
+    assert np.all((idx >= 0) & (idx < max(k, 1))), "an index (pads too) points outside X"
+    y = np.full((m, x.shape[1]), np.nan)
+    for f, nch, r0, nr in slots:
+        if nch:
+            tile = w[f:f + nch].transpose(1, 0, 2).reshape(bm, nch * bk)
+            acc = tile @ x[idx[f:f + nch].ravel()]
+        else:
+            acc = np.zeros((bm, x.shape[1]))
+        orig = rows[r0:r0 + nr] if rows is not None else np.arange(r0, r0 + nr)
+        y[orig] = acc[:nr]
+    return y
+
+
+def assert_round_trip(fam, mat, plan):
+    back = fam.unpack(plan)
+    want = mat.astype(plan.dtype)
+    assert back.shape == want.shape and back.dtype == want.dtype
+    np.testing.assert_array_equal(back.indptr, want.indptr)
+    np.testing.assert_array_equal(back.indices, want.indices)
+    np.testing.assert_array_equal(back.values, want.values)
+    return back
+
+
+CFG = {"bk": 32, "bn": 64, "stages": 3, "wm": 1, "wn": 2}
+
+
+# ---- plan / unpack -------------------------------------------------------------------
+
+@pytest.mark.parametrize("br,bc", [(32, 32), (64, 64), (16, 8), (8, 8), (24, 40), (1, 16)])
+@pytest.mark.parametrize("bk", [16, 64])
+def test_bsr_round_trip_and_emulation(rng, br, bc, bk):
+    m, k = 203, 317
+    mat = make_bsr(m, k, br, bc, 0.3, rng, empty_block_rows=(0, 2))
+    fam = get_family("bsr")
+    params = {"br": br, "bc": bc}
+    assert fam.fits(mat, params)
+    cfg = dict(CFG, bk=bk, wm=1)
+    plan = fam.plan(mat, FP16, params, cfg)
+    assert plan.bm % 16 == 0 and plan.bm >= plan.group_rows
+    assert_round_trip(fam, mat, plan)
+    assert plan.perm is None and not plan.permuted
+    x = round_to_dtype(rng.standard_normal((k, 5)), "fp16").astype(np.float64)
+    np.testing.assert_allclose(emulate(plan, x), reference(mat, x, FP16), rtol=1e-9, atol=1e-9)
+
+
+def test_bsr_not_exact_stores_explicit_zeros(rng):
+    mat = make_random(100, 90, 0.05, rng)
+    fam = get_family("bsr")
+    params = {"br": 16, "bc": 16}
+    assert not fam.fits(mat, params)
+    plan = fam.plan(mat, FP16, params, CFG)
+    assert plan.stored_entries > mat.nnz
+    assert_round_trip(fam, mat, plan)
+
+
+@pytest.mark.parametrize("v", [16, 32, 64, 24])
+@pytest.mark.parametrize("with_perm", [True, False])
+def test_shflbw_round_trip_and_emulation(rng, v, with_perm):
+    m, k = 150, 130
+    mat = make_shflbw(m, k, v, 0.3, rng, with_perm=with_perm, empty_groups=(1,))
+    fam = get_family("shflbw")
+    params = {"v": v}
+    assert fam.fits(mat, params)
+    plan = fam.plan(mat, FP16, params, dict(CFG, wm=1))
+    assert plan.permuted and plan.stored_entries == mat.nnz
+    back = assert_round_trip(fam, mat, plan)
+    if with_perm:
+        np.testing.assert_array_equal(back.perm, mat.perm)
+    else:
+        assert back.perm is not None
+    # every group of the plan's permutation shares one support
+    pd = mat.to_dense()[plan.perm] != 0
+    for g in range(-(-m // v)):
+        blk = pd[g * v:(g + 1) * v]
+        assert np.all(blk == blk[0])
+    x = round_to_dtype(rng.standard_normal((k, 3)), "fp16").astype(np.float64)
+    np.testing.assert_allclose(emulate(plan, x), reference(mat, x, FP16), rtol=1e-9, atol=1e-9)
+
+
+def test_shflbw_non_fitting_matrix_runs_with_union_supports(rng):
+    mat = make_random(70, 50, 0.1, rng, dtype="bf16")
+    fam = get_family("shflbw")
+    op = Operation("bf16", "fm")
+    assert not fam.fits(mat, {"v": 16})
+    plan = fam.plan(mat, op, {"v": 16}, dict(CFG, wm=1))
+    assert plan.stored_entries > mat.nnz
+    assert_round_trip(fam, mat, plan)
+    x = round_to_dtype(rng.standard_normal((50, 4)), "bf16").astype(np.float64)
+    np.testing.assert_allclose(emulate(plan, x), reference(mat, x, op), rtol=1e-9, atol=1e-9)
+
+
+@pytest.mark.parametrize("family,params", [("bsr", {"br": 32, "bc": 32}), ("shflbw", {"v": 32})])
+def test_all_zero_and_empty_shapes(family, params):
+    fam = get_family(family)
+    for shape in [(40, 33), (1, 1), (0, 8), (8, 0)]:
+        mat = SparseMatrix.from_dense(np.zeros(shape, np.float32), dtype="fp16")
+        plan = fam.plan(mat, FP16, params, dict(CFG, wm=1))
+        assert plan.total_chunks == 0
+        assert plan.num_slots == -(-shape[0] // plan.group_rows)
+        assert fam.unpack(plan).nnz == 0
+        k = fam.render(plan, FP16, dict(CFG, wm=1))
+        assert k.grid == (1, max(1, plan.num_slots), 1)
+
+
+def test_schedule_longest_first_and_sections_aligned(rng):
+    mat = make_shflbw(256, 200, 32, 0.4, rng)
+    fam = get_family("shflbw")
+    plan = fam.plan(mat, Operation("fp16", "fm", Epilogue(bias=True)), {"v": 32},
+                    dict(CFG, wm=2), bias=np.arange(256, dtype=np.float32))
+    assert all(off % 16 == 0 for off in plan.offsets.values())
+    assert np.all(np.diff(plan.group_k) <= 0)
+    slots = plan.slots
+    # chunks are laid out in slot order, contiguously
+    np.testing.assert_array_equal(slots[1:, 0], np.cumsum(slots[:, 1])[:-1])
+    np.testing.assert_array_equal(slots[:, 1], -(-plan.group_k // plan.bk))
+    bias = np.frombuffer(plan.packed, np.float32, 256, plan.offsets["bias"])
+    np.testing.assert_array_equal(bias, np.arange(256))
+
+
+def test_bias_is_required_and_checked(rng):
+    mat = make_bsr(64, 64, 32, 32, 0.5, rng)
+    fam = get_family("bsr")
+    op = Operation("fp16", "fm", Epilogue(bias=True, activation="relu"))
+    with pytest.raises(ValueError, match="bias"):
+        fam.plan(mat, op, {"br": 32, "bc": 32}, CFG)
+    with pytest.raises(ValueError, match="bias has 3 entries"):
+        fam.plan(mat, op, {"br": 32, "bc": 32}, CFG, bias=np.ones(3))
+
+
+def test_params_are_validated():
+    mat = SparseMatrix.from_dense(np.eye(32, dtype=np.float32), dtype="fp16")
+    with pytest.raises(ValueError, match="br and bc"):
+        get_family("bsr").plan(mat, FP16, {"br": 32}, CFG)
+    with pytest.raises(ValueError, match="v="):
+        get_family("shflbw").plan(mat, FP16, {"v": 0}, CFG)
+    assert get_family("bsr").tag({"br": 64, "bc": 64}) == "bsr64x64"
+    assert get_family("shflbw").tag({"v": 64}) == "shflbw64"
+
+
+# ---- configurations -----------------------------------------------------------------
+
+@pytest.mark.parametrize("family,params", [("bsr", {"br": 64, "bc": 64}), ("bsr", {"br": 16, "bc": 16}),
+                                           ("shflbw", {"v": 128}), ("shflbw", {"v": 32})])
+def test_search_space_is_valid(rng, family, params):
+    fam = get_family(family)
+    mat = make_random(256, 128, 0.2, rng)
+    dev = {"smem_per_block_optin": 101376, "cc_major": 8, "cc_minor": 6}
+    for device in (None, dev):
+        space = fam.search_space(mat, FP16, params, device)
+        assert space
+        names = set()
+        for cfg in space:
+            fam.check_config(cfg, mat, FP16, params, device)
+            assert rowgroup.smem_bytes(fam.tile_rows(mat, params), cfg) <= rowgroup.smem_limit(device)
+            names.add(str(sorted(cfg.items())))
+        assert len(names) == len(space)
+    assert len(fam.search_space(mat, FP16, params, dev)) <= len(fam.search_space(mat, FP16, params))
+    assert fam.default_config(mat, FP16, params) in fam.search_space(mat, FP16, params)
+
+
+@pytest.mark.parametrize("change,constraint", [
+    ({"wm": 4}, r"bm % \(16\*wm\)"),
+    ({"bn": 48}, "bn: must be one of"),
+    ({"bk": 128}, "bk: must be one of"),
+    ({"stages": 5}, "stages"),
+    ({"wn": 8}, r"bn % \(16\*wn\)"),
+    ({"wm": 1, "wn": 1, "bn": 256}, "accumulators"),
+    ({"wm": 4, "wn": 4}, "warps"),
+])
+def test_invalid_configs_name_their_constraint(rng, change, constraint):
+    mat = make_shflbw(64, 64, 32, 0.5, rng)
+    fam = get_family("shflbw")
+    cfg = dict(CFG, **change)
+    with pytest.raises(ConfigError, match=constraint):
+        fam.check_config(cfg, mat, FP16, {"v": 32})
+
+
+def test_config_shared_memory_dtype_layout_and_keys(rng):
+    mat = make_shflbw(128, 64, 128, 0.5, rng)
+    fam = get_family("shflbw")
+    big = {"bk": 64, "bn": 256, "stages": 4, "wm": 4, "wn": 2}
+    fam.check_config(big, mat, FP16, {"v": 128})                 # fits in 227 KB
+    with pytest.raises(ConfigError, match="shared memory"):
+        fam.check_config(big, mat, FP16, {"v": 128}, {"smem_per_block_optin": 100000})
+    with pytest.raises(ConfigError, match="shared memory"):
+        fam.check_config(big, mat, FP16, {"v": 128}, {"cc_major": 8, "cc_minor": 0})
+    with pytest.raises(ConfigError, match="dtype"):
+        fam.check_config(CFG, mat, Operation("fp32", "fm"), {"v": 128})
+    with pytest.raises(ConfigError, match="layout"):
+        fam.check_config(CFG, mat, Operation("fp16", "tm"), {"v": 128})
+    with pytest.raises(ConfigError, match="keys"):
+        fam.check_config({"bn": 64}, mat, FP16, {"v": 128})
+
+
+def test_kernel_name_is_the_configuration(rng):
+    mat = make_bsr(96, 64, 32, 32, 0.5, rng)
+    fam = get_family("bsr")
+    op = Operation("bf16", "fm", Epilogue(bias=True, activation="gelu"))
+    k = fam.generate(mat, op, {"br": 32, "bc": 32}, CFG, bias=np.ones(96, np.float32))
+    assert k.name == "sf_bsr32x32_bf16_fm_bias_gelu_bk32_bn64_stages3_wm1_wn2"
+    assert k.block == (64, 1, 1) and k.n_axis == 0 and k.n_tile == 64
+    assert k.grid == (1, 3, 1) and k.grid_for(130) == (3, 3, 1)
+    assert k.shared_bytes == rowgroup.smem_bytes(32, CFG)
+    assert f"{k.name}(" in k.source and '#include "sf/' not in k.source
+
+
+# ---- NVRTC compilation (no GPU needed) -------------------------------------------------
+
+def _nvrtc_compile(source: str, arch: str):
+    """(ok, log): through sparseforge.native when it is there, else NVRTC
+    directly."""
+    opts = ("--ptxas-options=-v",)
+    try:
+        from sparseforge import native  # noqa
+        ctx = native.Context()
+        try:
+            b = ctx.compile(source, arch=arch, name="rowgroup.cu", options=opts)
+            return True, b.log
+        except native.CompileError as e:
+            return False, e.log
+    except (ImportError, OSError, AttributeError):
+        pass
+    cuda = os.environ.get("CUDA_HOME") or os.environ.get("CUDA_PATH") or "/usr/local/cuda"
+    cands = [Path(cuda) / "lib64" / "libnvrtc.so", Path(cuda) / "lib64" / "libnvrtc.so.13", "libnvrtc.so"]
+    lib = None
+    for c in cands:
+        try:
+            lib = ctypes.CDLL(str(c))
+            break
+        except OSError:
+            continue
+    if lib is None:
+        pytest.skip("NVRTC not found")
+    prog = ctypes.c_void_p()
+    assert lib.nvrtcCreateProgram(ctypes.byref(prog), source.encode(), b"rowgroup.cu", 0, None, None) == 0
+    o = [f"--gpu-architecture={arch}", "-std=c++17", f"-I{cuda}/include", *opts]
+    arr = (ctypes.c_char_p * len(o))(*[s.encode() for s in o])
+    rc = lib.nvrtcCompileProgram(prog, len(o), arr)
+    n = ctypes.c_size_t()
+    lib.nvrtcGetProgramLogSize(prog, ctypes.byref(n))
+    buf = ctypes.create_string_buffer(n.value)
+    lib.nvrtcGetProgramLog(prog, buf)
+    lib.nvrtcDestroyProgram(ctypes.byref(prog))
+    return rc == 0, buf.value.decode(errors="replace")
+
+
+COMPILE_CASES = [
+    ("bsr", {"br": 64, "bc": 64}, "fp16", Epilogue(), {"bk": 32, "bn": 128, "stages": 3, "wm": 2, "wn": 2}),
+    ("bsr", {"br": 32, "bc": 32}, "bf16", Epilogue(bias=True, activation="gelu", scale=0.5),
+     {"bk": 64, "bn": 256, "stages": 4, "wm": 2, "wn": 4}),
+    ("bsr", {"br": 8, "bc": 8}, "fp16", Epilogue(activation="relu"), {"bk": 16, "bn": 16, "stages": 2, "wm": 1, "wn": 1}),
+    ("shflbw", {"v": 64}, "fp16", Epilogue(bias=True, activation="relu"), {"bk": 32, "bn": 128, "stages": 4, "wm": 2, "wn": 2}),
+    ("shflbw", {"v": 128}, "bf16", Epilogue(), {"bk": 64, "bn": 64, "stages": 3, "wm": 4, "wn": 2}),
+    ("shflbw", {"v": 32}, "fp16", Epilogue(bias=True), {"bk": 16, "bn": 32, "stages": 2, "wm": 1, "wn": 2}),
+]
+
+
+@pytest.mark.parametrize("case", range(len(COMPILE_CASES)))
+@pytest.mark.parametrize("arch", ["sm_80", "sm_90a"])
+def test_template_compiles(arch, case):
+    family, params, dtype, ep, cfg = COMPILE_CASES[case]
+    rng = np.random.default_rng(case)
+    mat = make_random(150, 97, 0.2, rng, dtype=dtype)
+    fam = get_family(family)
+    op = Operation(dtype, "fm", ep)
+    bias = rng.standard_normal(150).astype(np.float32) if ep.bias else None
+    k = fam.generate(mat, op, params, cfg, bias=bias)
+    ok, log = _nvrtc_compile(k.source, arch)
+    assert ok, log
+    spills = re.findall(r"(\d+) bytes spill stores, (\d+) bytes spill loads", log)
+    assert spills, log
+    assert all(s == ("0", "0") for s in spills), log
+    assert "warning" not in log.lower(), log
+
+
+# ---- GPU ---------------------------------------------------------------------------------
+
+GPU_CASES = [
+    # (family, params, matrix maker, shape (M, K), dtype, epilogue, config, N values)
+    ("bsr", {"br": 64, "bc": 64}, "bsr", (300, 260), "fp16", Epilogue(),
+     {"bk": 32, "bn": 128, "stages": 3, "wm": 2, "wn": 2}, (1, 77, 256)),
+    ("bsr", {"br": 32, "bc": 32}, "bsr", (200, 333), "bf16", Epilogue(bias=True, activation="gelu", scale=0.5),
+     {"bk": 64, "bn": 64, "stages": 4, "wm": 1, "wn": 2}, (8, 130)),
+    ("bsr", {"br": 16, "bc": 8}, "bsr", (77, 91), "fp16", Epilogue(bias=True, activation="relu"),
+     {"bk": 16, "bn": 32, "stages": 2, "wm": 1, "wn": 1}, (1, 33, 64)),
+    ("shflbw", {"v": 64}, "shflbw", (330, 270), "fp16", Epilogue(bias=True, activation="relu"),
+     {"bk": 32, "bn": 128, "stages": 4, "wm": 2, "wn": 2}, (1, 100, 4096)),
+    ("shflbw", {"v": 32}, "shflbw", (100, 500), "bf16", Epilogue(),
+     {"bk": 16, "bn": 256, "stages": 3, "wm": 2, "wn": 4}, (5, 264)),
+    ("shflbw", {"v": 128}, "random", (260, 150), "fp16", Epilogue(bias=True),
+     {"bk": 64, "bn": 64, "stages": 2, "wm": 4, "wn": 2}, (16, 63)),
+    ("shflbw", {"v": 16}, "zero", (50, 40), "fp16", Epilogue(bias=True, activation="gelu"),
+     {"bk": 32, "bn": 16, "stages": 3, "wm": 1, "wn": 1}, (1, 24)),
+]
+
+
+def _gpu_matrix(kind, shape, params, dtype, rng):
+    m, k = shape
+    if kind == "bsr":
+        return make_bsr(m, k, params["br"], params["bc"], 0.3, rng, dtype, empty_block_rows=(1,))
+    if kind == "shflbw":
+        return make_shflbw(m, k, params["v"], 0.25, rng, dtype, empty_groups=(0,))
+    if kind == "random":
+        return make_random(m, k, 0.1, rng, dtype)
+    return SparseMatrix.from_dense(np.zeros(shape, np.float32), dtype=dtype)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("case", range(len(GPU_CASES)))
+def test_gpu_correct(case):
+    from sparseforge.tuner.execute import verify
+    family, params, kind, shape, dtype, ep, cfg, ns = GPU_CASES[case]
+    rng = np.random.default_rng(100 + case)
+    mat = _gpu_matrix(kind, shape, params, dtype, rng)
+    op = Operation(dtype, "fm", ep)
+    for n in ns:
+        res = verify(family, mat, op, params, cfg, n, seed=case * 7 + n)
+        assert res["ok"], (n, res)
+
+
+@pytest.mark.gpu
+def test_gpu_small_every_bk_and_stage_count():
+    """The 'small' set (for compute-sanitizer): one matrix per family, a
+    sweep of pipeline shapes, odd N."""
+    from sparseforge.tuner.execute import verify
+    rng = np.random.default_rng(7)
+    for family, params, mat in [
+        ("bsr", {"br": 32, "bc": 16}, make_bsr(70, 150, 32, 16, 0.4, rng)),
+        ("shflbw", {"v": 32}, make_shflbw(70, 150, 32, 0.3, rng)),
+    ]:
+        for bk in (16, 32, 64):
+            for st in (2, 3, 4):
+                cfg = {"bk": bk, "bn": 64, "stages": st, "wm": 2, "wn": 2}
+                for n in (40, 67):
+                    res = verify(family, mat, FP16, params, cfg, n, seed=bk + st + n)
+                    assert res["ok"], (family, cfg, n, res)
