@@ -1,0 +1,49 @@
+/* test_gpu_fault.c -- a kernel that faults: the launch succeeds, the fault
+ * surfaces at sf_synchronize as SF_ERR_CUDA with the driver's error name,
+ * and the calls after it report the same.  Kept apart from the other GPU
+ * tests because a fault spoils the process's CUDA context.  Skipped
+ * without a GPU. */
+#include "check.h"
+#include "sparseforge.h"
+
+static const char *kSource =
+    "extern \"C\" __global__ void write_wild(float *p) {\n"
+    "  p[threadIdx.x * 1048576u] = 1.0f;\n"
+    "}\n";
+
+int main(void) {
+  sf_context *ctx = NULL;
+  CHECK_EQ_INT(SF_OK, sf_context_create(0, &ctx));
+  sf_device_info info;
+  sf_status st = sf_device_info_get(ctx, &info);
+  if (st == SF_ERR_NO_DRIVER || st == SF_ERR_NO_DEVICE) {
+    static char reason[1024];
+    snprintf(reason, sizeof reason, "%s", sf_errmsg(ctx));
+    sf_context_destroy(ctx);
+    SKIP(reason);
+  }
+  CHECK_EQ_INT(SF_OK, st);
+  sf_binary *bin = NULL;
+  sf_module *mod = NULL;
+  sf_kernel *k = NULL;
+  CHECK_EQ_INT(SF_OK, sf_compile(ctx, kSource, "fault.cu", NULL, &bin));
+  CHECK_EQ_INT(SF_OK, sf_module_load(ctx, bin, &mod));
+  sf_binary_free(bin);
+  CHECK_EQ_INT(SF_OK, sf_kernel_get(ctx, mod, "write_wild", &k));
+  if (!k) CHECK_DONE();
+  sf_devptr wild = 0x10;
+  void *args[] = {&wild};
+  sf_launch_config cfg = {{1, 1, 1}, {32, 1, 1}, 0, NULL};
+  CHECK_EQ_INT(SF_OK, sf_launch(ctx, k, &cfg, args));
+  CHECK_EQ_INT(SF_ERR_CUDA, sf_synchronize(ctx));
+  CHECK_CONTAINS(sf_errmsg(ctx), "cuCtxSynchronize failed: CUDA_ERROR_ILLEGAL_ADDRESS");
+  /* the context is spoiled: later calls say so instead of hanging */
+  sf_devptr p = 0;
+  st = sf_mem_alloc(ctx, 1024, &p);
+  CHECK(st == SF_ERR_CUDA);
+  CHECK_CONTAINS(sf_errmsg(ctx), "CUDA_ERROR_ILLEGAL_ADDRESS");
+  st = sf_launch(ctx, k, &cfg, args);
+  CHECK_EQ_INT(SF_ERR_CUDA, st); /* sticky errors are CUDA errors, not launch refusals */
+  sf_context_destroy(ctx);
+  CHECK_DONE();
+}
