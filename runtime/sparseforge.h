@@ -333,6 +333,9 @@ SF_API sf_status sf_memset_d8(sf_context *ctx, sf_devptr dst,
 typedef struct sf_cache sf_cache;
 
 #define SF_CACHE_SCHEMA_VERSION 1
+/* PRAGMA application_id of every sparseforge cache ("SFor"): a SQLite file
+ * without it is another program's and is never touched. */
+#define SF_CACHE_APPLICATION_ID 0x53466F72
 
 enum {
   SF_CACHE_READONLY = 1, /* open for reading only; never creates */
@@ -349,11 +352,29 @@ enum {
  * file is not modified.  A missing file without SF_CACHE_CREATE gives
  * SF_ERR_NOT_FOUND.  On failure *out is still set (unless NOMEM or NULL
  * out) so that sf_cache_errmsg() can tell what happened; close it.
+ *
+ * In detail: the file's first bytes, then (through a read-only connection)
+ * its PRAGMA application_id (SF_CACHE_APPLICATION_ID), user_version and
+ * schema are checked before anything is written; only then is the file
+ * switched to WAL and, when new, given its schema.  An empty file (0 bytes,
+ * or a SQLite database with no schema objects and no application_id) is
+ * initialized by a writable open and refused (SF_ERR_NOT_A_DB) by a
+ * read-only one; an existing empty file is initialized even without
+ * SF_CACHE_CREATE.  SF_CACHE_READONLY never writes: any write call on such
+ * a cache gives SF_ERR_DB ("... opened read-only").  A file SQLite can only
+ * open for reading, opened without SF_CACHE_READONLY, gives SF_ERR_IO.
+ * Unknown flags or a NULL/empty path give SF_ERR_INVALID_ARG.  Messages
+ * name the path and the reason.  Several processes may open and write the
+ * same file at once: writes take the write lock up front (BEGIN IMMEDIATE),
+ * wait up to 30 s for it and retry; busy beyond that gives SF_ERR_BUSY.
  */
 SF_API sf_status sf_cache_open(const char *path, int flags, sf_cache **out);
 SF_API void sf_cache_close(sf_cache *cache);
-/* Last error message on the cache ("" if none). */
+/* Last error message on the cache ("" if none).  "NULL cache" for NULL. */
 SF_API const char *sf_cache_errmsg(const sf_cache *cache);
+/* Status of the last failed call on the cache (SF_OK if none;
+ * SF_ERR_INVALID_ARG for NULL). */
+SF_API sf_status sf_cache_errcode(const sf_cache *cache);
 
 /* --- binaries ---------------------------------------------------------- */
 
@@ -368,11 +389,17 @@ typedef struct sf_binary_key {
   sf_binary_kind kind;
 } sf_binary_key;
 
-/* The hex key of a binary (65 bytes with the NUL). */
+/* The hex key of a binary (65 bytes with the NUL).  Precisely: SHA-256 of
+ * "sparseforge-binary-key-v1\n" followed, for source, options, arch,
+ * nvrtc_version, generator_version and then "cubin" or "ptx" (the kind),
+ * by "<decimal byte length>:<bytes>\n".  SF_ERR_INVALID_ARG for a NULL key,
+ * out or field, an empty arch, or an unknown kind. */
 SF_API sf_status sf_binary_key_hex(const sf_binary_key *key, char out[65]);
 
 /* Stores a binary (and its source) under its key; storing the same key
- * again replaces nothing and succeeds. */
+ * again replaces nothing and succeeds (except that a stored copy whose
+ * bytes fail their sha256 is replaced by the new bytes).  The binary's
+ * kind must be key->kind and it must not be empty (SF_ERR_INVALID_ARG). */
 SF_API sf_status sf_cache_put_binary(sf_cache *cache, const sf_binary_key *key,
                                      const sf_binary *bin);
 /* Fetches the binary for `key`: SF_ERR_NOT_FOUND if absent, SF_ERR_CORRUPT
@@ -384,7 +411,10 @@ SF_API sf_status sf_cache_get_binary(sf_cache *cache, const sf_binary_key *key,
 /* --- environments and matrices ---------------------------------------- */
 
 /* Records the GPU environment (name, compute capability, SM count, driver
- * version) and writes its key (hex SHA-256 of those) into env_key. */
+ * version) and writes its key (hex SHA-256 of those) into env_key.  The
+ * key hashes the text "<name>|<cc_major>.<cc_minor>|<sm_count>|
+ * <driver_version>" (e.g. "NVIDIA H100 80GB HBM3|9.0|132|13000"); the other
+ * fields of dev are stored beside it (and updated on a second put). */
 SF_API sf_status sf_cache_put_env(sf_cache *cache, const sf_device_info *dev,
                                   char env_key[65]);
 
@@ -394,6 +424,9 @@ typedef struct sf_matrix_record {
   const char *dtype;       /* "fp32", "fp16", "bf16" */
   const char *info;        /* free text (JSON): source file, pattern... */
 } sf_matrix_record;
+/* Stores (or updates) a matrix by fingerprint.  SF_ERR_INVALID_ARG for a
+ * NULL/empty fingerprint or dtype, rows or cols <= 0, nnz outside
+ * 0..rows*cols. */
 SF_API sf_status sf_cache_put_matrix(sf_cache *cache,
                                      const sf_matrix_record *m);
 
@@ -425,7 +458,11 @@ typedef struct sf_trial {
 } sf_trial;
 
 /* Records a trial; a trial with the same (env, matrix, op, n, config)
- * replaces the earlier one. */
+ * replaces the earlier one.  NaN timings and errors are stored as SQL NULL
+ * and read back as NaN.  SF_ERR_INVALID_ARG for NULL env_key, matrix_fp, op
+ * or config, a status outside sf_trial_status, n < 0 or reps < 0.  The
+ * `winners` view of the database holds the best ok trial (lowest median)
+ * per (env_key, matrix_fp, op, n). */
 SF_API sf_status sf_cache_put_trial(sf_cache *cache, const sf_trial *t);
 
 /* Filter for sf_cache_trials: NULL fields and n < 0 match anything. */
@@ -439,7 +476,10 @@ typedef struct sf_trial_filter {
 /* Calls `cb` for every trial matching `filter` (NULL: all), best first
  * within each (env, matrix, op, n).  The record and its strings are valid
  * only during the call.  A nonzero return from cb stops the walk (and
- * sf_cache_trials returns SF_OK). */
+ * sf_cache_trials returns SF_OK).  Groups come in the order of env_key,
+ * matrix_fp, op, n; within a group ok trials by median (NaN medians last),
+ * then failures by status and config, so the first of a group is its
+ * winner when it is ok.  cb must not write to the same cache. */
 typedef int (*sf_trial_cb)(const sf_trial *t, void *user);
 SF_API sf_status sf_cache_trials(sf_cache *cache, const sf_trial_filter *filter,
                                  sf_trial_cb cb, void *user);
@@ -480,12 +520,28 @@ typedef struct sf_layer_record {
   const sf_layer_variant *variants;
 } sf_layer_record;
 
-/* Stores (replaces) the layer `rec->name` tuned on `rec->gpu_name`. */
+/* Stores (replaces) the layer `rec->name` tuned on `rec->gpu_name`, in one
+ * transaction: on failure the previous record stays whole.  Packed bytes
+ * are stored once per distinct sha256, shared between variants and layers,
+ * and removed when no variant uses them.  A NULL options or
+ * generator_version is stored as "".  SF_ERR_INVALID_ARG (naming the
+ * field and variant) for NULL name/gpu_name/matrix_fp/op, non-positive
+ * rows, cols or element sizes, no variants, a NULL/empty source or
+ * kernel_name, n_bucket <= 0, two variants with one n_bucket, a zero
+ * grid/block dimension, n_axis outside -1..2 (or n_tile <= 0 with
+ * n_axis >= 0), NULL packed with packed_size > 0. */
 SF_API sf_status sf_cache_put_layer(sf_cache *cache,
                                     const sf_layer_record *rec);
 
 /* Calls `cb` with each stored layer (variants included) whose name equals
- * `name` (NULL: all layers).  Valid only during the call; nonzero stops. */
+ * `name` (NULL: all layers).  Valid only during the call; nonzero stops.
+ * Layers come ordered by name then gpu_name, variants by n_bucket.  Each
+ * layer is read in its own read transaction and copied out before cb runs,
+ * so cb may write to the cache.  Every variant's packed bytes are checked
+ * against their sha256 before the layer is handed out: a mismatch (or
+ * missing bytes) stops the walk with SF_ERR_CORRUPT, naming the layer;
+ * layers before it were already handed out.  No layer (or no such name)
+ * is SF_OK with no call. */
 typedef int (*sf_layer_cb)(const sf_layer_record *rec, void *user);
 SF_API sf_status sf_cache_layers(sf_cache *cache, const char *name,
                                  sf_layer_cb cb, void *user);
@@ -496,9 +552,38 @@ SF_API sf_status sf_cache_delete_layer(sf_cache *cache, const char *name);
 
 /* Copies every record of the cache at `other_path` into `cache`, keeping
  * what is already there (no duplicates).  `*added` (may be NULL) receives
- * the number of rows added. */
+ * the number of rows added.
+ *
+ * The other file is checked like a read-only sf_cache_open (SF_ERR_NOT_FOUND,
+ * SF_ERR_NOT_A_DB, SF_ERR_DB_VERSION) and attached read-only: it is never
+ * modified.  All of it is copied in one transaction.  A layer (name, GPU)
+ * that `cache` already holds keeps all of its own variants.  If any blob of
+ * the other file fails its sha256 nothing is copied (SF_ERR_CORRUPT).
+ * Merging the same file twice adds nothing the second time.  `cache` must
+ * be writable. */
 SF_API sf_status sf_cache_merge(sf_cache *cache, const char *other_path,
                                 int64_t *added);
+
+/* Writes the layers named in `layer_names` (a NULL-terminated array; NULL:
+ * every layer) into the cache file `dest_path`, with their packed weights,
+ * their matrices' records and the binaries whose source is one of their
+ * variants' sources (no trials or environments).  `dest_path` is created
+ * when missing, else it must be a sparseforge cache and gains the records
+ * it lacks (as sf_cache_merge).  `cache` may be read-only.  A name with no
+ * layer gives SF_ERR_NOT_FOUND before anything is written.  `*added` (may
+ * be NULL) receives the number of rows written. */
+SF_API sf_status sf_cache_export(sf_cache *cache, const char *dest_path,
+                                 const char *const *layer_names,
+                                 int64_t *added);
+
+/* Rows per table (and the bytes of all binaries and packed blobs). */
+typedef struct sf_cache_counts {
+  int64_t binaries, envs, matrices, trials;
+  int64_t winners;            /* rows of the winners view */
+  int64_t layers, layer_variants, blobs;
+  int64_t blob_bytes;
+} sf_cache_counts;
+SF_API sf_status sf_cache_count(sf_cache *cache, sf_cache_counts *out);
 
 /* ------------------------------------------------------------------------
  * Layers: a tuned layer opened from the cache and run

@@ -1,0 +1,67 @@
+/*
+ * cache_internal.h -- private pieces shared by the files of the SQLite
+ * cache (cache.c: open, schema, errors, transactions; records.c: binaries,
+ * environments, matrices, trials; layers.c: layers; merge.c: merge, export,
+ * counts).  Nothing here is public.
+ */
+#ifndef SF_CACHE_INTERNAL_H
+#define SF_CACHE_INTERNAL_H
+
+#include "internal.h"
+
+#include <sqlite3.h>
+
+struct sf_cache {
+  sqlite3 *db;
+  char *path;        /* as given to sf_cache_open */
+  int readonly;      /* opened with SF_CACHE_READONLY */
+  sf_status code;    /* status of the last failed call */
+  char msg[SF_MSG_MAX];
+};
+
+/* Records a failure on the cache (printf-style message) and returns st. */
+sf_status sfc_fail(sf_cache *c, sf_status st, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+
+/* Records a SQLite failure: "<what>: <sqlite message>" with the status that
+ * fits the SQLite code (SF_ERR_BUSY, SF_ERR_NOMEM, else SF_ERR_DB). */
+sf_status sfc_db_fail(sf_cache *c, int rc, const char *what);
+
+/* The status a SQLite result code maps to. */
+sf_status sfc_status_of(int rc);
+
+/* Prepares `sql`; on failure records it and returns its status. */
+sf_status sfc_prepare(sf_cache *c, const char *sql, sqlite3_stmt **st);
+
+/* SF_ERR_DB with a message when the cache was opened read-only. */
+sf_status sfc_require_writable(sf_cache *c, const char *what);
+
+/* Runs body(c, arg) inside BEGIN IMMEDIATE ... COMMIT, retrying the BEGIN
+ * (and the COMMIT) while the database is busy.  A failing body rolls the
+ * whole transaction back, so nothing of it is left half-written. */
+typedef sf_status (*sfc_body)(sf_cache *c, void *arg);
+sf_status sfc_write_tx(sf_cache *c, const char *what, sfc_body body, void *arg);
+
+/* Current time in seconds since the epoch, with a fraction. */
+double sfc_now(void);
+
+/* Binds a double; NaN becomes SQL NULL (SQLite stores NaN as NULL anyway). */
+int sfc_bind_real(sqlite3_stmt *st, int i, double v);
+/* Reads a double; NULL gives NaN. */
+double sfc_column_real(sqlite3_stmt *st, int i);
+/* Binds a blob of `size` bytes (NULL data allowed when size is 0: binds an
+ * empty blob, not NULL). */
+int sfc_bind_blob(sqlite3_stmt *st, int i, const void *data, size_t size);
+/* Binds a string, or NULL for a NULL pointer. */
+int sfc_bind_text(sqlite3_stmt *st, int i, const char *s);
+
+/* Percent-encodes `path` as a SQLite URI ("file:...") followed by `query`
+ * (e.g. "?mode=ro", or ""); the caller frees the result.  NULL on NOMEM. */
+char *sfc_path_uri(const char *path, const char *query);
+
+/* The version checks sf_cache_open makes, on an already attached schema
+ * `schema` ("main" or an attached name): SF_OK for a sparseforge cache of a
+ * version this library reads, SF_ERR_NOT_A_DB or SF_ERR_DB_VERSION. */
+sf_status sfc_check_schema(sf_cache *c, const char *schema, const char *path);
+
+#endif

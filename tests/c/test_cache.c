@@ -1,0 +1,1041 @@
+/* test_cache.c -- the SQLite cache: every record kind round trip, refusal
+ * of files that are not ours (left byte for byte as they were), corrupt
+ * blobs, merge, export, read-only opens and NULL arguments.
+ *
+ * The test edits database files behind the library's back with SQLite
+ * itself.  libsparseforge already loads libsqlite3, so the few SQLite
+ * functions needed are looked up with dlsym: the test needs neither
+ * sqlite3.h nor a link line of its own. */
+#include "check.h"
+#include "sparseforge.h"
+
+#include <dlfcn.h>
+#include <errno.h>
+#include <math.h>
+#include <stdint.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+/* ---- scratch files ---------------------------------------------------- */
+
+static char g_dir[4096];
+
+static const char *tmp_path(const char *name) {
+  static char bufs[8][4352];
+  static int next = 0;
+  char *b = bufs[next++ % 8];
+  snprintf(b, sizeof bufs[0], "%s/%s", g_dir, name);
+  return b;
+}
+
+static void remove_db(const char *path) {
+  char side[4400];
+  unlink(path);
+  snprintf(side, sizeof side, "%s-wal", path);
+  unlink(side);
+  snprintf(side, sizeof side, "%s-shm", path);
+  unlink(side);
+  snprintf(side, sizeof side, "%s-journal", path);
+  unlink(side);
+}
+
+static void write_file(const char *path, const char *text) {
+  FILE *f = fopen(path, "wb");
+  CHECK(f != NULL);
+  if (!f) return;
+  fputs(text, f);
+  fclose(f);
+}
+
+/* A file's bytes and mtime, to show it was not touched. */
+typedef struct {
+  char *bytes;
+  long size;
+  struct timespec mtime;
+} snapshot;
+
+static snapshot take(const char *path) {
+  snapshot s = {0};
+  struct stat sb;
+  if (stat(path, &sb) == 0) s.mtime = sb.st_mtim;
+  FILE *f = fopen(path, "rb");
+  if (!f) return s;
+  fseek(f, 0, SEEK_END);
+  s.size = ftell(f);
+  fseek(f, 0, SEEK_SET);
+  s.bytes = malloc((size_t)s.size + 1);
+  if (fread(s.bytes, 1, (size_t)s.size, f) != (size_t)s.size) s.size = -1;
+  fclose(f);
+  return s;
+}
+
+static int same_as(const snapshot *a, const char *path) {
+  snapshot b = take(path);
+  int same = a->size == b.size && a->size >= 0 && b.bytes && a->bytes &&
+             memcmp(a->bytes, b.bytes, (size_t)a->size) == 0 &&
+             a->mtime.tv_sec == b.mtime.tv_sec &&
+             a->mtime.tv_nsec == b.mtime.tv_nsec;
+  free(b.bytes);
+  return same;
+}
+
+/* ---- SQLite, reached through the library's own copy ------------------- */
+
+typedef struct sqlite3 sqlite3;
+typedef int (*row_cb)(void *, int, char **, char **);
+static int (*db_open)(const char *, sqlite3 **, int, const char *);
+static int (*db_exec)(sqlite3 *, const char *, row_cb, void *, char **);
+static int (*db_close)(sqlite3 *);
+static const char *(*db_errmsg)(sqlite3 *);
+#define DB_OPEN_READWRITE 0x2
+#define DB_OPEN_CREATE 0x4
+
+static int load_sqlite(void) {
+  db_open = (int (*)(const char *, sqlite3 **, int, const char *))dlsym(
+      RTLD_DEFAULT, "sqlite3_open_v2");
+  db_exec = (int (*)(sqlite3 *, const char *, row_cb, void *, char **))dlsym(
+      RTLD_DEFAULT, "sqlite3_exec");
+  db_close = (int (*)(sqlite3 *))dlsym(RTLD_DEFAULT, "sqlite3_close");
+  db_errmsg = (const char *(*)(sqlite3 *))dlsym(RTLD_DEFAULT, "sqlite3_errmsg");
+  return db_open && db_exec && db_close && db_errmsg;
+}
+
+static int first_int_cb(void *user, int n, char **vals, char **names) {
+  (void)names;
+  if (n > 0 && vals[0]) *(long long *)user = atoll(vals[0]);
+  return 0;
+}
+
+/* Runs SQL on `path` with plain SQLite; returns the first column of the
+ * last row as an integer (or -1). */
+static long long sql(const char *path, const char *text) {
+  sqlite3 *db = NULL;
+  long long v = -1;
+  if (db_open(path, &db, DB_OPEN_READWRITE | DB_OPEN_CREATE, NULL) != 0) {
+    fprintf(stderr, "cannot open %s\n", path);
+    check_failures_++;
+    db_close(db);
+    return -1;
+  }
+  char *err = NULL;
+  if (db_exec(db, text, first_int_cb, &v, &err) != 0) {
+    fprintf(stderr, "SQL failed on %s: %s: %s\n", path, text,
+            err ? err : db_errmsg(db));
+    check_failures_++;
+  }
+  db_close(db);
+  return v;
+}
+
+/* ---- fixtures ---------------------------------------------------------- */
+
+static sf_cache *open_new(const char *name) {
+  const char *p = tmp_path(name);
+  remove_db(p);
+  sf_cache *c = NULL;
+  sf_status st = sf_cache_open(p, SF_CACHE_CREATE, &c);
+  if (st) fprintf(stderr, "open %s: %s\n", p, sf_cache_errmsg(c));
+  CHECK_EQ_INT(SF_OK, st);
+  return c;
+}
+
+static sf_binary *make_binary(const char *text, sf_binary_kind kind) {
+  sf_binary *b = NULL;
+  size_t n = strlen(text) + (kind == SF_BINARY_PTX ? 1 : 0);
+  CHECK_EQ_INT(SF_OK, sf_binary_from_memory(text, n, kind, &b));
+  return b;
+}
+
+static sf_binary_key key_for(const char *source, const char *arch) {
+  sf_binary_key k = {source, "--gpu-architecture=sm_90a -std=c++17 -default-device",
+                     arch, "13.0", "0.1.0", SF_BINARY_CUBIN};
+  return k;
+}
+
+static const unsigned char PACKED_A[] = "packed-marker-AAAA\x00\x01\x02\xff";
+static const unsigned char PACKED_B[] = "packed-marker-BBBB\x10\x11\x12\xfe";
+
+/* A layer of two variants (N buckets 16 and 256). */
+static sf_layer_record layer_fixture(sf_layer_variant v[2], const char *name,
+                                     const char *gpu, const char *tag) {
+  memset(v, 0, 2 * sizeof *v);
+  v[0].n_bucket = 16;
+  v[0].source = "extern \"C\" __global__ void k16(const void*, const void*, void*, int) {}";
+  v[0].kernel_name = "k16";
+  v[0].options = "";
+  v[0].generator_version = "0.1.0";
+  v[0].grid[0] = 96; v[0].grid[1] = 1; v[0].grid[2] = 1;
+  v[0].n_axis = 1;
+  v[0].n_tile = 16;
+  v[0].block[0] = 128; v[0].block[1] = 1; v[0].block[2] = 1;
+  v[0].shared_bytes = 4096;
+  v[0].zero_output = 0;
+  v[0].packed = PACKED_A;
+  v[0].packed_size = sizeof PACKED_A;
+  v[0].config = tag;
+  v[1] = v[0];
+  v[1].n_bucket = 256;
+  v[1].source = "extern \"C\" __global__ void k256(const void*, const void*, void*, int) {}";
+  v[1].kernel_name = "k256";
+  v[1].options = "-DSPLIT_K=2\n-DSTAGES=3";
+  v[1].grid[0] = 48; v[1].grid[1] = 2; v[1].grid[2] = 3;
+  v[1].n_axis = -1;
+  v[1].n_tile = 0;
+  v[1].block[0] = 256; v[1].block[1] = 2; v[1].block[2] = 1;
+  v[1].shared_bytes = 98304;
+  v[1].zero_output = 1;
+  v[1].packed = PACKED_B;
+  v[1].packed_size = sizeof PACKED_B;
+  sf_layer_record r = {name, gpu, "fp-matrix-1", "shflbw64.fp16.fm.bias_gelu",
+                       3072, 768, 2, 2, 2, v};
+  return r;
+}
+
+/* Collects what sf_cache_layers hands out. */
+typedef struct {
+  int calls;
+  char names[8][64];
+  char gpus[8][64];
+  int n_variants[8];
+  int ok[8];          /* every field matched the fixture */
+  int stop_after;
+} layer_seen;
+
+static int variant_matches(const sf_layer_variant *a, const sf_layer_variant *b) {
+  return a->n_bucket == b->n_bucket && strcmp(a->source, b->source) == 0 &&
+         strcmp(a->kernel_name, b->kernel_name) == 0 &&
+         strcmp(a->options, b->options) == 0 &&
+         strcmp(a->generator_version, b->generator_version) == 0 &&
+         memcmp(a->grid, b->grid, sizeof a->grid) == 0 &&
+         a->n_axis == b->n_axis && a->n_tile == b->n_tile &&
+         memcmp(a->block, b->block, sizeof a->block) == 0 &&
+         a->shared_bytes == b->shared_bytes &&
+         (a->zero_output != 0) == (b->zero_output != 0) &&
+         a->packed_size == b->packed_size &&
+         memcmp(a->packed, b->packed, a->packed_size) == 0 &&
+         ((!a->config && !b->config) ||
+          (a->config && b->config && strcmp(a->config, b->config) == 0));
+}
+
+static int layer_cb(const sf_layer_record *r, void *user) {
+  layer_seen *s = user;
+  int i = s->calls++;
+  if (i >= 8) return 1;
+  snprintf(s->names[i], sizeof s->names[i], "%s", r->name);
+  snprintf(s->gpus[i], sizeof s->gpus[i], "%s", r->gpu_name);
+  s->n_variants[i] = r->n_variants;
+  sf_layer_variant v[2];
+  sf_layer_record want = layer_fixture(v, r->name, r->gpu_name,
+                                       r->n_variants ? r->variants[0].config : NULL);
+  s->ok[i] = r->n_variants == 2 && strcmp(r->matrix_fp, want.matrix_fp) == 0 &&
+             strcmp(r->op, want.op) == 0 && r->rows == want.rows &&
+             r->cols == want.cols && r->x_elem_size == 2 &&
+             r->y_elem_size == 2 && variant_matches(&r->variants[0], &v[0]) &&
+             variant_matches(&r->variants[1], &v[1]);
+  return s->stop_after && s->calls >= s->stop_after;
+}
+
+/* Collects trials in the order handed out. */
+typedef struct {
+  int n;
+  char configs[64][32];
+  int status[64];
+  double median[64];
+  int64_t ns[64];
+  int nan_ok[64];     /* NaN fields read back as NaN */
+  char message[64][64];
+  char binary_key[64][80];
+  int stop_after;
+} trial_seen;
+
+static int trial_cb(const sf_trial *t, void *user) {
+  trial_seen *s = user;
+  if (s->n < 64) {
+    snprintf(s->configs[s->n], 32, "%s", t->config);
+    s->status[s->n] = t->status;
+    s->median[s->n] = t->median_ms;
+    s->ns[s->n] = t->n;
+    s->nan_ok[s->n] = t->status == SF_TRIAL_OK || (isnan(t->median_ms) &&
+                      isnan(t->p20_ms) && isnan(t->max_error));
+    snprintf(s->message[s->n], 64, "%s", t->message ? t->message : "(null)");
+    snprintf(s->binary_key[s->n], 80, "%s", t->binary_key ? t->binary_key : "(null)");
+    CHECK(t->created > 1.6e9);
+  }
+  s->n++;
+  return s->stop_after && s->n >= s->stop_after;
+}
+
+static sf_trial trial(const char *env, const char *config, int64_t n,
+                      int status, double median) {
+  sf_trial t;
+  memset(&t, 0, sizeof t);
+  t.env_key = env;
+  t.matrix_fp = "fp-matrix-1";
+  t.op = "shflbw64.fp16.fm.bias_gelu";
+  t.n = n;
+  t.config = config;
+  t.status = status;
+  t.median_ms = median;
+  t.p20_ms = status == SF_TRIAL_OK ? median * 0.9 : NAN;
+  t.p80_ms = status == SF_TRIAL_OK ? median * 1.1 : NAN;
+  t.min_ms = status == SF_TRIAL_OK ? median * 0.8 : NAN;
+  t.reps = status == SF_TRIAL_OK ? 30 : 0;
+  t.max_error = status == SF_TRIAL_OK ? 1e-3 : NAN;
+  t.message = status == SF_TRIAL_OK ? NULL : "it failed";
+  t.binary_key = status == SF_TRIAL_OK ? "bkey" : NULL;
+  return t;
+}
+
+static sf_device_info device_fixture(void) {
+  sf_device_info d;
+  memset(&d, 0, sizeof d);
+  snprintf(d.name, sizeof d.name, "NVIDIA Test GPU");
+  d.cc_major = 9;
+  d.cc_minor = 0;
+  snprintf(d.arch, sizeof d.arch, "sm_90a");
+  d.sm_count = 132;
+  d.driver_version = 13000;
+  d.l2_bytes = 50 << 20;
+  d.total_mem_bytes = 80ull << 30;
+  return d;
+}
+
+static sf_cache_counts counts(sf_cache *c) {
+  sf_cache_counts k;
+  memset(&k, 0xff, sizeof k);
+  CHECK_EQ_INT(SF_OK, sf_cache_count(c, &k));
+  return k;
+}
+
+/* ---- tests ------------------------------------------------------------- */
+
+static void test_binary_keys(void) {
+  const char *src = "extern \"C\" __global__ void k() {}";
+  sf_binary_key k = key_for(src, "sm_90a");
+  char base[65], h[65], seen[8][65];
+  CHECK_EQ_INT(SF_OK, sf_binary_key_hex(&k, base));
+  CHECK_EQ_INT(64, strlen(base));
+  CHECK_EQ_INT(SF_OK, sf_binary_key_hex(&k, h));
+  CHECK(strcmp(base, h) == 0);
+  /* every field changes the key */
+  int n = 0;
+  memcpy(seen[n++], base, 65);
+  sf_binary_key m = k; m.source = "extern \"C\" __global__ void j() {}";
+  sf_binary_key_hex(&m, seen[n++]);
+  m = k; m.options = "-std=c++17";
+  sf_binary_key_hex(&m, seen[n++]);
+  m = k; m.arch = "sm_90";
+  sf_binary_key_hex(&m, seen[n++]);
+  m = k; m.nvrtc_version = "12.9";
+  sf_binary_key_hex(&m, seen[n++]);
+  m = k; m.generator_version = "0.1.1";
+  sf_binary_key_hex(&m, seen[n++]);
+  m = k; m.kind = SF_BINARY_PTX;
+  sf_binary_key_hex(&m, seen[n++]);
+  /* field boundaries are part of the key ("ab"+"c" != "a"+"bc") */
+  sf_binary_key p = k, q = k;
+  p.nvrtc_version = "ab"; p.generator_version = "c";
+  q.nvrtc_version = "a"; q.generator_version = "bc";
+  sf_binary_key_hex(&p, seen[n++]);
+  sf_binary_key_hex(&q, h);
+  CHECK(strcmp(seen[n - 1], h) != 0);
+  for (int i = 0; i < n; i++)
+    for (int j = i + 1; j < n; j++) CHECK(strcmp(seen[i], seen[j]) != 0);
+  /* the documented formula */
+  char text[512];
+  int len = snprintf(text, sizeof text,
+                     "sparseforge-binary-key-v1\n%zu:%s\n%zu:%s\n%zu:%s\n"
+                     "%zu:%s\n%zu:%s\n5:cubin\n",
+                     strlen(k.source), k.source, strlen(k.options), k.options,
+                     strlen(k.arch), k.arch, strlen(k.nvrtc_version),
+                     k.nvrtc_version, strlen(k.generator_version),
+                     k.generator_version);
+  sf_sha256_hex(text, (size_t)len, h);
+  CHECK(strcmp(base, h) == 0);
+  /* invalid keys */
+  CHECK_EQ_INT(SF_ERR_INVALID_ARG, sf_binary_key_hex(NULL, h));
+  CHECK_EQ_INT(SF_ERR_INVALID_ARG, sf_binary_key_hex(&k, NULL));
+  m = k; m.source = NULL;
+  CHECK_EQ_INT(SF_ERR_INVALID_ARG, sf_binary_key_hex(&m, h));
+  m = k; m.arch = "";
+  CHECK_EQ_INT(SF_ERR_INVALID_ARG, sf_binary_key_hex(&m, h));
+  m = k; m.kind = (sf_binary_kind)7;
+  CHECK_EQ_INT(SF_ERR_INVALID_ARG, sf_binary_key_hex(&m, h));
+}
+
+static void test_roundtrip(void) {
+  sf_cache *c = open_new("roundtrip.db");
+  if (!c) return;
+  CHECK(strcmp(sf_cache_errmsg(c), "") == 0);
+  CHECK_EQ_INT(SF_OK, sf_cache_errcode(c));
+  const char *path = tmp_path("roundtrip.db");
+  /* schema markers, WAL */
+  CHECK_EQ_INT(SF_CACHE_SCHEMA_VERSION, sql(path, "PRAGMA user_version"));
+  CHECK_EQ_INT(SF_CACHE_APPLICATION_ID, sql(path, "PRAGMA application_id"));
+
+  /* binaries: cubin and PTX */
+  const char *src = "extern \"C\" __global__ void k() {}";
+  sf_binary_key k = key_for(src, "sm_90a");
+  sf_binary *bin = make_binary("cubin-marker-0123456789", SF_BINARY_CUBIN);
+  CHECK_EQ_INT(SF_OK, sf_cache_put_binary(c, &k, bin));
+  CHECK_EQ_INT(SF_OK, sf_cache_put_binary(c, &k, bin)); /* again: no-op */
+  sf_binary *got = NULL;
+  CHECK_EQ_INT(SF_OK, sf_cache_get_binary(c, &k, &got));
+  size_t n1 = 0, n2 = 0;
+  const void *d1 = sf_binary_data(bin, &n1), *d2 = sf_binary_data(got, &n2);
+  CHECK_EQ_INT(n1, n2);
+  CHECK(d2 && memcmp(d1, d2, n1) == 0);
+  CHECK_EQ_INT(SF_BINARY_CUBIN, sf_binary_get_kind(got));
+  sf_binary_free(got);
+  sf_binary_key kp = k;
+  kp.kind = SF_BINARY_PTX;
+  /* the binary's kind must be the key's */
+  CHECK_EQ_INT(SF_ERR_INVALID_ARG, sf_cache_put_binary(c, &kp, bin));
+  CHECK_CONTAINS(sf_cache_errmsg(c), "the key says PTX but the binary is a cubin");
+  sf_binary *ptx = make_binary(".version 8.0\n.target sm_90a\n", SF_BINARY_PTX);
+  CHECK_EQ_INT(SF_OK, sf_cache_put_binary(c, &kp, ptx));
+  CHECK_EQ_INT(SF_OK, sf_cache_get_binary(c, &kp, &got));
+  CHECK_EQ_INT(SF_BINARY_PTX, sf_binary_get_kind(got));
+  CHECK(strcmp(sf_binary_data(got, NULL), ".version 8.0\n.target sm_90a\n") == 0);
+  sf_binary_free(got);
+  sf_binary_free(ptx);
+  /* absent key */
+  sf_binary_key other = key_for(src, "sm_80");
+  char hex[65];
+  sf_binary_key_hex(&other, hex);
+  got = (sf_binary *)1;
+  CHECK_EQ_INT(SF_ERR_NOT_FOUND, sf_cache_get_binary(c, &other, &got));
+  CHECK(got == NULL);
+  CHECK_EQ_INT(SF_ERR_NOT_FOUND, sf_cache_errcode(c));
+  CHECK_CONTAINS(sf_cache_errmsg(c), "no binary with key");
+  CHECK_CONTAINS(sf_cache_errmsg(c), hex);
+  CHECK_CONTAINS(sf_cache_errmsg(c), "(arch sm_80)");
+  sf_binary_free(bin);
+
+  /* environment: the documented key */
+  sf_device_info dev = device_fixture();
+  char env[65], want[65];
+  CHECK_EQ_INT(SF_OK, sf_cache_put_env(c, &dev, env));
+  const char *env_text = "NVIDIA Test GPU|9.0|132|13000";
+  sf_sha256_hex(env_text, strlen(env_text), want);
+  CHECK(strcmp(env, want) == 0);
+  CHECK_EQ_INT(SF_OK, sf_cache_put_env(c, &dev, env)); /* again: one row */
+  CHECK_EQ_INT(1, counts(c).envs);
+
+  /* matrix */
+  sf_matrix_record m = {"fp-matrix-1", 3072, 768, 235930, "fp16", "{\"pattern\": \"shflbw64\"}"};
+  CHECK_EQ_INT(SF_OK, sf_cache_put_matrix(c, &m));
+  CHECK_EQ_INT(SF_OK, sf_cache_put_matrix(c, &m));
+  CHECK_EQ_INT(1, counts(c).matrices);
+
+  /* trials: two groups (n 256 and 1024) */
+  sf_trial ts[] = {
+      trial(env, "cfg-slow", 256, SF_TRIAL_OK, 2.0),
+      trial(env, "cfg-wrong", 256, SF_TRIAL_WRONG, NAN),
+      trial(env, "cfg-fast", 256, SF_TRIAL_OK, 1.0),
+      trial(env, "cfg-nocompile", 256, SF_TRIAL_COMPILE_FAIL, NAN),
+      trial(env, "cfg-timeout", 1024, SF_TRIAL_TIMEOUT, NAN),
+      trial(env, "cfg-big", 1024, SF_TRIAL_OK, 7.5),
+  };
+  for (size_t i = 0; i < sizeof ts / sizeof ts[0]; i++)
+    CHECK_EQ_INT(SF_OK, sf_cache_put_trial(c, &ts[i]));
+  trial_seen s;
+  memset(&s, 0, sizeof s);
+  CHECK_EQ_INT(SF_OK, sf_cache_trials(c, NULL, trial_cb, &s));
+  CHECK_EQ_INT(6, s.n);
+  const char *order[] = {"cfg-fast", "cfg-slow", "cfg-nocompile", "cfg-wrong",
+                         "cfg-big", "cfg-timeout"};
+  for (int i = 0; i < 6 && i < s.n; i++) {
+    CHECK(strcmp(s.configs[i], order[i]) == 0);
+    CHECK(s.nan_ok[i]);
+  }
+  CHECK(s.median[0] == 1.0 && s.median[1] == 2.0);
+  CHECK_EQ_INT(SF_TRIAL_COMPILE_FAIL, s.status[2]);
+  CHECK(strcmp(s.message[3], "it failed") == 0);
+  CHECK(strcmp(s.message[0], "(null)") == 0);
+  CHECK(strcmp(s.binary_key[0], "bkey") == 0);
+  CHECK_EQ_INT(2, counts(c).winners);
+  /* the winners view: one row per group, the lowest median */
+  CHECK_EQ_INT(256, sql(path, "SELECT n FROM winners WHERE config = 'cfg-fast'"));
+  CHECK_EQ_INT(0, sql(path, "SELECT count(*) FROM winners WHERE config = 'cfg-slow'"));
+  /* the same (env, matrix, op, n, config) replaces: cfg-slow becomes best */
+  sf_trial better = trial(env, "cfg-slow", 256, SF_TRIAL_OK, 0.5);
+  CHECK_EQ_INT(SF_OK, sf_cache_put_trial(c, &better));
+  CHECK_EQ_INT(6, counts(c).trials);
+  sf_trial_filter f = {env, "fp-matrix-1", "shflbw64.fp16.fm.bias_gelu", 256};
+  memset(&s, 0, sizeof s);
+  CHECK_EQ_INT(SF_OK, sf_cache_trials(c, &f, trial_cb, &s));
+  CHECK_EQ_INT(4, s.n);
+  CHECK(strcmp(s.configs[0], "cfg-slow") == 0 && s.median[0] == 0.5);
+  CHECK(strcmp(s.configs[1], "cfg-fast") == 0);
+  f.n = -1;
+  f.op = "other.op";
+  memset(&s, 0, sizeof s);
+  CHECK_EQ_INT(SF_OK, sf_cache_trials(c, &f, trial_cb, &s));
+  CHECK_EQ_INT(0, s.n);
+  /* a nonzero return stops the walk */
+  memset(&s, 0, sizeof s);
+  s.stop_after = 2;
+  CHECK_EQ_INT(SF_OK, sf_cache_trials(c, NULL, trial_cb, &s));
+  CHECK_EQ_INT(2, s.n);
+
+  /* layers: two variants with packed bytes, the same on two GPUs */
+  sf_layer_variant v[2];
+  sf_layer_record r = layer_fixture(v, "bert.l0.ffn1", "NVIDIA H100", "{\"tile\": 64}");
+  CHECK_EQ_INT(SF_OK, sf_cache_put_layer(c, &r));
+  r.gpu_name = "NVIDIA A100";
+  CHECK_EQ_INT(SF_OK, sf_cache_put_layer(c, &r));
+  sf_layer_record r2 = layer_fixture(v, "bert.l1.ffn1", "NVIDIA H100", NULL);
+  CHECK_EQ_INT(SF_OK, sf_cache_put_layer(c, &r2));
+  sf_cache_counts k1 = counts(c);
+  CHECK_EQ_INT(3, k1.layers);
+  CHECK_EQ_INT(6, k1.layer_variants);
+  CHECK_EQ_INT(2, k1.blobs); /* packed bytes stored once each */
+  layer_seen ls;
+  memset(&ls, 0, sizeof ls);
+  CHECK_EQ_INT(SF_OK, sf_cache_layers(c, "bert.l0.ffn1", layer_cb, &ls));
+  CHECK_EQ_INT(2, ls.calls);
+  CHECK(strcmp(ls.gpus[0], "NVIDIA A100") == 0 && strcmp(ls.gpus[1], "NVIDIA H100") == 0);
+  CHECK(ls.ok[0] && ls.ok[1]);
+  memset(&ls, 0, sizeof ls);
+  CHECK_EQ_INT(SF_OK, sf_cache_layers(c, NULL, layer_cb, &ls));
+  CHECK_EQ_INT(3, ls.calls);
+  CHECK(strcmp(ls.names[2], "bert.l1.ffn1") == 0 && ls.ok[2]);
+  memset(&ls, 0, sizeof ls);
+  ls.stop_after = 1;
+  CHECK_EQ_INT(SF_OK, sf_cache_layers(c, NULL, layer_cb, &ls));
+  CHECK_EQ_INT(1, ls.calls);
+  memset(&ls, 0, sizeof ls);
+  CHECK_EQ_INT(SF_OK, sf_cache_layers(c, "no.such.layer", layer_cb, &ls));
+  CHECK_EQ_INT(0, ls.calls);
+
+  /* a bad layer is refused and the stored one stays whole */
+  sf_layer_record bad = layer_fixture(v, "bert.l0.ffn1", "NVIDIA H100", "x");
+  v[1].n_bucket = 16;
+  CHECK_EQ_INT(SF_ERR_INVALID_ARG, sf_cache_put_layer(c, &bad));
+  CHECK_CONTAINS(sf_cache_errmsg(c), "layer bert.l0.ffn1: variants 0 and 1 both have n_bucket 16");
+  memset(&ls, 0, sizeof ls);
+  CHECK_EQ_INT(SF_OK, sf_cache_layers(c, "bert.l0.ffn1", layer_cb, &ls));
+  CHECK(ls.calls == 2 && ls.ok[0] && ls.ok[1]);
+
+  /* replacing a layer with one variant; unused packed bytes go away */
+  sf_layer_record one = layer_fixture(v, "bert.l1.ffn1", "NVIDIA H100", NULL);
+  one.n_variants = 1;
+  v[0].packed = (const void *)"unique";
+  v[0].packed_size = 6;
+  CHECK_EQ_INT(SF_OK, sf_cache_put_layer(c, &one));
+  CHECK_EQ_INT(5, counts(c).layer_variants);
+  CHECK_EQ_INT(3, counts(c).blobs);
+  /* delete: all GPUs of the name, then NOT_FOUND */
+  CHECK_EQ_INT(SF_OK, sf_cache_delete_layer(c, "bert.l1.ffn1"));
+  CHECK_EQ_INT(2, counts(c).blobs);
+  CHECK_EQ_INT(SF_OK, sf_cache_delete_layer(c, "bert.l0.ffn1"));
+  sf_cache_counts k2 = counts(c);
+  CHECK_EQ_INT(0, k2.layers);
+  CHECK_EQ_INT(0, k2.layer_variants);
+  CHECK_EQ_INT(0, k2.blobs);
+  CHECK_EQ_INT(SF_ERR_NOT_FOUND, sf_cache_delete_layer(c, "bert.l0.ffn1"));
+  CHECK_CONTAINS(sf_cache_errmsg(c), "no layer named bert.l0.ffn1");
+  CHECK_CONTAINS(sf_cache_errmsg(c), path);
+  /* an empty packed buffer is fine */
+  sf_layer_record empty = layer_fixture(v, "tiny", "NVIDIA H100", NULL);
+  v[0].packed = NULL;
+  v[0].packed_size = 0;
+  CHECK_EQ_INT(SF_OK, sf_cache_put_layer(c, &empty));
+  sf_cache_close(c);
+
+  /* everything is still there after reopening */
+  CHECK_EQ_INT(SF_OK, sf_cache_open(path, 0, &c));
+  sf_cache_counts k3 = counts(c);
+  CHECK_EQ_INT(2, k3.binaries);
+  CHECK_EQ_INT(6, k3.trials);
+  CHECK_EQ_INT(1, k3.layers);
+  sf_cache_close(c);
+}
+
+static void test_refused(void) {
+  sf_cache *c = NULL;
+  /* missing */
+  const char *missing = tmp_path("missing.db");
+  remove_db(missing);
+  CHECK_EQ_INT(SF_ERR_NOT_FOUND, sf_cache_open(missing, 0, &c));
+  CHECK_EQ_INT(SF_ERR_NOT_FOUND, sf_cache_errcode(c));
+  CHECK_CONTAINS(sf_cache_errmsg(c), missing);
+  CHECK_CONTAINS(sf_cache_errmsg(c), "no such file (open with SF_CACHE_CREATE to create it)");
+  sf_cache_close(c);
+  CHECK_EQ_INT(SF_ERR_NOT_FOUND,
+               sf_cache_open(missing, SF_CACHE_READONLY | SF_CACHE_CREATE, &c));
+  CHECK_CONTAINS(sf_cache_errmsg(c), "no such file (a read-only open never creates one)");
+  sf_cache_close(c);
+  CHECK(access(missing, F_OK) != 0);
+
+  /* a text file */
+  const char *text = tmp_path("notes.txt");
+  write_file(text, "These are notes, not a database.\n"
+                   "They are long enough to fill one SQLite header, which is "
+                   "one hundred bytes long.\n");
+  snapshot before = take(text);
+  int modes[] = {0, SF_CACHE_CREATE, SF_CACHE_READONLY};
+  for (int i = 0; i < 3; i++) {
+    CHECK_EQ_INT(SF_ERR_NOT_A_DB, sf_cache_open(text, modes[i], &c));
+    CHECK_CONTAINS(sf_cache_errmsg(c), text);
+    CHECK_CONTAINS(sf_cache_errmsg(c), "not a SQLite database (the file does not start with the SQLite header)");
+    sf_cache_close(c);
+  }
+  CHECK(same_as(&before, text));
+  free(before.bytes);
+  /* a short text file */
+  const char *shorty = tmp_path("short.txt");
+  write_file(shorty, "hi\n");
+  before = take(shorty);
+  CHECK_EQ_INT(SF_ERR_NOT_A_DB, sf_cache_open(shorty, SF_CACHE_CREATE, &c));
+  sf_cache_close(c);
+  CHECK(same_as(&before, shorty));
+  free(before.bytes);
+
+  /* another application's SQLite database (its own application_id) */
+  const char *foreign = tmp_path("foreign.db");
+  remove_db(foreign);
+  sql(foreign, "PRAGMA application_id = 1234; CREATE TABLE notes(x);"
+               "INSERT INTO notes VALUES ('keep me')");
+  before = take(foreign);
+  for (int i = 0; i < 3; i++) {
+    CHECK_EQ_INT(SF_ERR_NOT_A_DB, sf_cache_open(foreign, modes[i], &c));
+    CHECK_CONTAINS(sf_cache_errmsg(c), foreign);
+    CHECK_CONTAINS(sf_cache_errmsg(c), "a SQLite database of another application (application_id 0x000004d2");
+    sf_cache_close(c);
+  }
+  CHECK(same_as(&before, foreign));
+  free(before.bytes);
+  char side[4400];
+  snprintf(side, sizeof side, "%s-wal", foreign);
+  CHECK(access(side, F_OK) != 0);
+  /* ... and one with no application_id but tables of its own */
+  const char *plain = tmp_path("plain.db");
+  remove_db(plain);
+  sql(plain, "CREATE TABLE t(x); INSERT INTO t VALUES (1)");
+  before = take(plain);
+  CHECK_EQ_INT(SF_ERR_NOT_A_DB, sf_cache_open(plain, SF_CACHE_CREATE, &c));
+  CHECK_CONTAINS(sf_cache_errmsg(c), "without the sparseforge marker (application_id 0, 1 schema objects");
+  sf_cache_close(c);
+  CHECK(same_as(&before, plain));
+  free(before.bytes);
+
+  /* a cache from a newer sparseforge */
+  const char *newer = tmp_path("newer.db");
+  sf_cache_close(open_new("newer.db"));
+  sql(newer, "PRAGMA user_version = 99");
+  before = take(newer);
+  for (int i = 0; i < 3; i++) {
+    CHECK_EQ_INT(SF_ERR_DB_VERSION, sf_cache_open(newer, modes[i], &c));
+    CHECK_CONTAINS(sf_cache_errmsg(c), newer);
+    CHECK_CONTAINS(sf_cache_errmsg(c), "schema version 99 is newer than this library's 1");
+    sf_cache_close(c);
+  }
+  CHECK(same_as(&before, newer));
+  free(before.bytes);
+
+  /* an empty file: read-only refuses, writable initializes */
+  const char *empty = tmp_path("empty.db");
+  remove_db(empty);
+  write_file(empty, "");
+  CHECK_EQ_INT(SF_ERR_NOT_A_DB, sf_cache_open(empty, SF_CACHE_READONLY, &c));
+  CHECK_CONTAINS(sf_cache_errmsg(c), "an empty file, not yet a sparseforge cache");
+  sf_cache_close(c);
+  CHECK_EQ_INT(SF_OK, sf_cache_open(empty, 0, &c));
+  sf_cache_close(c);
+  CHECK_EQ_INT(SF_CACHE_APPLICATION_ID, sql(empty, "PRAGMA application_id"));
+
+  /* a directory */
+  CHECK_EQ_INT(SF_ERR_IO, sf_cache_open(g_dir, SF_CACHE_CREATE, &c));
+  CHECK_CONTAINS(sf_cache_errmsg(c), "is a directory");
+  sf_cache_close(c);
+}
+
+static void test_readonly(void) {
+  sf_cache *c = open_new("ro.db");
+  if (!c) return;
+  sf_trial t = trial("env", "cfg", 16, SF_TRIAL_OK, 1.0);
+  CHECK_EQ_INT(SF_OK, sf_cache_put_trial(c, &t));
+  sf_cache_close(c);
+  const char *path = tmp_path("ro.db");
+  snapshot before = take(path);
+  CHECK_EQ_INT(SF_OK, sf_cache_open(path, SF_CACHE_READONLY, &c));
+  trial_seen s;
+  memset(&s, 0, sizeof s);
+  CHECK_EQ_INT(SF_OK, sf_cache_trials(c, NULL, trial_cb, &s));
+  CHECK_EQ_INT(1, s.n);
+  t.config = "cfg2";
+  CHECK_EQ_INT(SF_ERR_DB, sf_cache_put_trial(c, &t));
+  CHECK_CONTAINS(sf_cache_errmsg(c), "cannot store a trial: the cache was opened read-only (SF_CACHE_READONLY)");
+  CHECK_EQ_INT(SF_ERR_DB, sf_cache_merge(c, path, NULL));
+  CHECK_CONTAINS(sf_cache_errmsg(c), "read-only");
+  CHECK_EQ_INT(SF_ERR_DB, sf_cache_delete_layer(c, "x"));
+  sf_cache_close(c);
+  CHECK(same_as(&before, path));
+  free(before.bytes);
+}
+
+static void test_corrupt(void) {
+  sf_cache *c = open_new("corrupt.db");
+  if (!c) return;
+  const char *path = tmp_path("corrupt.db");
+  sf_binary_key k = key_for("extern \"C\" __global__ void k() {}", "sm_90a");
+  sf_binary *bin = make_binary("cubin-marker-0123456789", SF_BINARY_CUBIN);
+  CHECK_EQ_INT(SF_OK, sf_cache_put_binary(c, &k, bin));
+  sf_layer_variant v[2];
+  sf_layer_record r = layer_fixture(v, "bad.layer", "NVIDIA H100", NULL);
+  CHECK_EQ_INT(SF_OK, sf_cache_put_layer(c, &r));
+  sf_layer_record r2 = layer_fixture(v, "good.layer", "NVIDIA H100", NULL);
+  v[0].packed = "fine"; v[0].packed_size = 4;
+  v[1].packed = "also fine"; v[1].packed_size = 9;
+  CHECK_EQ_INT(SF_OK, sf_cache_put_layer(c, &r2));
+  sf_cache_close(c);
+
+  /* flip one byte of each stored blob with plain SQLite */
+  sql(path, "UPDATE binaries SET blob = CAST(replace(CAST(blob AS TEXT),"
+            " 'cubin-marker', 'cubin-markeR') AS BLOB)");
+  sql(path, "UPDATE blobs SET data = CAST(replace(CAST(data AS TEXT),"
+            " 'packed-marker-BBBB', 'packed-marker-BBBC') AS BLOB)"
+            " WHERE size = 23");
+  CHECK_EQ_INT(1, sql(path, "SELECT count(*) FROM binaries WHERE instr(blob, 'cubin-markeR') > 0"));
+
+  CHECK_EQ_INT(SF_OK, sf_cache_open(path, 0, &c));
+  char hex[65];
+  sf_binary_key_hex(&k, hex);
+  sf_binary *got = (sf_binary *)1;
+  CHECK_EQ_INT(SF_ERR_CORRUPT, sf_cache_get_binary(c, &k, &got));
+  CHECK(got == NULL);
+  CHECK_CONTAINS(sf_cache_errmsg(c), "binary ");
+  CHECK_CONTAINS(sf_cache_errmsg(c), hex);
+  CHECK_CONTAINS(sf_cache_errmsg(c), "is corrupt");
+  CHECK_CONTAINS(sf_cache_errmsg(c), "not used");
+  layer_seen ls;
+  memset(&ls, 0, sizeof ls);
+  CHECK_EQ_INT(SF_ERR_CORRUPT, sf_cache_layers(c, "bad.layer", layer_cb, &ls));
+  CHECK_EQ_INT(0, ls.calls);
+  CHECK_CONTAINS(sf_cache_errmsg(c), "layer bad.layer (NVIDIA H100) n_bucket 256: packed weights are corrupt");
+  /* the walk over all layers stops at the bad one (first by name) */
+  memset(&ls, 0, sizeof ls);
+  CHECK_EQ_INT(SF_ERR_CORRUPT, sf_cache_layers(c, NULL, layer_cb, &ls));
+  CHECK_EQ_INT(0, ls.calls);
+  /* the undamaged layer is still readable on its own */
+  memset(&ls, 0, sizeof ls);
+  CHECK_EQ_INT(SF_OK, sf_cache_layers(c, "good.layer", layer_cb, &ls));
+  CHECK_EQ_INT(1, ls.calls);
+
+  /* merging from the damaged file copies nothing */
+  sf_cache *dst = open_new("corrupt-dst.db");
+  int64_t added = -1;
+  CHECK_EQ_INT(SF_ERR_CORRUPT, sf_cache_merge(dst, path, &added));
+  CHECK_EQ_INT(0, added);
+  CHECK_CONTAINS(sf_cache_errmsg(dst), "fails its sha256; nothing copied");
+  CHECK_EQ_INT(0, counts(dst).layers);
+  CHECK_EQ_INT(0, counts(dst).binaries);
+  sf_cache_close(dst);
+
+  /* storing the binary again repairs it; so does storing the layer */
+  CHECK_EQ_INT(SF_OK, sf_cache_put_binary(c, &k, bin));
+  CHECK_EQ_INT(SF_OK, sf_cache_get_binary(c, &k, &got));
+  sf_binary_free(got);
+  r = layer_fixture(v, "bad.layer", "NVIDIA H100", NULL);
+  CHECK_EQ_INT(SF_OK, sf_cache_put_layer(c, &r));
+  memset(&ls, 0, sizeof ls);
+  CHECK_EQ_INT(SF_OK, sf_cache_layers(c, "bad.layer", layer_cb, &ls));
+  CHECK(ls.calls == 1 && ls.ok[0]);
+
+  /* a variant whose blob vanished */
+  sf_cache_close(c);
+  sql(path, "DELETE FROM blobs WHERE size = 4");
+  CHECK_EQ_INT(SF_OK, sf_cache_open(path, 0, &c));
+  memset(&ls, 0, sizeof ls);
+  CHECK_EQ_INT(SF_ERR_CORRUPT, sf_cache_layers(c, "good.layer", layer_cb, &ls));
+  CHECK_CONTAINS(sf_cache_errmsg(c), "are missing; layer not used");
+  sf_cache_close(c);
+  sf_binary_free(bin);
+}
+
+static void fill(sf_cache *c, const char *tag, int first, int count) {
+  char cfg[64];
+  for (int i = first; i < first + count; i++) {
+    snprintf(cfg, sizeof cfg, "cfg-%d", i);
+    sf_trial t = trial("env-1", cfg, 256, SF_TRIAL_OK, 1.0 + i);
+    t.message = tag;
+    CHECK_EQ_INT(SF_OK, sf_cache_put_trial(c, &t));
+  }
+}
+
+static void test_merge_export(void) {
+  sf_cache *a = open_new("merge-a.db"), *b = open_new("merge-b.db");
+  if (!a || !b) return;
+  const char *pa = tmp_path("merge-a.db"), *pb = tmp_path("merge-b.db");
+  sf_device_info dev = device_fixture();
+  char env[65];
+  /* a: trials 0..9, one env, one layer; b: trials 5..19 (5 shared), the
+   * same env, the same layer (other content) and a second layer with a
+   * binary whose source is one of its variants' */
+  fill(a, "from a", 0, 10);
+  fill(b, "from b", 5, 15);
+  CHECK_EQ_INT(SF_OK, sf_cache_put_env(a, &dev, env));
+  CHECK_EQ_INT(SF_OK, sf_cache_put_env(b, &dev, env));
+  sf_matrix_record m = {"fp-matrix-1", 3072, 768, 1000, "fp16", NULL};
+  CHECK_EQ_INT(SF_OK, sf_cache_put_matrix(b, &m));
+  sf_layer_variant v[2];
+  sf_layer_record la = layer_fixture(v, "shared.layer", "NVIDIA H100", "a's");
+  CHECK_EQ_INT(SF_OK, sf_cache_put_layer(a, &la));
+  sf_layer_record lb = layer_fixture(v, "shared.layer", "NVIDIA H100", "b's");
+  v[0].n_bucket = 32; /* b's variants differ: they must not mix into a's */
+  CHECK_EQ_INT(SF_OK, sf_cache_put_layer(b, &lb));
+  sf_layer_record lb2 = layer_fixture(v, "b.only", "NVIDIA H100", "b2");
+  CHECK_EQ_INT(SF_OK, sf_cache_put_layer(b, &lb2));
+  sf_binary_key k = key_for(v[0].source, "sm_90a");
+  sf_binary *bin = make_binary("cubin-of-k16", SF_BINARY_CUBIN);
+  CHECK_EQ_INT(SF_OK, sf_cache_put_binary(b, &k, bin));
+  sf_binary_key k_other = key_for("unrelated source", "sm_90a");
+  CHECK_EQ_INT(SF_OK, sf_cache_put_binary(b, &k_other, bin));
+  sf_binary_free(bin);
+  sf_cache_close(b);
+  snapshot before = take(pb);
+
+  int64_t added = -1;
+  CHECK_EQ_INT(SF_OK, sf_cache_merge(a, pb, &added));
+  CHECK(strcmp(sf_cache_errmsg(a), "") == 0 || !fprintf(stderr, "%s\n", sf_cache_errmsg(a)));
+  /* 10 trials, 1 matrix, 2 binaries, layer b.only: 1 row + 2 variants +
+   * 2 blobs (b.only's packed bytes equal a's: already there, not added) */
+  sf_cache_counts k1 = counts(a);
+  CHECK_EQ_INT(20, k1.trials);
+  CHECK_EQ_INT(1, k1.envs);
+  CHECK_EQ_INT(1, k1.matrices);
+  CHECK_EQ_INT(2, k1.binaries);
+  CHECK_EQ_INT(2, k1.layers);
+  CHECK_EQ_INT(4, k1.layer_variants);
+  CHECK_EQ_INT(2, k1.blobs);
+  CHECK_EQ_INT(10 + 1 + 2 + 1 + 2, added);
+  /* what a had wins */
+  trial_seen s;
+  memset(&s, 0, sizeof s);
+  sf_trial_filter f = {NULL, NULL, NULL, -1};
+  CHECK_EQ_INT(SF_OK, sf_cache_trials(a, &f, trial_cb, &s));
+  CHECK_EQ_INT(20, s.n);
+  CHECK(strcmp(s.message[5], "from a") == 0);   /* cfg-5, shared */
+  CHECK(strcmp(s.message[10], "from b") == 0);  /* cfg-10 */
+  layer_seen ls;
+  memset(&ls, 0, sizeof ls);
+  CHECK_EQ_INT(SF_OK, sf_cache_layers(a, "shared.layer", layer_cb, &ls));
+  CHECK(ls.calls == 1 && ls.ok[0] && ls.n_variants[0] == 2);
+  memset(&ls, 0, sizeof ls);
+  CHECK_EQ_INT(SF_OK, sf_cache_layers(a, "b.only", layer_cb, &ls));
+  CHECK_EQ_INT(1, ls.calls);
+  CHECK_EQ_INT(2, ls.n_variants[0]);
+  /* twice adds nothing; the source file is untouched */
+  CHECK_EQ_INT(SF_OK, sf_cache_merge(a, pb, &added));
+  CHECK_EQ_INT(0, added);
+  CHECK_EQ_INT(20, counts(a).trials);
+  CHECK(same_as(&before, pb));
+  free(before.bytes);
+
+  /* what merge refuses */
+  CHECK_EQ_INT(SF_ERR_NOT_FOUND, sf_cache_merge(a, tmp_path("missing.db"), &added));
+  CHECK_CONTAINS(sf_cache_errmsg(a), "no such file");
+  CHECK_EQ_INT(SF_ERR_NOT_A_DB, sf_cache_merge(a, tmp_path("notes.txt"), &added));
+  CHECK_CONTAINS(sf_cache_errmsg(a), "notes.txt: not a SQLite database");
+  CHECK_EQ_INT(SF_ERR_NOT_A_DB, sf_cache_merge(a, tmp_path("foreign.db"), &added));
+  CHECK_EQ_INT(SF_ERR_DB_VERSION, sf_cache_merge(a, tmp_path("newer.db"), &added));
+  CHECK_CONTAINS(sf_cache_errmsg(a), "schema version 99");
+  CHECK_EQ_INT(20, counts(a).trials);
+
+  /* export one layer: its variants, packed bytes, matrix and binary */
+  const char *pc = tmp_path("export-c.db");
+  remove_db(pc);
+  const char *names[] = {"b.only", NULL};
+  CHECK_EQ_INT(SF_OK, sf_cache_export(a, pc, names, &added));
+  CHECK_EQ_INT(1 + 1 + 2 + 2 + 1, added);
+  sf_cache *c = NULL;
+  CHECK_EQ_INT(SF_OK, sf_cache_open(pc, SF_CACHE_READONLY, &c));
+  sf_cache_counts kc = counts(c);
+  CHECK_EQ_INT(1, kc.layers);
+  CHECK_EQ_INT(2, kc.layer_variants);
+  CHECK_EQ_INT(2, kc.blobs);
+  CHECK_EQ_INT(1, kc.binaries);
+  CHECK_EQ_INT(1, kc.matrices);
+  CHECK_EQ_INT(0, kc.trials);
+  CHECK_EQ_INT(0, kc.envs);
+  sf_binary *got = NULL;
+  CHECK_EQ_INT(SF_OK, sf_cache_get_binary(c, &k, &got));
+  sf_binary_free(got);
+  CHECK_EQ_INT(SF_ERR_NOT_FOUND, sf_cache_get_binary(c, &k_other, &got));
+  memset(&ls, 0, sizeof ls);
+  CHECK_EQ_INT(SF_OK, sf_cache_layers(c, "b.only", layer_cb, &ls));
+  CHECK_EQ_INT(1, ls.calls);
+  /* export from a read-only cache, every layer */
+  const char *pd = tmp_path("export-d.db");
+  remove_db(pd);
+  CHECK_EQ_INT(SF_OK, sf_cache_export(c, pd, NULL, &added));
+  sf_cache_close(c);
+  CHECK_EQ_INT(1, sql(pd, "SELECT count(*) FROM layers"));
+  /* an unknown name writes nothing, not even the file */
+  const char *pe = tmp_path("export-e.db");
+  remove_db(pe);
+  const char *bad[] = {"b.only", "no.such", NULL};
+  CHECK_EQ_INT(SF_ERR_NOT_FOUND, sf_cache_export(a, pe, bad, &added));
+  CHECK_CONTAINS(sf_cache_errmsg(a), "no layer named no.such to export");
+  CHECK(access(pe, F_OK) != 0);
+  /* into a file that is not ours */
+  CHECK_EQ_INT(SF_ERR_NOT_A_DB, sf_cache_export(a, tmp_path("notes.txt"), names, &added));
+  CHECK_CONTAINS(sf_cache_errmsg(a), "notes.txt: not a SQLite database");
+  sf_cache_close(a);
+  (void)pa;
+}
+
+#define EXPECT_INVALID(call, text)                         \
+  do {                                                     \
+    CHECK_EQ_INT(SF_ERR_INVALID_ARG, (call));              \
+    CHECK_EQ_INT(SF_ERR_INVALID_ARG, sf_cache_errcode(c)); \
+    CHECK_CONTAINS(sf_cache_errmsg(c), (text));            \
+  } while (0)
+
+static int never_cb_t(const sf_trial *t, void *u) { (void)t; (void)u; return 0; }
+static int never_cb_l(const sf_layer_record *r, void *u) { (void)r; (void)u; return 0; }
+
+static void test_null_args(void) {
+  sf_cache *c = (sf_cache *)1;
+  CHECK_EQ_INT(SF_ERR_INVALID_ARG, sf_cache_open("x.db", 0, NULL));
+  CHECK_EQ_INT(SF_ERR_INVALID_ARG, sf_cache_open(NULL, SF_CACHE_CREATE, &c));
+  CHECK(c != NULL);
+  CHECK_CONTAINS(sf_cache_errmsg(c), "sf_cache_open: path is NULL");
+  sf_cache_close(c);
+  CHECK_EQ_INT(SF_ERR_INVALID_ARG, sf_cache_open("", SF_CACHE_CREATE, &c));
+  CHECK_CONTAINS(sf_cache_errmsg(c), "sf_cache_open: path is empty");
+  sf_cache_close(c);
+  CHECK_EQ_INT(SF_ERR_INVALID_ARG, sf_cache_open(tmp_path("f.db"), 64, &c));
+  CHECK_CONTAINS(sf_cache_errmsg(c), "sf_cache_open: unknown flags 0x40");
+  sf_cache_close(c);
+  sf_cache_close(NULL);
+  CHECK(strcmp(sf_cache_errmsg(NULL), "NULL cache") == 0);
+  CHECK_EQ_INT(SF_ERR_INVALID_ARG, sf_cache_errcode(NULL));
+
+  sf_binary_key k = key_for("src", "sm_90a");
+  sf_binary *bin = make_binary("bytes", SF_BINARY_CUBIN), *out = NULL;
+  sf_device_info dev = device_fixture();
+  char env[65];
+  sf_matrix_record m = {"fp", 4, 4, 2, "fp32", NULL};
+  sf_trial t = trial("env", "cfg", 16, SF_TRIAL_OK, 1.0);
+  sf_layer_variant v[2];
+  sf_layer_record r = layer_fixture(v, "L", "G", NULL);
+  sf_cache_counts counts_out;
+  int64_t added;
+
+  /* NULL cache: the code, no message to keep */
+  CHECK_EQ_INT(SF_ERR_INVALID_ARG, sf_cache_put_binary(NULL, &k, bin));
+  CHECK_EQ_INT(SF_ERR_INVALID_ARG, sf_cache_get_binary(NULL, &k, &out));
+  CHECK_EQ_INT(SF_ERR_INVALID_ARG, sf_cache_put_env(NULL, &dev, env));
+  CHECK_EQ_INT(SF_ERR_INVALID_ARG, sf_cache_put_matrix(NULL, &m));
+  CHECK_EQ_INT(SF_ERR_INVALID_ARG, sf_cache_put_trial(NULL, &t));
+  CHECK_EQ_INT(SF_ERR_INVALID_ARG, sf_cache_trials(NULL, NULL, never_cb_t, NULL));
+  CHECK_EQ_INT(SF_ERR_INVALID_ARG, sf_cache_put_layer(NULL, &r));
+  CHECK_EQ_INT(SF_ERR_INVALID_ARG, sf_cache_layers(NULL, NULL, never_cb_l, NULL));
+  CHECK_EQ_INT(SF_ERR_INVALID_ARG, sf_cache_delete_layer(NULL, "L"));
+  CHECK_EQ_INT(SF_ERR_INVALID_ARG, sf_cache_merge(NULL, "x.db", &added));
+  CHECK_EQ_INT(SF_ERR_INVALID_ARG, sf_cache_export(NULL, "x.db", NULL, &added));
+  CHECK_EQ_INT(SF_ERR_INVALID_ARG, sf_cache_count(NULL, &counts_out));
+
+  c = open_new("args.db");
+  if (!c) return;
+  EXPECT_INVALID(sf_cache_put_binary(c, NULL, bin), "sf_cache_put_binary: key is NULL");
+  EXPECT_INVALID(sf_cache_put_binary(c, &k, NULL), "sf_cache_put_binary: bin is NULL");
+  sf_binary_key kb = k;
+  kb.options = NULL;
+  EXPECT_INVALID(sf_cache_put_binary(c, &kb, bin), "sf_cache_put_binary: key->options is NULL");
+  EXPECT_INVALID(sf_cache_get_binary(c, NULL, &out), "sf_cache_get_binary: key is NULL");
+  EXPECT_INVALID(sf_cache_get_binary(c, &k, NULL), "sf_cache_get_binary: out is NULL");
+  kb = k;
+  kb.arch = NULL;
+  EXPECT_INVALID(sf_cache_get_binary(c, &kb, &out), "sf_cache_get_binary: key->arch is NULL");
+  EXPECT_INVALID(sf_cache_put_env(c, NULL, env), "sf_cache_put_env: dev is NULL");
+  EXPECT_INVALID(sf_cache_put_env(c, &dev, NULL), "sf_cache_put_env: env_key is NULL");
+  sf_device_info noname = dev;
+  noname.name[0] = '\0';
+  EXPECT_INVALID(sf_cache_put_env(c, &noname, env), "sf_cache_put_env: dev->name is empty");
+  EXPECT_INVALID(sf_cache_put_matrix(c, NULL), "sf_cache_put_matrix: m is NULL");
+  sf_matrix_record mb = m;
+  mb.fingerprint = NULL;
+  EXPECT_INVALID(sf_cache_put_matrix(c, &mb), "sf_cache_put_matrix: m->fingerprint is NULL or empty");
+  mb = m;
+  mb.dtype = NULL;
+  EXPECT_INVALID(sf_cache_put_matrix(c, &mb), "sf_cache_put_matrix: m->dtype is NULL or empty");
+  mb = m;
+  mb.nnz = 17;
+  EXPECT_INVALID(sf_cache_put_matrix(c, &mb), "bad shape 4 x 4 with 17 nonzeros");
+  EXPECT_INVALID(sf_cache_put_trial(c, NULL), "sf_cache_put_trial: t is NULL");
+  sf_trial tb = t;
+  tb.env_key = NULL;
+  EXPECT_INVALID(sf_cache_put_trial(c, &tb), "sf_cache_put_trial: t->env_key is NULL");
+  tb = t;
+  tb.config = NULL;
+  EXPECT_INVALID(sf_cache_put_trial(c, &tb), "sf_cache_put_trial: t->config is NULL");
+  tb = t;
+  tb.status = 5;
+  EXPECT_INVALID(sf_cache_put_trial(c, &tb), "status 5 is not an sf_trial_status (0..4)");
+  tb = t;
+  tb.n = -3;
+  EXPECT_INVALID(sf_cache_put_trial(c, &tb), "negative n (-3)");
+  EXPECT_INVALID(sf_cache_trials(c, NULL, NULL, NULL), "sf_cache_trials: cb is NULL");
+  EXPECT_INVALID(sf_cache_put_layer(c, NULL), "sf_cache_put_layer: rec is NULL");
+  sf_layer_record rb = r;
+  rb.gpu_name = NULL;
+  EXPECT_INVALID(sf_cache_put_layer(c, &rb), "sf_cache_put_layer: rec->gpu_name is NULL");
+  rb = r;
+  rb.variants = NULL;
+  EXPECT_INVALID(sf_cache_put_layer(c, &rb), "layer L: no variants");
+  rb = r;
+  rb.rows = 0;
+  EXPECT_INVALID(sf_cache_put_layer(c, &rb), "layer L: rows 0, cols 768");
+  v[1].source = NULL;
+  EXPECT_INVALID(sf_cache_put_layer(c, &r), "layer L variant 1: NULL or empty source");
+  r = layer_fixture(v, "L", "G", NULL);
+  v[0].block[2] = 0;
+  EXPECT_INVALID(sf_cache_put_layer(c, &r), "layer L variant 0: grid (96,1,1) and block (128,1,0)");
+  r = layer_fixture(v, "L", "G", NULL);
+  v[0].n_axis = 3;
+  EXPECT_INVALID(sf_cache_put_layer(c, &r), "layer L variant 0: n_axis 3 with n_tile 16");
+  r = layer_fixture(v, "L", "G", NULL);
+  v[1].packed = NULL;
+  EXPECT_INVALID(sf_cache_put_layer(c, &r), "layer L variant 1: NULL packed with packed_size 23");
+  EXPECT_INVALID(sf_cache_layers(c, NULL, NULL, NULL), "sf_cache_layers: cb is NULL");
+  EXPECT_INVALID(sf_cache_delete_layer(c, NULL), "sf_cache_delete_layer: name is NULL");
+  EXPECT_INVALID(sf_cache_merge(c, NULL, &added), "sf_cache_merge: other_path is NULL");
+  EXPECT_INVALID(sf_cache_export(c, NULL, NULL, &added), "sf_cache_export: dest_path is NULL");
+  EXPECT_INVALID(sf_cache_count(c, NULL), "sf_cache_count: out is NULL");
+  /* nothing was stored by any of these */
+  sf_cache_counts k0 = counts(c);
+  CHECK_EQ_INT(0, k0.binaries + k0.envs + k0.matrices + k0.trials + k0.layers);
+  sf_cache_close(c);
+  sf_binary_free(bin);
+}
+
+int main(void) {
+  const char *base = getenv("SF_TEST_TMPDIR");
+  snprintf(g_dir, sizeof g_dir, "%s/test_cache.%d", base && *base ? base : "/tmp",
+           (int)getpid());
+  if (mkdir(g_dir, 0700) != 0 && errno != EEXIST) {
+    fprintf(stderr, "cannot create %s\n", g_dir);
+    return 1;
+  }
+  if (!load_sqlite()) {
+    fprintf(stderr, "SQLite functions not found in the process\n");
+    return 1;
+  }
+  test_binary_keys();
+  test_roundtrip();
+  test_refused();
+  test_readonly();
+  test_corrupt();
+  test_merge_export();
+  test_null_args();
+  if (!check_failures_) {
+    char cmd[4200];
+    snprintf(cmd, sizeof cmd, "rm -rf '%s'", g_dir);
+    if (system(cmd) != 0) fprintf(stderr, "could not remove %s\n", g_dir);
+  }
+  CHECK_DONE();
+}
