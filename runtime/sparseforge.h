@@ -116,13 +116,24 @@ typedef uint64_t sf_devptr;
  * machine return SF_ERR_NO_DRIVER ("no CUDA driver found: ...") or
  * SF_ERR_NO_DEVICE ("no CUDA device ...").
  *
+ * The driver is "libcuda.so.1", or the file named by the environment
+ * variable SF_CUDA_DRIVER (tests point it at a missing file to get the
+ * no-driver behaviour on any machine).  It is loaded once per process; a
+ * failed load is tried again by the next call.  Any failure of cuInit (no
+ * device, a stub or mismatched driver) is SF_ERR_NO_DEVICE with cuInit's
+ * error name in the message.  Each GPU call makes the device's primary
+ * context current on the calling thread, so a context may move between
+ * threads (used by one at a time).
+ *
  * `*out` receives the context.  Returns SF_ERR_INVALID_ARG for a NULL out
  * or a negative ordinal (then *out is NULL), SF_ERR_NOMEM.
  */
 SF_API sf_status sf_context_create(int device_ordinal, sf_context **out);
 
-/* Destroys a context, its loaded modules and the device memory it still
- * tracks.  Accepts NULL. */
+/* Destroys a context, its loaded modules, its open layers and the device
+ * memory it still tracks (after waiting for the GPU).  Those modules,
+ * kernels and layers are invalid afterwards: do not unload or close them
+ * again.  Accepts NULL. */
 SF_API void sf_context_destroy(sf_context *ctx);
 
 /* The message of the last failed call on `ctx` ("" if none; "NULL
@@ -131,7 +142,9 @@ SF_API void sf_context_destroy(sf_context *ctx);
  * driver's error name (e.g. CUDA_ERROR_ILLEGAL_ADDRESS). */
 SF_API const char *sf_errmsg(const sf_context *ctx);
 
-/* The status of the last failed call on `ctx` (SF_OK if none). */
+/* The status of the last failed call on `ctx` (SF_OK if none;
+ * SF_ERR_INVALID_ARG for NULL).  A successful call clears neither this nor
+ * the message. */
 SF_API sf_status sf_errcode(const sf_context *ctx);
 
 /* ------------------------------------------------------------------------
@@ -161,7 +174,8 @@ typedef struct sf_device_info {
 SF_API sf_status sf_device_info_get(sf_context *ctx, sf_device_info *out);
 
 /* Number of CUDA devices, into *count.  SF_ERR_NO_DRIVER where there is no
- * driver (then *count is 0); a driver with no device gives SF_OK and 0. */
+ * driver (then *count is 0); a driver with no device gives SF_OK and 0
+ * (other cuInit failures give SF_ERR_NO_DEVICE and 0). */
 SF_API sf_status sf_device_count(sf_context *ctx, int *count);
 
 /* ------------------------------------------------------------------------
@@ -175,7 +189,10 @@ typedef enum sf_binary_kind {
 
 typedef struct sf_compile_options {
   /* NVRTC arch: "sm_80", "sm_86", "sm_89", "sm_90", "sm_90a", ...; NULL or
-   * "native" means the context's GPU (which then needs the driver). */
+   * "native" means the context's GPU (which then needs the driver).  The
+   * form is sm_<2 or 3 digits> with an optional 'a' or 'f' suffix; for PTX
+   * "compute_..." of the same form is accepted too.  An arch this NVRTC
+   * does not list (nvrtcGetSupportedArchs) is SF_ERR_INVALID_ARG. */
   const char *arch;
   sf_binary_kind kind;
   /* Extra include directories (NULL-terminated array, or NULL). */
@@ -199,11 +216,15 @@ typedef struct sf_binary sf_binary;
  * "-default-device", then the include directories, then extra_options.
  * sf_compile_canonical_options() returns that list for hashing.
  *
- * Returns SF_ERR_COMPILE when the source does not compile (the message
- * holds the compiler log, including a missing header's name),
- * SF_ERR_NVRTC for other NVRTC failures, SF_ERR_INVALID_ARG for a malformed
- * arch, SF_ERR_NO_DRIVER / SF_ERR_NO_DEVICE when arch is native and there is
- * no GPU, SF_ERR_NOMEM.  On success `*out` owns the binary; free it with
+ * Returns SF_ERR_COMPILE when the source does not compile: the message is
+ * "NVRTC could not compile <name> for <arch>:\n<log>", and when the log
+ * reports a header it cannot open, "\n(include path: -I... -I...)" follows
+ * so that the directories searched are visible.  Other failures:
+ * SF_ERR_NVRTC for other NVRTC failures (e.g. an unknown option:
+ * "nvrtcCompileProgram(<name>, <arch>) failed: NVRTC_ERROR_INVALID_OPTION"
+ * and the log), SF_ERR_INVALID_ARG for a malformed or unsupported arch,
+ * SF_ERR_NO_DRIVER / SF_ERR_NO_DEVICE when arch is native and there is no
+ * GPU, SF_ERR_NOMEM.  On success `*out` owns the binary; free it with
  * sf_binary_free().
  */
 SF_API sf_status sf_compile(sf_context *ctx, const char *source,
@@ -221,12 +242,17 @@ SF_API sf_status sf_compile_canonical_options(sf_context *ctx,
                                               char **out);
 
 /* Wraps bytes (a cubin or PTX read from a cache or file) in an sf_binary;
- * the bytes are copied.  PTX must be NUL-terminated text. */
+ * the bytes are copied.  PTX is NUL-terminated text: a NUL is appended
+ * (and counted in the size) when the last byte is not one.
+ * SF_ERR_INVALID_ARG (no message: there is no handle) for NULL data or
+ * out, size 0 or an unknown kind. */
 SF_API sf_status sf_binary_from_memory(const void *data, size_t size,
                                        sf_binary_kind kind, sf_binary **out);
 
-/* The binary's bytes and size; owned by the binary.  NULL for NULL. */
+/* The binary's bytes and size; owned by the binary.  NULL (and size 0)
+ * for NULL.  A PTX binary's size counts its terminating NUL. */
 SF_API const void *sf_binary_data(const sf_binary *bin, size_t *size);
+/* The binary's kind (SF_BINARY_CUBIN for NULL). */
 SF_API sf_binary_kind sf_binary_get_kind(const sf_binary *bin);
 /* The compiler's log ("" when empty or not compiled here).  Owned by bin. */
 SF_API const char *sf_binary_log(const sf_binary *bin);
@@ -250,8 +276,9 @@ SF_API sf_status sf_module_load(sf_context *ctx, const sf_binary *bin,
 SF_API void sf_module_unload(sf_module *mod);
 
 /* Finds a kernel by its (extern "C" or mangled) name.  The kernel belongs
- * to the module and is valid until the module is unloaded.
- * SF_ERR_NOT_FOUND if the module has no such kernel. */
+ * to the module and is valid until the module is unloaded; asking twice
+ * gives the same handle.  SF_ERR_NOT_FOUND if the module has no such
+ * kernel ("no kernel named \"<name>\" in the module ..."). */
 SF_API sf_status sf_kernel_get(sf_context *ctx, sf_module *mod,
                                const char *name, sf_kernel **out);
 
@@ -275,9 +302,13 @@ typedef struct sf_launch_config {
 } sf_launch_config;
 
 /* Launches `k` with `args` (an array of pointers to each argument, as
- * cuLaunchKernel takes them).  Returns SF_ERR_LAUNCH when the launch is
- * refused (bad configuration, too much shared memory, ...), with the CUDA
- * error name in the message.  Does not wait for the kernel. */
+ * cuLaunchKernel takes them; NULL for a kernel without parameters).
+ * Returns SF_ERR_LAUNCH when the launch is refused (bad configuration, too
+ * much shared memory, ...), with the CUDA error name in the message;
+ * SF_ERR_CUDA when the context has faulted before (e.g.
+ * CUDA_ERROR_ILLEGAL_ADDRESS from an earlier kernel); SF_ERR_INVALID_ARG
+ * for a zero grid or block dimension or a kernel of another context.  Does
+ * not wait for the kernel. */
 SF_API sf_status sf_launch(sf_context *ctx, sf_kernel *k,
                            const sf_launch_config *cfg, void **args);
 
@@ -287,7 +318,8 @@ SF_API sf_status sf_launch(sf_context *ctx, sf_kernel *k,
 SF_API sf_status sf_synchronize(sf_context *ctx);
 
 typedef struct sf_timing_options {
-  int warmup;           /* launches before timing (default 3 if 0) */
+  int warmup;           /* launches before timing (default 3 if 0;
+                           negative: none) */
   int min_reps;         /* at least this many timed launches (default 30) */
   int max_reps;         /* at most (default 1000) */
   double min_total_ms;  /* keep timing until this much time (default 100) */
@@ -305,8 +337,15 @@ typedef struct sf_timing {
 
 /* Times a kernel with CUDA events on cfg->stream: warm-up, then repeated
  * launches as `opts` says (NULL: defaults).  Compilation and module load are
- * outside it by construction.  A launch or kernel failure returns its
- * status (SF_ERR_LAUNCH or SF_ERR_CUDA). */
+ * outside it by construction.  Each sample is bracketed by its own pair of
+ * events (the L2 flush, when asked for, runs before the first event);
+ * samples are taken in rounds of up to 64 and stop once min_reps samples
+ * and min_total_ms of kernel time are reached, or at max_reps.  Quantiles
+ * interpolate linearly between samples.  With graph_batch > 1 on the
+ * default stream a private stream is used (the default stream cannot be
+ * captured).  A launch or kernel failure returns its status (SF_ERR_LAUNCH
+ * or SF_ERR_CUDA); negative options or max_reps < min_reps give
+ * SF_ERR_INVALID_ARG. */
 SF_API sf_status sf_time_kernel(sf_context *ctx, sf_kernel *k,
                                 const sf_launch_config *cfg, void **args,
                                 const sf_timing_options *opts,
@@ -316,9 +355,16 @@ SF_API sf_status sf_time_kernel(sf_context *ctx, sf_kernel *k,
  * Device memory (enough for tests and the tuner)
  * ---------------------------------------------------------------------- */
 
+/* Memory from sf_mem_alloc is tracked by the context and freed with it.
+ * Size 0 is SF_ERR_INVALID_ARG; failures are SF_ERR_CUDA (e.g.
+ * CUDA_ERROR_OUT_OF_MEMORY in the message). */
 SF_API sf_status sf_mem_alloc(sf_context *ctx, size_t size, sf_devptr *out);
-/* Frees device memory; 0 is accepted and ignored. */
+/* Frees device memory; 0 is accepted and ignored.  A pointer this context
+ * did not allocate (or freed already) is SF_ERR_INVALID_ARG. */
 SF_API sf_status sf_mem_free(sf_context *ctx, sf_devptr ptr);
+/* Synchronous copies and memset.  The device pointer may come from
+ * anywhere on the context's device.  Size 0 does nothing (SF_OK); a NULL
+ * host pointer or a 0 device pointer with size > 0 is SF_ERR_INVALID_ARG. */
 SF_API sf_status sf_memcpy_htod(sf_context *ctx, sf_devptr dst,
                                 const void *src, size_t size);
 SF_API sf_status sf_memcpy_dtoh(sf_context *ctx, void *dst, sf_devptr src,
@@ -598,8 +644,22 @@ typedef struct sf_layer sf_layer;
  * but no cubin, it is compiled with NVRTC and the cubin is stored (the
  * cache must then be writable).  Packed weights are uploaded once.
  *
- * Returns SF_ERR_NOT_FOUND (no such layer), SF_ERR_NO_BINARY (no cubin and
- * compiling failed), SF_ERR_CORRUPT, GPU errors.  Errors go to ctx.
+ * The cubin's key (sf_binary_key) is: the variant's source; options =
+ * sf_compile_canonical_options() for this GPU's arch, kind cubin, and the
+ * variant's options split into lines (blank lines dropped, surrounding
+ * blanks trimmed) as extra options; arch = this GPU's arch (as in
+ * sf_device_info); nvrtc_version = "<major>.<minor>" of sf_nvrtc_version();
+ * the variant's generator_version; kind SF_BINARY_CUBIN.  Whoever fills the
+ * cache ahead of time computes the same key.  Variants whose packed bytes
+ * are equal share one device buffer.
+ *
+ * Returns SF_ERR_NOT_FOUND (no such layer, or a variant's kernel is not in
+ * its cubin), SF_ERR_NO_BINARY (no cubin and compiling failed: the message
+ * holds the compiler's), SF_ERR_CORRUPT (a stored blob failed its checksum,
+ * or a variant is unusable: no kernel name, n_bucket < 1, ...), the cache's
+ * status when storing a compiled cubin fails (e.g. a read-only cache), GPU
+ * errors.  Errors go to ctx.  The layer belongs to ctx (closed by
+ * sf_context_destroy if still open).
  */
 SF_API sf_status sf_layer_open(sf_context *ctx, sf_cache *cache,
                                const char *name, sf_layer **out);
@@ -607,11 +667,16 @@ SF_API void sf_layer_close(sf_layer *layer);
 
 /* Runs Y = layer(X) for N columns on `stream` (NULL: default stream).  X
  * and Y are device pointers in the layout of the layer's op.  The variant
- * whose n_bucket is nearest to N (in ratio) runs.  Does not wait. */
+ * whose n_bucket is nearest to N (in ratio: smallest |log(N / n_bucket)|,
+ * the first on a tie) runs with the arguments (packed, X, Y, (int)N); with
+ * zero_output, rows * N * y_elem_size bytes of Y are zeroed first on the
+ * same stream.  SF_ERR_INVALID_ARG for N outside 1..INT_MAX, a 0 X or Y, or
+ * a grid that N makes too large.  Does not wait. */
 SF_API sf_status sf_layer_run(sf_context *ctx, sf_layer *layer, sf_devptr x,
                               sf_devptr y, int64_t n, void *stream);
 
-/* Shape and variant count of an open layer. */
+/* Shape and variant count of an open layer; any output may be NULL.
+ * SF_ERR_INVALID_ARG for a NULL layer. */
 SF_API sf_status sf_layer_shape(const sf_layer *layer, int64_t *rows,
                                 int64_t *cols, int *n_variants);
 
