@@ -420,3 +420,80 @@ sf_status sf_cache_trials(sf_cache *cache, const sf_trial_filter *filter,
   if (rc != SQLITE_DONE) return sfc_db_fail(cache, rc, "reading trials");
   return SF_OK;
 }
+
+/* ---- listing environments and matrices -------------------------------- */
+
+sf_status sf_cache_envs(sf_cache *cache, sf_env_cb cb, void *user) {
+  CHECK_CACHE(cache, "sf_cache_envs");
+  if (!cb)
+    return sfc_fail(cache, SF_ERR_INVALID_ARG, "sf_cache_envs: cb is NULL");
+  sqlite3_stmt *st;
+  sf_status s = sfc_prepare(
+      cache,
+      "SELECT env_key, name, cc_major, cc_minor, sm_count, driver_version,"
+      " arch, l2_bytes, smem_per_block_optin, smem_per_sm, regs_per_block,"
+      " max_threads_per_block, clock_khz, total_mem_bytes"
+      " FROM envs ORDER BY name, driver_version, env_key",
+      &st);
+  if (s) return s;
+  int rc;
+  while ((rc = sqlite3_step(st)) == SQLITE_ROW) {
+    sf_device_info d;
+    memset(&d, 0, sizeof d);
+    const char *key = (const char *)sqlite3_column_text(st, 0);
+    const char *name = (const char *)sqlite3_column_text(st, 1);
+    const char *arch = (const char *)sqlite3_column_text(st, 6);
+    snprintf(d.name, sizeof d.name, "%s", name ? name : "");
+    snprintf(d.arch, sizeof d.arch, "%s", arch ? arch : "");
+    d.cc_major = sqlite3_column_int(st, 2);
+    d.cc_minor = sqlite3_column_int(st, 3);
+    d.sm_count = sqlite3_column_int(st, 4);
+    d.driver_version = sqlite3_column_int(st, 5);
+    d.l2_bytes = sqlite3_column_int(st, 7);
+    d.smem_per_block_optin = sqlite3_column_int(st, 8);
+    d.smem_per_sm = sqlite3_column_int(st, 9);
+    d.regs_per_block = sqlite3_column_int(st, 10);
+    d.max_threads_per_block = sqlite3_column_int(st, 11);
+    d.clock_khz = sqlite3_column_int(st, 12);
+    d.total_mem_bytes = (uint64_t)sqlite3_column_int64(st, 13);
+    if (cb(key, &d, user)) {
+      rc = SQLITE_DONE;
+      break;
+    }
+  }
+  sqlite3_finalize(st);
+  if (rc != SQLITE_DONE) return sfc_db_fail(cache, rc, "reading environments");
+  return SF_OK;
+}
+
+sf_status sf_cache_matrices(sf_cache *cache, const char *fingerprint,
+                            sf_matrix_cb cb, void *user) {
+  CHECK_CACHE(cache, "sf_cache_matrices");
+  if (!cb)
+    return sfc_fail(cache, SF_ERR_INVALID_ARG, "sf_cache_matrices: cb is NULL");
+  sqlite3_stmt *st;
+  sf_status s = sfc_prepare(cache,
+                            "SELECT fingerprint, rows, cols, nnz, dtype, info"
+                            " FROM matrices WHERE ?1 IS NULL OR fingerprint = ?1"
+                            " ORDER BY fingerprint",
+                            &st);
+  if (s) return s;
+  sfc_bind_text(st, 1, fingerprint);
+  int rc;
+  while ((rc = sqlite3_step(st)) == SQLITE_ROW) {
+    sf_matrix_record m;
+    m.fingerprint = (const char *)sqlite3_column_text(st, 0);
+    m.rows = sqlite3_column_int64(st, 1);
+    m.cols = sqlite3_column_int64(st, 2);
+    m.nnz = sqlite3_column_int64(st, 3);
+    m.dtype = (const char *)sqlite3_column_text(st, 4);
+    m.info = (const char *)sqlite3_column_text(st, 5);
+    if (cb(&m, user)) {
+      rc = SQLITE_DONE;
+      break;
+    }
+  }
+  sqlite3_finalize(st);
+  if (rc != SQLITE_DONE) return sfc_db_fail(cache, rc, "reading matrices");
+  return SF_OK;
+}

@@ -470,11 +470,24 @@ typedef struct sf_matrix_record {
   const char *dtype;       /* "fp32", "fp16", "bf16" */
   const char *info;        /* free text (JSON): source file, pattern... */
 } sf_matrix_record;
+/* Calls `cb` with every stored environment (ordered by name, driver
+ * version), its key and the sf_device_info fields stored with it (valid
+ * only during the call).  A nonzero return stops the walk. */
+typedef int (*sf_env_cb)(const char *env_key, const sf_device_info *dev,
+                         void *user);
+SF_API sf_status sf_cache_envs(sf_cache *cache, sf_env_cb cb, void *user);
+
 /* Stores (or updates) a matrix by fingerprint.  SF_ERR_INVALID_ARG for a
  * NULL/empty fingerprint or dtype, rows or cols <= 0, nnz outside
  * 0..rows*cols. */
 SF_API sf_status sf_cache_put_matrix(sf_cache *cache,
                                      const sf_matrix_record *m);
+/* Calls `cb` with the matrix `fingerprint` (NULL: every matrix, ordered
+ * by fingerprint); valid only during the call, nonzero stops.  An unknown
+ * fingerprint is SF_OK with no call. */
+typedef int (*sf_matrix_cb)(const sf_matrix_record *m, void *user);
+SF_API sf_status sf_cache_matrices(sf_cache *cache, const char *fingerprint,
+                                   sf_matrix_cb cb, void *user);
 
 /* --- trials ------------------------------------------------------------- */
 
