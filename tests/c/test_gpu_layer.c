@@ -206,10 +206,11 @@ int main(void) {
   CHECK_CONTAINS(sf_errmsg(ctx), "compiling its source failed: NVRTC could not compile");
   CHECK_CONTAINS(sf_errmsg(ctx), "error: identifier \"oops\" is undefined");
 
-  /* Records tuned on this GPU win over others; others serve otherwise. */
+  /* Records tuned on this GPU win over others (listed first: the cache
+   * orders by GPU name); others serve otherwise. */
   sf_layer_variant wrong = variant_rowcol();
   wrong.kernel_name = "not_in_the_source";
-  rec = record("test.pref", "Some Other GPU", &wrong, 1);
+  rec = record("test.pref", "AAA Other GPU", &wrong, 1);
   CHECK_EQ_INT(SF_OK, sf_cache_put_layer(cache, &rec));
   sf_layer_variant good = variant_rowcol();
   rec = record("test.pref", info.name, &good, 1);
@@ -221,12 +222,12 @@ int main(void) {
     check_run(ctx, pref, 33);
     sf_layer_close(pref);
   }
-  rec = record("test.elsewhere", "Some Other GPU", &good, 1);
+  rec = record("test.elsewhere", "AAA Other GPU", &good, 1);
   CHECK_EQ_INT(SF_OK, sf_cache_put_layer(cache, &rec));
   pref = NULL;
   CHECK_EQ_INT(SF_OK, sf_layer_open(ctx, cache, "test.elsewhere", &pref));
   if (pref) check_run(ctx, pref, 5);
-  rec = record("test.wrong_kernel", "Some Other GPU", &wrong, 1);
+  rec = record("test.wrong_kernel", "AAA Other GPU", &wrong, 1);
   CHECK_EQ_INT(SF_OK, sf_cache_put_layer(cache, &rec));
   CHECK_EQ_INT(SF_ERR_NOT_FOUND, sf_layer_open(ctx, cache, "test.wrong_kernel", &none));
   CHECK_CONTAINS(sf_errmsg(ctx), "no kernel named \"not_in_the_source\"");

@@ -66,6 +66,17 @@ int main(void) {
   CHECK(canon && strcmp(canon, "--gpu-architecture=sm_80 -std=c++17 -default-device") == 0);
   sf_free_buffer(canon);
 
+  /* Opening a layer needs the GPU before it reads the cache. */
+  const char *tmp = getenv("SF_TEST_TMPDIR");
+  char path[1024];
+  snprintf(path, sizeof path, "%s/test_nodriver.db", tmp ? tmp : "/tmp");
+  sf_cache *cache = NULL;
+  CHECK_EQ_INT(SF_OK, sf_cache_open(path, SF_CACHE_CREATE, &cache));
+  sf_layer *layer = (sf_layer *)1;
+  if (cache) EXPECT_NO_DRIVER(sf_layer_open(ctx, cache, "any.layer", &layer));
+  CHECK(layer == NULL);
+  sf_cache_close(cache);
+
   sf_context_destroy(ctx);
   CHECK_DONE();
 }
