@@ -84,7 +84,9 @@ class Tuner:
                  budget: Optional[str] = None, jobs: Optional[int] = None,
                  timing: Optional[dict] = None, worker_timeout: float = 60.0,
                  progress: Optional[Callable[[str, int, int], None]] = None,
-                 seed: Optional[int] = None, peer: bool = True):
+                 seed: Optional[int] = None, peer: bool = True, worker=None):
+        """`worker` replaces the measurement process (tests replay recorded
+        timings through it); with one, the tuner measures as on a GPU."""
         from .. import native
         self.native = native
         self.cache = cache
@@ -95,11 +97,11 @@ class Tuner:
         self.progress = progress or (lambda label, done, total: None)
         self.seed = seed
         self.peer = peer
-        self.gpu, self.gpu_reason = native.gpu_available()
-        self.worker = None
+        self.gpu, self.gpu_reason = (True, "") if worker is not None else native.gpu_available()
+        self.worker = worker
         self.device = None
         if self.gpu:
-            self.worker = Worker(timeout_s=worker_timeout)
+            self.worker = worker or Worker(timeout_s=worker_timeout)
             self.device = self.worker.info()
             self.env_key = cache.put_env(self.device)
         self.arch = arch or (self.device["arch"] if self.device else None)

@@ -1,0 +1,14 @@
+#!/usr/bin/env bash
+# The test command (README): installs sparseforge with its test extras, builds
+# the C library with its ctest suite, and runs ctest and pytest.  GPU tests
+# run where a GPU answers and are skipped with the reason elsewhere.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+python3 -m pip install -q --disable-pip-version-check '.[test]'
+cmake -S . -B build/test -DCMAKE_BUILD_TYPE=RelWithDebInfo ${SF_CMAKE_ARGS:-} >/dev/null
+cmake --build build/test -j "$(nproc)"
+ctest --test-dir build/test --output-on-failure
+# Test the installed package (sparseforge/lib/libsparseforge.so) from outside
+# the checkout, so that what pip installed is what runs.
+export SPARSEFORGE_LIB="$(python3 -c 'import sparseforge, pathlib; print(pathlib.Path(sparseforge.__file__).parent / "lib" / "libsparseforge.so")')"
+python3 -m pytest -rs tests/py "$@"

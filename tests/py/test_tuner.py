@@ -1,0 +1,130 @@
+"""The tuner's driver with its measurement worker replaced by a replay of
+timings: resume after an interruption, no re-measurement, no recompilation,
+failed trials recorded, winners stored as a layer.  Compiles for real with
+NVRTC (no GPU needed)."""
+import json
+import zlib
+
+import numpy as np
+import pytest
+
+from sparseforge.cache import Cache
+from sparseforge.generator.kernel import Operation, get_family
+from sparseforge.generator.matrix import SparseMatrix
+from sparseforge.tuner.driver import Tuner
+
+DEVICE = {"name": "Replay GPU", "cc_major": 9, "cc_minor": 0, "arch": "sm_90a", "sm_count": 132,
+          "l2_bytes": 50 << 20, "smem_per_block_optin": 232448, "smem_per_sm": 233472,
+          "regs_per_block": 65536, "max_threads_per_block": 1024, "clock_khz": 1980000,
+          "driver_version": 13000, "total_mem_bytes": 80 << 30}
+
+
+class ReplayWorker:
+    """Answers like tuner.worker.Worker, from a deterministic timing per kernel."""
+
+    def __init__(self, interrupt_after=None, fail_names=()):
+        self.trials = []
+        self.interrupt_after = interrupt_after
+        self.fail_names = set(fail_names)
+        self.setups = 0
+
+    def info(self):
+        return dict(DEVICE)
+
+    def setup(self, s):
+        self.setups += 1
+
+    def trial(self, t):
+        if self.interrupt_after is not None and len(self.trials) >= self.interrupt_after:
+            raise KeyboardInterrupt
+        self.trials.append(t.name)
+        if any(f in t.name for f in self.fail_names):
+            return "launch_fail", "CUDA_ERROR_ILLEGAL_ADDRESS: an illegal memory access"
+        ms = 0.01 + (zlib.crc32(t.name.encode()) % 1000) / 1e4
+        return "ok", {"median_ms": ms, "p20_ms": ms * 0.98, "p80_ms": ms * 1.02, "min_ms": ms * 0.95,
+                      "mean_ms": ms, "reps": 30, "max_rel_err": 1e-7, "norm_rel_err": 1e-7,
+                      "tol": 1e-5, "unwritten": 0}
+
+    def peer(self, p):
+        return "ok", {"median_ms": 0.5, "p20_ms": 0.49, "p80_ms": 0.51, "min_ms": 0.48,
+                      "mean_ms": 0.5, "reps": 30}
+
+    def close(self):
+        pass
+
+
+@pytest.fixture
+def matrix():
+    rng = np.random.default_rng(3)
+    dense = rng.standard_normal((96, 80)).astype(np.float32)
+    dense[rng.random(dense.shape) < 0.8] = 0
+    return SparseMatrix.from_dense(dense, dtype="fp32")
+
+
+def space_size(matrix, op):
+    return len(get_family("csr").search_space(matrix, op, {}, DEVICE))
+
+
+def test_resume_after_interrupt_measures_nothing_twice(tmp_path, matrix):
+    db = str(tmp_path / "t.db")
+    op = Operation("fp32", "fm")
+    total = space_size(matrix, op)
+    assert total > 5
+    with Cache(db) as cache:
+        t1 = Tuner(cache, strategy="exhaustive", worker=ReplayWorker(interrupt_after=5), jobs=2)
+        with pytest.raises(KeyboardInterrupt):
+            t1.tune(matrix, "csr", {}, op, [64], "layer0")
+        assert len(cache.trials(op="csr.fp32.fm.plain")) == 5
+    with Cache(db) as cache:
+        w2 = ReplayWorker()
+        t2 = Tuner(cache, strategy="exhaustive", worker=w2, jobs=2)
+        res = t2.tune(matrix, "csr", {}, op, [64], "layer0")
+        assert len(w2.trials) == total - 5          # the 5 recorded trials were reused
+        assert t2.compiled <= total - 5             # their binaries too
+        assert len(cache.trials(op="csr.fp32.fm.plain", n=64)) == total
+        nres = res.per_n[64]
+        best = min(cache.trials(op="csr.fp32.fm.plain", n=64), key=lambda t: t["median_ms"])
+        assert nres.median_ms == best["median_ms"]
+        assert nres.peer_ms == 0.5 and nres.speedup == pytest.approx(0.5 / best["median_ms"])
+        layers = cache.layers("layer0")
+        assert len(layers) == 1 and layers[0]["gpu_name"] == "Replay GPU"
+        assert [v["n_bucket"] for v in layers[0]["variants"]] == [64]
+        assert json.loads(layers[0]["variants"][0]["config"]) == nres.config
+
+
+def test_second_run_is_served_from_the_database(tmp_path, matrix):
+    db = str(tmp_path / "t.db")
+    op = Operation("fp32", "fm")
+    with Cache(db) as cache:
+        Tuner(cache, strategy="exhaustive", worker=ReplayWorker(), jobs=2).tune(
+            matrix, "csr", {}, op, [16, 256], "layer0")
+    with Cache(db) as cache:
+        w = ReplayWorker()
+        t = Tuner(cache, strategy="exhaustive", worker=w, jobs=2)
+        res = t.tune(matrix, "csr", {}, op, [16, 256], "layer0")
+        assert res.from_cache
+        assert t.compiled == 0                      # no compilation at all
+        assert len(w.trials) == 2                   # the two winners, re-timed for the table
+
+
+def test_faulting_candidate_is_recorded_and_the_run_goes_on(tmp_path, matrix):
+    op = Operation("fp32", "fm")
+    space = get_family("csr").search_space(matrix, op, {}, DEVICE)
+    victim = get_family("csr").generate(matrix, op, {}, space[0]).name
+    with Cache(str(tmp_path / "t.db")) as cache:
+        w = ReplayWorker(fail_names=[victim])
+        Tuner(cache, strategy="exhaustive", worker=w, jobs=2).tune(matrix, "csr", {}, op, [32], "l")
+        trials = cache.trials(n=32, op="csr.fp32.fm.plain")
+        failed = [t for t in trials if t["status"] == "launch_fail"]
+        assert len(failed) == 1 and "ILLEGAL_ADDRESS" in failed[0]["message"]
+        assert len(trials) == len(space)
+        assert cache.layers("l")
+
+
+def test_budgeted_search_stays_in_budget(tmp_path, matrix):
+    op = Operation("fp32", "fm")
+    total = space_size(matrix, op)
+    with Cache(str(tmp_path / "t.db")) as cache:
+        w = ReplayWorker()
+        Tuner(cache, strategy="greedy", budget="4", worker=w, jobs=2).tune(matrix, "csr", {}, op, [32], "l")
+        assert len(w.trials) == min(4, total)
