@@ -54,11 +54,11 @@ def block_structure(matrix: SparseMatrix, br: int, bc: int) -> tuple[np.ndarray,
         raise ValueError(f"block size must be positive, got {br}x{bc}")
     m, k = matrix.shape
     nbr, nbc = -(-m // br), -(-k // bc)
-    keys = np.unique(matrix.row_ids() // br * nbc + matrix.indices.astype(np.int64) // bc)
-    brow = keys // nbc
+    mark = np.zeros((nbr, nbc), dtype=bool)
+    mark[matrix.row_ids() // br, matrix.indices // bc] = True
     indptr = np.zeros(nbr + 1, dtype=np.int64)
-    np.cumsum(np.bincount(brow, minlength=nbr), out=indptr[1:])
-    return indptr, (keys % nbc).astype(np.int32)
+    np.cumsum(mark.sum(axis=1), out=indptr[1:])
+    return indptr, np.nonzero(mark)[1].astype(np.int32)
 
 
 def fits_bsr(matrix: SparseMatrix, br: int, bc: int) -> bool:
@@ -105,10 +105,10 @@ def _group_unions(matrix: SparseMatrix, perm: np.ndarray, v: int):
     pos[perm] = np.arange(m)
     group_of_row = pos // v
     n_groups = -(-m // v)
-    keys = np.unique(group_of_row[matrix.row_ids()] * max(k, 1) + matrix.indices)
-    g = keys // max(k, 1)
-    counts = np.bincount(g, minlength=n_groups)
-    cols = (keys % max(k, 1)).astype(np.int32)
+    mark = np.zeros((n_groups, k), dtype=bool)
+    mark[group_of_row[matrix.row_ids()], matrix.indices] = True
+    counts = mark.sum(axis=1)
+    cols = np.nonzero(mark)[1].astype(np.int32)
     supports = np.split(cols, np.cumsum(counts)[:-1]) if n_groups else []
     sizes = np.full(n_groups, v, dtype=np.int64)
     if n_groups and m % v:
@@ -302,16 +302,22 @@ def _nm24_fit(matrix: SparseMatrix) -> Nm24Fit:
     if nnz == 0:
         return Nm24Fit(True, 0, 0.0, 0.0, k4)
     a = np.abs(matrix.values.astype(np.float64))
-    order = np.lexsort((-a, gid))
-    gs = gid[order]
-    start = np.concatenate([[True], gs[1:] != gs[:-1]])
-    run_start = np.maximum.accumulate(np.where(start, np.arange(nnz), 0))
-    rank = np.arange(nnz) - run_start
-    drop = rank >= 2
-    violating = int(np.unique(gs[drop]).size)
     total = a.sum()
+    # only groups with more than 2 nonzeros drop anything
+    over = np.zeros(nnz, dtype=bool)
+    if nnz > 2:
+        third = np.flatnonzero(gid[2:] == gid[:-2])   # entry i + 2 shares i's group
+        over[np.isin(gid, gid[third + 2])] = True
+    sel = np.flatnonzero(over)
+    gs, av = gid[sel], a[sel]
+    order = np.lexsort((-av, gs))
+    gs, av = gs[order], av[order]
+    start = np.concatenate([[True], gs[1:] != gs[:-1]]) if gs.size else np.zeros(0, bool)
+    run_start = np.maximum.accumulate(np.where(start, np.arange(gs.size), 0)) if gs.size else start
+    drop = (np.arange(gs.size) - run_start) >= 2
+    violating = int(start.sum())
     return Nm24Fit(violating == 0, violating,
-                   float(a[order][drop].sum() / total) if total > 0 else 0.0,
+                   float(av[drop].sum() / total) if total > 0 else 0.0,
                    float(drop.sum() / nnz), k4)
 
 
