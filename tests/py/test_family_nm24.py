@@ -1,0 +1,371 @@
+"""The nm24 family (2:4 sparse W on Sparse Tensor Cores): pattern check,
+plan/unpack round trips, the fragment-order shuffles, the search space and
+its constraints, rendering, NVRTC compiles for sm_80 and sm_90a; on a GPU,
+correctness across configurations, shapes, dtypes, layouts and epilogues."""
+from __future__ import annotations
+
+import ctypes
+import os
+
+import numpy as np
+import pytest
+
+from sparseforge.generator.families import nm24 as nm24_mod
+from sparseforge.generator.kernel import ConfigError, Epilogue, Operation, get_family
+from sparseforge.generator.matrix import SparseMatrix, round_to_dtype
+
+FAM = get_family("nm24")
+BASE = dict(bm=128, bn=128, bk=64, wm=2, wn=2, stages=3)
+H100 = {"smem_per_block_optin": 232448, "sm_count": 132, "cc_major": 9, "arch": "sm_90a"}
+A100 = {"smem_per_block_optin": 166912, "sm_count": 108, "cc_major": 8, "arch": "sm_80"}
+
+
+def random_24(m, k, seed=0, mode="mixed", zero_rows=(), dtype="fp16"):
+    """A random 2:4 matrix.  mode 'mixed': each aligned group of 4 holds 0, 1
+    or 2 nonzeros; 'full': exactly 2 (where the group is whole)."""
+    rng = np.random.default_rng(seed)
+    kq = -(-k // 4) * 4
+    w = np.zeros((m, kq), np.float32)
+    w[:, :k] = rng.standard_normal((m, k))
+    counts = rng.integers(0, 3, size=(m, kq // 4)) if mode == "mixed" else np.full((m, kq // 4), 2)
+    rank = np.argsort(np.argsort(rng.random((m, kq // 4, 4)), axis=2), axis=2)
+    w.reshape(m, kq // 4, 4)[rank >= counts[:, :, None]] = 0
+    w = w[:, :k].copy()
+    for r in zero_rows:
+        w[r] = 0
+    return SparseMatrix.from_dense(w, dtype=dtype)
+
+
+def same_matrix(a: SparseMatrix, b: SparseMatrix, dtype: str):
+    assert a.shape == b.shape and b.dtype == dtype
+    np.testing.assert_array_equal(round_to_dtype(a.to_dense(), dtype).view(np.uint32),
+                                  b.to_dense().view(np.uint32))
+    if a.perm is None:
+        assert b.perm is None
+    else:
+        np.testing.assert_array_equal(a.perm, b.perm)
+
+
+# ---- pattern ----------------------------------------------------------------------------
+
+def test_fits_and_refusal():
+    ok = random_24(20, 37, seed=1)
+    assert FAM.fits(ok, {})
+    d = ok.to_dense()
+    d[7, 8:11] = [1.0, 2.0, 3.0]           # three nonzeros in group 8..11
+    bad = SparseMatrix.from_dense(d)
+    assert not FAM.fits(bad, {})
+    assert nm24_mod.first_violation(bad) == (7, 8)
+    with pytest.raises(ValueError, match=r"not 2:4: row 7 .* columns 8\.\.11"):
+        FAM.generate(bad, Operation(), {}, BASE)
+    # a tail group (K % 4 != 0) is a group too
+    t = np.zeros((2, 7), np.float32)
+    t[1, 4:7] = 1.0
+    assert not FAM.fits(SparseMatrix.from_dense(t), {})
+    t[1, 4] = 0
+    assert FAM.fits(SparseMatrix.from_dense(t), {})
+    assert FAM.fits(SparseMatrix.from_dense(np.zeros((0, 0), np.float32)), {})
+
+
+# ---- plan / unpack ----------------------------------------------------------------------
+
+SHAPES = [
+    ("odd", lambda: random_24(37, 70, seed=1, zero_rows=(0, 5, 36))),
+    ("full", lambda: random_24(64, 128, seed=2, mode="full")),
+    ("tiny", lambda: random_24(1, 1, seed=3)),
+    ("k_tail", lambda: random_24(17, 33, seed=4)),
+    ("all_zero", lambda: SparseMatrix.from_dense(np.zeros((13, 17), np.float32))),
+    ("tall", lambda: random_24(300, 40, seed=5)),
+    ("no_rows", lambda: SparseMatrix.from_dense(np.zeros((0, 9), np.float32))),
+]
+CONFIGS = [dict(bm=64, bn=64, bk=32, wm=2, wn=2, stages=2), BASE,
+           dict(bm=128, bn=256, bk=32, wm=2, wn=4, stages=4)]
+
+
+@pytest.mark.parametrize("name,make", SHAPES, ids=[s[0] for s in SHAPES])
+@pytest.mark.parametrize("dtype", ["fp16", "bf16"])
+def test_plan_unpack_round_trip(name, make, dtype):
+    m = make()
+    for c in CONFIGS:
+        p = FAM.plan(m, Operation(dtype=dtype), {}, c)
+        same_matrix(m, FAM.unpack(p), dtype)
+        assert p.mp % c["bm"] == 0 and p.mp >= m.rows
+        assert p.kp % c["bk"] == 0 and p.kp >= m.cols
+        assert p.values_offset % 16 == 0 and p.meta_offset % 16 == 0
+        assert len(p.packed) % 16 == 0
+        assert len(p.packed) == p.meta_offset + (p.mp // 16) * (p.kp // 32) * 64
+        assert p.grid == (1, p.mp // c["bm"], 1)
+
+
+def test_round_trip_permutation_and_bias():
+    m = random_24(40, 64, seed=6)
+    perm = np.random.default_rng(0).permutation(40)
+    m = SparseMatrix(m.shape, m.indptr, m.indices, m.values, "fp16", perm=perm)
+    bias = np.linspace(-1, 1, 40)
+    op = Operation(dtype="fp16", epilogue=Epilogue(bias=True, activation="relu"))
+    p = FAM.plan(m, op, {}, BASE, bias=bias)
+    same_matrix(m, FAM.unpack(p), "fp16")
+    b = np.frombuffer(p.packed, "<f4", count=p.mp, offset=p.bias_offset)
+    np.testing.assert_array_equal(b[:40], bias.astype(np.float32))
+    assert not b[40:].any()
+    with pytest.raises(ValueError, match="bias has 3 entries"):
+        FAM.plan(m, op, {}, BASE, bias=np.ones(3))
+    with pytest.raises(ValueError, match="none was given"):
+        FAM.plan(m, op, {}, BASE)
+    with pytest.raises(ValueError, match="epilogue has none"):
+        FAM.plan(m, Operation(), {}, BASE, bias=bias)
+
+
+def test_compress_index_choice():
+    """Groups with 2 entries keep them in order; 1 entry pairs with a valid
+    neighbour; an empty group is (0, 1); every nibble is an ordered pair."""
+    d = np.array([[0, 5, 0, 6, 0, 0, 0, 7, 0, 0, 0, 0, 8, 0, 0, 0]], np.float32)
+    vals, nib = nm24_mod.compress_rows(d, d != 0)
+    assert vals.tolist() == [[5, 6, 0, 7, 0, 0, 8, 0]]
+    pairs = [(int(x) & 3, int(x) >> 2) for x in nib[0]]
+    assert pairs == [(1, 3), (2, 3), (0, 1), (0, 1)]
+    vals, nib = nm24_mod.compress_rows(np.zeros((1, 4), np.float32), np.zeros((1, 4), bool))
+    with pytest.raises(ValueError):
+        nm24_mod.compress_rows(np.ones((1, 4), np.float32), np.ones((1, 4), bool))
+
+
+def test_fragment_order_matches_mma_sp_layout():
+    """Lane L = 4g + t, register r: rows g (r even) / g + 8 (r odd), chunk
+    t (r < 2) / t + 4 (r >= 2) of the step; metadata word 2g + h: row g in
+    bits 0-15 and row g + 8 in bits 16-31, chunks 4h .. 4h + 3."""
+    r, kh = 32, 32                        # two 16-row tiles, two K steps
+    vals = np.arange(r * kh, dtype=np.float32).reshape(r, kh)
+    flat = nm24_mod.pack_values(vals).reshape(2, 2, 32, 4, 2)   # mt s lane reg half
+    for mt in range(2):
+        for s in range(2):
+            for lane in range(32):
+                g, t = lane // 4, lane % 4
+                for reg in range(4):
+                    row = mt * 16 + g + 8 * (reg & 1)
+                    chunk = t + 4 * (reg >> 1)
+                    for h in range(2):
+                        assert flat[mt, s, lane, reg, h] == vals[row, s * 16 + chunk * 2 + h]
+    np.testing.assert_array_equal(nm24_mod.unpack_values(nm24_mod.pack_values(vals), r, kh), vals)
+    nib = np.random.default_rng(0).integers(0, 16, size=(r, 16)).astype(np.uint8)
+    words = nm24_mod.pack_meta(nib).reshape(2, 2, 8, 2)              # mt s g h
+    for mt in range(2):
+        for s in range(2):
+            for g in range(8):
+                for h in range(2):
+                    w = int(words[mt, s, g, h])
+                    for j in range(4):
+                        assert (w >> (4 * j)) & 15 == nib[mt * 16 + g, s * 8 + 4 * h + j]
+                        assert (w >> (16 + 4 * j)) & 15 == nib[mt * 16 + g + 8, s * 8 + 4 * h + j]
+    np.testing.assert_array_equal(nm24_mod.unpack_meta(nm24_mod.pack_meta(nib), r, 16), nib)
+
+
+# ---- search space --------------------------------------------------------------------
+
+@pytest.mark.parametrize("device", [None, H100, A100, {"smem_per_block_optin": 101376}])
+@pytest.mark.parametrize("layout", ["fm", "tm"])
+def test_search_space_valid(device, layout):
+    m = random_24(64, 64, seed=7)
+    op = Operation(dtype="fp16", layout=layout)
+    space = FAM.search_space(m, op, {}, device)
+    assert space
+    limit = (device or {}).get("smem_per_block_optin", nm24_mod.DEFAULT_SMEM_OPTIN)
+    names = set()
+    for c in space:
+        FAM.check_config(c, m, op, {}, device)
+        assert nm24_mod.smem_bytes(c, layout) <= limit
+        assert (c["bm"] // c["wm"] // 16) * (c["bn"] // c["wn"] // 8) * 4 <= 128
+        names.add(FAM.generate(m, op, {}, c).name)
+    assert len(names) == len(space)
+
+
+@pytest.mark.parametrize("bad,what", [
+    (dict(bm=96), "bm"),
+    (dict(bn=32), "bn"),
+    (dict(bk=128), "bk"),
+    (dict(stages=5), "stages"),
+    (dict(wm=3, wn=1), "warp layout"),
+    (dict(bm=128, bn=256, wm=1, wn=4), "accumulators"),
+    (dict(bm=128, bn=256, wm=2, wn=2), "accumulators"),
+    (dict(bm=128, bn=256, bk=64, wm=2, wn=4, stages=4), "shared memory"),
+])
+def test_check_config_refusals(bad, what):
+    m = random_24(64, 64, seed=8)
+    cfg = dict(BASE, **bad)
+    with pytest.raises(ConfigError, match=what):
+        FAM.check_config(cfg, m, Operation(), {}, {"smem_per_block_optin": 101376})
+
+
+def test_check_config_keys_and_ops():
+    m = random_24(16, 32, seed=9)
+    with pytest.raises(ConfigError, match="lacks stages"):
+        FAM.check_config({k: v for k, v in BASE.items() if k != "stages"}, m, Operation(), {})
+    with pytest.raises(ConfigError, match="unknown keys"):
+        FAM.check_config(dict(BASE, foo=1), m, Operation(), {})
+    with pytest.raises(ConfigError, match="dtype"):
+        FAM.check_config(BASE, m, Operation(dtype="fp32"), {})
+
+
+def test_smem_formula_matches_header():
+    """The plan's shared-memory size is checked against Config::SMEM_BYTES
+    by a static_assert in the rendered source (compile test below)."""
+    c = dict(bm=128, bn=256, bk=64, wm=2, wn=4, stages=3)
+    assert nm24_mod.smem_bytes(c, "fm") == 3 * (8 * 2 * (512 + 64) + 64 * 256 * 2)
+    assert nm24_mod.smem_bytes(dict(c, stages=2, bk=32), "tm") == 256 * (128 + 8) * 2
+
+
+def test_render_names_and_self_contained():
+    m = random_24(45, 77, seed=10)
+    op = Operation(dtype="bf16", layout="tm", epilogue=Epilogue(activation="gelu", scale=0.5))
+    k = FAM.generate(m, op, {}, BASE)
+    assert k.name == "sf_nm24_bf16_tm_s0_5_gelu_bk64_bm128_bn128_stages3_wm2_wn2"
+    assert f"\n{k.name}(const unsigned char* __restrict__ packed" in k.source
+    assert '#include "sf/' not in k.source
+    assert "mma.sp::ordered_metadata" in k.source
+    assert "SCALE = 0x1.0000000000000p-1f" in k.source
+    assert k.block == (128, 1, 1) and k.n_axis == 0 and k.n_tile == 128
+    assert k.grid_for(1000) == (8, 1, 1)
+    assert k.shared_bytes == nm24_mod.smem_bytes(BASE, "tm")
+
+
+# ---- NVRTC compiles -----------------------------------------------------------------
+
+class _Nvrtc:
+    """NVRTC through ctypes, for machines where the native binding is absent."""
+
+    def __init__(self):
+        home = os.environ.get("CUDA_HOME") or os.environ.get("CUDA_PATH") or "/usr/local/cuda"
+        self.include = os.path.join(home, "include")
+        last = None
+        for n in [os.path.join(home, "lib64", x) for x in ("libnvrtc.so", "libnvrtc.so.13")] + \
+                ["libnvrtc.so", "libnvrtc.so.13", "libnvrtc.so.12"]:
+            try:
+                self.lib = ctypes.CDLL(n)
+                break
+            except OSError as e:
+                last = e
+        else:
+            raise OSError(f"NVRTC not found: {last}")
+
+    def compile(self, source: str, arch: str, name: str = "k.cu") -> bytes:
+        lib, prog = self.lib, ctypes.c_void_p()
+        assert lib.nvrtcCreateProgram(ctypes.byref(prog), source.encode(), name.encode(), 0,
+                                      None, None) == 0
+        opts = [f"--gpu-architecture={arch}", "-std=c++17", "-default-device",
+                f"-I{self.include}"]
+        arr = (ctypes.c_char_p * len(opts))(*[o.encode() for o in opts])
+        rc = lib.nvrtcCompileProgram(prog, len(opts), arr)
+        size = ctypes.c_size_t()
+        lib.nvrtcGetProgramLogSize(prog, ctypes.byref(size))
+        log = ctypes.create_string_buffer(size.value)
+        lib.nvrtcGetProgramLog(prog, log)
+        if rc != 0:
+            lib.nvrtcDestroyProgram(ctypes.byref(prog))
+            raise RuntimeError(f"NVRTC failed ({rc}):\n{log.value.decode()}")
+        lib.nvrtcGetCUBINSize(prog, ctypes.byref(size))
+        out = ctypes.create_string_buffer(size.value)
+        lib.nvrtcGetCUBIN(prog, out)
+        lib.nvrtcDestroyProgram(ctypes.byref(prog))
+        return out.raw
+
+
+def _compiler():
+    try:
+        from sparseforge import native
+        ctx = native.Context(0)
+        return lambda src, arch, name: ctx.compile(src, arch=arch, name=name).data
+    except Exception:
+        try:
+            nv = _Nvrtc()
+        except OSError as e:
+            pytest.skip(f"no NVRTC: {e}")
+        return nv.compile
+
+
+COMPILE_CASES = [
+    ("fp16", "fm", dict(bm=128, bn=128, bk=64, wm=2, wn=2, stages=3), Epilogue()),
+    ("bf16", "fm", dict(bm=64, bn=256, bk=32, wm=1, wn=4, stages=4),
+     Epilogue(bias=True, activation="gelu", scale=0.5)),
+    ("fp16", "tm", dict(bm=128, bn=64, bk=32, wm=4, wn=1, stages=2), Epilogue(activation="relu")),
+    ("bf16", "tm", dict(bm=128, bn=256, bk=64, wm=2, wn=4, stages=3), Epilogue(bias=True)),
+]
+
+
+@pytest.mark.parametrize("arch", ["sm_80", "sm_90a"])
+def test_templates_compile_with_nvrtc(arch):
+    compile_ = _compiler()
+    m = random_24(45, 77, seed=21, zero_rows=(2, 44))     # K % 8 != 0: scalar tm path
+    m8 = random_24(45, 96, seed=22)                       # K % 8 == 0: cp.async tm path
+    bias = np.ones(45, np.float32)
+    for i, (dtype, layout, c, ep) in enumerate(COMPILE_CASES):
+        mat = m if i % 2 == 0 else m8
+        op = Operation(dtype=dtype, layout=layout, epilogue=ep)
+        k = FAM.generate(mat, op, {}, c, bias=bias if ep.bias else None)
+        cubin = compile_(k.source, arch, k.name + ".cu")
+        assert len(cubin) > 0 and k.name.encode() in cubin
+
+
+# ---- GPU -------------------------------------------------------------------------------
+
+def _verify(matrix, op, config, n, bias=None, seed=0):
+    from sparseforge.tuner.execute import verify
+    res = verify(FAM, matrix, op, {}, config, n, bias=bias, seed=seed)
+    assert res["ok"], (config, n, res)
+    return res
+
+
+GPU_CONFIGS = [
+    dict(bm=128, bn=128, bk=64, wm=2, wn=2, stages=3),
+    dict(bm=128, bn=256, bk=64, wm=2, wn=4, stages=3),
+    dict(bm=128, bn=128, bk=32, wm=2, wn=2, stages=4),
+    dict(bm=64, bn=64, bk=32, wm=2, wn=2, stages=2),
+    dict(bm=64, bn=256, bk=64, wm=1, wn=4, stages=4),
+    dict(bm=128, bn=64, bk=64, wm=4, wn=1, stages=2),
+]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", ["fp16", "bf16"])
+@pytest.mark.parametrize("layout", ["fm", "tm"])
+def test_gpu_small_configs(layout, dtype):
+    """Odd M, K (K % 8 != 0: scalar token-major path), empty rows; N = 1,
+    odd N (scalar feature-major path) and N past one tile."""
+    m = random_24(200, 300, seed=1, zero_rows=(0, 7, 199), dtype=dtype)
+    op = Operation(dtype=dtype, layout=layout)
+    for c in GPU_CONFIGS:
+        for n in (1, 77, 264):
+            _verify(m, op, c, n)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("layout", ["fm", "tm"])
+def test_gpu_small_aligned_and_special(layout):
+    """K % 8 == 0 (cp.async paths), an all-zero matrix, a 3 x 5 matrix."""
+    op = Operation(dtype="fp16", layout=layout)
+    for m in (random_24(333, 1000, seed=2, mode="full"),
+              SparseMatrix.from_dense(np.zeros((40, 64), np.float32), dtype="fp16"),
+              random_24(3, 5, seed=3)):
+        for c in GPU_CONFIGS[:4]:
+            for n in (1, 8, 130):
+                _verify(m, op, c, n)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", ["fp16", "bf16"])
+@pytest.mark.parametrize("layout", ["fm", "tm"])
+def test_gpu_small_epilogues(layout, dtype):
+    m = random_24(200, 300, seed=4, dtype=dtype)
+    for ep in (Epilogue(bias=True, activation="relu"), Epilogue(bias=True, activation="gelu", scale=0.5),
+               Epilogue(activation="gelu"), Epilogue(scale=-2.0)):
+        op = Operation(dtype=dtype, layout=layout, epilogue=ep)
+        for c in GPU_CONFIGS[:3]:
+            _verify(m, op, c, 13)
+            _verify(m, op, c, 128)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("layout", ["fm", "tm"])
+def test_gpu_large_n(layout):
+    m = random_24(512, 1024, seed=5, mode="full")
+    op = Operation(dtype="fp16", layout=layout)
+    for c in GPU_CONFIGS[:2]:
+        _verify(m, op, c, 4096)
