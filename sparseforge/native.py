@@ -987,9 +987,11 @@ def _cache_handle(cache) -> Optional[int]:
     if isinstance(cache, c_void_p):
         return cache.value
     for attr in ("_as_parameter_", "handle", "_handle", "_h", "ptr", "_ptr"):
-        v = getattr(cache, attr, None)
-        if v is None:
+        if not hasattr(cache, attr):
             continue
+        v = getattr(cache, attr)
+        if v is None:
+            raise ValueError(f"the {type(cache).__name__} is closed")
         if callable(v):
             v = v()
         if isinstance(v, c_void_p):
