@@ -169,7 +169,8 @@ def _dense_to_matrix(p, what: str, arr: np.ndarray, dtype: Optional[str] = None)
     if arr.ndim != 2:
         _fail(p, f"{what} is not 2-D (shape {tuple(arr.shape)})")
     detected = _float_dtype_name(p, what, arr.dtype) if dtype is None else dtype
-    a = arr.astype(np.float32)
+    with np.errstate(over="ignore"):  # beyond float32 range: inf, reported below
+        a = arr.astype(np.float32)
     k = a.shape[1]
     _check_finite(p, what, a, lambda i: f"row {i // k}, col {i % k}")
     m = SparseMatrix.from_dense(a, dtype=detected)
@@ -615,7 +616,8 @@ def _load_mtx(p: Path, name, seed):
             _fail(p, f"truncated: array of {m}x{k} ({sym}) needs {count} values, found {len(body)}")
         if len(body) > count:
             _fail(p, f"{len(body)} values after the size line, the {m}x{k} ({sym}) array has {count}")
-        vals = _parse_numbers(p, "values", body, np.float64).astype(np.float32)
+        with np.errstate(over="ignore"):
+            vals = _parse_numbers(p, "values", body, np.float64).astype(np.float32)
         _check_finite(p, "values", vals)
         dense = np.zeros((m, k), np.float32)
         if sym == "general":
@@ -641,7 +643,8 @@ def _load_mtx(p: Path, name, seed):
     if synthetic:
         vals = None
     else:
-        vals = _parse_numbers(p, "values", body[2::per], np.float64).astype(np.float32)
+        with np.errstate(over="ignore"):
+            vals = _parse_numbers(p, "values", body[2::per], np.float64).astype(np.float32)
         _check_finite(p, "values", vals, lambda j: f"entry {j} (row {rows[j]}, col {cols[j]})")
     if sym != "general":
         for what, a in (("row", rows), ("column", cols)):
