@@ -6,6 +6,10 @@ A group is one block-row (br >= 16) or ceil(16 / br) consecutive block-rows
 is the union of its nonzero blocks' columns, in runs of bc (the last block
 column clipped at K).  Entries of a stored block that are zero in W are
 stored as explicit zeros; `fits` says whether every stored block is full.
+
+Both layouts: feature-major gathers rows of X; token-major gathers runs of
+columns of X, 16 bytes at a time when bc % 8 == 0 and K % 8 == 0 (else one
+element at a time), and stores runs of 8 output rows per token.
 """
 from __future__ import annotations
 
@@ -40,6 +44,7 @@ def block_count(matrix: SparseMatrix, br: int, bc: int) -> tuple[int, int]:
 
 class BsrFamily(RowGroupFamily):
     name = "bsr"
+    layouts = ("fm", "tm")
 
     def _check_params(self, params: dict) -> tuple:
         try:

@@ -58,11 +58,13 @@ def smem_limit(device: Optional[dict]) -> int:
     return 227 * 1024
 
 
-def smem_bytes(bm: int, config: dict) -> int:
-    """Dynamic shared memory of a configuration (mirrors Config::SMEM_BYTES)."""
+def smem_bytes(bm: int, config: dict, layout: str = "fm") -> int:
+    """Dynamic shared memory of a configuration (mirrors Config::SMEM_BYTES):
+    the pipeline stages, or the padded output tile where larger, plus the
+    row map."""
     bn, bk, stages = config["bn"], config["bk"], config["stages"]
     pipe = stages * (bm * bk * 2 + bk * bn * 2)
-    c_tile = bm * (bn + 8) * 2
+    c_tile = bm * (bn + 8) * 2 if layout == "fm" else bn * (bm + 8) * 2
     return max(pipe, c_tile) + bm * 4
 
 
@@ -178,6 +180,7 @@ class RowGroupPlan:
     has_bias: bool
     exact: bool
     stored_entries: int               # sum over groups of rows x k_g (explicit zeros included)
+    runs8: bool                       # every run of 8 indices: 8 consecutive aligned columns, K % 8 == 0
     meta: dict = field(default_factory=dict)
 
     @property
@@ -234,8 +237,12 @@ def build_plan(matrix: SparseMatrix, op: Operation, grouping: Grouping, bk: int,
         tile[local_rows, pos] = pval[lo:hi]
         f = int(first[g])
         weights[f:f + nch] = tile.reshape(bm, nch, bk).transpose(1, 0, 2)
-        idx = np.full(nch * bk, sup[-1], dtype=np.int32)
+        idx = np.empty(nch * bk, dtype=np.int32)
         idx[:sup.size] = sup
+        # pads (under zero weights) repeat the last run of 8 real indices, so
+        # that runs of 8 consecutive aligned columns stay runs (token-major)
+        tail = sup[-8:] if sup.size >= 8 else sup[-1:]
+        idx[sup.size:] = np.resize(tail, nch * bk - sup.size)
         indices[f:f + nch] = idx.reshape(nch, bk)
 
     slots = np.zeros((n_groups, 4), dtype=np.int32)
@@ -257,11 +264,14 @@ def build_plan(matrix: SparseMatrix, op: Operation, grouping: Grouping, bk: int,
         pos += len(data)
     buf.extend(b"\0" * (_align16(len(buf)) - len(buf)))
     stored = int(sum(int(kg[g]) * (r1 - r0) for g, r0, r1 in _group_bounds(m, G)))
+    runs = indices.reshape(-1, 8).astype(np.int64)
+    runs8 = bool(k % 8 == 0 and np.all(runs[:, 0] % 8 == 0)
+                 and np.all(runs[:, 1:] - runs[:, :1] == np.arange(1, 8)))
     return RowGroupPlan(family=family, tag=tag, dtype=op.dtype, shape=(m, k), group_rows=G,
                         bm=bm, bk=bk, permuted=perm is not None, perm=perm,
                         matrix_perm=matrix.perm, slots=slots, group_k=kg[order].astype(np.int32),
                         offsets=offsets, packed=bytes(buf), has_bias=bool(op.epilogue.bias),
-                        exact=grouping.exact, stored_entries=stored,
+                        exact=grouping.exact, stored_entries=stored, runs8=runs8,
                         meta={"nnz": matrix.nnz})
 
 
@@ -379,7 +389,7 @@ class RowGroupFamily(Family):
         if acc > MAX_ACC_REGS:
             raise ConfigError(f"accumulators: warp tile {bm // wm}x{bn // wn} needs {acc} fp32 "
                               f"registers per thread, more than {MAX_ACC_REGS}")
-        smem = smem_bytes(bm, config)
+        smem = smem_bytes(bm, config, op.layout)
         limit = smem_limit(device)
         if smem > limit:
             raise ConfigError(f"shared memory: {smem} bytes exceed the limit of {limit}")
@@ -426,13 +436,14 @@ class RowGroupFamily(Family):
     def render(self, plan: RowGroupPlan, op: Operation, config: dict) -> Kernel:
         name = config_name(plan.tag, config, op)
         bm = plan.bm
-        smem = smem_bytes(bm, config)
+        smem = smem_bytes(bm, config, op.layout)
         scale = float(np.float32(op.epilogue.scale))
         source = render(self.template, name=name, family=plan.family, tag=plan.tag,
                         dtype=plan.dtype, elem_t=ELEM_T[plan.dtype], m=plan.shape[0],
                         k=plan.shape[1], num_slots=plan.num_slots, group_rows=plan.group_rows,
                         bm=bm, total_chunks=plan.total_chunks, off=plan.offsets,
-                        permuted=plan.permuted, has_bias=plan.has_bias,
+                        permuted=plan.permuted, has_bias=plan.has_bias, layout=op.layout,
+                        runs8=plan.runs8,
                         act=ACT_CODES[op.epilogue.activation], scale=scale.hex() + "f",
                         smem_bytes=smem, min_blocks=min_blocks(bm, config), **config)
         threads = 32 * config["wm"] * config["wn"]

@@ -37,6 +37,13 @@ __device__ __forceinline__ void cp_async_wait() {
   asm volatile("cp.async.wait_group %0;\n" ::"n"(PENDING) : "memory");
 }
 
+// 16 bytes (four 32-bit words) into shared memory.
+__device__ __forceinline__ void st_shared_16(unsigned dst, const unsigned (&w)[4]) {
+  asm volatile("st.shared.v4.b32 [%0], {%1, %2, %3, %4};\n" ::"r"(dst), "r"(w[0]), "r"(w[1]),
+               "r"(w[2]), "r"(w[3])
+               : "memory");
+}
+
 // ---- ldmatrix -----------------------------------------------------------------
 
 // Four 8x8 b16 matrices; lanes 8i..8i+7 give the row addresses of matrix i.

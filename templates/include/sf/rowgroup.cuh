@@ -1,6 +1,7 @@
 // rowgroup.cuh -- the row-group gather GEMM behind the `bsr` and `shflbw`
 // families: fp16 or bf16 operands, fp32 accumulation, mma.sync m16n8k16
-// (sm_80 and newer), feature-major activations (X is K x N, Y is M x N).
+// (sm_80 and newer).  Feature-major (X is K x N, Y is M x N, row-major) or
+// token-major (X is N x K, Y is N x M).
 //
 // The weight matrix is cut into row groups of at most BM rows.  Group g owns
 // a list of k_g column indices (padded with zero-weight entries to a
@@ -29,7 +30,14 @@
 //
 // The Problem type (generated per matrix) provides:
 //     M, K, NUM_SLOTS, W_OFF, IDX_OFF, SLOT_OFF, ROWS_OFF, BIAS_OFF,
-//     PERMUTED, HAS_BIAS, ACT, SCALE.
+//     PERMUTED, HAS_BIAS, ACT, SCALE,
+//     RUNS8 (token-major: every aligned run of 8 indices is 8 consecutive,
+//     8-aligned columns and K % 8 == 0, so one 16-byte load gathers a run).
+//
+// Token-major differs in three pieces only: the B loader (a 16-byte run of
+// one token's row per load, or element loads), the B fragments (ldmatrix
+// without .trans from an N x BK tile) and the output tile (N-major, stored
+// as runs of 8 consecutive rows of one token when the rows are contiguous).
 #pragma once
 
 #include "sf/common.cuh"
@@ -40,9 +48,10 @@ namespace rowgroup {
 
 // ---- configuration ------------------------------------------------------------
 
-template <typename T, int BM_, int BN_, int BK_, int WM_, int WN_, int STAGES_>
+template <typename T, int BM_, int BN_, int BK_, int WM_, int WN_, int STAGES_, bool TM_ = false>
 struct Config {
   using elem_t = T;
+  static constexpr bool TM = TM_;         // token-major X and Y
   static constexpr int BM = BM_;          // rows of a CTA tile = rows of a group, padded to 16
   static constexpr int BN = BN_;          // columns of N per CTA
   static constexpr int BK = BK_;          // K depth of one stage = one packed chunk
@@ -57,17 +66,21 @@ struct Config {
   static constexpr int MF = WTM / 16;     // m16 fragments per warp
   static constexpr int NF = WTN / 8;      // n8 fragments per warp
   static constexpr int A_ROW_CH = BK / 8;  // 16-byte chunks in a row of the A tile
-  static constexpr int B_ROW_CH = BN / 8;  // ... of the B tile and of the output tile
+  // B tile: BK x BN (fm, rows are k) or BN x BK (tm, rows are tokens)
+  static constexpr int B_ROW_CH = TM ? BK / 8 : BN / 8;
   static constexpr int A_CHUNKS = BM * A_ROW_CH;
-  static constexpr int B_CHUNKS = BK * B_ROW_CH;
+  static constexpr int B_CHUNKS = BK * BN / 8;
   static constexpr int A_ITERS = (A_CHUNKS + THREADS - 1) / THREADS;
   static constexpr int B_ITERS = (B_CHUNKS + THREADS - 1) / THREADS;
   static constexpr int A_BYTES = BM * BK * 2;
   static constexpr int B_BYTES = BK * BN * 2;
   static constexpr int STAGE_BYTES = A_BYTES + B_BYTES;
   static constexpr int PIPE_BYTES = STAGES * STAGE_BYTES;
-  static constexpr int C_LD = BN + 8;     // output tile row, padded by 16 bytes (elements)
-  static constexpr int C_BYTES = BM * C_LD * 2;
+  // output tile: BM x BN (fm) or BN x BM (tm), rows padded by 16 bytes
+  static constexpr int C_LD = TM ? BM + 8 : BN + 8;
+  static constexpr int C_ROWS = TM ? BN : BM;
+  static constexpr int C_ROW_CH = (C_LD - 8) / 8;  // 16-byte chunks of a tile row
+  static constexpr int C_BYTES = C_ROWS * C_LD * 2;
   static constexpr int ROWMAP_OFF = PIPE_BYTES > C_BYTES ? PIPE_BYTES : C_BYTES;
   static constexpr int SMEM_BYTES = ROWMAP_OFF + BM * 4;  // dynamic shared memory
 
@@ -140,19 +153,19 @@ __device__ __forceinline__ void load_a_tile(unsigned s_a, const unsigned short *
   }
 }
 
-// B: BK gathered rows of X, columns [n0, n0 + BN) -> the stage's B tile.
-// Each thread owns B_ITERS fixed (row, 16-byte chunk) slots of the tile; the
-// row indices of the next chunk are fetched into registers one iteration
-// early so that their latency hides behind the MMAs.  VEC: N % 8 == 0 and X
+// B, feature-major: BK gathered rows of X, columns [n0, n0 + BN).  Each
+// thread owns B_ITERS fixed (row, 16-byte chunk) slots of the tile; the row
+// indices of the next chunk are fetched into registers one iteration early
+// so that their latency hides behind the MMAs.  VEC: N % 8 == 0 and X
 // 16-byte aligned (cp.async, zero-filled past N); else element loads.
 template <class Cfg, bool VEC>
-struct BLoader {
+struct BLoaderFM {
   int idx[Cfg::B_ITERS];  // rows of X for the chunk issued next
+  int col[Cfg::B_ITERS];  // first column of each owned slot (absolute)
   const unsigned short *x;
   int n_len;              // N
-  int col[Cfg::B_ITERS];  // first column of each owned slot (absolute)
 
-  __device__ __forceinline__ BLoader(const unsigned short *x_, int n, int n0) : x(x_), n_len(n) {
+  __device__ __forceinline__ BLoaderFM(const unsigned short *x_, int n, int n0) : x(x_), n_len(n) {
 #pragma unroll
     for (int i = 0; i < Cfg::B_ITERS; ++i) {
       const int ch = threadIdx.x + i * Cfg::THREADS;
@@ -192,12 +205,80 @@ struct BLoader {
           const unsigned hi = col[i] + 2 * e + 1 < n_len ? src[2 * e + 1] : 0u;
           w[e] = lo | (hi << 16);
         }
-        asm volatile("st.shared.v4.b32 [%0], {%1, %2, %3, %4};\n" ::"r"(dst), "r"(w[0]),
-                     "r"(w[1]), "r"(w[2]), "r"(w[3])
-                     : "memory");
+        sm80::st_shared_16(dst, w);
       }
     }
   }
+};
+
+// B, token-major: BN token rows of X (tokens [n0, n0 + BN)), each gathered
+// at the chunk's BK columns, into a BN x BK tile.  VEC (RUNS8 and X
+// aligned): a slot is one run of 8 consecutive columns, one cp.async of 16
+// bytes, zero-filled past N; its run start is prefetched like the fm row
+// index.  Otherwise element loads, the indices read at load time.
+template <class Cfg, bool VEC, int K>
+struct BLoaderTM {
+  int run[Cfg::B_ITERS];  // first column of each owned slot's run (VEC)
+  int tok[Cfg::B_ITERS];  // token of each owned slot (absolute)
+  const int *chunk;       // indices of the chunk issued next
+  const unsigned short *x;
+  int n_len;
+
+  __device__ __forceinline__ BLoaderTM(const unsigned short *x_, int n, int n0)
+      : chunk(nullptr), x(x_), n_len(n) {
+#pragma unroll
+    for (int i = 0; i < Cfg::B_ITERS; ++i) {
+      tok[i] = n0 + (threadIdx.x + i * Cfg::THREADS) / Cfg::B_ROW_CH;
+      run[i] = 0;
+    }
+  }
+
+  __device__ __forceinline__ static bool owns(int i) {
+    return Cfg::B_CHUNKS % Cfg::THREADS == 0 ||
+           threadIdx.x + i * Cfg::THREADS < Cfg::B_CHUNKS;
+  }
+
+  __device__ __forceinline__ void fetch_indices(const int *chunk_idx) {
+    chunk = chunk_idx;
+    if (VEC) {
+#pragma unroll
+      for (int i = 0; i < Cfg::B_ITERS; ++i) {
+        if (owns(i)) run[i] = __ldg(chunk_idx + 8 * ((threadIdx.x + i * Cfg::THREADS) % Cfg::B_ROW_CH));
+      }
+    }
+  }
+
+  __device__ __forceinline__ void load(unsigned s_b) const {
+#pragma unroll
+    for (int i = 0; i < Cfg::B_ITERS; ++i) {
+      if (!owns(i)) continue;
+      const int ch = threadIdx.x + i * Cfg::THREADS;
+      const int r = ch / Cfg::B_ROW_CH, c = ch % Cfg::B_ROW_CH;
+      const unsigned dst = s_b + 16 * swizzle<Cfg::B_ROW_CH>(r, c);
+      const bool in = tok[i] < n_len;
+      const unsigned short *row = x + (size_t)(in ? tok[i] : 0) * K;
+      if (VEC) {
+        sm80::cp_async_16(dst, row + run[i], in);
+      } else {
+        unsigned w[4];
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          const unsigned lo = in ? row[__ldg(chunk + 8 * c + 2 * e)] : 0u;
+          const unsigned hi = in ? row[__ldg(chunk + 8 * c + 2 * e + 1)] : 0u;
+          w[e] = lo | (hi << 16);
+        }
+        sm80::st_shared_16(dst, w);
+      }
+    }
+  }
+};
+
+template <class Cfg, bool VEC, int K, bool TM = Cfg::TM> struct BLoaderOf;
+template <class Cfg, bool VEC, int K> struct BLoaderOf<Cfg, VEC, K, false> {
+  using type = BLoaderFM<Cfg, VEC>;
+};
+template <class Cfg, bool VEC, int K> struct BLoaderOf<Cfg, VEC, K, true> {
+  using type = BLoaderTM<Cfg, VEC, K>;
 };
 
 // ---- compute --------------------------------------------------------------------------
@@ -221,11 +302,19 @@ __device__ __forceinline__ void mma_stage(float (&acc)[Cfg::MF][Cfg::NF][4], uns
     }
 #pragma unroll
     for (int nj = 0; nj < Cfg::NF / 2; ++nj) {
-      // lanes 0-15: k 0-15 at columns 0-7; lanes 16-31: k 0-15 at columns 8-15
-      const int row = 16 * kk + (lane & 15);
-      const int ch = (warp_n * Cfg::WTN + nj * 16) / 8 + (lane >> 4);
       unsigned r[4];
-      sm80::ldmatrix_x4_trans(r, s_b + 16 * swizzle<Cfg::B_ROW_CH>(row, ch));
+      if (Cfg::TM) {
+        // N x BK tile: lanes 0-7 tokens 0-7 at k 0-7, 8-15 tokens 0-7 at
+        // k 8-15, 16-23 tokens 8-15 at k 0-7, 24-31 tokens 8-15 at k 8-15
+        const int row = warp_n * Cfg::WTN + nj * 16 + (lane & 7) + ((lane >> 4) << 3);
+        const int ch = 2 * kk + ((lane >> 3) & 1);
+        sm80::ldmatrix_x4(r, s_b + 16 * swizzle<Cfg::B_ROW_CH>(row, ch));
+      } else {
+        // BK x N tile: lanes 0-15 k 0-15 at columns 0-7, 16-31 at columns 8-15
+        const int row = 16 * kk + (lane & 15);
+        const int ch = (warp_n * Cfg::WTN + nj * 16) / 8 + (lane >> 4);
+        sm80::ldmatrix_x4_trans(r, s_b + 16 * swizzle<Cfg::B_ROW_CH>(row, ch));
+      }
       b[2 * nj][0] = r[0];
       b[2 * nj][1] = r[1];
       b[2 * nj + 1][0] = r[2];
@@ -259,13 +348,19 @@ __device__ __forceinline__ void epilogue_to_smem(const float (&acc)[Cfg::MF][Cfg
         const int orig = s_rows[row];
         if (orig >= 0) bias = __ldg(section<float>(packed, P::BIAS_OFF) + orig);
       }
-      unsigned *dst = reinterpret_cast<unsigned *>(s_c) + (row * Cfg::C_LD) / 2;
 #pragma unroll
       for (int ni = 0; ni < Cfg::NF; ++ni) {
         const int col = warp_n * Cfg::WTN + ni * 8 + 2 * (lane & 3);
         const float y0 = epilogue<P::HAS_BIAS, P::ACT>(acc[mi][ni][2 * h], P::SCALE, bias);
         const float y1 = epilogue<P::HAS_BIAS, P::ACT>(acc[mi][ni][2 * h + 1], P::SCALE, bias);
-        dst[col / 2] = sm80::pack2<T>(y0, y1);
+        const unsigned pair = sm80::pack2<T>(y0, y1);
+        if (Cfg::TM) {  // N-major tile: the two values sit in consecutive token rows
+          unsigned short *c16 = reinterpret_cast<unsigned short *>(s_c);
+          c16[col * Cfg::C_LD + row] = static_cast<unsigned short>(pair & 0xffffu);
+          c16[(col + 1) * Cfg::C_LD + row] = static_cast<unsigned short>(pair >> 16);
+        } else {
+          reinterpret_cast<unsigned *>(s_c)[(row * Cfg::C_LD + col) / 2] = pair;
+        }
       }
     }
   }
@@ -274,12 +369,12 @@ __device__ __forceinline__ void epilogue_to_smem(const float (&acc)[Cfg::MF][Cfg
 // The shared output tile -> Y rows (original order), columns [n0, n0+BN)
 // clipped to N; rows past the group's end are skipped.
 template <class Cfg, bool VEC>
-__device__ __forceinline__ void store_tile(const unsigned char *s_c, const int *s_rows,
-                                           unsigned short *y, int n_len, int n0) {
-  constexpr int CHUNKS = Cfg::BM * Cfg::B_ROW_CH;
+__device__ __forceinline__ void store_tile_fm(const unsigned char *s_c, const int *s_rows,
+                                              unsigned short *y, int n_len, int n0) {
+  constexpr int CHUNKS = Cfg::BM * Cfg::C_ROW_CH;
 #pragma unroll 4
   for (int ch = threadIdx.x; ch < CHUNKS; ch += Cfg::THREADS) {
-    const int r = ch / Cfg::B_ROW_CH, c = ch % Cfg::B_ROW_CH;
+    const int r = ch / Cfg::C_ROW_CH, c = ch % Cfg::C_ROW_CH;
     const int orig = s_rows[r];
     const int n = n0 + 8 * c;
     if (orig < 0 || n >= n_len) continue;
@@ -292,6 +387,34 @@ __device__ __forceinline__ void store_tile(const unsigned char *s_c, const int *
 #pragma unroll
       for (int e = 0; e < 8; ++e)
         if (n + e < n_len) dst[e] = s16[e];
+    }
+  }
+}
+
+// Token-major: Y[token, original row].  VEC (rows contiguous in M, M % 8
+// == 0, Y aligned): a run of 8 rows whose first original row is a multiple
+// of 8 is one 16-byte store; anything else goes element by element.
+template <class Cfg, class P, bool VEC>
+__device__ __forceinline__ void store_tile_tm(const unsigned char *s_c, const int *s_rows,
+                                              unsigned short *y, int n_len, int n0) {
+  constexpr int CHUNKS = Cfg::BN * Cfg::C_ROW_CH;
+#pragma unroll 4
+  for (int ch = threadIdx.x; ch < CHUNKS; ch += Cfg::THREADS) {
+    const int t = ch / Cfg::C_ROW_CH, c = ch % Cfg::C_ROW_CH;
+    const int tok = n0 + t;
+    if (tok >= n_len) continue;
+    const unsigned short *src = reinterpret_cast<const unsigned short *>(s_c) + t * Cfg::C_LD + 8 * c;
+    unsigned short *dst = y + (size_t)tok * P::M;
+    const int first = s_rows[8 * c];
+    if (VEC && !P::PERMUTED && P::M % 8 == 0 && first >= 0 && (first & 7) == 0 &&
+        s_rows[8 * c + 7] >= 0) {
+      *reinterpret_cast<uint4 *>(dst + first) = *reinterpret_cast<const uint4 *>(src);
+    } else {
+#pragma unroll
+      for (int e = 0; e < 8; ++e) {
+        const int orig = s_rows[8 * c + e];
+        if (orig >= 0) dst[orig] = src[e];
+      }
     }
   }
 }
@@ -326,7 +449,7 @@ __device__ __forceinline__ void gemm_group(const unsigned char *__restrict__ pac
 #pragma unroll
       for (int e = 0; e < 4; ++e) acc[mi][ni][e] = 0.0f;
 
-  BLoader<Cfg, VEC> bl(x, n_len, n0);
+  typename BLoaderOf<Cfg, VEC, P::K>::type bl(x, n_len, n0);
 
   // prologue: chunks 0 .. STAGES-2 in flight, indices of chunk STAGES-1 fetched
 #pragma unroll
@@ -364,10 +487,13 @@ __device__ __forceinline__ void gemm_group(const unsigned char *__restrict__ pac
   __syncthreads();  // pipeline buffers free for the output tile; row map visible
   epilogue_to_smem<Cfg, P>(acc, packed, s_rows, smem, warp_m, warp_n, lane);
   __syncthreads();
-  store_tile<Cfg, VEC>(smem, s_rows, y, n_len, n0);
+  if (Cfg::TM)
+    store_tile_tm<Cfg, P, VEC>(smem, s_rows, y, n_len, n0);
+  else
+    store_tile_fm<Cfg, VEC>(smem, s_rows, y, n_len, n0);
 }
 
-// Entry: blockIdx.x = tile of N, blockIdx.y = schedule slot (group).
+// Entry: blockIdx.x = tile of N (tokens), blockIdx.y = schedule slot (group).
 template <class Cfg, class P>
 __device__ __forceinline__ void kernel(const unsigned char *__restrict__ packed,
                                        const void *__restrict__ x_, void *__restrict__ y_,
@@ -377,9 +503,10 @@ __device__ __forceinline__ void kernel(const unsigned char *__restrict__ packed,
   const Slot slot = load_slot<P>(packed, blockIdx.y);
   const unsigned short *x = static_cast<const unsigned short *>(x_);
   unsigned short *y = static_cast<unsigned short *>(y_);
-  const bool vec = (n_len & 7) == 0 &&
-                   ((reinterpret_cast<unsigned long long>(x_) |
-                     reinterpret_cast<unsigned long long>(y_)) & 15) == 0;
+  const bool aligned = ((reinterpret_cast<unsigned long long>(x_) |
+                         reinterpret_cast<unsigned long long>(y_)) & 15) == 0;
+  // fm: 16-byte runs along N need N % 8 == 0; tm: runs along K need RUNS8
+  const bool vec = aligned && (Cfg::TM ? P::RUNS8 : (n_len & 7) == 0);
   if (vec)
     gemm_group<Cfg, P, true>(packed, x, y, n_len, slot, smem);
   else
