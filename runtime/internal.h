@@ -168,6 +168,16 @@ sf_status sf__cu_fail(sf_context *ctx, sf_status code, CUresult r,
  * makes it current on this thread.  Every GPU call starts with it. */
 sf_status sf__ctx_enter(sf_context *ctx);
 
+/* One launch of something timed (a kernel, a cuBLAS call) on `stream`. */
+typedef sf_status (*sf__launch_fn)(sf_context *ctx, void *user, CUstream stream);
+
+/* The timing protocol of sf_time_kernel for any launch: warm-up, optional
+ * L2 flush and graph capture, event-timed samples, statistics. The context
+ * must be current (sf__ctx_enter). */
+sf_status sf__time_launches(sf_context *ctx, sf__launch_fn fn, void *user,
+                            CUstream stream, const sf_timing_options *opts,
+                            sf_timing *out);
+
 /* Allocation tracking (context.c). */
 sf_status sf__track_alloc(sf_context *ctx, sf_devptr p);
 int sf__untrack_alloc(sf_context *ctx, sf_devptr p);

@@ -265,9 +265,20 @@ static void timing_cleanup(sf_context *ctx, timing_state *t) {
   free(t->samples);
 }
 
+/* One launch of what is timed, on `stream`. */
+typedef struct kernel_launch {
+  sf_kernel *k;
+  const sf_launch_config *cfg;
+  void **args;
+} kernel_launch;
+
+static sf_status launch_kernel_cb(sf_context *ctx, void *user, CUstream stream) {
+  kernel_launch *kl = user;
+  return launch_on(ctx, kl->k, kl->cfg, kl->args, stream);
+}
+
 /* Captures `batch` launches on t->stream into t->exec. */
-static sf_status capture_graph(sf_context *ctx, sf_kernel *k,
-                               const sf_launch_config *cfg, void **args,
+static sf_status capture_graph(sf_context *ctx, sf__launch_fn fn, void *user,
                                int batch, timing_state *t) {
   const sf__driver *d = ctx->drv;
   CUresult r = d->StreamBeginCapture(t->stream, CU_STREAM_CAPTURE_MODE_RELAXED);
@@ -275,7 +286,7 @@ static sf_status capture_graph(sf_context *ctx, sf_kernel *k,
     return sf__cu_fail(ctx, SF_ERR_CUDA, r, "cuStreamBeginCapture");
   sf_status st = SF_OK;
   for (int i = 0; i < batch && st == SF_OK; i++)
-    st = launch_on(ctx, k, cfg, args, t->stream);
+    st = fn(ctx, user, t->stream);
   CUgraph graph = NULL;
   r = d->StreamEndCapture(t->stream, &graph);
   if (st != SF_OK) {
@@ -293,10 +304,9 @@ static sf_status capture_graph(sf_context *ctx, sf_kernel *k,
   return SF_OK;
 }
 
-static sf_status run_sample(sf_context *ctx, sf_kernel *k,
-                            const sf_launch_config *cfg, void **args,
+static sf_status run_sample(sf_context *ctx, sf__launch_fn fn, void *user,
                             timing_state *t) {
-  if (!t->exec) return launch_on(ctx, k, cfg, args, t->stream);
+  if (!t->exec) return fn(ctx, user, t->stream);
   CUresult r = ctx->drv->GraphLaunch(t->exec, t->stream);
   if (r != CUDA_SUCCESS)
     return sf__cu_fail(ctx, SF_ERR_LAUNCH, r, "cuGraphLaunch");
@@ -332,6 +342,15 @@ sf_status sf_time_kernel(sf_context *ctx, sf_kernel *k,
   sf_status st = check_kernel(ctx, k);
   if (st == SF_OK) st = check_config(ctx, cfg);
   if (st != SF_OK) return st;
+  kernel_launch kl = {k, cfg, args};
+  return sf__time_launches(ctx, launch_kernel_cb, &kl, (CUstream)cfg->stream,
+                           opts, out);
+}
+
+sf_status sf__time_launches(sf_context *ctx, sf__launch_fn fn, void *user,
+                            CUstream stream, const sf_timing_options *opts,
+                            sf_timing *out) {
+  sf_status st;
   if (!out) return sf__fail(ctx, SF_ERR_INVALID_ARG, "out is NULL");
   memset(out, 0, sizeof *out);
   sf_timing_options o;
@@ -358,7 +377,7 @@ sf_status sf_time_kernel(sf_context *ctx, sf_kernel *k,
   const sf__driver *d = ctx->drv;
   timing_state t;
   memset(&t, 0, sizeof t);
-  t.stream = (CUstream)cfg->stream;
+  t.stream = stream;
   CUresult r;
   size_t flush_size = 0;
   if (o.flush_l2 && (st = ensure_flush_buffer(ctx, &flush_size)) != SF_OK)
@@ -376,11 +395,11 @@ sf_status sf_time_kernel(sf_context *ctx, sf_kernel *k,
   }
   /* One plain launch first: it checks the configuration and raises the
    * shared-memory limit outside any capture. */
-  if ((st = launch_on(ctx, k, cfg, args, t.stream)) != SF_OK) goto done;
-  if (batch > 1 && (st = capture_graph(ctx, k, cfg, args, batch, &t)) != SF_OK)
+  if ((st = fn(ctx, user, t.stream)) != SF_OK) goto done;
+  if (batch > 1 && (st = capture_graph(ctx, fn, user, batch, &t)) != SF_OK)
     goto done;
   for (int i = 0; i < o.warmup; i++)
-    if ((st = run_sample(ctx, k, cfg, args, &t)) != SF_OK) goto done;
+    if ((st = run_sample(ctx, fn, user, &t)) != SF_OK) goto done;
   r = d->StreamSynchronize(t.stream);
   if (r != CUDA_SUCCESS) {
     st = sf__cu_fail(ctx, SF_ERR_CUDA, r, "warm-up launches");
@@ -421,7 +440,7 @@ sf_status sf_time_kernel(sf_context *ctx, sf_kernel *k,
       }
       r = d->EventRecord(t.ev[2 * i], t.stream);
       if (r == CUDA_SUCCESS) {
-        if ((st = run_sample(ctx, k, cfg, args, &t)) != SF_OK) goto done;
+        if ((st = run_sample(ctx, fn, user, &t)) != SF_OK) goto done;
         r = d->EventRecord(t.ev[2 * i + 1], t.stream);
       }
       if (r != CUDA_SUCCESS) {

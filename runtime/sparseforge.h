@@ -352,6 +352,42 @@ SF_API sf_status sf_time_kernel(sf_context *ctx, sf_kernel *k,
                                 sf_timing *out);
 
 /* ------------------------------------------------------------------------
+ * The dense peer: cuBLAS, timed by the same protocol
+ * ---------------------------------------------------------------------- */
+
+typedef enum sf_dtype {
+  SF_DTYPE_FP32 = 0,
+  SF_DTYPE_FP16 = 1,
+  SF_DTYPE_BF16 = 2
+} sf_dtype;
+
+typedef struct sf_gemm_desc {
+  sf_dtype dtype;   /* of W, X and Y; accumulation is fp32 (no TF32) */
+  int64_t m, n, k;  /* Y (M x N) = W (M x K) X (K x N) */
+  int layout;       /* 0 feature-major (X K x N, Y M x N, row-major),
+                       1 token-major (X N x K, Y N x M), -1 both: the
+                       faster one counts (cuBLAS in its best layout) */
+} sf_gemm_desc;
+
+typedef struct sf_gemm_timing {
+  sf_timing timing;
+  int layout_used;  /* the layout the timing is for */
+} sf_gemm_timing;
+
+/*
+ * Times a dense cublasGemmEx of the described shape on the context's GPU
+ * with the protocol of sf_time_kernel (`opts` as there; NULL: defaults),
+ * on inputs filled with values in [-1, 1) (never zeros).  cuBLAS is loaded
+ * with dlopen ($SF_CUBLAS, else libcublas.so.13, .so.12, .so): without it,
+ * SF_ERR_NOT_FOUND "cuBLAS not found: ...".  Device memory is allocated and
+ * freed inside the call.  Other errors: SF_ERR_INVALID_ARG (sizes below 1
+ * or above 2^31 - 1, unknown dtype), GPU errors as elsewhere.
+ */
+SF_API sf_status sf_time_dense_gemm(sf_context *ctx, const sf_gemm_desc *desc,
+                                    const sf_timing_options *opts,
+                                    sf_gemm_timing *out);
+
+/* ------------------------------------------------------------------------
  * Device memory (enough for tests and the tuner)
  * ---------------------------------------------------------------------- */
 

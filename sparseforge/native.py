@@ -207,6 +207,11 @@ class sf_timing_options(Structure):
     ]
 
 
+class sf_gemm_desc(Structure):
+    _fields_ = [("dtype", c_int), ("m", c_int64), ("n", c_int64), ("k", c_int64),
+                ("layout", c_int)]
+
+
 class sf_timing(Structure):
     _fields_ = [
         ("median_ms", c_double),
@@ -216,6 +221,10 @@ class sf_timing(Structure):
         ("mean_ms", c_double),
         ("reps", c_int),
     ]
+
+
+class sf_gemm_timing(Structure):
+    _fields_ = [("timing", sf_timing), ("layout_used", c_int)]
 
 
 # ---------------------------------------------------------------------------
@@ -249,6 +258,8 @@ _PROTOTYPES = {
     "sf_synchronize": (c_int, [_P]),
     "sf_time_kernel": (c_int, [_P, _P, POINTER(sf_launch_config), POINTER(c_void_p),
                                POINTER(sf_timing_options), POINTER(sf_timing)]),
+    "sf_time_dense_gemm": (c_int, [_P, POINTER(sf_gemm_desc), POINTER(sf_timing_options),
+                                   POINTER(sf_gemm_timing)]),
     "sf_mem_alloc": (c_int, [_P, c_size_t, POINTER(c_uint64)]),
     "sf_mem_free": (c_int, [_P, c_uint64]),
     "sf_memcpy_htod": (c_int, [_P, c_uint64, c_void_p, c_size_t]),
@@ -279,6 +290,22 @@ def _clib() -> ctypes.CDLL:
                 fn.argtypes = argtypes
             _lib_ready = lib
     return _lib_ready
+
+
+def _timing_options(warmup, min_reps, max_reps, min_total_ms, flush_l2, graph_batch):
+    o = sf_timing_options()
+    o.warmup = _as_int(warmup, "warmup") if warmup else -1  # 0: none
+    o.min_reps = _as_int(min_reps, "min_reps")
+    o.max_reps = _as_int(max_reps, "max_reps")
+    # 0 would mean "the default" to the library: ask for no minimum
+    o.min_total_ms = float(min_total_ms) or 1e-9
+    o.flush_l2 = 1 if flush_l2 else 0
+    o.graph_batch = _as_int(graph_batch, "graph_batch")
+    if o.min_reps < 1 or o.max_reps < o.min_reps:
+        raise ValueError(f"need 1 <= min_reps <= max_reps, got {o.min_reps}, {o.max_reps}")
+    if o.min_total_ms < 0 or o.graph_batch < 0 or o.warmup < -1:
+        raise ValueError("warmup, min_total_ms and graph_batch must not be negative")
+    return o
 
 
 def _check(status: int, ctx_handle: Optional[c_void_p] = None) -> None:
@@ -872,23 +899,35 @@ class Context:
         k = self._kernel_handle(kfn)
         cfg = self._config(grid, block, shared, stream)
         arr, keep = _kernel_args(args, sig)
-        o = sf_timing_options()
-        o.warmup = _as_int(warmup, "warmup") if warmup else -1  # 0: none
-        o.min_reps = _as_int(min_reps, "min_reps")
-        o.max_reps = _as_int(max_reps, "max_reps")
-        # 0 would mean "the default" to the library: ask for no minimum
-        o.min_total_ms = float(min_total_ms) or 1e-9
-        o.flush_l2 = 1 if flush_l2 else 0
-        o.graph_batch = _as_int(graph_batch, "graph_batch")
-        if o.min_reps < 1 or o.max_reps < o.min_reps:
-            raise ValueError(f"need 1 <= min_reps <= max_reps, got {o.min_reps}, {o.max_reps}")
-        if o.min_total_ms < 0 or o.graph_batch < 0 or o.warmup < -1:
-            raise ValueError("warmup, min_total_ms and graph_batch must not be negative")
+        o = _timing_options(warmup, min_reps, max_reps, min_total_ms, flush_l2, graph_batch)
         t = sf_timing()
         _check(_clib().sf_time_kernel(h, k, byref(cfg), arr, byref(o), byref(t)), h)
         del keep
         return {"median_ms": t.median_ms, "p20_ms": t.p20_ms, "p80_ms": t.p80_ms,
                 "min_ms": t.min_ms, "mean_ms": t.mean_ms, "reps": t.reps}
+
+    def time_gemm(self, dtype: str, m: int, n: int, k: int, layout: str = "best",
+                  warmup: int = 3, min_reps: int = 30, max_reps: int = 1000,
+                  min_total_ms: float = 100.0, flush_l2: bool = True,
+                  graph_batch: int = 0) -> dict:
+        """Times cuBLAS on Y (M x N) = W (M x K) X with the protocol of
+        time() (see sf_time_dense_gemm).  layout: "fm", "tm" or "best" (both,
+        the faster counts).  dict(median_ms, ..., layout)."""
+        h = self._live_handle()
+        dtypes = {"fp32": 0, "fp16": 1, "bf16": 2}
+        layouts = {"fm": 0, "tm": 1, "best": -1}
+        if dtype not in dtypes:
+            raise ValueError(f"unknown dtype {dtype!r}; expected one of {sorted(dtypes)}")
+        if layout not in layouts:
+            raise ValueError(f"unknown layout {layout!r}; expected fm, tm or best")
+        d = sf_gemm_desc(dtypes[dtype], m, n, k, layouts[layout])
+        o = _timing_options(warmup, min_reps, max_reps, min_total_ms, flush_l2, graph_batch)
+        t = sf_gemm_timing()
+        _check(_clib().sf_time_dense_gemm(h, byref(d), byref(o), byref(t)), h)
+        tt = t.timing
+        return {"median_ms": tt.median_ms, "p20_ms": tt.p20_ms, "p80_ms": tt.p80_ms,
+                "min_ms": tt.min_ms, "mean_ms": tt.mean_ms, "reps": tt.reps,
+                "layout": ("fm", "tm")[t.layout_used]}
 
     def synchronize(self) -> None:
         """Waits for the GPU; a kernel fault surfaces here as CudaError."""
