@@ -126,7 +126,7 @@ class SparseMatrix:
         mask = a != 0
         indptr = np.concatenate([[0], np.cumsum(mask.sum(axis=1))])
         rows, cols = np.nonzero(mask)
-        return cls(a.shape, indptr, cols, a[rows, cols], dtype=dtype, **kw)
+        return cls(a.shape, indptr, cols, round_to_dtype(a[rows, cols], dtype), dtype=dtype, **kw)
 
     # ---- views ----------------------------------------------------------
     @property
