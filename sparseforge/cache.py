@@ -191,8 +191,15 @@ _setup_lock = threading.Lock()
 _ready = None
 
 
+class _Functions:
+    """The cache's C functions, each with its signature."""
+
+
 def _clib():
-    """The library with the cache functions' signatures set (once)."""
+    """The cache's C functions with their signatures set (once).  They are
+    private function objects (lib[name], not lib.name), so that signatures
+    other modules set on the shared library object never clash with
+    these."""
     global _ready
     if _ready is not None:
         return _ready
@@ -225,12 +232,14 @@ def _clib():
             "sf_cache_count": (c_int, [P, POINTER(sf_cache_counts)]),
             "sf_status_name": (c_char_p, [c_int]),
         }
+        fns = _Functions()
         for name, (res, args) in sigs.items():
-            fn = getattr(lib, name)
+            fn = lib[name]
             fn.restype = res
             fn.argtypes = args
-        _ready = lib
-        return lib
+            setattr(fns, name, fn)
+        _ready = fns
+        return fns
 
 
 def _error(status: int, message: str) -> SFError:

@@ -376,6 +376,10 @@ def test_handle_and_callback_errors(db, monkeypatch):
     assert isinstance(db._handle, ctypes.c_void_p) and db._handle.value
     from sparseforge import native
     assert native._cache_handle(db) == db._handle.value
+    # private function objects: signatures others set on the shared
+    # library object do not reach the binding's calls
+    from sparseforge._lib import load
+    assert sfcache._clib().sf_cache_put_layer is not load().sf_cache_put_layer
     db.put_trial("e", "fp", "op", 16, "cfg", "ok", median_ms=1.0)
 
     def boom(t):
