@@ -9,9 +9,10 @@
 #include <stdlib.h>
 #include <string.h>
 
-#define CHECK_CACHE(c, fn)                                            \
-  do {                                                                \
-    if (!(c)) return SF_ERR_INVALID_ARG;                              \
+/* A NULL cache: only the code (there is no handle for a message). */
+#define CHECK_CACHE(c)                    \
+  do {                                    \
+    if (!(c)) return SF_ERR_INVALID_ARG;  \
   } while (0)
 
 /* ---- binary keys ---------------------------------------------------- */
@@ -111,7 +112,7 @@ static sf_status put_binary_body(sf_cache *c, void *arg) {
 
 sf_status sf_cache_put_binary(sf_cache *cache, const sf_binary_key *key,
                               const sf_binary *bin) {
-  CHECK_CACHE(cache, "sf_cache_put_binary");
+  CHECK_CACHE(cache);
   char hex[65];
   sf_status s = cache_key(cache, "sf_cache_put_binary", key, hex);
   if (s) return s;
@@ -134,7 +135,7 @@ sf_status sf_cache_put_binary(sf_cache *cache, const sf_binary_key *key,
 
 sf_status sf_cache_get_binary(sf_cache *cache, const sf_binary_key *key,
                               sf_binary **out) {
-  CHECK_CACHE(cache, "sf_cache_get_binary");
+  CHECK_CACHE(cache);
   if (!out)
     return sfc_fail(cache, SF_ERR_INVALID_ARG, "sf_cache_get_binary: out is NULL");
   *out = NULL;
@@ -238,7 +239,7 @@ static sf_status put_env_body(sf_cache *c, void *arg) {
 
 sf_status sf_cache_put_env(sf_cache *cache, const sf_device_info *dev,
                            char env_key[65]) {
-  CHECK_CACHE(cache, "sf_cache_put_env");
+  CHECK_CACHE(cache);
   if (!dev || !env_key)
     return sfc_fail(cache, SF_ERR_INVALID_ARG, "sf_cache_put_env: %s is NULL",
                     !dev ? "dev" : "env_key");
@@ -287,7 +288,7 @@ static sf_status put_matrix_body(sf_cache *c, void *arg) {
 }
 
 sf_status sf_cache_put_matrix(sf_cache *cache, const sf_matrix_record *m) {
-  CHECK_CACHE(cache, "sf_cache_put_matrix");
+  CHECK_CACHE(cache);
   const char *fn = "sf_cache_put_matrix";
   if (!m) return sfc_fail(cache, SF_ERR_INVALID_ARG, "%s: m is NULL", fn);
   if (!m->fingerprint || !m->fingerprint[0])
@@ -344,7 +345,7 @@ static sf_status put_trial_body(sf_cache *c, void *arg) {
 }
 
 sf_status sf_cache_put_trial(sf_cache *cache, const sf_trial *t) {
-  CHECK_CACHE(cache, "sf_cache_put_trial");
+  CHECK_CACHE(cache);
   const char *fn = "sf_cache_put_trial";
   if (!t) return sfc_fail(cache, SF_ERR_INVALID_ARG, "%s: t is NULL", fn);
   const char *missing = !t->env_key     ? "env_key"
@@ -367,7 +368,7 @@ sf_status sf_cache_put_trial(sf_cache *cache, const sf_trial *t) {
 
 sf_status sf_cache_trials(sf_cache *cache, const sf_trial_filter *filter,
                           sf_trial_cb cb, void *user) {
-  CHECK_CACHE(cache, "sf_cache_trials");
+  CHECK_CACHE(cache);
   if (!cb)
     return sfc_fail(cache, SF_ERR_INVALID_ARG, "sf_cache_trials: cb is NULL");
   sqlite3_stmt *st;
@@ -424,7 +425,7 @@ sf_status sf_cache_trials(sf_cache *cache, const sf_trial_filter *filter,
 /* ---- listing environments and matrices -------------------------------- */
 
 sf_status sf_cache_envs(sf_cache *cache, sf_env_cb cb, void *user) {
-  CHECK_CACHE(cache, "sf_cache_envs");
+  CHECK_CACHE(cache);
   if (!cb)
     return sfc_fail(cache, SF_ERR_INVALID_ARG, "sf_cache_envs: cb is NULL");
   sqlite3_stmt *st;
@@ -468,7 +469,7 @@ sf_status sf_cache_envs(sf_cache *cache, sf_env_cb cb, void *user) {
 
 sf_status sf_cache_matrices(sf_cache *cache, const char *fingerprint,
                             sf_matrix_cb cb, void *user) {
-  CHECK_CACHE(cache, "sf_cache_matrices");
+  CHECK_CACHE(cache);
   if (!cb)
     return sfc_fail(cache, SF_ERR_INVALID_ARG, "sf_cache_matrices: cb is NULL");
   sqlite3_stmt *st;
