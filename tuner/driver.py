@@ -35,6 +35,8 @@ FULL_CHECK_LIMIT = 1 << 21
 CHECK_COLUMNS = 32
 DEFAULT_TIMING = {"warmup": 3, "min_reps": 30, "max_reps": 1000, "min_total_ms": 100.0,
                   "flush_l2": True}
+# Configurations compiled per layer where no GPU can measure them.
+NO_GPU_COMPILES = 8
 QUICK_TIMING = {"warmup": 2, "min_reps": 10, "max_reps": 200, "min_total_ms": 15.0,
                 "flush_l2": True}
 
@@ -178,12 +180,18 @@ class Tuner:
             raise ConfigError(f"{tag}: no valid configuration for this matrix and GPU")
         compiled_before = self.compiled
         if not self.gpu:
+            # Nothing can be measured: compile a spread of the space (the
+            # budget's worth, 8 by default) so the cache holds binaries for
+            # `arch`, and say so.
             result.measured = False
-            kernels = [fam.generate(matrix, op, params, c, bias=bias) for c in space]
+            budget = Budget.parse(self.budget_text, len(space)).max_trials or NO_GPU_COMPILES
+            picks = [space[round(i * (len(space) - 1) / max(1, budget - 1))]
+                     for i in range(min(budget, len(space)))] if len(space) > 1 else space
+            kernels = [fam.generate(matrix, op, params, c, bias=bias) for c in picks]
             res = self.compile_all(kernels)
             bad = sum(1 for d, _, e in res if d is None)
-            result.note = (f"no GPU ({self.gpu_reason}): compiled {len(space) - bad} of "
-                           f"{len(space)} configurations for {self.arch}, measured nothing")
+            result.note = (f"no GPU: compiled {len(picks) - bad} of {len(space)} configurations "
+                           f"for {self.arch} ({bad} failed), measured nothing")
             result.compiled = self.compiled - compiled_before
             return result
 
