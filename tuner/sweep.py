@@ -7,15 +7,13 @@ TOML spec; every trial goes into the cache.
     shapes    = [[1024, 1024]]        # M, K
     n         = [256]
     dtype     = "fp16"                # tensor-core families; csr runs fp32
-    seed      = 0                     # the random dense matrices pruned
+    seed      = 0                     # of the random patterns and values
     activation = "none"
 """
 from __future__ import annotations
 
 import sys
 import tomllib
-
-import numpy as np
 
 from ..generator.kernel import Epilogue, Operation, parse_pattern
 
@@ -48,17 +46,16 @@ def load_spec(path: str) -> dict:
 
 
 def sweep_matrices(spec: dict):
-    """(layer name, pattern, matrix) for every point of the sweep."""
-    from ..generator.prune import prune
+    """(layer name, pattern, matrix) for every point of the sweep: random
+    patterns of each family (generator.synth), values standard normal."""
+    from ..generator.synth import random_matrix
     for m, k in spec["shapes"]:
-        rng = np.random.default_rng(spec["seed"])
-        dense = rng.standard_normal((m, k)).astype(np.float32)
         for pattern in spec["families"]:
             fam, _ = parse_pattern(pattern)
             densities = [0.5] if fam == "nm24" else spec["densities"]
             for d in densities:
-                mat, _ = prune(dense, pattern, 1.0 - d, seed=spec["seed"])
-                mat = mat.astype("fp32" if fam == "csr" else spec["dtype"])
+                dtype = "fp32" if fam == "csr" else spec["dtype"]
+                mat = random_matrix(pattern, m, k, d, dtype, seed=spec["seed"])
                 yield f"sweep/{pattern}/d{d:g}/{m}x{k}", pattern, mat
 
 
