@@ -1,0 +1,42 @@
+#!/usr/bin/env bash
+# One call on the GPU machine: build, GPU tests, the README's main command
+# (twice: the second must compile nothing), compute-sanitizer, and the S1
+# benchmark; a short table last.  Stages: tests tune sanitize bench (default:
+# all).  The GPU machine lacks sqlite3.h: carry .gpu/ (holding it) along.
+#   bash bench/gpu_check.sh tests tune
+set -uo pipefail
+cd "$(dirname "$0")/.."
+STAGES="${*:-tests tune sanitize bench}"
+OUT="${OUT:-/tmp/sf-out}"; mkdir -p "$OUT"
+export PYTHONUNBUFFERED=1
+SQLITE_LIB=$(ls /usr/lib/x86_64-linux-gnu/libsqlite3.so.0* 2>/dev/null | head -1)
+SQLITE_INC=$([ -f /usr/include/sqlite3.h ] && echo /usr/include || echo "$PWD/.gpu/include")
+summary=()
+step() { local name=$1; shift; local t0=$SECONDS
+  if "$@" >"$OUT/$name.log" 2>&1; then summary+=("$name: ok ($((SECONDS - t0)) s)")
+  else summary+=("$name: FAILED ($((SECONDS - t0)) s; see $name.log)"); tail -40 "$OUT/$name.log"; fi; }
+
+nvidia-smi --query-gpu=name,driver_version --format=csv,noheader | tee "$OUT/gpu.txt"
+step build bash -c "cmake -S . -B build/gpu -DCMAKE_BUILD_TYPE=Release -DSQLITE3_INCLUDE_DIR=$SQLITE_INC -DSQLITE3_LIBRARY=$SQLITE_LIB && cmake --build build/gpu -j 16"
+export SPARSEFORGE_LIB=$PWD/build/gpu/libsparseforge.so
+# the package, as a user installs it (no network there: no build isolation)
+step install bash -c "SF_CMAKE_ARGS='-DSQLITE3_INCLUDE_DIR=$SQLITE_INC -DSQLITE3_LIBRARY=$SQLITE_LIB' python3 -m pip install -q --no-build-isolation --no-deps --target /tmp/sfpkg . && test -x /tmp/sfpkg/bin/sparseforge"
+export PYTHONPATH=/tmp/sfpkg PATH=/tmp/sfpkg/bin:$PATH
+case " $STAGES " in *" tests "*)
+  step ctest ctest --test-dir build/gpu --output-on-failure
+  step pytest_gpu python3 -m pytest -q -rs -m gpu tests/py -x -p no:cacheprovider
+  grep -E "passed|failed" "$OUT/pytest_gpu.log" | tail -1 ;; esac
+case " $STAGES " in *" tune "*)
+  export XDG_CACHE_HOME=/tmp/sf-xdg; rm -rf "$XDG_CACHE_HOME"
+  step tune_first sparseforge tune examples/tiny_model.npz --n 16,256,4096
+  step tune_second sparseforge tune examples/tiny_model.npz --n 16,256,4096
+  tail -12 "$OUT/tune_first.log"; grep "compiled in this run" "$OUT/tune_second.log"
+  step cache_ls sparseforge cache ls ;; esac
+case " $STAGES " in *" sanitize "*)
+  step memcheck compute-sanitizer --tool memcheck --error-exitcode 9 python3 bench/sanitize.py
+  step racecheck compute-sanitizer --tool racecheck --error-exitcode 9 python3 bench/sanitize.py --small
+  grep -E "ERROR SUMMARY|RACECHECK SUMMARY" "$OUT/memcheck.log" "$OUT/racecheck.log" ;; esac
+case " $STAGES " in *" bench "*)
+  step s1 python3 bench/s1.py --db /tmp/sf-s1.db ${S1_ARGS:-} --results "$OUT/RESULTS.md"
+  cat "$OUT/RESULTS.md" 2>/dev/null ;; esac
+printf '%s\n' "${summary[@]}"

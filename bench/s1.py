@@ -1,0 +1,175 @@
+"""S1 prefill suite (DESIGN.md): tensor-core families against cuBLAS fp16
+dense, measured side by side in one run on one GPU.
+
+For every shape x family x density: a random pattern (generator.synth,
+fixed seed, standard-normal values), tuned by the tuner (budgeted greedy
+search; every candidate verified before its time counts, every trial in the
+database), the winner's median time against cuBLAS's median (its best
+layout) in the same run, and the winner's fraction of the roofline floor:
+max(nonzero FLOPs / measured dense peak, bytes / measured copy bandwidth).
+
+    python3 bench/s1.py --db /tmp/s1.db --families shflbw:64,bsr:64x64 \
+        --densities 0.25,0.1 --budget 24 --results bench/RESULTS.md
+"""
+from __future__ import annotations
+
+import argparse
+import datetime
+import math
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+S1_SHAPES = [(3072, 768, 4096), (768, 3072, 4096), (4096, 1024, 8192), (1024, 4096, 8192),
+             (11008, 4096, 4096), (4096, 4096, 4096)]
+
+COPY_KERNEL = r"""
+extern "C" __global__ void sf_copy(const int4* __restrict__ src, int4* __restrict__ dst, long n) {
+  for (long i = blockIdx.x * (long)blockDim.x + threadIdx.x; i < n; i += (long)gridDim.x * blockDim.x)
+    dst[i] = src[i];
+}
+"""
+
+
+def measure_copy_bandwidth(ctx, nbytes=1 << 30) -> float:
+    """Bytes read + written per second by a plain 16-byte copy kernel."""
+    binary = ctx.compile(COPY_KERNEL, name="copy.cu")
+    mod = ctx.load(binary)
+    fn = mod.kernel("sf_copy")
+    a, b = ctx.alloc(nbytes), ctx.alloc(nbytes)
+    ctx.memset(a, 1)
+    sms = ctx.device_info()["sm_count"]
+    t = ctx.time(fn, (sms * 8, 1, 1), (512, 1, 1), [a, b, nbytes // 16], sig="PPq",
+                 warmup=3, min_reps=20, min_total_ms=50, flush_l2=False)
+    a.free()
+    b.free()
+    return 2 * nbytes / (t["median_ms"] * 1e-3)
+
+
+def measure_dense_peak(ctx) -> float:
+    t = ctx.time_gemm("fp16", 8192, 8192, 8192, layout="best", min_reps=10, min_total_ms=50)
+    return 2 * 8192 ** 3 / (t["median_ms"] * 1e-3)
+
+
+def sparse_bytes(m, k, n, nnz, elem=2):
+    # nonzero weights + one index per stored column vector (approx.) + X once + Y once
+    return nnz * elem + k * n * elem + m * n * elem
+
+
+def commit_id() -> str:
+    try:
+        out = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True,
+                             text=True, check=True).stdout.strip()
+        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=ROOT,
+                               capture_output=True, text=True).stdout.strip()
+        return out + ("+dirty" if dirty else "")
+    except Exception:  # noqa: BLE001 - a copy without git history
+        return os.environ.get("SF_COMMIT", "unknown")
+
+
+def geomean(xs):
+    xs = [x for x in xs if x == x and x > 0]
+    return math.exp(sum(math.log(x) for x in xs) / len(xs)) if xs else math.nan
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--db", default="/tmp/sparseforge-s1.db")
+    ap.add_argument("--families", default="shflbw:64,shflbw:32,bsr:64x64,bsr:32x32")
+    ap.add_argument("--densities", default="0.25,0.1")
+    ap.add_argument("--shapes", default="all", help="'all' or indices into S1, e.g. 0,5")
+    ap.add_argument("--dtype", default="fp16", choices=["fp16", "bf16"])
+    ap.add_argument("--budget", default="24", help="trials per problem (tuner --budget)")
+    ap.add_argument("--strategy", default="greedy")
+    ap.add_argument("--activation", default="none")
+    ap.add_argument("--results", help="append the table to this markdown file")
+    ap.add_argument("--label", default="", help="a note for the results heading")
+    args = ap.parse_args(argv)
+
+    from sparseforge import native
+    from sparseforge.cache import Cache
+    from sparseforge.generator.kernel import Epilogue, Operation, parse_pattern
+    from sparseforge.generator.synth import random_matrix
+    from sparseforge.tuner.driver import QUICK_TIMING, Tuner
+    from sparseforge.tuner.model import Progress
+
+    ok, why = native.gpu_available()
+    if not ok:
+        print(f"no GPU: {why}", file=sys.stderr)
+        return 1
+    ctx = native.Context(0)
+    dev = ctx.device_info()
+    bw = measure_copy_bandwidth(ctx)
+    peak = measure_dense_peak(ctx)
+    ctx.close()
+    print(f"{dev['name']}: copy {bw / 1e12:.2f} TB/s, cuBLAS fp16 8192^3 {peak / 1e12:.0f} TFLOP/s",
+          flush=True)
+    shapes = S1_SHAPES if args.shapes == "all" else [S1_SHAPES[int(i)] for i in args.shapes.split(",")]
+    densities = [float(d) for d in args.densities.split(",")]
+    rows = []
+    t0 = time.time()
+    with Cache(args.db) as cache:
+        tuner = Tuner(cache, strategy=args.strategy, budget=args.budget, timing=QUICK_TIMING,
+                      progress=Progress(), seed=1)
+        try:
+            for pattern in args.families.split(","):
+                fam, params = parse_pattern(pattern)
+                for d in ([0.5] if fam == "nm24" else densities):
+                    for (m, k, n) in shapes:
+                        mat = random_matrix(pattern, m, k, d, args.dtype, seed=0)
+                        op = Operation(args.dtype, "fm", Epilogue(activation=args.activation))
+                        res = tuner.tune(mat, fam, params, op, [n], f"s1/{pattern}/d{d:g}/{m}x{k}")
+                        nr = res.per_n[n]
+                        flops = 2.0 * mat.nnz * n
+                        floor_s = max(flops / peak, sparse_bytes(m, k, n, mat.nnz) / bw)
+                        frac = floor_s / (nr.median_ms * 1e-3) if nr.median_ms == nr.median_ms else math.nan
+                        rows.append(dict(pattern=pattern, density=d, m=m, k=k, n=n, ms=nr.median_ms,
+                                         cublas=nr.peer_ms, speedup=nr.speedup, roof=frac,
+                                         err=nr.max_error, trials=nr.trials, failed=nr.failed,
+                                         config=nr.config))
+                        print(f"  {pattern:10s} d={d:<5g} {m}x{k}x{n}: {nr.median_ms:.4f} ms, cuBLAS "
+                              f"{nr.peer_ms:.4f} ms, {nr.speedup:.2f}x, roofline {frac:.2f}, "
+                              f"err {nr.max_error:.1e}, {nr.trials} trials", flush=True)
+        finally:
+            tuner.close()
+    table = format_table(rows, dev, bw, peak, args)
+    print(table)
+    if args.results:
+        with open(args.results, "a") as f:
+            f.write(table + "\n")
+    print(f"total {time.time() - t0:.0f} s", file=sys.stderr)
+    return 0
+
+
+def format_table(rows, dev, bw, peak, args) -> str:
+    date = datetime.date.today().isoformat()
+    out = [f"\n## S1 prefill, {args.dtype}, feature-major: {date}, {dev['name']}, commit {commit_id()}",
+           "",
+           f"Random patterns (seed 0, standard-normal values); tuner `{args.strategy}` with budget "
+           f"{args.budget} per problem; quick timing (median of >= 10 runs, L2 flushed); cuBLAS "
+           f"fp16 GemmEx in its faster layout, same run. Measured ceilings: copy "
+           f"{bw / 1e12:.2f} TB/s, dense fp16 {peak / 1e12:.0f} TFLOP/s. "
+           f"Roofline = floor time / our time. {args.label}",
+           "",
+           "| family | density | M x K x N | ours ms | cuBLAS ms | speedup | roofline | max err | trials (failed) |",
+           "| --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
+    for r in rows:
+        out.append(f"| {r['pattern']} | {r['density']:g} | {r['m']}x{r['k']}x{r['n']} | {r['ms']:.4f} | "
+                   f"{r['cublas']:.4f} | {r['speedup']:.2f}x | {r['roof']:.2f} | {r['err']:.1e} | "
+                   f"{r['trials']} ({r['failed']}) |")
+    out += ["", "| family | density | geomean speedup |", "| --- | --- | --- |"]
+    groups = {}
+    for r in rows:
+        groups.setdefault((r["pattern"], r["density"]), []).append(r["speedup"])
+    for (p, d), xs in groups.items():
+        out.append(f"| {p} | {d:g} | {geomean(xs):.2f}x |")
+    return "\n".join(out)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,37 @@
+"""Runs every family's kernels once on small, awkward shapes (tails, empty
+rows and groups, bias + GELU) so that compute-sanitizer can watch them:
+    compute-sanitizer --tool memcheck python3 bench/sanitize.py
+Exits non-zero if any result is wrong."""
+import sys
+from pathlib import Path
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from sparseforge.generator.kernel import Epilogue, Operation, get_family, parse_pattern  # noqa: E402
+from sparseforge.generator.synth import random_matrix  # noqa: E402
+from sparseforge.tuner.execute import verify  # noqa: E402
+
+small = "--small" in sys.argv
+CASES = [("csr", "fp32", "fm"), ("csr", "fp32", "tm"), ("bsr:32x32", "fp16", "fm"),
+         ("bsr:64x64", "bf16", "fm"), ("shflbw:64", "fp16", "fm"), ("shflbw:32", "bf16", "fm"),
+         ("nm24", "fp16", "fm"), ("nm24", "bf16", "tm")]
+bad = 0
+for pattern, dtype, layout in CASES:
+    fam_name, params = parse_pattern(pattern)
+    fam = get_family(fam_name)
+    if layout not in fam.layouts:
+        continue
+    m, k, n = (200, 264, 72) if not small else (130, 136, 40)
+    mat = random_matrix(pattern, m, k, 0.3, dtype, seed=1)
+    op = Operation(dtype, layout, Epilogue(bias=True, activation="gelu"))
+    space = fam.search_space(mat, op, params)
+    picks = space[:: max(1, len(space) // (2 if small else 4))]
+    for cfg in picks:
+        res = verify(fam, mat, op, params, cfg, n, seed=2)
+        bad += not res["ok"]
+        print(f"{pattern:10s} {dtype} {layout} {res['kernel'][:70]:70s} err {res['norm_rel_err']:.1e} "
+              f"{'ok' if res['ok'] else 'WRONG'}")
+print(f"{bad} wrong")
+sys.exit(1 if bad else 0)
