@@ -53,6 +53,15 @@ class ReplayWorker:
         pass
 
 
+@pytest.fixture(autouse=True)
+def small_space(monkeypatch):
+    """Every configuration is compiled for real: keep the space to 8 of them
+    so the suite stays quick on two cores."""
+    fam = get_family("csr")
+    full = fam.search_space
+    monkeypatch.setattr(fam, "search_space", lambda *a, **k: full(*a, **k)[:8])
+
+
 @pytest.fixture
 def matrix():
     rng = np.random.default_rng(3)
