@@ -22,7 +22,8 @@
 // load_a (compressed tile -> shared, cp.async), load_b_fm / load_b_tm (dense
 // X tile -> shared, cp.async with zero fill or a scalar residue path),
 // compute_stage (ldmatrix + mma.sp), store_tile (epilogue through shared
-// memory, 16-byte stores), and gemm(), the kernel body.
+// memory, 16-byte stores), gemm_body() (the pipeline) and gemm(), which picks
+// the load path once per launch.
 #pragma once
 
 #include "sf/common.cuh"
@@ -229,25 +230,30 @@ __device__ __forceinline__ void load_a(unsigned sA, unsigned sE, const unsigned 
 }
 
 // Feature-major X (K x N): rows k0 .. k0 + BK - 1, columns n0 .. n0 + BN - 1.
-// `vec` (N % 8 == 0): 16-byte cp.async, zero fill past K and N; otherwise a
-// scalar path that zero-fills element by element.
-template <class C, class P>
+// VEC (N % 8 == 0, chosen once per launch): 16-byte cp.async, zero fill past
+// K and N; otherwise a scalar path that zero-fills element by element.
+template <class C, class P, bool VEC>
 __device__ __forceinline__ void load_b_fm(unsigned sB, const unsigned short *X, int k0, int n0,
-                                          int N, bool vec, int tid) {
+                                          int N, int tid) {
   constexpr int CPR = C::B_CPR;
   constexpr int COUNT = C::BK * CPR;
   constexpr int ITERS = (COUNT + C::THREADS - 1) / C::THREADS;
-  if (vec) {
+  if constexpr (VEC) {
+    // THREADS is a multiple of CPR: each thread keeps its chunk column and
+    // steps down ROWS_PER_IT rows per iteration.
+    static_assert(C::THREADS % CPR == 0 && COUNT % C::THREADS == 0,
+                  "threads must cover whole B rows");
+    constexpr int ROWS_PER_IT = C::THREADS / CPR;
+    const int row0 = tid / CPR, c = tid % CPR;
+    const int gn = n0 + c * 8;
+    const unsigned short *src = X + (size_t)(k0 + row0) * N + gn;
+    const size_t step = (size_t)ROWS_PER_IT * N;
 #pragma unroll
     for (int it = 0; it < ITERS; ++it) {
-      const int i = it * C::THREADS + tid;
-      if (COUNT % C::THREADS == 0 || i < COUNT) {
-        const int row = i / CPR, c = i % CPR;
-        const int gk = k0 + row, gn = n0 + c * 8;
-        const bool ok = gk < P::K && gn < N;
-        const unsigned short *src = ok ? X + (size_t)gk * N + gn : X;
-        cp_async16(sB + b_chunk<CPR>(row, c) * 16, src, ok ? 16 : 0);
-      }
+      const int row = row0 + it * ROWS_PER_IT;
+      const bool ok = k0 + row < P::K && gn < N;
+      cp_async16(sB + b_chunk<CPR>(row, c) * 16, ok ? src : X, ok ? 16 : 0);
+      src += step;
     }
   } else {
 #pragma unroll 1
@@ -417,19 +423,18 @@ __device__ __forceinline__ void store_tile(unsigned char *smem, float (&acc)[C::
 
 // ---- kernel body --------------------------------------------------------------
 // C: Config; P: the problem (M, K, padded sizes, section offsets, epilogue);
-// T: __half or __nv_bfloat16.  Grid: x = N tiles, y = M tiles.
-template <class C, class P, typename T>
-__device__ __forceinline__ void gemm(const unsigned char *__restrict__ packed,
-                                     const void *__restrict__ Xv, void *__restrict__ Yv, int N) {
+// T: __half or __nv_bfloat16; VEC_FM: feature-major X rows are 16-byte
+// aligned (N % 8 == 0).  Grid: x = N tiles, y = M tiles.
+template <class C, class P, typename T, bool VEC_FM>
+__device__ __forceinline__ void gemm_body(const unsigned char *__restrict__ packed,
+                                          const unsigned short *__restrict__ X,
+                                          unsigned short *__restrict__ Y, int N) {
   static_assert(P::MP % C::BM == 0 && P::KP % C::BK == 0, "plan must pad M and K to the tile");
   extern __shared__ __align__(128) unsigned char smem[];
-  const unsigned short *X = static_cast<const unsigned short *>(Xv);
-  unsigned short *Y = static_cast<unsigned short *>(Yv);
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
   const int warp_m = warp / C::WN, warp_n = warp % C::WN;
   const int n0 = blockIdx.x * C::BN, m0 = blockIdx.y * C::BM;
   const int mt0 = m0 / 16;
-  const bool vec_fm = (N % 8) == 0;
   const unsigned s0 = smem_addr(smem);
   constexpr int KT = P::KP / C::BK;
 
@@ -441,7 +446,7 @@ __device__ __forceinline__ void gemm(const unsigned char *__restrict__ packed,
     if constexpr (C::TOKEN_MAJOR)
       load_b_tm<C, P>(stage_b(st), X, kt * C::BK, n0, N, tid);
     else
-      load_b_fm<C, P>(stage_b(st), X, kt * C::BK, n0, N, vec_fm, tid);
+      load_b_fm<C, P, VEC_FM>(stage_b(st), X, kt * C::BK, n0, N, tid);
   };
 
   float acc[C::MI][C::NI][4];
@@ -469,6 +474,23 @@ __device__ __forceinline__ void gemm(const unsigned char *__restrict__ packed,
   cp_async_wait<0>();
   __syncthreads();
   store_tile<C, P, T>(smem, acc, packed, Y, m0, n0, N, warp_m, warp_n, lane, tid);
+}
+
+// The kernel: picks the feature-major load path once per launch (token-major
+// decides it from K, known when generating).
+template <class C, class P, typename T>
+__device__ __forceinline__ void gemm(const unsigned char *__restrict__ packed,
+                                     const void *__restrict__ Xv, void *__restrict__ Yv, int N) {
+  const unsigned short *X = static_cast<const unsigned short *>(Xv);
+  unsigned short *Y = static_cast<unsigned short *>(Yv);
+  if constexpr (C::TOKEN_MAJOR) {
+    gemm_body<C, P, T, true>(packed, X, Y, N);
+  } else {
+    if ((N & 7) == 0)
+      gemm_body<C, P, T, true>(packed, X, Y, N);
+    else
+      gemm_body<C, P, T, false>(packed, X, Y, N);
+  }
 }
 
 }  // namespace nm24
