@@ -10,5 +10,5 @@ cmake --build build/test -j "$(nproc)"
 ctest --test-dir build/test --output-on-failure
 # Test the installed package (sparseforge/lib/libsparseforge.so) from outside
 # the checkout, so that what pip installed is what runs.
-export SPARSEFORGE_LIB="$(python3 -c 'import sparseforge, pathlib; print(pathlib.Path(sparseforge.__file__).parent / "lib" / "libsparseforge.so")')"
+export SPARSEFORGE_LIB="$(cd / && python3 -c 'import sparseforge, pathlib; print(pathlib.Path(sparseforge.__file__).parent / "lib" / "libsparseforge.so")')"
 python3 -m pytest -rs tests/py "$@"
