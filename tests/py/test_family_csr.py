@@ -125,7 +125,7 @@ def test_search_space_large_matrix_is_global_only():
     assert m.nnz > csr_mod.IMM_MAX_NNZ
     space = FAM.search_space(m, FM, {})
     assert space and {c["tables"] for c in space} == {"global"}
-    with pytest.raises(ConfigError, match="imm.*nnz <= 32768"):
+    with pytest.raises(ConfigError, match="imm.*nnz <= 8192"):
         FAM.check_config(cfg("imm"), m, FM, {})
     with pytest.raises(ConfigError, match="__constant__"):
         FAM.check_config(cfg("const"), m, FM, {})
