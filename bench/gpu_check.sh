@@ -2,7 +2,7 @@
 # One call on the GPU machine: build, GPU tests, the README's main command
 # (twice: the second must compile nothing), compute-sanitizer, and the S1
 # benchmark; a short table last.  Stages: tests tune sanitize bench (default:
-# all).  The GPU machine lacks sqlite3.h: carry .gpu/ (holding it) along.
+# tests tune sanitize bench).  `claim` measures the budgeted strategy.  The GPU machine lacks sqlite3.h: carry .gpu/ (holding it) along.
 #   bash bench/gpu_check.sh tests tune
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -24,7 +24,8 @@ step install bash -c "SF_CMAKE_ARGS='-DSQLITE3_INCLUDE_DIR=$SQLITE_INC -DSQLITE3
 export PYTHONPATH=/tmp/sfpkg PATH=/tmp/sfpkg/bin:$PATH
 case " $STAGES " in *" tests "*)
   step ctest ctest --test-dir build/gpu --output-on-failure
-  step pytest_gpu python3 -m pytest -q -rs -m gpu tests/py -x -p no:cacheprovider
+  [ -d .gpu/dlmc ] && export SPARSEFORGE_DLMC=$PWD/.gpu/dlmc
+  step pytest_gpu python3 -m pytest -q -rs -m gpu tests/py -p no:cacheprovider --durations=8
   grep -E "passed|failed" "$OUT/pytest_gpu.log" | tail -1 ;; esac
 case " $STAGES " in *" tune "*)
   export XDG_CACHE_HOME=/tmp/sf-xdg; rm -rf "$XDG_CACHE_HOME"
@@ -39,4 +40,7 @@ case " $STAGES " in *" sanitize "*)
 case " $STAGES " in *" bench "*)
   step s1 python3 bench/s1.py --db /tmp/sf-s1.db ${S1_ARGS:-} --results "$OUT/RESULTS.md"
   cat "$OUT/RESULTS.md" 2>/dev/null ;; esac
+case " $STAGES " in *" claim "*)
+  step claim python3 bench/strategy_claim.py --db /tmp/sf-claim.db ${CLAIM_ARGS:-} --results "$OUT/CLAIM.md"
+  cat "$OUT/CLAIM.md" 2>/dev/null ;; esac
 printf '%s\n' "${summary[@]}"
