@@ -20,6 +20,7 @@ nvidia-smi --query-gpu=name,driver_version --format=csv,noheader | tee "$OUT/gpu
 step build bash -c "cmake -S . -B build/gpu -DCMAKE_BUILD_TYPE=Release -DSQLITE3_INCLUDE_DIR=$SQLITE_INC -DSQLITE3_LIBRARY=$SQLITE_LIB && cmake --build build/gpu -j 16"
 export SPARSEFORGE_LIB=$PWD/build/gpu/libsparseforge.so
 # the package, as a user installs it (no network there: no build isolation)
+rm -rf /tmp/sfpkg build/lib build/bdist*
 step install bash -c "SF_CMAKE_ARGS='-DSQLITE3_INCLUDE_DIR=$SQLITE_INC -DSQLITE3_LIBRARY=$SQLITE_LIB' python3 -m pip install -q --no-build-isolation --no-deps --target /tmp/sfpkg . && test -x /tmp/sfpkg/bin/sparseforge"
 export PYTHONPATH=/tmp/sfpkg PATH=/tmp/sfpkg/bin:$PATH
 case " $STAGES " in *" tests "*)
