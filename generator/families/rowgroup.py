@@ -36,6 +36,7 @@ BK_CHOICES = (16, 32, 64)
 STAGE_CHOICES = (2, 3, 4)
 MAX_WARPS = 8
 MAX_ACC_REGS = 128
+MAX_LOADS = 8          # 16-byte loads per thread per stage, for each operand
 CONFIG_KEYS = ("bk", "bn", "stages", "wm", "wn")
 ACT_CODES = {"none": 0, "relu": 1, "gelu": 2}
 ELEM_T = {"fp16": "__half", "bf16": "__nv_bfloat16"}
@@ -69,14 +70,24 @@ def smem_bytes(bm: int, config: dict, layout: str = "fm") -> int:
 
 
 def min_blocks(bm: int, config: dict) -> int:
-    """The minimum-CTAs-per-SM hint of __launch_bounds__: the CTAs whose
-    register files fit when each thread gets its accumulators, its A and B
-    fragments and ~64 registers of addressing (ptxas's own default with
-    only a thread count is too tight for the large warp tiles and spills)."""
+    """The minimum-CTAs-per-SM hint of __launch_bounds__: the most CTAs
+    whose registers fit when each thread gets its accumulators, two k-steps
+    of A and B fragments, its prefetched row indices and ~88 registers of
+    addressing (each of the SM's 4 schedulers has 16K registers).  ptxas's
+    own default, with only a thread count, spills the large warp tiles; a
+    sweep of the whole search space for sm_90a spills nothing with this."""
     mf, nf = bm // config["wm"] // 16, config["bn"] // config["wn"] // 8
-    regs = -(-(mf * nf * 4 + mf * 4 + nf * 2 + 64) // 8) * 8
     threads = 32 * config["wm"] * config["wn"]
-    return max(1, min(8, 65536 // (threads * regs)))
+    b_loads = -(-config["bk"] * config["bn"] // 8 // threads)
+    regs = mf * nf * 4 + (mf * 4 + nf * 2) * 2 + b_loads + 88
+    warps = threads // 32
+    for blocks in range(8, 0, -1):
+        # registers are split over the SM's 4 schedulers (16K each), 8 at a time
+        per_scheduler = -(-blocks * warps // 4)
+        cap = min(255, 16384 // (per_scheduler * 32) // 8 * 8)
+        if cap >= regs:
+            return blocks
+    return 1
 
 
 def _align16(n: int) -> int:
@@ -389,6 +400,11 @@ class RowGroupFamily(Family):
         if acc > MAX_ACC_REGS:
             raise ConfigError(f"accumulators: warp tile {bm // wm}x{bn // wn} needs {acc} fp32 "
                               f"registers per thread, more than {MAX_ACC_REGS}")
+        threads = 32 * wm * wn
+        loads = max(-(-bm * bk // 8 // threads), -(-bk * bn // 8 // threads))
+        if loads > MAX_LOADS:
+            raise ConfigError(f"loads per thread: a stage needs {loads} 16-byte loads per thread and "
+                              f"operand with {threads} threads, more than {MAX_LOADS}")
         smem = smem_bytes(bm, config, op.layout)
         limit = smem_limit(device)
         if smem > limit:

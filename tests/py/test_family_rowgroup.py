@@ -248,6 +248,7 @@ def test_search_space_is_valid(rng, family, params):
     ({"wn": 8}, r"bn % \(16\*wn\)"),
     ({"wm": 1, "wn": 1, "bn": 256}, "accumulators"),
     ({"wm": 4, "wn": 4}, "warps"),
+    ({"wm": 1, "wn": 1, "bn": 64, "bk": 64}, "loads per thread"),
 ])
 def test_invalid_configs_name_their_constraint(rng, change, constraint):
     mat = make_shflbw(64, 64, 32, 0.5, rng)

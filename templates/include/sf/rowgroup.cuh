@@ -93,6 +93,7 @@ struct Config {
   static_assert(MF * NF * 4 <= 128, "at most 128 fp32 accumulators per thread");
   static_assert(STAGES >= 2 && STAGES <= 4, "STAGES is 2, 3 or 4");
   static_assert(THREADS <= 512, "at most 16 warps");
+  static_assert(A_ITERS <= 8 && B_ITERS <= 8, "at most 8 16-byte loads per thread per stage and operand");
 };
 
 // ---- shared-memory swizzle --------------------------------------------------------
@@ -140,69 +141,88 @@ __device__ __forceinline__ void load_row_map(const unsigned char *packed, const 
 
 // ---- tile loaders ---------------------------------------------------------------------
 
+// The 16-byte slots of a ROWS x ROW_CH-chunk shared tile that one thread
+// fills: rows row0, row0 + STEP, ... (ITERS of them) at one chunk column.
+// With STEP a multiple of 8 the swizzle repeats, so slot i sits at a
+// constant offset from slot 0.
+template <int ROW_CH, int ROWS, int THREADS>
+struct TileSlots {
+  static constexpr int CHUNKS = ROWS * ROW_CH;
+  static constexpr int ITERS = (CHUNKS + THREADS - 1) / THREADS;
+  static constexpr int STEP = THREADS / ROW_CH;
+  static_assert(THREADS % ROW_CH == 0, "a thread keeps one chunk column");
+
+  int row0, col;
+
+  __device__ __forceinline__ TileSlots()
+      : row0(static_cast<int>(threadIdx.x) / ROW_CH), col(static_cast<int>(threadIdx.x) % ROW_CH) {}
+
+  __device__ __forceinline__ static bool owns(int i) {
+    return CHUNKS % THREADS == 0 || static_cast<int>(threadIdx.x) + i * THREADS < CHUNKS;
+  }
+  __device__ __forceinline__ int row(int i) const { return row0 + i * STEP; }
+  __device__ __forceinline__ unsigned offset(int i) const {  // bytes into the tile
+    if (STEP % 8 == 0) return 16u * (swizzle<ROW_CH>(row0, col) + i * STEP * ROW_CH);
+    return 16u * swizzle<ROW_CH>(row(i), col);
+  }
+};
+
 // A: one packed chunk (BM x BK, contiguous) -> the stage's A tile.
 template <class Cfg>
 __device__ __forceinline__ void load_a_tile(unsigned s_a, const unsigned short *w_chunk) {
+  using S = TileSlots<Cfg::A_ROW_CH, Cfg::BM, Cfg::THREADS>;
+  const S slots;
 #pragma unroll
-  for (int i = 0; i < Cfg::A_ITERS; ++i) {
-    const int ch = threadIdx.x + i * Cfg::THREADS;
-    if (Cfg::A_CHUNKS % Cfg::THREADS == 0 || ch < Cfg::A_CHUNKS) {
-      const int r = ch / Cfg::A_ROW_CH, c = ch % Cfg::A_ROW_CH;
-      sm80::cp_async_16(s_a + 16 * swizzle<Cfg::A_ROW_CH>(r, c), w_chunk + 8 * ch, true);
-    }
+  for (int i = 0; i < S::ITERS; ++i) {
+    if (S::owns(i))
+      sm80::cp_async_16(s_a + slots.offset(i), w_chunk + 8 * (threadIdx.x + i * Cfg::THREADS), true);
   }
 }
 
-// B, feature-major: BK gathered rows of X, columns [n0, n0 + BN).  Each
-// thread owns B_ITERS fixed (row, 16-byte chunk) slots of the tile; the row
-// indices of the next chunk are fetched into registers one iteration early
-// so that their latency hides behind the MMAs.  VEC: N % 8 == 0 and X
+// B, feature-major: BK gathered rows of X, columns [n0, n0 + BN), into a
+// BK x BN tile.  A thread owns one 16-byte column chunk of ITERS rows; the
+// row indices of the next chunk are fetched into registers one iteration
+// early so that their latency hides behind the MMAs.  VEC: N % 8 == 0 and X
 // 16-byte aligned (cp.async, zero-filled past N); else element loads.
 template <class Cfg, bool VEC>
 struct BLoaderFM {
-  int idx[Cfg::B_ITERS];  // rows of X for the chunk issued next
-  int col[Cfg::B_ITERS];  // first column of each owned slot (absolute)
-  const unsigned short *x;
-  int n_len;              // N
+  using S = TileSlots<Cfg::B_ROW_CH, Cfg::BK, Cfg::THREADS>;
+  S slots;
+  int idx[S::ITERS];        // rows of X for the chunk issued next
+  const unsigned short *x;  // X
+  const unsigned short *xc; // X + this thread's first column
+  int n_len;                // N
+  int col;                  // this thread's first column (absolute)
 
-  __device__ __forceinline__ BLoaderFM(const unsigned short *x_, int n, int n0) : x(x_), n_len(n) {
+  __device__ __forceinline__ BLoaderFM(const unsigned short *x_, int n, int n0)
+      : x(x_), n_len(n) {
+    col = n0 + 8 * slots.col;
+    xc = x + col;
 #pragma unroll
-    for (int i = 0; i < Cfg::B_ITERS; ++i) {
-      const int ch = threadIdx.x + i * Cfg::THREADS;
-      col[i] = n0 + 8 * (ch % Cfg::B_ROW_CH);
-      idx[i] = 0;
-    }
-  }
-
-  __device__ __forceinline__ static bool owns(int i) {
-    return Cfg::B_CHUNKS % Cfg::THREADS == 0 ||
-           threadIdx.x + i * Cfg::THREADS < Cfg::B_CHUNKS;
+    for (int i = 0; i < S::ITERS; ++i) idx[i] = 0;
   }
 
   __device__ __forceinline__ void fetch_indices(const int *chunk_idx) {
 #pragma unroll
-    for (int i = 0; i < Cfg::B_ITERS; ++i) {
-      if (owns(i)) idx[i] = __ldg(chunk_idx + (threadIdx.x + i * Cfg::THREADS) / Cfg::B_ROW_CH);
-    }
+    for (int i = 0; i < S::ITERS; ++i)
+      if (S::owns(i)) idx[i] = __ldg(chunk_idx + slots.row(i));
   }
 
   __device__ __forceinline__ void load(unsigned s_b) const {
+    const bool in = col < n_len;
 #pragma unroll
-    for (int i = 0; i < Cfg::B_ITERS; ++i) {
-      if (!owns(i)) continue;
-      const int ch = threadIdx.x + i * Cfg::THREADS;
-      const int r = ch / Cfg::B_ROW_CH, c = ch % Cfg::B_ROW_CH;
-      const unsigned dst = s_b + 16 * swizzle<Cfg::B_ROW_CH>(r, c);
-      const unsigned short *src = x + (size_t)idx[i] * n_len + col[i];
+    for (int i = 0; i < S::ITERS; ++i) {
+      if (!S::owns(i)) continue;
+      const unsigned dst = s_b + slots.offset(i);
+      const unsigned short *src = xc + (size_t)idx[i] * n_len;
       if (VEC) {
-        const bool in = col[i] < n_len;
         sm80::cp_async_16(dst, in ? src : x, in);
       } else {
         unsigned w[4];
 #pragma unroll
         for (int e = 0; e < 4; ++e) {
-          const unsigned lo = col[i] + 2 * e < n_len ? src[2 * e] : 0u;
-          const unsigned hi = col[i] + 2 * e + 1 < n_len ? src[2 * e + 1] : 0u;
+          const unsigned lo = col + 2 * e < n_len ? src[2 * e] : 0u;
+          const unsigned hi = col + 2 * e + 1 < n_len ? src[2 * e + 1] : 0u;
           w[e] = lo | (hi << 16);
         }
         sm80::st_shared_16(dst, w);
@@ -212,59 +232,47 @@ struct BLoaderFM {
 };
 
 // B, token-major: BN token rows of X (tokens [n0, n0 + BN)), each gathered
-// at the chunk's BK columns, into a BN x BK tile.  VEC (RUNS8 and X
-// aligned): a slot is one run of 8 consecutive columns, one cp.async of 16
-// bytes, zero-filled past N; its run start is prefetched like the fm row
-// index.  Otherwise element loads, the indices read at load time.
+// at the chunk's BK columns, into a BN x BK tile.  A thread owns one run of
+// 8 indices for ITERS tokens.  VEC (RUNS8 and X aligned): the run is 8
+// consecutive aligned columns, one cp.async of 16 bytes per token,
+// zero-filled past N; its start is prefetched like the fm row indices.
+// Otherwise element loads, the indices read at load time.
 template <class Cfg, bool VEC, int K>
 struct BLoaderTM {
-  int run[Cfg::B_ITERS];  // first column of each owned slot's run (VEC)
-  int tok[Cfg::B_ITERS];  // token of each owned slot (absolute)
-  const int *chunk;       // indices of the chunk issued next
+  using S = TileSlots<Cfg::B_ROW_CH, Cfg::BN, Cfg::THREADS>;
+  S slots;
+  int run;                 // first column of this thread's run (VEC)
+  int tok0;                // this thread's first token (absolute)
+  const int *chunk;        // indices of the chunk issued next
   const unsigned short *x;
   int n_len;
 
   __device__ __forceinline__ BLoaderTM(const unsigned short *x_, int n, int n0)
-      : chunk(nullptr), x(x_), n_len(n) {
-#pragma unroll
-    for (int i = 0; i < Cfg::B_ITERS; ++i) {
-      tok[i] = n0 + (threadIdx.x + i * Cfg::THREADS) / Cfg::B_ROW_CH;
-      run[i] = 0;
-    }
-  }
-
-  __device__ __forceinline__ static bool owns(int i) {
-    return Cfg::B_CHUNKS % Cfg::THREADS == 0 ||
-           threadIdx.x + i * Cfg::THREADS < Cfg::B_CHUNKS;
+      : run(0), chunk(nullptr), x(x_), n_len(n) {
+    tok0 = n0 + slots.row0;
   }
 
   __device__ __forceinline__ void fetch_indices(const int *chunk_idx) {
     chunk = chunk_idx;
-    if (VEC) {
-#pragma unroll
-      for (int i = 0; i < Cfg::B_ITERS; ++i) {
-        if (owns(i)) run[i] = __ldg(chunk_idx + 8 * ((threadIdx.x + i * Cfg::THREADS) % Cfg::B_ROW_CH));
-      }
-    }
+    if (VEC) run = __ldg(chunk_idx + 8 * slots.col);
   }
 
   __device__ __forceinline__ void load(unsigned s_b) const {
 #pragma unroll
-    for (int i = 0; i < Cfg::B_ITERS; ++i) {
-      if (!owns(i)) continue;
-      const int ch = threadIdx.x + i * Cfg::THREADS;
-      const int r = ch / Cfg::B_ROW_CH, c = ch % Cfg::B_ROW_CH;
-      const unsigned dst = s_b + 16 * swizzle<Cfg::B_ROW_CH>(r, c);
-      const bool in = tok[i] < n_len;
-      const unsigned short *row = x + (size_t)(in ? tok[i] : 0) * K;
+    for (int i = 0; i < S::ITERS; ++i) {
+      if (!S::owns(i)) continue;
+      const unsigned dst = s_b + slots.offset(i);
+      const int tok = tok0 + i * S::STEP;
+      const bool in = tok < n_len;
+      const unsigned short *row = x + (size_t)(in ? tok : 0) * K;
       if (VEC) {
-        sm80::cp_async_16(dst, row + run[i], in);
+        sm80::cp_async_16(dst, row + run, in);
       } else {
         unsigned w[4];
 #pragma unroll
         for (int e = 0; e < 4; ++e) {
-          const unsigned lo = in ? row[__ldg(chunk + 8 * c + 2 * e)] : 0u;
-          const unsigned hi = in ? row[__ldg(chunk + 8 * c + 2 * e + 1)] : 0u;
+          const unsigned lo = in ? row[__ldg(chunk + 8 * slots.col + 2 * e)] : 0u;
+          const unsigned hi = in ? row[__ldg(chunk + 8 * slots.col + 2 * e + 1)] : 0u;
           w[e] = lo | (hi << 16);
         }
         sm80::st_shared_16(dst, w);
