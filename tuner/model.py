@@ -22,13 +22,15 @@ def auto_pattern(matrix: SparseMatrix) -> str:
     if matrix.dtype in ("fp16", "bf16"):
         if analysis.fits_nm24(matrix):
             return "nm24"
-        for v in (128, 64, 32, 16):
-            if matrix.rows >= v and _shflbw_exact(matrix, v):
-                return f"shflbw:{v}"
+        # blocks first: a block pattern also fits shflbw, but bsr's
+        # contiguous column runs gather faster
         for b in (64, 32, 16):
             bp, bcols = analysis.block_structure(matrix, b, b)
             if bcols.size and matrix.nnz == bcols.size * b * b:
                 return f"bsr:{b}x{b}"
+        for v in (128, 64, 32, 16):
+            if matrix.rows >= v and _shflbw_exact(matrix, v):
+                return f"shflbw:{v}"
     return "csr"
 
 
