@@ -14,9 +14,11 @@ the index lists live (`tables`):
             (only for small matrices: compile time grows with nnz);
 
 and the shape of the work: `vec` (1, 2, 4: columns of X per thread, as
-float / float2 / float4 loads; tokens per thread for "tm"), `rows` (warps,
-i.e. row slots, per block) and `unroll` (nonzeros per step of the table
-loops; 1 for "imm", whose code is fully unrolled).
+float / float2 / float4 loads; tokens per thread for "tm"), `rows` (row
+slots per block), `split` (warps per row, each over a share of its
+nonzeros, added in shared memory: parallelism for few, long rows; 1 for
+"imm") and `unroll` (nonzeros per step of the table loops; 1 for "imm",
+whose code is fully unrolled).
 
 The kernel source lives in templates/include/sf/csr.cuh; templates/csr.cu.j2
 adds the constants, the tables and the immediates.
@@ -44,14 +46,22 @@ CONST_BYTES = 65536         # the __constant__ bank a module may fill
 IMM_MAX_NNZ = 8192
 IMM_MAX_ROWS = 4096         # cases of the slot switch
 MAX_THREADS = 1024
-CONFIG_KEYS = ("tables", "vec", "rows", "unroll")
+CONFIG_KEYS = ("tables", "vec", "rows", "split", "unroll")
+SMEM_LIMIT = 48 * 1024      # static shared memory of the split reduction
 
 # The search space (see search_space for the restrictions per matrix).
-# "imm" kernels take seconds to compile each: they vary in vec only.
+# (rows, split) pairs: 4 or 8 warps a block.  "const" tables are for small
+# matrices and take unroll 8 only; "imm" kernels take seconds to compile
+# each and vary in vec only (1 or 2: with float4 loads ptxas hoists so many
+# of them that the straight-line code spills even at 128 registers).
 SPACE = {
-    "fm": {"vec": (1, 2, 4), "rows": (2, 4, 8), "unroll": (4, 8), "imm_rows": (4,)},
-    "tm": {"vec": (1, 2), "rows": (4, 8), "unroll": (4, 8), "imm_rows": (4,)},
+    "fm": {"vec": (1, 2, 4), "unroll": (4, 8)},
+    "tm": {"vec": (1, 2), "unroll": (4, 8)},
 }
+ROWS_SPLIT = ((4, 1), (8, 1), (2, 2), (4, 2), (1, 4), (2, 4))
+CONST_UNROLL = (8,)
+IMM_ROWS_SPLIT = ((4, 1),)
+IMM_VEC = (1, 2)
 
 _ACT = {"none": 0, "relu": 1, "gelu": 2}
 
@@ -219,10 +229,13 @@ class CsrFamily(Family):
         space = SPACE[op.layout]
         out = []
         for tables in self.tables_allowed(matrix):
-            for vec in space["vec"]:
-                for rows in space["imm_rows" if tables == "imm" else "rows"]:
-                    for unroll in (space["unroll"] if tables != "imm" else (1,)):
-                        cfg = {"tables": tables, "vec": vec, "rows": rows, "unroll": unroll}
+            shapes = IMM_ROWS_SPLIT if tables == "imm" else ROWS_SPLIT
+            unrolls = {"imm": (1,), "const": CONST_UNROLL}.get(tables, space["unroll"])
+            for vec in (IMM_VEC if tables == "imm" else space["vec"]):
+                for rows, split in shapes:
+                    for unroll in unrolls:
+                        cfg = {"tables": tables, "vec": vec, "rows": rows, "split": split,
+                               "unroll": unroll}
                         try:
                             self.check_config(cfg, matrix, op, params, device)
                         except ConfigError:
@@ -247,24 +260,36 @@ class CsrFamily(Family):
         if missing or extra:
             raise ConfigError(f"csr config needs exactly the keys {CONFIG_KEYS}; "
                               f"missing {missing}, unknown {extra}")
-        tables, vec, rows, unroll = (config[k] for k in CONFIG_KEYS)
+        tables, vec, rows, split, unroll = (config[k] for k in CONFIG_KEYS)
         if tables not in TABLES:
             raise ConfigError(f"tables must be one of {TABLES}, got {tables!r}")
-        for key in ("vec", "rows", "unroll"):
+        for key in ("vec", "rows", "split", "unroll"):
             if not isinstance(config[key], (int, np.integer)) or isinstance(config[key], bool):
                 raise ConfigError(f"{key} must be an integer, got {config[key]!r}")
         if vec not in VECS:
             raise ConfigError(f"vec must be one of {VECS}, got {vec}")
-        if rows < 1 or 32 * rows > MAX_THREADS:
-            raise ConfigError(f"rows (warps per block) must be 1..{MAX_THREADS // 32}, got {rows}")
+        if rows < 1 or split < 1 or 32 * rows * split > MAX_THREADS:
+            raise ConfigError(f"rows and split must be >= 1 with rows * split (warps per block) "
+                              f"<= {MAX_THREADS // 32}, got rows {rows}, split {split}")
         limit = MAX_THREADS
         if device and device.get("max_threads_per_block"):
             limit = min(limit, int(device["max_threads_per_block"]))
-        if 32 * rows > limit:
-            raise ConfigError(f"threads per block 32 * rows = {32 * rows} exceed the device's {limit}")
+        if 32 * rows * split > limit:
+            raise ConfigError(f"threads per block 32 * rows * split = {32 * rows * split} "
+                              f"exceed the device's {limit}")
+        smem = 4 * (split - 1) * rows * vec * 32
+        if smem > SMEM_LIMIT:
+            raise ConfigError(f"split reduction needs {smem} bytes of shared memory, "
+                              f"more than {SMEM_LIMIT}")
         if tables == "imm":
+            if split != 1:
+                raise ConfigError(f"split must be 1 with tables 'imm' (straight-line rows are "
+                                  f"not split), got {split}")
             if unroll != 1:
                 raise ConfigError(f"unroll must be 1 with tables 'imm' (its code is fully unrolled), got {unroll}")
+            if vec not in IMM_VEC:
+                raise ConfigError(f"vec must be one of {IMM_VEC} with tables 'imm' (wider loads "
+                                  f"spill in straight-line code), got {vec}")
         elif unroll not in (1, 2, 4, 8, 16, 32):
             raise ConfigError(f"unroll must divide 32 (1, 2, 4, 8, 16, 32), got {unroll}")
         if matrix.rows < 1 or matrix.cols < 1:
@@ -307,12 +332,12 @@ class CsrFamily(Family):
 
     def render(self, p: CsrPlan, op: Operation, config: dict) -> Kernel:
         m, k = p.shape
-        tables, vec, rows, unroll = (int(config[k_]) if k_ != "tables" else config[k_]
-                                     for k_ in CONFIG_KEYS)
+        tables, vec, rows, split, unroll = (int(config[k_]) if k_ != "tables" else config[k_]
+                                            for k_ in CONFIG_KEYS)
         name = config_name(self.tag({}), config, op)
         ep = op.epilogue
         values = dict(name=name, M=m, K=k, nnz=p.nnz, layout=op.layout, tables=tables,
-                      vec=vec, rows=rows, unroll=unroll, epilogue_tag=ep.tag,
+                      vec=vec, rows=rows, split=split, unroll=unroll, epilogue_tag=ep.tag,
                       has_bias=ep.bias, act=_ACT[ep.activation],
                       scale=_float_literal(ep.scale), off=p.offsets)
         if tables == "const":
@@ -321,7 +346,7 @@ class CsrFamily(Family):
             values["imm_cases"] = self._imm_cases(p)
         source = render("csr.cu.j2", **values)
         bn = 32 * vec
-        return Kernel(name=name, source=source, packed=p.packed, block=(32 * rows, 1, 1),
+        return Kernel(name=name, source=source, packed=p.packed, block=(32 * rows * split, 1, 1),
                       grid=(-(-m // rows), 1, 1), n_axis=1, n_tile=bn,
                       config=dict(config))
 

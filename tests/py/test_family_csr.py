@@ -46,8 +46,8 @@ def same_matrix(a: SparseMatrix, b: SparseMatrix):
         np.testing.assert_array_equal(a.perm, b.perm)
 
 
-def cfg(tables="global", vec=4, rows=4, unroll=None):
-    return {"tables": tables, "vec": vec, "rows": rows,
+def cfg(tables="global", vec=4, rows=4, unroll=None, split=1):
+    return {"tables": tables, "vec": vec, "rows": rows, "split": split,
             "unroll": unroll if unroll is not None else (1 if tables == "imm" else 4)}
 
 
@@ -67,7 +67,7 @@ SHAPES = [
 def test_plan_unpack_round_trip(name, make):
     m = make()
     for tables in FAM.tables_allowed(m):
-        p = FAM.plan(m, FM, {}, cfg(tables))
+        p = FAM.plan(m, FM, {}, cfg(tables, vec=2))
         same_matrix(m, FAM.unpack(p))
         # the schedule: a permutation, nonzero counts non-increasing
         assert sorted(p.order.tolist()) == list(range(m.rows))
@@ -109,7 +109,7 @@ def test_plan_rejects_bad_bias():
 
 def test_search_space_small_matrix_has_every_table_kind():
     m = random_matrix(37, 53, 0.3)
-    for op, lo, hi in ((FM, 20, 60), (TM, 10, 60)):
+    for op, lo, hi in ((FM, 40, 60), (TM, 20, 60)):
         space = FAM.search_space(m, op, {})
         assert lo <= len(space) <= hi
         assert {c["tables"] for c in space} == {"global", "const", "imm"}
@@ -117,7 +117,8 @@ def test_search_space_small_matrix_has_every_table_kind():
         for c in space:
             FAM.check_config(c, m, op, {})
             if c["tables"] == "imm":
-                assert c["unroll"] == 1
+                assert c["unroll"] == 1 and c["split"] == 1
+        assert {c["split"] for c in space} == {1, 2, 4}
 
 
 def test_search_space_large_matrix_is_global_only():
@@ -126,7 +127,7 @@ def test_search_space_large_matrix_is_global_only():
     space = FAM.search_space(m, FM, {})
     assert space and {c["tables"] for c in space} == {"global"}
     with pytest.raises(ConfigError, match="imm.*nnz <= 8192"):
-        FAM.check_config(cfg("imm"), m, FM, {})
+        FAM.check_config(cfg("imm", 2), m, FM, {})
     with pytest.raises(ConfigError, match="__constant__"):
         FAM.check_config(cfg("const"), m, FM, {})
 
@@ -134,15 +135,19 @@ def test_search_space_large_matrix_is_global_only():
 def test_search_space_respects_device_thread_limit():
     m = random_matrix(37, 53, 0.3)
     space = FAM.search_space(m, FM, {}, device={"max_threads_per_block": 128})
-    assert space and max(c["rows"] for c in space) == 4
+    assert space and max(c["rows"] * c["split"] for c in space) == 4
     with pytest.raises(ConfigError, match="exceed the device's 128"):
-        FAM.check_config(cfg(rows=8), m, FM, {}, device={"max_threads_per_block": 128})
+        FAM.check_config(cfg(rows=2, split=4), m, FM, {}, device={"max_threads_per_block": 128})
 
 
 @pytest.mark.parametrize("bad,match", [
     ({"vec": 3}, "vec must be one of"),
-    ({"rows": 0}, "rows .warps per block. must be"),
-    ({"rows": 33}, "rows .warps per block. must be"),
+    ({"rows": 0}, "rows and split must be >= 1"),
+    ({"rows": 33}, "rows . split .warps per block. <= 32"),
+    ({"rows": 8, "split": 8}, "rows . split .warps per block. <= 32"),
+    ({"split": 0}, "rows and split must be >= 1"),
+    ({"tables": "imm", "unroll": 1, "split": 2}, "split must be 1 with tables 'imm'"),
+    ({"tables": "imm", "unroll": 1, "vec": 4}, "vec must be one of .1, 2. with tables 'imm'"),
     ({"unroll": 3}, "unroll must divide 32"),
     ({"tables": "shared"}, "tables must be one of"),
     ({"tables": "imm", "unroll": 4}, "unroll must be 1 with tables 'imm'"),
@@ -161,7 +166,7 @@ def test_invalid_operation_and_keys():
     with pytest.raises(ConfigError, match="fp32 only"):
         FAM.check_config(cfg(), m, Operation(dtype="fp16"), {})
     with pytest.raises(ConfigError, match="missing \\['unroll'\\]"):
-        FAM.check_config({"tables": "global", "vec": 1, "rows": 4}, m, FM, {})
+        FAM.check_config({"tables": "global", "vec": 1, "rows": 4, "split": 1}, m, FM, {})
     with pytest.raises(ConfigError, match="no pattern parameters"):
         FAM.check_config(cfg(), m, FM, {"v": 64})
 
@@ -182,7 +187,7 @@ def test_imm_source_holds_every_nonzero_exactly():
     m = m.with_values(vals)
     op = Operation(dtype="fp32", layout="fm", epilogue=Epilogue(bias=True, activation="relu"))
     bias = np.random.default_rng(0).standard_normal(37).astype(np.float32)
-    k = FAM.generate(m, op, {}, cfg("imm"), bias=bias)
+    k = FAM.generate(m, op, {}, cfg("imm", vec=2), bias=bias)
     body = k.source.split("struct Rows", 1)[1]
     cases = re.findall(r"(case (\d+)|default):  // row (\d+), (\d+) nonzeros\n(.*?)return (\d+);",
                        body, re.S)
@@ -199,9 +204,9 @@ def test_imm_source_holds_every_nonzero_exactly():
         got_bias[r] = np.float32(re.search(r"bias = ([^;]+)f;", text).group(1))
     np.testing.assert_array_equal(dense.view(np.uint32), m.to_dense().view(np.uint32))
     np.testing.assert_array_equal(got_bias, bias)
-    assert k.name == "sf_csr_fp32_fm_bias_relu_rows4_tablesimm_unroll1_vec4"
+    assert k.name == "sf_csr_fp32_fm_bias_relu_rows4_split1_tablesimm_unroll1_vec2"
     assert k.grid == (10, 1, 1) and k.block == (128, 1, 1)
-    assert k.n_axis == 1 and k.n_tile == 128
+    assert k.n_axis == 1 and k.n_tile == 64
 
 
 def test_const_source_holds_the_tables():
@@ -223,8 +228,9 @@ def test_const_source_holds_the_tables():
 def test_name_is_the_configuration():
     m = random_matrix(10, 10, 0.5)
     op = Operation(dtype="fp32", layout="tm", epilogue=Epilogue(activation="gelu", scale=0.5))
-    k = FAM.generate(m, op, {}, cfg("global", vec=2, rows=8, unroll=8))
-    assert k.name == "sf_csr_fp32_tm_s0_5_gelu_rows8_tablesglobal_unroll8_vec2"
+    k = FAM.generate(m, op, {}, cfg("global", vec=2, rows=2, unroll=8, split=4))
+    assert k.name == "sf_csr_fp32_tm_s0_5_gelu_rows2_split4_tablesglobal_unroll8_vec2"
+    assert k.block == (256, 1, 1) and k.grid == (5, 1, 1)
     assert f"void __launch_bounds__(Cfg::THREADS, Cfg::MIN_BLOCKS)\n{k.name}(" in k.source
     assert '#include "sf/' not in k.source
 
@@ -284,15 +290,15 @@ def _compiler():
         return nv.compile
 
 
-COMPILE_CASES = [
-    ("fm", "global", 4, 4, 8, Epilogue()),
-    ("fm", "global", 1, 8, 4, Epilogue(bias=True, activation="gelu", scale=0.5)),
-    ("fm", "const", 2, 2, 4, Epilogue(activation="relu")),
-    ("fm", "imm", 4, 4, 1, Epilogue(bias=True)),
-    ("fm", "imm", 1, 8, 1, Epilogue(activation="gelu")),
-    ("tm", "global", 2, 4, 8, Epilogue(bias=True, activation="relu")),
-    ("tm", "const", 1, 8, 4, Epilogue()),
-    ("tm", "imm", 2, 4, 1, Epilogue(scale=2.0)),
+COMPILE_CASES = [  # layout, tables, vec, rows, split, unroll, epilogue
+    ("fm", "global", 4, 4, 1, 8, Epilogue()),
+    ("fm", "global", 1, 2, 4, 4, Epilogue(bias=True, activation="gelu", scale=0.5)),
+    ("fm", "const", 2, 2, 2, 4, Epilogue(activation="relu")),
+    ("fm", "imm", 2, 4, 1, 1, Epilogue(bias=True)),
+    ("fm", "imm", 1, 8, 1, 1, Epilogue(activation="gelu")),
+    ("tm", "global", 2, 4, 2, 8, Epilogue(bias=True, activation="relu")),
+    ("tm", "const", 1, 8, 1, 4, Epilogue()),
+    ("tm", "imm", 2, 4, 1, 1, Epilogue(scale=2.0)),
 ]
 
 
@@ -301,9 +307,9 @@ def test_templates_compile_with_nvrtc(arch):
     compile_ = _compiler()
     m = random_matrix(45, 77, 0.2, seed=21, empty_rows=(2, 44))
     bias = np.ones(45, np.float32)
-    for layout, tables, vec, rows, unroll, ep in COMPILE_CASES:
+    for layout, tables, vec, rows, split, unroll, ep in COMPILE_CASES:
         op = Operation(dtype="fp32", layout=layout, epilogue=ep)
-        k = FAM.generate(m, op, {}, cfg(tables, vec, rows, unroll),
+        k = FAM.generate(m, op, {}, cfg(tables, vec, rows, unroll, split),
                          bias=bias if ep.bias else None)
         cubin = compile_(k.source, arch, k.name + ".cu")
         assert len(cubin) > 0 and k.name.encode() in cubin
@@ -338,7 +344,7 @@ def test_gpu_small_epilogues(layout):
                Epilogue(bias=True, activation="gelu", scale=0.5), Epilogue(activation="gelu")):
         op = Operation(dtype="fp32", layout=layout, epilogue=ep)
         for tables in ("global", "const", "imm"):
-            for vec in (1, 2) if layout == "tm" else (1, 4):
+            for vec in (1, 2) if layout == "tm" or tables == "imm" else (1, 4):
                 for n in (3, 64):
                     _verify(m, op, cfg(tables, vec), n)
 
@@ -351,7 +357,9 @@ def test_gpu_small_all_zero_and_single_row(layout):
               random_matrix(1, 300, 0.5, seed=3), random_matrix(70, 1, 0.5, seed=4)):
         for tables in FAM.tables_allowed(m):
             _verify(m, op, cfg(tables, 2), 5)
-            _verify(m, op, cfg(tables, 1, rows=8), 33)
+            _verify(m, op, cfg(tables, 1, rows=8 if tables != "imm" else 4), 33)
+            if tables != "imm":
+                _verify(m, op, cfg(tables, 4, rows=1, split=4), 7)
 
 
 @pytest.mark.gpu
@@ -364,10 +372,17 @@ def test_gpu_large_n_and_long_rows(layout):
     d[17] = np.random.default_rng(1).standard_normal(700)
     d[40:45] = 0
     m = SparseMatrix.from_dense(d)
-    for c in (cfg("global", 4 if layout == "fm" else 2, 4, 8), cfg("global", 1, 8, 4)):
+    for c in (cfg("global", 4 if layout == "fm" else 2, 4, 8), cfg("global", 1, 8, 4),
+              cfg("global", 2, 2, 8, split=4)):
         for n in (4096, 4093):
             _verify(m, op, c, n)
-    _verify(m, op, cfg("imm", 2, 4), 4096)
+    # straight-line code with a long row (imm allows up to 8192 nonzeros)
+    d = random_matrix(40, 700, 0.15, seed=6).to_dense()
+    d[3] = np.random.default_rng(2).standard_normal(700)
+    small = SparseMatrix.from_dense(d)
+    assert small.nnz <= csr_mod.IMM_MAX_NNZ
+    _verify(small, op, cfg("imm", 2, 4), 4096)
+    _verify(small, op, cfg("const", 1, 2, 8, split=2), 4093)
 
 
 def _dlmc_dir():
@@ -393,7 +408,7 @@ def test_gpu_dlmc_subset_n256():
         m = io.load_one(f)
         for tables in FAM.tables_allowed(m):
             t0 = time.perf_counter()
-            res = _verify(m, FM, cfg(tables, 4, 4), 256)
+            res = _verify(m, FM, cfg(tables, 2 if tables == "imm" else 4, 4), 256)
             report.append(f"{f.parent.name}/{f.stem} {m.shape} nnz={m.nnz} {tables}: "
                           f"err {res['norm_rel_err']:.2e} ({time.perf_counter() - t0:.1f} s)")
         _verify(m, TM, cfg("global", 1, 4, 8), 256)

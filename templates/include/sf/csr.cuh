@@ -9,11 +9,13 @@
 //   TABLES_IMM     straight-line code: every nonzero is an immediate column
 //                  and an immediate value in a switch over row slots.
 //
-// Work decomposition (both layouts): one warp computes one row of W for
-// BN = 32 * VEC output columns (fm) or tokens (tm); a block holds ROWS warps,
-// i.e. ROWS consecutive row slots of the schedule.  Grid: x = row blocks,
-// y = tiles of N.  Every row slot writes its row, so empty rows get
-// epilogue(0) and nothing needs zeroing beforehand.
+// Work decomposition (both layouts): SPLIT warps compute one row of W for
+// BN = 32 * VEC output columns (fm) or tokens (tm), each over a contiguous
+// share of the row's nonzeros (split along K for long rows; the shares are
+// added in shared memory).  A block holds ROWS consecutive row slots of the
+// schedule, ROWS * SPLIT warps.  Grid: x = row blocks, y = tiles of N.
+// Every row slot writes its row, so empty rows get epilogue(0) and nothing
+// needs zeroing beforehand.
 //
 // Packed buffer (all sections 16-byte aligned, offsets baked in):
 //   header int32[4]   {magic 'SFCS', M, K, nnz}
@@ -42,7 +44,7 @@ constexpr int WARP = 32;
 // The generated source derives its Cfg from this and adds SCALE (a float
 // cannot be a template parameter in C++17).
 template <int M_, int K_, int NNZ_, int LAYOUT_, int TABLES_, int VEC_, int ROWS_,
-          int UNROLL_, bool HAS_BIAS_, int ACT_>
+          int SPLIT_, int UNROLL_, bool HAS_BIAS_, int ACT_>
 struct Config {
   static constexpr int M = M_;            // rows of W (and of Y, fm)
   static constexpr int K = K_;            // columns of W = rows of X (fm)
@@ -50,16 +52,22 @@ struct Config {
   static constexpr int LAYOUT = LAYOUT_;  // LAYOUT_FM or LAYOUT_TM
   static constexpr int TABLES = TABLES_;  // where the index lists live
   static constexpr int VEC = VEC_;        // columns (fm) / tokens (tm) per thread
-  static constexpr int ROWS = ROWS_;      // warps = row slots per block
+  static constexpr int ROWS = ROWS_;      // row slots per block
+  static constexpr int SPLIT = SPLIT_;    // warps per row (split along K)
   static constexpr int UNROLL = UNROLL_;  // nonzeros per step of the table loops
   static constexpr bool HAS_BIAS = HAS_BIAS_;
   static constexpr int ACT = ACT_;        // sf::Activation
-  static constexpr int THREADS = WARP * ROWS;
+  static constexpr int WARPS = ROWS * SPLIT;
+  static constexpr int THREADS = WARP * WARPS;
   static constexpr int BN = WARP * VEC;   // columns / tokens of one block
   // Blocks per SM the register allocation must allow: at least 1024
-  // resident threads (64 registers a thread).  Without it ptxas may aim
-  // for full occupancy and spill.
-  static constexpr int MIN_BLOCKS = THREADS >= 1024 ? 1 : 1024 / THREADS;
+  // resident threads (64 registers a thread); 512 (128 registers) for the
+  // straight-line code, whose loads ptxas hoists far ahead.  Without a
+  // bound ptxas may aim for full occupancy and spill.
+  static constexpr int MIN_THREADS_PER_SM = TABLES_ == 2 ? 512 : 1024;
+  static constexpr int MIN_BLOCKS = THREADS >= MIN_THREADS_PER_SM ? 1 : MIN_THREADS_PER_SM / THREADS;
+  // Shared memory of the split reduction: (SPLIT - 1) x ROWS x VEC x 32.
+  static constexpr int SMEM_FLOATS = (SPLIT - 1) * ROWS * VEC * WARP;
 
   static_assert(M >= 1 && K >= 1, "W has at least one row and one column");
   static_assert(NNZ >= 0, "nonzero count is not negative");
@@ -67,7 +75,9 @@ struct Config {
   static_assert(TABLES == TABLES_GLOBAL || TABLES == TABLES_CONST || TABLES == TABLES_IMM,
                 "tables are global, const or imm");
   static_assert(VEC == 1 || VEC == 2 || VEC == 4, "VEC is 1, 2 or 4 (float, float2, float4)");
-  static_assert(ROWS >= 1 && THREADS <= 1024, "a block holds 1..32 warps");
+  static_assert(ROWS >= 1 && SPLIT >= 1 && THREADS <= 1024, "a block holds 1..32 warps");
+  static_assert(TABLES != TABLES_IMM || SPLIT == 1, "straight-line rows are not split");
+  static_assert(SMEM_FLOATS * 4 <= 48 * 1024, "split reduction fits in static shared memory");
   static_assert(UNROLL >= 1 && UNROLL <= WARP && WARP % UNROLL == 0,
                 "UNROLL divides the warp's staged chunk of 32 nonzeros");
   static_assert(ACT == ACT_NONE || ACT == ACT_RELU || ACT == ACT_GELU, "known activation");
@@ -211,9 +221,21 @@ __device__ __forceinline__ void row_sum_uniform(int lo, int hi, Acc &acc) {
 
 // ---- schedules: slot -> (original row, sum over its nonzeros, bias) -----------
 // Each provides
-//   template <bool FAST, class Acc> static int sum(packed, slot, lane, acc, bias)
-// returning the original row; FAST selects the fast accumulator's code (for
-// TABLES_IMM the immediates; the generic path otherwise).
+//   template <bool FAST, class Acc>
+//   static int sum(packed, slot, part, lane, acc, bias)
+// adding share `part` (of Cfg::SPLIT) of the row's nonzeros into acc and
+// returning the original row; FAST selects the fast accumulator's code
+// (for TABLES_IMM the immediates; the generic path otherwise).
+
+// Share `part` of [lo, hi).
+template <int SPLIT>
+__device__ __forceinline__ void share(int &lo, int &hi, int part) {
+  if (SPLIT == 1) return;
+  const int len = hi - lo;
+  const int a = lo + static_cast<int>((static_cast<long long>(len) * part) / SPLIT);
+  hi = lo + static_cast<int>((static_cast<long long>(len) * (part + 1)) / SPLIT);
+  lo = a;
+}
 
 template <class Cfg, class Off>
 __device__ __forceinline__ float packed_bias(const unsigned char *packed, int row) {
@@ -223,12 +245,14 @@ __device__ __forceinline__ float packed_bias(const unsigned char *packed, int ro
 // Packed CSR in global memory.
 template <class Cfg, class Off> struct GlobalSchedule {
   template <bool FAST, class Acc>
-  __device__ static __forceinline__ int sum(const unsigned char *packed, int slot, int lane,
-                                            Acc &acc, float &bias) {
+  __device__ static __forceinline__ int sum(const unsigned char *packed, int slot, int part,
+                                            int lane, Acc &acc, float &bias) {
     const int row = __ldg(section<int>(packed, Off::ORDER) + slot);
     const int *ptr = section<int>(packed, Off::PTR);
+    int lo = __ldg(ptr + slot), hi = __ldg(ptr + slot + 1);
+    share<Cfg::SPLIT>(lo, hi, part);
     row_sum_staged<Cfg::UNROLL>(section<int>(packed, Off::COL), section<float>(packed, Off::VAL),
-                                __ldg(ptr + slot), __ldg(ptr + slot + 1), lane, acc);
+                                lo, hi, lane, acc);
     bias = packed_bias<Cfg, Off>(packed, row);
     return row;
   }
@@ -238,10 +262,12 @@ template <class Cfg, class Off> struct GlobalSchedule {
 // col(j), val(j).
 template <class Cfg, class Off, class Tab> struct ConstSchedule {
   template <bool FAST, class Acc>
-  __device__ static __forceinline__ int sum(const unsigned char *packed, int slot, int lane,
-                                            Acc &acc, float &bias) {
+  __device__ static __forceinline__ int sum(const unsigned char *packed, int slot, int part,
+                                            int lane, Acc &acc, float &bias) {
     const int row = Tab::order(slot);
-    row_sum_uniform<Cfg::UNROLL, Tab>(Tab::ptr(slot), Tab::ptr(slot + 1), acc);
+    int lo = Tab::ptr(slot), hi = Tab::ptr(slot + 1);
+    share<Cfg::SPLIT>(lo, hi, part);
+    row_sum_uniform<Cfg::UNROLL, Tab>(lo, hi, acc);
     bias = packed_bias<Cfg, Off>(packed, row);
     return row;
   }
@@ -254,10 +280,10 @@ template <class Cfg, class Off, class Tab> struct ConstSchedule {
 // instantiated once.
 template <class Cfg, class Off, class Imm> struct ImmSchedule {
   template <bool FAST, class Acc>
-  __device__ static __forceinline__ int sum(const unsigned char *packed, int slot, int lane,
-                                            Acc &acc, float &bias) {
+  __device__ static __forceinline__ int sum(const unsigned char *packed, int slot, int part,
+                                            int lane, Acc &acc, float &bias) {
     if (FAST) return Imm::rows(slot, acc, bias);
-    return GlobalSchedule<Cfg, Off>::template sum<false>(packed, slot, lane, acc, bias);
+    return GlobalSchedule<Cfg, Off>::template sum<false>(packed, slot, part, lane, acc, bias);
   }
 };
 
@@ -296,6 +322,29 @@ __device__ __forceinline__ void store_tm(float *Y, int N, int row, int t0,
   }
 }
 
+// ---- split reduction -----------------------------------------------------------
+// Warps with part > 0 leave their partial sums in shared memory; part 0
+// adds them.  Every warp of the block calls it (it synchronizes the block).
+template <class Cfg>
+__device__ __forceinline__ void reduce_split(float *smem, int part, int r, int lane,
+                                             float (&acc)[Cfg::VEC]) {
+  if (Cfg::SPLIT == 1) return;
+  // layout [part - 1][r][i][lane]: conflict-free
+  if (part > 0) {
+#pragma unroll
+    for (int i = 0; i < Cfg::VEC; ++i)
+      smem[(((part - 1) * Cfg::ROWS + r) * Cfg::VEC + i) * WARP + lane] = acc[i];
+  }
+  __syncthreads();
+  if (part == 0) {
+#pragma unroll
+    for (int p = 1; p < Cfg::SPLIT; ++p)
+#pragma unroll
+      for (int i = 0; i < Cfg::VEC; ++i)
+        acc[i] += smem[(((p - 1) * Cfg::ROWS + r) * Cfg::VEC + i) * WARP + lane];
+  }
+}
+
 // ---- kernel bodies ----------------------------------------------------------
 template <int VEC>
 __device__ __forceinline__ bool vector_ok(const void *X, const void *Y, int N) {
@@ -305,24 +354,49 @@ __device__ __forceinline__ bool vector_ok(const void *X, const void *Y, int N) {
   return N % VEC == 0 && a % (4 * VEC) == 0;
 }
 
+// Where a warp works: row slot, share of the row, lane.
+template <class Cfg> struct WarpPlace {
+  int r, part, slot, lane;
+  bool live;  // the slot exists (whole warps agree)
+  __device__ WarpPlace() {
+    const int w = threadIdx.x / WARP;
+    lane = threadIdx.x % WARP;
+    r = w % Cfg::ROWS;
+    part = w / Cfg::ROWS;
+    slot = blockIdx.x * Cfg::ROWS + r;
+    live = slot < Cfg::M;
+  }
+};
+
+// One row slot's sum with accumulator Acc, reduced over the split; true
+// for the warp that stores.
+template <class Cfg, class Schedule, bool FAST, class Acc>
+__device__ __forceinline__ bool row_result(const unsigned char *packed, float *smem,
+                                           const WarpPlace<Cfg> &at, Acc &acc, int &row,
+                                           float &bias) {
+  if (at.live) row = Schedule::template sum<FAST>(packed, at.slot, at.part, at.lane, acc, bias);
+  reduce_split<Cfg>(smem, at.part, at.r, at.lane, acc.acc);
+  return at.live && at.part == 0;
+}
+
 // Y (M x N) = epilogue(W X), X K x N.
 template <class Cfg, class Schedule>
 __device__ __forceinline__ void spmm_fm(const unsigned char *__restrict__ packed,
                                         const float *__restrict__ X, float *__restrict__ Y,
-                                        int N) {
-  const int lane = threadIdx.x % WARP;
-  const int slot = blockIdx.x * Cfg::ROWS + threadIdx.x / WARP;
-  if (slot >= Cfg::M) return;  // whole warps leave
-  const int n0 = blockIdx.y * Cfg::BN + lane * Cfg::VEC;
+                                        int N, float *smem) {
+  const WarpPlace<Cfg> at;
+  if (Cfg::SPLIT == 1 && !at.live) return;  // whole warps leave
+  const int n0 = blockIdx.y * Cfg::BN + at.lane * Cfg::VEC;
   float bias = 0.0f;
-  if (vector_ok<Cfg::VEC>(X, Y, N)) {
+  int row = 0;
+  if (vector_ok<Cfg::VEC>(X, Y, N)) {  // uniform over the grid
     FmVecAcc<Cfg::VEC> acc(X, N, n0);
-    const int row = Schedule::template sum<true>(packed, slot, lane, acc, bias);
-    store_fm_vec<Cfg>(Y, N, row, n0, acc.acc, bias);
+    if (row_result<Cfg, Schedule, true>(packed, smem, at, acc, row, bias))
+      store_fm_vec<Cfg>(Y, N, row, n0, acc.acc, bias);
   } else {
     FmScalarAcc<Cfg::VEC> acc(X, N, n0);
-    const int row = Schedule::template sum<false>(packed, slot, lane, acc, bias);
-    store_fm_scalar<Cfg>(Y, N, row, n0, acc.acc, bias);
+    if (row_result<Cfg, Schedule, false>(packed, smem, at, acc, row, bias))
+      store_fm_scalar<Cfg>(Y, N, row, n0, acc.acc, bias);
   }
 }
 
@@ -330,25 +404,28 @@ __device__ __forceinline__ void spmm_fm(const unsigned char *__restrict__ packed
 template <class Cfg, class Schedule>
 __device__ __forceinline__ void spmm_tm(const unsigned char *__restrict__ packed,
                                         const float *__restrict__ X, float *__restrict__ Y,
-                                        int N) {
-  const int lane = threadIdx.x % WARP;
-  const int slot = blockIdx.x * Cfg::ROWS + threadIdx.x / WARP;
-  if (slot >= Cfg::M) return;
-  const int t0 = blockIdx.y * Cfg::BN + lane;
+                                        int N, float *smem) {
+  const WarpPlace<Cfg> at;
+  if (Cfg::SPLIT == 1 && !at.live) return;
+  const int t0 = blockIdx.y * Cfg::BN + at.lane;
   float bias = 0.0f;
+  int row = 0;
   TmAcc<Cfg::K, Cfg::VEC> acc(X, N, t0);
-  const int row = Schedule::template sum<true>(packed, slot, lane, acc, bias);
-  store_tm<Cfg>(Y, N, row, t0, acc.acc, bias);
+  if (row_result<Cfg, Schedule, true>(packed, smem, at, acc, row, bias))
+    store_tm<Cfg>(Y, N, row, t0, acc.acc, bias);
 }
 
 template <class Cfg, class Schedule>
 __device__ __forceinline__ void spmm(const unsigned char *__restrict__ packed, const void *X,
                                      void *Y, int N) {
   if (N <= 0) return;
+  __shared__ float smem[Cfg::SMEM_FLOATS > 0 ? Cfg::SMEM_FLOATS : 1];
   if (Cfg::LAYOUT == LAYOUT_FM)
-    spmm_fm<Cfg, Schedule>(packed, static_cast<const float *>(X), static_cast<float *>(Y), N);
+    spmm_fm<Cfg, Schedule>(packed, static_cast<const float *>(X), static_cast<float *>(Y), N,
+                           smem);
   else
-    spmm_tm<Cfg, Schedule>(packed, static_cast<const float *>(X), static_cast<float *>(Y), N);
+    spmm_tm<Cfg, Schedule>(packed, static_cast<const float *>(X), static_cast<float *>(Y), N,
+                           smem);
 }
 
 }  // namespace csr
