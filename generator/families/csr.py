@@ -58,9 +58,9 @@ SPACE = {
     "fm": {"vec": (1, 2, 4), "unroll": (4, 8)},
     "tm": {"vec": (1, 2), "unroll": (4, 8)},
 }
-ROWS_SPLIT = ((4, 1), (8, 1), (2, 2), (4, 2), (1, 4), (2, 4))
+ROWS_SPLIT = ((4, 1), (2, 2), (4, 2), (1, 4), (2, 4), (1, 8))
 CONST_UNROLL = (8,)
-IMM_ROWS_SPLIT = ((4, 1),)
+IMM_ROWS_SPLIT = ((4, 1), (1, 4))
 IMM_VEC = (1, 2)
 
 _ACT = {"none": 0, "relu": 1, "gelu": 2}
@@ -282,9 +282,6 @@ class CsrFamily(Family):
             raise ConfigError(f"split reduction needs {smem} bytes of shared memory, "
                               f"more than {SMEM_LIMIT}")
         if tables == "imm":
-            if split != 1:
-                raise ConfigError(f"split must be 1 with tables 'imm' (straight-line rows are "
-                                  f"not split), got {split}")
             if unroll != 1:
                 raise ConfigError(f"unroll must be 1 with tables 'imm' (its code is fully unrolled), got {unroll}")
             if vec not in IMM_VEC:
@@ -343,7 +340,7 @@ class CsrFamily(Family):
         if tables == "const":
             values.update(self._const_tables(p))
         elif tables == "imm":
-            values["imm_cases"] = self._imm_cases(p)
+            values["imm_cases"] = self._imm_cases(p, split)
         source = render("csr.cu.j2", **values)
         bn = 32 * vec
         return Kernel(name=name, source=source, packed=p.packed, block=(32 * rows * split, 1, 1),
@@ -362,17 +359,22 @@ class CsrFamily(Family):
                     c_val=_join(map(_float_literal, val.tolist()), 8))
 
     @staticmethod
-    def _imm_cases(p: CsrPlan, per_line: int = 4) -> list[dict]:
+    def _imm_cases(p: CsrPlan, split: int = 1, per_line: int = 4) -> list[dict]:
+        """One case per piece (slot * split + part): share `part` of the
+        slot's nonzeros, as the header's share<SPLIT> cuts them."""
         cases = []
         cols = p.col.tolist()
         vals = [_float_literal(v) for v in p.val.tolist()]
         for s in range(p.rows):
-            lo, hi = int(p.ptr[s]), int(p.ptr[s + 1])
-            terms = [f"a({cols[j]}, {vals[j]});" for j in range(lo, hi)]
-            lines = [" ".join(terms[i:i + per_line]) for i in range(0, len(terms), per_line)]
             row = int(p.order[s])
-            cases.append(dict(slot=s, row=row, nnz=hi - lo, lines=lines,
-                              bias=_float_literal(p.bias[row]) if p.bias is not None else ""))
+            start, end = int(p.ptr[s]), int(p.ptr[s + 1])
+            for part in range(split):
+                lo = start + (end - start) * part // split
+                hi = start + (end - start) * (part + 1) // split
+                terms = [f"a({cols[j]}, {vals[j]});" for j in range(lo, hi)]
+                lines = [" ".join(terms[i:i + per_line]) for i in range(0, len(terms), per_line)]
+                cases.append(dict(piece=s * split + part, row=row, nnz=hi - lo, lines=lines,
+                                  bias=_float_literal(p.bias[row]) if p.bias is not None else ""))
         return cases
 
 

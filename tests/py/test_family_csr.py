@@ -117,8 +117,9 @@ def test_search_space_small_matrix_has_every_table_kind():
         for c in space:
             FAM.check_config(c, m, op, {})
             if c["tables"] == "imm":
-                assert c["unroll"] == 1 and c["split"] == 1
-        assert {c["split"] for c in space} == {1, 2, 4}
+                assert c["unroll"] == 1 and c["vec"] in (1, 2)
+        assert {c["split"] for c in space} == {1, 2, 4, 8}
+        assert {c["split"] for c in space if c["tables"] == "imm"} == {1, 4}
 
 
 def test_search_space_large_matrix_is_global_only():
@@ -146,7 +147,6 @@ def test_search_space_respects_device_thread_limit():
     ({"rows": 33}, "rows . split .warps per block. <= 32"),
     ({"rows": 8, "split": 8}, "rows . split .warps per block. <= 32"),
     ({"split": 0}, "rows and split must be >= 1"),
-    ({"tables": "imm", "unroll": 1, "split": 2}, "split must be 1 with tables 'imm'"),
     ({"tables": "imm", "unroll": 1, "vec": 4}, "vec must be one of .1, 2. with tables 'imm'"),
     ({"unroll": 3}, "unroll must divide 32"),
     ({"tables": "shared"}, "tables must be one of"),
@@ -179,7 +179,8 @@ def test_const_limit_matches_bytes():
 
 # ---- rendering -------------------------------------------------------------------
 
-def test_imm_source_holds_every_nonzero_exactly():
+@pytest.mark.parametrize("split", [1, 4])
+def test_imm_source_holds_every_nonzero_exactly(split):
     m = random_matrix(37, 53, 0.3, seed=11, empty_rows=(4,))
     # awkward values: tiny, huge, negative zero-ish, many digits
     vals = m.values.copy()
@@ -187,11 +188,11 @@ def test_imm_source_holds_every_nonzero_exactly():
     m = m.with_values(vals)
     op = Operation(dtype="fp32", layout="fm", epilogue=Epilogue(bias=True, activation="relu"))
     bias = np.random.default_rng(0).standard_normal(37).astype(np.float32)
-    k = FAM.generate(m, op, {}, cfg("imm", vec=2), bias=bias)
+    k = FAM.generate(m, op, {}, cfg("imm", vec=2, rows=4 // split, split=split), bias=bias)
     body = k.source.split("struct Rows", 1)[1]
     cases = re.findall(r"(case (\d+)|default):  // row (\d+), (\d+) nonzeros\n(.*?)return (\d+);",
                        body, re.S)
-    assert len(cases) == m.rows
+    assert len(cases) == m.rows * split
     dense = np.zeros(m.shape, np.float32)
     got_bias = np.zeros(m.rows, np.float32)
     for _, _, row, nnz, text, ret in cases:
@@ -200,12 +201,13 @@ def test_imm_source_holds_every_nonzero_exactly():
         terms = re.findall(r"a\((\d+), ([^)]+)f\);", text)
         assert len(terms) == int(nnz)
         for c, v in terms:
+            assert dense[r, int(c)] == 0          # every nonzero in one piece only
             dense[r, int(c)] = np.float32(v)
         got_bias[r] = np.float32(re.search(r"bias = ([^;]+)f;", text).group(1))
     np.testing.assert_array_equal(dense.view(np.uint32), m.to_dense().view(np.uint32))
     np.testing.assert_array_equal(got_bias, bias)
-    assert k.name == "sf_csr_fp32_fm_bias_relu_rows4_split1_tablesimm_unroll1_vec2"
-    assert k.grid == (10, 1, 1) and k.block == (128, 1, 1)
+    assert k.name == f"sf_csr_fp32_fm_bias_relu_rows{4 // split}_split{split}_tablesimm_unroll1_vec2"
+    assert k.grid == (-(-37 // (4 // split)), 1, 1) and k.block == (128, 1, 1)
     assert k.n_axis == 1 and k.n_tile == 64
 
 

@@ -76,7 +76,6 @@ struct Config {
                 "tables are global, const or imm");
   static_assert(VEC == 1 || VEC == 2 || VEC == 4, "VEC is 1, 2 or 4 (float, float2, float4)");
   static_assert(ROWS >= 1 && SPLIT >= 1 && THREADS <= 1024, "a block holds 1..32 warps");
-  static_assert(TABLES != TABLES_IMM || SPLIT == 1, "straight-line rows are not split");
   static_assert(SMEM_FLOATS * 4 <= 48 * 1024, "split reduction fits in static shared memory");
   static_assert(UNROLL >= 1 && UNROLL <= WARP && WARP % UNROLL == 0,
                 "UNROLL divides the warp's staged chunk of 32 nonzeros");
@@ -274,15 +273,16 @@ template <class Cfg, class Off, class Tab> struct ConstSchedule {
 };
 
 // Immediates.  Imm (generated) provides
-//   template <class Acc> static int rows(int slot, Acc &acc, float &bias)
-// a switch over slots whose cases are straight-line sums.  The generic path
+//   template <class Acc> static int rows(int piece, Acc &acc, float &bias)
+// a switch over pieces (piece = slot * SPLIT + part: share `part` of the
+// row in slot `slot`) whose cases are straight-line sums.  The generic path
 // (FAST = false) reads the packed CSR instead, so the straight-line code is
 // instantiated once.
 template <class Cfg, class Off, class Imm> struct ImmSchedule {
   template <bool FAST, class Acc>
   __device__ static __forceinline__ int sum(const unsigned char *packed, int slot, int part,
                                             int lane, Acc &acc, float &bias) {
-    if (FAST) return Imm::rows(slot, acc, bias);
+    if (FAST) return Imm::rows(slot * Cfg::SPLIT + part, acc, bias);
     return GlobalSchedule<Cfg, Off>::template sum<false>(packed, slot, part, lane, acc, bias);
   }
 };
