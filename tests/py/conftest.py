@@ -49,3 +49,18 @@ def same_matrix():
         else:
             np.testing.assert_array_equal(a.perm, b.perm)
     return check
+
+
+@pytest.fixture(scope="session")
+def nvrtc():
+    """compile(source, arch, name="kernel.cu", options=()) -> sparseforge.native.Binary,
+    raising native.CompileError (with .log) on failure: the library's own NVRTC
+    path, which works without a GPU."""
+    from sparseforge import native
+    ctx = native.Context(0)
+
+    def compile_(source, arch, name="kernel.cu", options=()):
+        return ctx.compile(source, arch=arch, name=name, options=options)
+
+    yield compile_
+    ctx.close()

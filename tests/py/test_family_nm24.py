@@ -4,8 +4,6 @@ its constraints, rendering, NVRTC compiles for sm_80 and sm_90a; on a GPU,
 correctness across configurations, shapes, dtypes, layouts and epilogues."""
 from __future__ import annotations
 
-import ctypes
-import os
 
 import numpy as np
 import pytest
@@ -229,58 +227,6 @@ def test_render_names_and_self_contained():
 
 # ---- NVRTC compiles -----------------------------------------------------------------
 
-class _Nvrtc:
-    """NVRTC through ctypes, for machines where the native binding is absent."""
-
-    def __init__(self):
-        home = os.environ.get("CUDA_HOME") or os.environ.get("CUDA_PATH") or "/usr/local/cuda"
-        self.include = os.path.join(home, "include")
-        last = None
-        for n in [os.path.join(home, "lib64", x) for x in ("libnvrtc.so", "libnvrtc.so.13")] + \
-                ["libnvrtc.so", "libnvrtc.so.13", "libnvrtc.so.12"]:
-            try:
-                self.lib = ctypes.CDLL(n)
-                break
-            except OSError as e:
-                last = e
-        else:
-            raise OSError(f"NVRTC not found: {last}")
-
-    def compile(self, source: str, arch: str, name: str = "k.cu") -> bytes:
-        lib, prog = self.lib, ctypes.c_void_p()
-        assert lib.nvrtcCreateProgram(ctypes.byref(prog), source.encode(), name.encode(), 0,
-                                      None, None) == 0
-        opts = [f"--gpu-architecture={arch}", "-std=c++17", "-default-device",
-                f"-I{self.include}"]
-        arr = (ctypes.c_char_p * len(opts))(*[o.encode() for o in opts])
-        rc = lib.nvrtcCompileProgram(prog, len(opts), arr)
-        size = ctypes.c_size_t()
-        lib.nvrtcGetProgramLogSize(prog, ctypes.byref(size))
-        log = ctypes.create_string_buffer(size.value)
-        lib.nvrtcGetProgramLog(prog, log)
-        if rc != 0:
-            lib.nvrtcDestroyProgram(ctypes.byref(prog))
-            raise RuntimeError(f"NVRTC failed ({rc}):\n{log.value.decode()}")
-        lib.nvrtcGetCUBINSize(prog, ctypes.byref(size))
-        out = ctypes.create_string_buffer(size.value)
-        lib.nvrtcGetCUBIN(prog, out)
-        lib.nvrtcDestroyProgram(ctypes.byref(prog))
-        return out.raw
-
-
-def _compiler():
-    try:
-        from sparseforge import native
-        ctx = native.Context(0)
-        return lambda src, arch, name: ctx.compile(src, arch=arch, name=name).data
-    except Exception:
-        try:
-            nv = _Nvrtc()
-        except OSError as e:
-            pytest.skip(f"no NVRTC: {e}")
-        return nv.compile
-
-
 COMPILE_CASES = [
     ("fp16", "fm", dict(bm=128, bn=128, bk=64, wm=2, wn=2, stages=3), Epilogue()),
     ("bf16", "fm", dict(bm=64, bn=256, bk=32, wm=1, wn=4, stages=4),
@@ -291,8 +237,7 @@ COMPILE_CASES = [
 
 
 @pytest.mark.parametrize("arch", ["sm_80", "sm_90a"])
-def test_templates_compile_with_nvrtc(arch):
-    compile_ = _compiler()
+def test_templates_compile_with_nvrtc(arch, nvrtc):
     m = random_24(45, 77, seed=21, zero_rows=(2, 44))     # K % 8 != 0: scalar tm path
     m8 = random_24(45, 96, seed=22)                       # K % 8 == 0: cp.async tm path
     bias = np.ones(45, np.float32)
@@ -300,7 +245,7 @@ def test_templates_compile_with_nvrtc(arch):
         mat = m if i % 2 == 0 else m8
         op = Operation(dtype=dtype, layout=layout, epilogue=ep)
         k = FAM.generate(mat, op, {}, c, bias=bias if ep.bias else None)
-        cubin = compile_(k.source, arch, k.name + ".cu")
+        cubin = nvrtc(k.source, arch, k.name + ".cu").data
         assert len(cubin) > 0 and k.name.encode() in cubin
 
 

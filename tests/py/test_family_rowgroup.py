@@ -2,10 +2,7 @@
 trips, a NumPy run of each packed plan, configuration constraints, NVRTC
 compilation for sm_80 and sm_90a (CPU), and correctness on the GPU (marked
 gpu)."""
-import ctypes
-import os
 import re
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -289,45 +286,6 @@ def test_kernel_name_is_the_configuration(rng):
 
 # ---- NVRTC compilation (no GPU needed) -------------------------------------------------
 
-def _nvrtc_compile(source: str, arch: str):
-    """(ok, log): through sparseforge.native when it is there, else NVRTC
-    directly."""
-    opts = ("--ptxas-options=-v",)
-    try:
-        from sparseforge import native
-        ctx = native.Context(0)
-    except Exception:  # noqa: BLE001 - binding or library not there: NVRTC directly
-        ctx = None
-    if ctx is not None:
-        try:
-            b = ctx.compile(source, arch=arch, name="rowgroup.cu", options=opts)
-            return True, b.log
-        except native.CompileError as e:
-            return False, e.log
-    cuda = os.environ.get("CUDA_HOME") or os.environ.get("CUDA_PATH") or "/usr/local/cuda"
-    cands = [Path(cuda) / "lib64" / "libnvrtc.so", Path(cuda) / "lib64" / "libnvrtc.so.13", "libnvrtc.so"]
-    lib = None
-    for c in cands:
-        try:
-            lib = ctypes.CDLL(str(c))
-            break
-        except OSError:
-            continue
-    if lib is None:
-        pytest.skip("NVRTC not found")
-    prog = ctypes.c_void_p()
-    assert lib.nvrtcCreateProgram(ctypes.byref(prog), source.encode(), b"rowgroup.cu", 0, None, None) == 0
-    o = [f"--gpu-architecture={arch}", "-std=c++17", f"-I{cuda}/include", *opts]
-    arr = (ctypes.c_char_p * len(o))(*[s.encode() for s in o])
-    rc = lib.nvrtcCompileProgram(prog, len(o), arr)
-    n = ctypes.c_size_t()
-    lib.nvrtcGetProgramLogSize(prog, ctypes.byref(n))
-    buf = ctypes.create_string_buffer(n.value)
-    lib.nvrtcGetProgramLog(prog, buf)
-    lib.nvrtcDestroyProgram(ctypes.byref(prog))
-    return rc == 0, buf.value.decode(errors="replace")
-
-
 COMPILE_CASES = [
     ("bsr", {"br": 64, "bc": 64}, "fp16", Epilogue(), {"bk": 32, "bn": 128, "stages": 3, "wm": 2, "wn": 2}),
     ("bsr", {"br": 32, "bc": 32}, "bf16", Epilogue(bias=True, activation="gelu", scale=0.5),
@@ -345,7 +303,7 @@ COMPILE_CASES = [
 
 @pytest.mark.parametrize("case", range(len(COMPILE_CASES)))
 @pytest.mark.parametrize("arch", ["sm_80", "sm_90a"])
-def test_template_compiles(arch, case):
+def test_template_compiles(arch, case, nvrtc):
     family, params, dtype, ep, cfg = COMPILE_CASES[case]
     family, layout = (family.split("-") + ["fm"])[:2]
     rng = np.random.default_rng(case)
@@ -355,8 +313,7 @@ def test_template_compiles(arch, case):
     op = Operation(dtype, layout, ep)
     bias = rng.standard_normal(150).astype(np.float32) if ep.bias else None
     k = fam.generate(mat, op, params, cfg, bias=bias)
-    ok, log = _nvrtc_compile(k.source, arch)
-    assert ok, log
+    log = nvrtc(k.source, arch, "rowgroup.cu", options=("--ptxas-options=-v",)).log
     spills = re.findall(r"(\d+) bytes spill stores, (\d+) bytes spill loads", log)
     assert spills, log
     assert all(s == ("0", "0") for s in spills), log
