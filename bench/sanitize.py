@@ -5,8 +5,6 @@ Exits non-zero if any result is wrong."""
 import sys
 from pathlib import Path
 
-import numpy as np
-
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from sparseforge.generator.kernel import Epilogue, Operation, get_family, parse_pattern  # noqa: E402

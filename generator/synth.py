@@ -37,7 +37,7 @@ def random_matrix(pattern: str, m: int, k: int, density: float, dtype: str = "fp
         order = np.argsort(keys, axis=2)
         mask = np.zeros((m, k // 4, 4), dtype=bool)
         np.put_along_axis(mask, order[:, :, :2], True, axis=2)
-        return _from_mask(mask.reshape(m, k), rng, dtype, name=f"random nm24")
+        return _from_mask(mask.reshape(m, k), rng, dtype, name="random nm24")
     if family == "bsr":
         br, bc = params["br"], params["bc"]
         gm, gk = -(-m // br), -(-k // bc)

@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import ctypes
 import threading
-from ctypes import (POINTER, Structure, byref, c_char, c_char_p, c_double, c_float, c_int,
+from ctypes import (POINTER, Structure, byref, c_char, c_char_p, c_double, c_int,
                     c_int64, c_size_t, c_uint, c_uint64, c_void_p)
 from typing import Any, Optional, Sequence
 
