@@ -26,7 +26,7 @@ export PYTHONPATH=/tmp/sfpkg PATH=/tmp/sfpkg/bin:$PATH
 case " $STAGES " in *" tests "*)
   step ctest ctest --test-dir build/gpu --output-on-failure
   [ -d .gpu/dlmc ] && export SPARSEFORGE_DLMC=$PWD/.gpu/dlmc
-  step pytest_gpu python3 -m pytest -q -rs -m gpu tests/py -p no:cacheprovider --durations=8
+  step pytest_gpu python3 -m pytest -q -rs -m gpu tests/py -p no:cacheprovider --durations=8 -n 8
   grep -E "passed|failed" "$OUT/pytest_gpu.log" | tail -1 ;; esac
 case " $STAGES " in *" tune "*)
   export XDG_CACHE_HOME=/tmp/sf-xdg; rm -rf "$XDG_CACHE_HOME"
