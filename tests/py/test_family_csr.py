@@ -4,8 +4,6 @@ sm_80 and sm_90a; on a GPU, correctness across configurations, shapes,
 epilogues and the DLMC subset."""
 from __future__ import annotations
 
-import ctypes
-import ctypes.util
 import os
 import re
 import time
@@ -15,8 +13,7 @@ import numpy as np
 import pytest
 
 from sparseforge.generator.families import csr as csr_mod
-from sparseforge.generator.kernel import (ConfigError, Epilogue, Operation, get_family,
-                                          reference)
+from sparseforge.generator.kernel import (ConfigError, Epilogue, Operation, get_family)
 from sparseforge.generator.matrix import SparseMatrix, round_to_dtype
 
 FAM = get_family("csr")
@@ -239,59 +236,6 @@ def test_name_is_the_configuration():
 
 # ---- NVRTC compiles ------------------------------------------------------------------
 
-class _Nvrtc:
-    """NVRTC through ctypes (enough to compile and read the log), used when
-    the native binding is not there."""
-
-    def __init__(self):
-        names = ["libnvrtc.so", "libnvrtc.so.13", "libnvrtc.so.12"]
-        home = os.environ.get("CUDA_HOME") or os.environ.get("CUDA_PATH") or "/usr/local/cuda"
-        self.include = os.path.join(home, "include")
-        last = None
-        for n in [os.path.join(home, "lib64", x) for x in names] + names:
-            try:
-                self.lib = ctypes.CDLL(n)
-                break
-            except OSError as e:
-                last = e
-        else:
-            raise OSError(f"NVRTC not found: {last}")
-
-    def compile(self, source: str, arch: str, name: str = "k.cu") -> bytes:
-        lib, prog = self.lib, ctypes.c_void_p()
-        assert lib.nvrtcCreateProgram(ctypes.byref(prog), source.encode(), name.encode(), 0,
-                                      None, None) == 0
-        opts = [f"--gpu-architecture={arch}", "-std=c++17", "-default-device",
-                f"-I{self.include}"]
-        arr = (ctypes.c_char_p * len(opts))(*[o.encode() for o in opts])
-        rc = lib.nvrtcCompileProgram(prog, len(opts), arr)
-        size = ctypes.c_size_t()
-        lib.nvrtcGetProgramLogSize(prog, ctypes.byref(size))
-        log = ctypes.create_string_buffer(size.value)
-        lib.nvrtcGetProgramLog(prog, log)
-        if rc != 0:
-            lib.nvrtcDestroyProgram(ctypes.byref(prog))
-            raise RuntimeError(f"NVRTC failed ({rc}):\n{log.value.decode()}")
-        lib.nvrtcGetCUBINSize(prog, ctypes.byref(size))
-        out = ctypes.create_string_buffer(size.value)
-        lib.nvrtcGetCUBIN(prog, out)
-        lib.nvrtcDestroyProgram(ctypes.byref(prog))
-        return out.raw
-
-
-def _compiler():
-    try:
-        from sparseforge import native
-        ctx = native.Context(0)
-        return lambda src, arch, name: ctx.compile(src, arch=arch, name=name).data
-    except Exception:
-        try:
-            nv = _Nvrtc()
-        except OSError as e:
-            pytest.skip(f"no NVRTC: {e}")
-        return nv.compile
-
-
 COMPILE_CASES = [  # layout, tables, vec, rows, split, unroll, epilogue
     ("fm", "global", 4, 4, 1, 8, Epilogue()),
     ("fm", "global", 1, 2, 4, 4, Epilogue(bias=True, activation="gelu", scale=0.5)),
@@ -305,15 +249,14 @@ COMPILE_CASES = [  # layout, tables, vec, rows, split, unroll, epilogue
 
 
 @pytest.mark.parametrize("arch", ["sm_80", "sm_90a"])
-def test_templates_compile_with_nvrtc(arch):
-    compile_ = _compiler()
+def test_templates_compile_with_nvrtc(arch, nvrtc):
     m = random_matrix(45, 77, 0.2, seed=21, empty_rows=(2, 44))
     bias = np.ones(45, np.float32)
     for layout, tables, vec, rows, split, unroll, ep in COMPILE_CASES:
         op = Operation(dtype="fp32", layout=layout, epilogue=ep)
         k = FAM.generate(m, op, {}, cfg(tables, vec, rows, unroll, split),
                          bias=bias if ep.bias else None)
-        cubin = compile_(k.source, arch, k.name + ".cu")
+        cubin = nvrtc(k.source, arch, k.name + ".cu").data
         assert len(cubin) > 0 and k.name.encode() in cubin
 
 
