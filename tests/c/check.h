@@ -5,6 +5,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "sparseforge.h"
+
 static int check_failures_ = 0;
 
 #define CHECK(cond)                                                        \
@@ -43,6 +45,24 @@ static int check_failures_ = 0;
     printf("SKIPPED: %s\n", (reason));                                     \
     return 77;                                                             \
   } while (0)
+
+/* A context on GPU 0 and its description, for tests labelled gpu.  Returns
+ * 0 with the reason in `reason` where there is no driver or no device (the
+ * test then SKIPs with it); 1 otherwise. */
+static int open_gpu(sf_context **ctx, sf_device_info *info, char *reason,
+                    size_t size) {
+  *ctx = NULL;
+  CHECK_EQ_INT(SF_OK, sf_context_create(0, ctx));
+  sf_status st = sf_device_info_get(*ctx, info);
+  if (st == SF_ERR_NO_DRIVER || st == SF_ERR_NO_DEVICE) {
+    snprintf(reason, size, "%s", sf_errmsg(*ctx));
+    sf_context_destroy(*ctx);
+    *ctx = NULL;
+    return 0;
+  }
+  CHECK_EQ_INT(SF_OK, st);
+  return 1;
+}
 
 #define CHECK_DONE()                                                       \
   do {                                                                     \

@@ -13,16 +13,9 @@ static const char *kSource =
 
 int main(void) {
   sf_context *ctx = NULL;
-  CHECK_EQ_INT(SF_OK, sf_context_create(0, &ctx));
   sf_device_info info;
-  sf_status st = sf_device_info_get(ctx, &info);
-  if (st == SF_ERR_NO_DRIVER || st == SF_ERR_NO_DEVICE) {
-    static char reason[1024];
-    snprintf(reason, sizeof reason, "%s", sf_errmsg(ctx));
-    sf_context_destroy(ctx);
-    SKIP(reason);
-  }
-  CHECK_EQ_INT(SF_OK, st);
+  static char reason[1024];
+  if (!open_gpu(&ctx, &info, reason, sizeof reason)) SKIP(reason);
   sf_binary *bin = NULL;
   sf_module *mod = NULL;
   sf_kernel *k = NULL;
@@ -39,7 +32,7 @@ int main(void) {
   CHECK_CONTAINS(sf_errmsg(ctx), "cuCtxSynchronize failed: CUDA_ERROR_ILLEGAL_ADDRESS");
   /* the context is spoiled: later calls say so instead of hanging */
   sf_devptr p = 0;
-  st = sf_mem_alloc(ctx, 1024, &p);
+  sf_status st = sf_mem_alloc(ctx, 1024, &p);
   CHECK(st == SF_ERR_CUDA);
   CHECK_CONTAINS(sf_errmsg(ctx), "CUDA_ERROR_ILLEGAL_ADDRESS");
   st = sf_launch(ctx, k, &cfg, args);

@@ -136,16 +136,9 @@ static void test_shared_memory(sf_context *ctx, sf_kernel *k,
 
 int main(void) {
   sf_context *ctx = NULL;
-  CHECK_EQ_INT(SF_OK, sf_context_create(0, &ctx));
   sf_device_info info;
-  sf_status st = sf_device_info_get(ctx, &info);
-  if (st == SF_ERR_NO_DRIVER || st == SF_ERR_NO_DEVICE) {
-    static char reason[1024];
-    snprintf(reason, sizeof reason, "%s", sf_errmsg(ctx));
-    sf_context_destroy(ctx);
-    SKIP(reason);
-  }
-  CHECK_EQ_INT(SF_OK, st);
+  static char reason[1024];
+  if (!open_gpu(&ctx, &info, reason, sizeof reason)) SKIP(reason);
   printf("GPU: %s (cc %d.%d, %s, %d SMs, L2 %d bytes, driver %d)\n", info.name,
          info.cc_major, info.cc_minor, info.arch, info.sm_count, info.l2_bytes,
          info.driver_version);

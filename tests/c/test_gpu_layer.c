@@ -125,16 +125,9 @@ static void check_run(sf_context *ctx, sf_layer *layer, int n) {
 
 int main(void) {
   sf_context *ctx = NULL;
-  CHECK_EQ_INT(SF_OK, sf_context_create(0, &ctx));
   sf_device_info info;
-  sf_status st = sf_device_info_get(ctx, &info);
-  if (st == SF_ERR_NO_DRIVER || st == SF_ERR_NO_DEVICE) {
-    static char reason[1024];
-    snprintf(reason, sizeof reason, "%s", sf_errmsg(ctx));
-    sf_context_destroy(ctx);
-    SKIP(reason);
-  }
-  CHECK_EQ_INT(SF_OK, st);
+  static char reason[1024];
+  if (!open_gpu(&ctx, &info, reason, sizeof reason)) SKIP(reason);
   for (int m = 0; m < M; m++)
     for (int k = 0; k < K; k++) W[m * K + k] = (float)((m * 3 + k * 5) % 7 - 3) * 0.25f;
 
@@ -147,7 +140,7 @@ int main(void) {
   snprintf(side, sizeof side, "%s-shm", path);
   unlink(side);
   sf_cache *cache = NULL;
-  st = sf_cache_open(path, SF_CACHE_CREATE, &cache);
+  sf_status st = sf_cache_open(path, SF_CACHE_CREATE, &cache);
   CHECK_EQ_INT(SF_OK, st);
   if (st != SF_OK) {
     fprintf(stderr, "cache: %s\n", sf_cache_errmsg(cache));

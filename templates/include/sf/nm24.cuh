@@ -27,6 +27,7 @@
 #pragma once
 
 #include "sf/common.cuh"
+#include "sf/mma_sm80.cuh"
 
 namespace sf {
 namespace nm24 {
@@ -84,32 +85,12 @@ struct Config {
   static_assert(THREADS <= 1024, "too many threads");
 };
 
-// ---- PTX wrappers -------------------------------------------------------------
-__device__ __forceinline__ unsigned smem_addr(const void *p) {
-  return static_cast<unsigned>(__cvta_generic_to_shared(p));
-}
-
-// 16-byte async copy; src_bytes = 0 zero-fills without reading.
-__device__ __forceinline__ void cp_async16(unsigned dst, const void *src, int src_bytes) {
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src),
-               "r"(src_bytes));
-}
-__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
-template <int N>
-__device__ __forceinline__ void cp_async_wait() {
-  asm volatile("cp.async.wait_group %0;\n" ::"n"(N));
-}
-
-__device__ __forceinline__ void ldmatrix_x4(unsigned (&r)[4], unsigned addr) {
-  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
-               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-               : "r"(addr));
-}
-__device__ __forceinline__ void ldmatrix_x4_trans(unsigned (&r)[4], unsigned addr) {
-  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
-               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-               : "r"(addr));
-}
+// ---- PTX wrappers (the sm_80 ones shared with the row-group kernel) ---------------
+using sm80::cp_async_commit;
+using sm80::cp_async_wait;
+using sm80::ldmatrix_x4;
+using sm80::ldmatrix_x4_trans;
+using sm80::smem_addr;
 
 __device__ __forceinline__ void lds128(unsigned (&r)[4], unsigned addr) {
   asm volatile("ld.shared.v4.u32 {%0,%1,%2,%3}, [%4];\n"
@@ -211,7 +192,7 @@ __device__ __forceinline__ void load_a(unsigned sA, unsigned sE, const unsigned 
       const int mt = i / VCH, c = i % VCH;
       const unsigned char *src =
           gv + ((size_t)(mt0 + mt) * P::KSTEPS + s0) * FRAG_BYTES + (size_t)c * 16;
-      cp_async16(sA + i * 16, src, 16);
+      sm80::cp_async_16(sA + i * 16, src, true);
     }
   }
   constexpr int ECH = C::KSTEPS * META_BYTES / 16;
@@ -224,7 +205,7 @@ __device__ __forceinline__ void load_a(unsigned sA, unsigned sE, const unsigned 
       const int mt = i / ECH, c = i % ECH;
       const unsigned char *src =
           ge + ((size_t)(mt0 + mt) * P::KSTEPS + s0) * META_BYTES + (size_t)c * 16;
-      cp_async16(sE + i * 16, src, 16);
+      sm80::cp_async_16(sE + i * 16, src, true);
     }
   }
 }
@@ -252,7 +233,7 @@ __device__ __forceinline__ void load_b_fm(unsigned sB, const unsigned short *X, 
     for (int it = 0; it < ITERS; ++it) {
       const int row = row0 + it * ROWS_PER_IT;
       const bool ok = k0 + row < P::K && gn < N;
-      cp_async16(sB + b_chunk<CPR>(row, c) * 16, ok ? src : X, ok ? 16 : 0);
+      sm80::cp_async_16(sB + b_chunk<CPR>(row, c) * 16, ok ? src : X, ok);
       src += step;
     }
   } else {
@@ -290,7 +271,7 @@ __device__ __forceinline__ void load_b_tm(unsigned sB, const unsigned short *X, 
         const int gn = n0 + row, gk = k0 + c * 8;
         const bool ok = gn < N && gk < P::K;
         const unsigned short *src = ok ? X + (size_t)gn * P::K + gk : X;
-        cp_async16(sB + b_chunk<CPR>(row, c) * 16, src, ok ? 16 : 0);
+        sm80::cp_async_16(sB + b_chunk<CPR>(row, c) * 16, src, ok);
       }
     }
   } else {
