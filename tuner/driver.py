@@ -111,7 +111,9 @@ class Tuner:
         self.nvrtc = "%d.%d" % native.nvrtc_version()
         self._local = threading.local()
         self.compiled = 0
-        self.planted_fault: Optional[str] = None  # test hook (see Trial.fault)
+        # test hook: the candidate with this kernel name gets a planted fault
+        # (Trial.fault) to show that a faulting candidate does not end the run
+        self.plant_fault_in: Optional[str] = None
 
     def close(self):
         if self.worker is not None:
@@ -242,7 +244,8 @@ class Tuner:
 
     def _measure(self, kernel: Kernel, cubin: bytes):
         t = Trial(kernel.name, cubin, False, kernel.grid_for(self._n), kernel.block,
-                  kernel.shared_bytes, kernel.packed, kernel.zero_output, fault=self.planted_fault)
+                  kernel.shared_bytes, kernel.packed, kernel.zero_output,
+                  fault="illegal_address" if kernel.name == self.plant_fault_in else None)
         return self.worker.trial(t)
 
     def _record(self, fp, op_tag, n, config, status, info=None, binary_key=None, message=None):

@@ -1,0 +1,74 @@
+"""The tuner on a real GPU: a tune per family into a fresh database, the
+stored layer opened and run through the C runtime (the deployment path),
+and a planted faulting candidate recorded while the run goes on."""
+import numpy as np
+import pytest
+
+from sparseforge.cache import Cache
+from sparseforge.generator.kernel import Operation, get_family, parse_pattern, reference
+from sparseforge.generator.matrix import from_device_bytes, to_device_bytes
+from sparseforge.generator.synth import random_matrix
+from sparseforge.tuner.driver import QUICK_TIMING, Tuner
+from sparseforge.tuner.execute import compare, random_input
+
+PATTERNS = [("csr", "fp32", 0.1), ("bsr:64x64", "fp16", 0.25), ("shflbw:64", "fp16", 0.25),
+            ("nm24", "bf16", 0.5)]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("pattern,dtype,density", PATTERNS)
+def test_tune_then_open_and_run_the_layer(tmp_path, pattern, dtype, density):
+    from sparseforge import native
+    fam, params = parse_pattern(pattern)
+    m = random_matrix(pattern, 384, 320, density, dtype, seed=3)
+    op = Operation(dtype, "fm")
+    db = str(tmp_path / "t.db")
+    with Cache(db) as cache:
+        tuner = Tuner(cache, strategy="greedy", budget="5", timing=QUICK_TIMING, seed=1)
+        try:
+            res = tuner.tune(m, fam, params, op, [64, 512], "layer")
+        finally:
+            tuner.close()
+        for n, nr in res.per_n.items():
+            assert nr.config is not None and nr.median_ms > 0 and nr.max_error < 1e-2
+            assert nr.peer_ms > 0 and nr.speedup > 0          # cuBLAS, same run
+        assert len(cache.layers("layer")) == 1
+    # the deployment path: open by name (cubin from the cache), run, check
+    with Cache(db, readonly=True) as cache, native.Context(0) as ctx:
+        layer = ctx.open_layer(cache, "layer")
+        assert layer.compiled_count == 0
+        n = 100
+        x = random_input(op, m.cols, n, np.random.default_rng(5))
+        xb = ctx.upload(to_device_bytes(x, dtype))
+        yb = ctx.alloc(m.rows * n * op.elem_size)
+        ctx.memset(yb, 0xFF)
+        layer.run(xb, yb, n)
+        ctx.synchronize()
+        y = from_device_bytes(ctx.download(yb), dtype, m.rows * n).reshape(m.rows, n)
+        assert compare(y, reference(m, x, op), dtype)["ok"]
+        layer.close()
+
+
+@pytest.mark.gpu
+def test_planted_fault_is_recorded_and_the_run_goes_on(tmp_path):
+    m = random_matrix("shflbw:64", 256, 256, 0.25, "fp16", seed=4)
+    op = Operation("fp16", "fm")
+    fam = get_family("shflbw")
+    space = fam.search_space(m, op, {"v": 64})
+    victim = fam.generate(m, op, {"v": 64}, space[1]).name
+    with Cache(str(tmp_path / "t.db")) as cache:
+        tuner = Tuner(cache, strategy="exhaustive", budget="4", timing=QUICK_TIMING, seed=1,
+                      peer=False)
+        tuner.plant_fault_in = victim
+        try:
+            tuner.tune(m, "shflbw", {"v": 64}, op, [128], "faulty")
+            restarts = tuner.worker.restarts
+        finally:
+            tuner.close()
+        trials = cache.trials(n=128)
+        statuses = sorted(t["status"] for t in trials)
+        assert statuses == ["launch_fail", "ok", "ok", "ok"], trials
+        bad = next(t for t in trials if t["status"] == "launch_fail")
+        assert "ILLEGAL_ADDRESS" in bad["message"]
+        assert restarts >= 1                      # a fresh worker took over
+        assert cache.layers("faulty")
