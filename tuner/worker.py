@@ -145,12 +145,14 @@ def _serve(conn):
         except Exception as e:  # noqa: BLE001 - every failure is a reply
             msg = f"{type(e).__name__}: {e}"
             status = "launch_fail" if kind == "trial" else "error"
+            dead = kind == "trial" and _context_dead(e)
             try:
-                conn.send((status, msg))
+                # the third element tells the tuner this worker is ending
+                conn.send((status, msg, True) if dead else (status, msg))
             except Exception:
                 pass
-            if kind == "trial" and _context_dead(e):
-                return  # the CUDA context is gone: let the tuner start a new worker
+            if dead:
+                return  # the CUDA context is gone: the tuner starts a new worker
             if kind not in ("trial", "peer"):
                 traceback.print_exc()
 
@@ -194,17 +196,23 @@ class Worker:
                 self.restarts += 1
             self._proc = None
             self._start()
-        self._conn.send((kind, payload))
-        if not self._conn.poll(timeout or self.timeout_s):
-            self._kill()
-            self.restarts += 1
-            return "timeout", f"no answer from the worker within {timeout or self.timeout_s:.0f} s"
         try:
-            return self._conn.recv()
-        except EOFError:
+            self._conn.send((kind, payload))
+            if not self._conn.poll(timeout or self.timeout_s):
+                self._kill()
+                self.restarts += 1
+                return "timeout", f"no answer from the worker within {timeout or self.timeout_s:.0f} s"
+            reply = self._conn.recv()
+        except (EOFError, OSError):
             self._kill()
             self.restarts += 1
             return "launch_fail", "the worker process died"
+        if len(reply) == 3:  # the worker's context is gone and it is exiting
+            self._proc.join(10)
+            self._kill()
+            self.restarts += 1
+            reply = reply[:2]
+        return reply
 
     def info(self) -> dict:
         status, val = self._call("info", None)
