@@ -126,43 +126,38 @@ class Tuner:
             ctx = self._local.ctx = self.native.Context(0)
         return ctx
 
-    def _compile_one(self, kernel: Kernel) -> tuple[Optional[bytes], str, str]:
-        """(cubin, binary key, error).  Served from the cache when there."""
+    def _compile_one(self, kernel: Kernel):
+        """(cubin, binary key hex, error, key of a fresh compilation or None
+        when the cubin came from the cache).  Runs in the compile threads; the
+        Cache binding serializes its calls."""
+        from ..cache import CorruptError, binary_key_hex
         ctx = self._ctx()
         options = ctx.canonical_options(self.arch, ptx=False, options=kernel.options)
         key = _binary_key(kernel.source, options, self.arch, self.nvrtc)
-        hexkey = self._binary_key_hex(key)
+        hexkey = binary_key_hex(key)
         try:
             data = self.cache.get_binary(key)
-        except Exception as e:  # a corrupt blob is recompiled, never loaded
+        except CorruptError:  # a corrupt blob is recompiled (and replaced), never loaded
             data = None
-            _ = e
         if data is not None:
-            return data, hexkey, ""
+            return data, hexkey, "", None
         try:
             binary = ctx.compile(kernel.source, name=kernel.name + ".cu", arch=self.arch,
                                  options=kernel.options)
         except Exception as e:  # noqa: BLE001 - recorded as compile_fail
-            return None, hexkey, str(e)
-        return binary.data, hexkey, ""
-
-    def _binary_key_hex(self, key: dict) -> str:
-        from ..cache import binary_key_hex
-        return binary_key_hex(key)
+            return None, hexkey, str(e), None
+        return binary.data, hexkey, "", key
 
     def compile_all(self, kernels: list[Kernel]) -> list[tuple[Optional[bytes], str, str]]:
+        """Compiles in parallel what the cache lacks and stores it;
+        (cubin or None, binary key hex, error) per kernel."""
         with ThreadPoolExecutor(max_workers=self.jobs) as pool:
             results = list(pool.map(self._compile_one, kernels))
-        # the cache handle is used from this thread only
-        for kernel, (data, hexkey, err) in zip(kernels, results):
-            if data is not None and not err:
-                ctx = self._ctx()
-                options = ctx.canonical_options(self.arch, ptx=False, options=kernel.options)
-                key = _binary_key(kernel.source, options, self.arch, self.nvrtc)
-                if self.cache.get_binary(key) is None:
-                    self.cache.put_binary(key, data)
-                    self.compiled += 1
-        return results
+        for data, _, _, fresh_key in results:
+            if fresh_key is not None:
+                self.cache.put_binary(fresh_key, data)
+                self.compiled += 1
+        return [r[:3] for r in results]
 
     # ---- one matrix ---------------------------------------------------------
     def tune(self, matrix: SparseMatrix, pattern: str, params: dict, op: Operation,
