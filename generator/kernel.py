@@ -128,6 +128,15 @@ class Family:
         """Raises ConfigError naming the broken constraint."""
         raise NotImplementedError
 
+    def default_config(self, matrix: SparseMatrix, op: Operation, params: dict,
+                       device: Optional[dict] = None) -> dict:
+        """The configuration used without tuning: the first of the space
+        unless a family knows better."""
+        space = self.search_space(matrix, op, params, device)
+        if not space:
+            raise ConfigError(f"{self.tag(params)}: no valid configuration")
+        return space[0]
+
     def generate(self, matrix: SparseMatrix, op: Operation, params: dict,
                  config: dict, bias: Optional[np.ndarray] = None) -> Kernel:
         """Plan (pack) and render one kernel for `config`."""

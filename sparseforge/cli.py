@@ -72,6 +72,7 @@ def cmd_prune(args) -> int:
 def cmd_generate(args) -> int:
     from . import native
     from .generator.kernel import Epilogue, Operation, get_family, parse_pattern
+    from .tuner.driver import target_of_arch
     from .tuner.model import op_for
     fam_name, params = parse_pattern(args.pattern)
     fam = get_family(fam_name)
@@ -82,14 +83,14 @@ def cmd_generate(args) -> int:
         op = op_for(fam_name, m, args.activation, args.layout)
         if args.bias:
             op = Operation(op.dtype, op.layout, Epilogue(True, args.activation))
+        target = target_of_arch(args.arch)
         if args.config:
             config = json.loads(args.config)
-            fam.check_config(config, m, op, params)
+            fam.check_config(config, m, op, params, target)
         else:
-            space = fam.search_space(m, op, params)
-            if not space:
+            if not fam.search_space(m, op, params, target):
                 raise ValueError(f"{fam.tag(params)}: no valid configuration for {name}")
-            config = space[0]
+            config = fam.default_config(m, op, params, target)
         import numpy as np
         bias = np.zeros(m.rows, dtype=np.float32) if args.bias else None
         kernel = fam.generate(m, op, params, config, bias=bias)

@@ -72,6 +72,16 @@ class LayerResult:
     note: str = ""
 
 
+def target_of_arch(arch: str) -> dict:
+    """A device description from an arch name alone ("sm_90a" -> compute
+    capability 9.0), for generating kernels with no GPU present."""
+    import re
+    m = re.fullmatch(r"(?:sm|compute)_(\d+?)(\d)([af]?)", arch or "")
+    if not m:
+        return {"arch": arch}
+    return {"arch": arch, "cc_major": int(m.group(1)), "cc_minor": int(m.group(2))}
+
+
 def _binary_key(source: str, options: str, arch: str, nvrtc: str) -> dict:
     return {"source": source, "options": options, "arch": arch, "nvrtc_version": nvrtc,
             "generator_version": GENERATOR_VERSION, "ptx": False}
@@ -108,6 +118,9 @@ class Tuner:
         self.arch = arch or (self.device["arch"] if self.device else None)
         if self.arch is None:
             raise ValueError(f"no GPU ({self.gpu_reason}): name the target with --arch, e.g. sm_90a")
+        # what the kernels are generated for: the GPU, compiled for self.arch
+        # (with no GPU, the arch alone: its compute capability and limits)
+        self.target = dict(self.device, arch=self.arch) if self.device else target_of_arch(self.arch)
         self.nvrtc = "%d.%d" % native.nvrtc_version()
         self._local = threading.local()
         self.compiled = 0
@@ -171,7 +184,7 @@ class Tuner:
         self.cache.put_matrix(fp, matrix.rows, matrix.cols, matrix.nnz, matrix.dtype,
                               json.dumps({"name": name, "pattern": tag,
                                           "synthetic_values": matrix.values_synthetic}))
-        space = fam.search_space(matrix, op, params, self.device)
+        space = fam.search_space(matrix, op, params, self.target)
         if not space:
             raise ConfigError(f"{tag}: no valid configuration for this matrix and GPU")
         compiled_before = self.compiled

@@ -38,6 +38,14 @@ MAX_WARPS = 8
 MAX_ACC_REGS = 128
 MAX_LOADS = 8          # 16-byte loads per thread per stage, for each operand
 CONFIG_KEYS = ("bk", "bn", "stages", "wm", "wn")
+# the wgmma path (sm_90a) adds the key "wg": 1; its wm is fixed by the tile
+# (4 warps per 64 rows) and wn counts warpgroups along N
+WG_KEYS = tuple(sorted(CONFIG_KEYS + ("wg",)))
+WG_N_CHOICES = (64, 128, 256)     # N of one warpgroup's wgmma
+WG_BN_CHOICES = (64, 128, 256, 512)
+WG_STAGE_CHOICES = (3, 4)
+WG_MAX_WARPS = 16
+WG_MAX_LOADS = 16
 ACT_CODES = {"none": 0, "relu": 1, "gelu": 2}
 ELEM_T = {"fp16": "__half", "bf16": "__nv_bfloat16"}
 MAX_GRID_Y = 65535
@@ -59,14 +67,28 @@ def smem_limit(device: Optional[dict]) -> int:
     return 227 * 1024
 
 
+def is_wg(config: dict) -> bool:
+    """Whether a configuration takes the wgmma (sm_90a) path."""
+    return bool(config.get("wg", 0))
+
+
+def wg_tile_rows(bm: int) -> int:
+    """Rows of a wgmma tile: BM rounded up to whole warpgroups (64 rows)."""
+    return max(64, round_up(bm, 64))
+
+
 def smem_bytes(bm: int, config: dict, layout: str = "fm") -> int:
     """Dynamic shared memory of a configuration (mirrors Config::SMEM_BYTES):
     the pipeline stages, or the padded output tile where larger, plus the
-    row map."""
+    row map; the wgmma path tiles wg_tile_rows(bm) rows and reserves 1 KB
+    to align its base."""
     bn, bk, stages = config["bn"], config["bk"], config["stages"]
+    pad = 0
+    if is_wg(config):
+        bm, pad = wg_tile_rows(bm), 1024
     pipe = stages * (bm * bk * 2 + bk * bn * 2)
     c_tile = bm * (bn + 8) * 2 if layout == "fm" else bn * (bm + 8) * 2
-    return max(pipe, c_tile) + bm * 4
+    return max(pipe, c_tile) + bm * 4 + pad
 
 
 def min_blocks(bm: int, config: dict) -> int:
@@ -76,10 +98,16 @@ def min_blocks(bm: int, config: dict) -> int:
     addressing (each of the SM's 4 schedulers has 16K registers).  ptxas's
     own default, with only a thread count, spills the large warp tiles; a
     sweep of the whole search space for sm_90a spills nothing with this."""
+    wg = is_wg(config)
+    if wg:
+        bm = wg_tile_rows(bm)
     mf, nf = bm // config["wm"] // 16, config["bn"] // config["wn"] // 8
     threads = 32 * config["wm"] * config["wn"]
     b_loads = -(-config["bk"] * config["bn"] // 8 // threads)
-    regs = mf * nf * 4 + (mf * 4 + nf * 2) * 2 + b_loads + 88
+    # mma.sync keeps two k-steps of A and B fragments in registers; wgmma
+    # reads both operands from shared memory
+    frags = 0 if wg else (mf * 4 + nf * 2) * 2
+    regs = mf * nf * 4 + frags + b_loads + 88
     warps = threads // 32
     for blocks in range(8, 0, -1):
         # registers are split over the SM's 4 schedulers (16K each), 8 at a time
@@ -88,6 +116,21 @@ def min_blocks(bm: int, config: dict) -> int:
         if cap >= regs:
             return blocks
     return 1
+
+
+def _check_loads_and_smem(config: dict, bm: int, op: Operation, device: Optional[dict],
+                          max_loads: int) -> None:
+    """16-byte copies per thread and operand in a stage, and shared memory."""
+    threads = 32 * config["wm"] * config["wn"]
+    bk, bn = config["bk"], config["bn"]
+    loads = max(-(-bm * bk // 8 // threads), -(-bk * bn // 8 // threads))
+    if loads > max_loads:
+        raise ConfigError(f"loads per thread: a stage needs {loads} 16-byte loads per thread and "
+                          f"operand with {threads} threads, more than {max_loads}")
+    smem = smem_bytes(bm, config, op.layout)
+    limit = smem_limit(device)
+    if smem > limit:
+        raise ConfigError(f"shared memory: {smem} bytes exceed the limit of {limit}")
 
 
 def _align16(n: int) -> int:
@@ -377,13 +420,20 @@ class RowGroupFamily(Family):
         if op.layout not in self.layouts:
             raise ConfigError(f"layout: {self.name} supports {self.layouts}, not {op.layout!r}")
         keys = tuple(sorted(config))
-        if keys != CONFIG_KEYS:
-            raise ConfigError(f"keys: a {self.name} configuration has exactly {CONFIG_KEYS}, got {keys}")
-        bn, bk, wm, wn, st = (config[k] for k in ("bn", "bk", "wm", "wn", "stages"))
-        for k_ in CONFIG_KEYS:
+        if keys not in (CONFIG_KEYS, WG_KEYS):
+            raise ConfigError(f"keys: a {self.name} configuration has exactly {CONFIG_KEYS} "
+                              f"(or those and 'wg' for the wgmma path), got {keys}")
+        for k_ in keys:
             if not isinstance(config[k_], (int, np.integer)) or isinstance(config[k_], bool):
                 raise ConfigError(f"{k_}: must be an integer, got {config[k_]!r}")
         bm = self.tile_rows(matrix, params)
+        if "wg" in config:
+            if config["wg"] != 1:
+                raise ConfigError(f"wg: 1 selects the wgmma path (omit the key for mma.sync), "
+                                  f"got {config['wg']}")
+            self._check_wg(config, bm, op, device)
+            return
+        bn, bk, wm, wn, st = (config[k] for k in ("bn", "bk", "wm", "wn", "stages"))
         if bn not in BN_CHOICES:
             raise ConfigError(f"bn: must be one of {BN_CHOICES}, got {bn}")
         if bk not in BK_CHOICES:
@@ -400,20 +450,63 @@ class RowGroupFamily(Family):
         if acc > MAX_ACC_REGS:
             raise ConfigError(f"accumulators: warp tile {bm // wm}x{bn // wn} needs {acc} fp32 "
                               f"registers per thread, more than {MAX_ACC_REGS}")
+        _check_loads_and_smem(config, bm, op, device, MAX_LOADS)
+
+    def _check_wg(self, config: dict, bm: int, op: Operation, device: Optional[dict]) -> None:
+        """The wgmma path's constraints (keys and types already checked)."""
+        bn, bk, wm, wn, st = (config[k] for k in ("bn", "bk", "wm", "wn", "stages"))
+        if device and device.get("arch") and device["arch"] != "sm_90a":
+            raise ConfigError(f"wg: the wgmma path needs sm_90a, the device is {device['arch']}")
+        if op.layout != "fm":
+            raise ConfigError("wg: the wgmma path is feature-major only")
+        tile = wg_tile_rows(bm)
+        if wm != tile // 16:
+            raise ConfigError(f"wm: the wgmma path tiles {tile} rows with 4 warps per 64, "
+                              f"so wm = {tile // 16}, got {wm}")
+        if bk not in BK_CHOICES:
+            raise ConfigError(f"bk: must be one of {BK_CHOICES}, got {bk}")
+        if st not in WG_STAGE_CHOICES:
+            raise ConfigError(f"stages: the wgmma path takes {WG_STAGE_CHOICES}, got {st}")
+        if bn not in WG_BN_CHOICES:
+            raise ConfigError(f"bn: the wgmma path takes {WG_BN_CHOICES}, got {bn}")
+        if wn < 1 or bn % wn or bn // wn not in WG_N_CHOICES:
+            raise ConfigError(f"bn / wn: each warpgroup's N must be one of {WG_N_CHOICES}, "
+                              f"got bn={bn}, wn={wn}")
+        if wm * wn > WG_MAX_WARPS:
+            raise ConfigError(f"warps: at most {WG_MAX_WARPS} (4 warpgroups), got {wm * wn}")
         threads = 32 * wm * wn
-        loads = max(-(-bm * bk // 8 // threads), -(-bk * bn // 8 // threads))
-        if loads > MAX_LOADS:
-            raise ConfigError(f"loads per thread: a stage needs {loads} 16-byte loads per thread and "
-                              f"operand with {threads} threads, more than {MAX_LOADS}")
-        smem = smem_bytes(bm, config, op.layout)
-        limit = smem_limit(device)
-        if smem > limit:
-            raise ConfigError(f"shared memory: {smem} bytes exceed the limit of {limit}")
+        # one CTA's registers: the accumulators (N/2 per thread) and ~40 for
+        # addressing must fit the SM's 64K registers
+        need, cap = bn // wn // 2 + 40, min(255, 65536 // threads // 8 * 8)
+        if need > cap:
+            raise ConfigError(f"registers: {bn // wn // 2} accumulators per thread need about "
+                              f"{need} registers, more than {cap} with {threads} threads")
+        _check_loads_and_smem(config, bm, op, device, WG_MAX_LOADS)
+
+    def wg_space(self, bm: int) -> list[dict]:
+        """Every wgmma configuration shape for a tile of bm rows (unchecked)."""
+        wm = wg_tile_rows(bm) // 16
+        return [{"bk": bk, "bn": n * wn, "stages": st, "wm": wm, "wn": wn, "wg": 1}
+                for n in WG_N_CHOICES for wn in (1, 2, 4) for bk in BK_CHOICES
+                for st in WG_STAGE_CHOICES]
 
     def search_space(self, matrix: SparseMatrix, op: Operation, params: dict,
                      device: Optional[dict] = None) -> list[dict]:
+        """Every valid configuration.  On sm_90a (feature-major) the wgmma
+        ones; the mma.sync ones join them only when the group is not whole
+        warpgroups of rows (the wgmma tile then computes padding rows), as
+        on an H200 wgmma was faster on every S1 problem whose groups are."""
         bm = self.tile_rows(matrix, params)
         out = []
+        if device and device.get("arch") == "sm_90a" and op.layout == "fm":
+            for cfg in self.wg_space(bm):
+                try:
+                    self.check_config(cfg, matrix, op, params, device)
+                except ConfigError:
+                    continue
+                out.append(cfg)
+            if out and bm % 64 == 0:
+                return out
         for bn in BN_CHOICES:
             for bk in BK_CHOICES:
                 for wm in (1, 2, 4, 8):
@@ -429,10 +522,17 @@ class RowGroupFamily(Family):
 
     def default_config(self, matrix: SparseMatrix, op: Operation, params: dict,
                        device: Optional[dict] = None) -> dict:
-        """A reasonable configuration without tuning: 64 x 64 warp tiles
-        where BM allows (the fastest measured at M=K=N=4096 on an H200)."""
+        """A reasonable configuration without tuning: on sm_90a the wgmma
+        path, else 64 x 64 warp tiles where BM allows (the fastest measured
+        at M=K=N=4096 on an H200)."""
         bm = self.tile_rows(matrix, params)
-        prefs = [{"bk": 32, "bn": 256, "stages": 4, "wm": max(1, bm // 64), "wn": 4},
+        prefs = []
+        if device and device.get("arch") == "sm_90a" and op.layout == "fm":
+            # the fastest at M=K=N=4096, V=64 on an H200 (bench/RESULTS.md)
+            tile = wg_tile_rows(bm)
+            prefs = [{"bk": 32, "bn": 256, "stages": 4, "wm": tile // 16, "wn": 2, "wg": 1},
+                     {"bk": 32, "bn": 128, "stages": 4, "wm": tile // 16, "wn": 1, "wg": 1}]
+        prefs += [{"bk": 32, "bn": 256, "stages": 4, "wm": max(1, bm // 64), "wn": 4},
                  {"bk": 32, "bn": 128, "stages": 3, "wm": max(1, bm // 64), "wn": 2},
                  {"bk": 32, "bn": 128, "stages": 3, "wm": 1, "wn": 4},
                  {"bk": 32, "bn": 128, "stages": 3, "wm": 2, "wn": 2}]
@@ -456,21 +556,25 @@ class RowGroupFamily(Family):
 
     def render(self, plan: RowGroupPlan, op: Operation, config: dict) -> Kernel:
         name = config_name(plan.tag, config, op)
-        bm = plan.bm
-        smem = smem_bytes(bm, config, op.layout)
+        wg = is_wg(config)
+        bm = wg_tile_rows(plan.bm) if wg else plan.bm
+        smem = smem_bytes(plan.bm, config, op.layout)
+        config = {k: v for k, v in config.items() if k != "wg"}
         scale = float(np.float32(op.epilogue.scale))
         source = render(self.template, name=name, family=plan.family, tag=plan.tag,
                         dtype=plan.dtype, elem_t=ELEM_T[plan.dtype], m=plan.shape[0],
                         k=plan.shape[1], num_slots=plan.num_slots, group_rows=plan.group_rows,
-                        bm=bm, total_chunks=plan.total_chunks, off=plan.offsets,
+                        bm=bm, am=plan.bm, wg=wg, total_chunks=plan.total_chunks, off=plan.offsets,
                         permuted=plan.permuted, has_bias=plan.has_bias, layout=op.layout,
                         runs8=plan.runs8,
                         act=ACT_CODES[op.epilogue.activation], scale=scale.hex() + "f",
-                        smem_bytes=smem, min_blocks=min_blocks(bm, config), **config)
+                        smem_bytes=smem, min_blocks=min_blocks(plan.bm, dict(config, wg=int(wg))),
+                        **config)
         threads = 32 * config["wm"] * config["wn"]
         return Kernel(name=name, source=source, packed=plan.packed, block=(threads, 1, 1),
                       grid=(1, max(1, plan.num_slots), 1), n_axis=0, n_tile=config["bn"],
-                      shared_bytes=smem, zero_output=False, options=(), config=dict(config))
+                      shared_bytes=smem, zero_output=False, options=(),
+                      config=dict(config, wg=1) if wg else dict(config))
 
     def generate(self, matrix: SparseMatrix, op: Operation, params: dict, config: dict,
                  bias: Optional[np.ndarray] = None) -> Kernel:

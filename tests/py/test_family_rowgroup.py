@@ -119,7 +119,7 @@ def test_bsr_runs_of_eight_for_token_major(rng, shape, bc, runs):
         assert plan.runs8 == runs
         assert_round_trip(fam, mat, plan)
     k = fam.generate(mat, op, {"br": 32, "bc": bc}, CFG)
-    assert ("RUNS8 = true" in k.source) == runs and "Config<__half, 32, 64, 32, 1, 2, 3, true>" in k.source
+    assert ("RUNS8 = true" in k.source) == runs and "Config<__half, 32, 64, 32, 1, 2, 3, true, false, 32>" in k.source
 
 
 def test_bsr_not_exact_stores_explicit_zeros(rng):
@@ -237,6 +237,57 @@ def test_search_space_is_valid(rng, family, params):
     assert fam.default_config(mat, FP16, params) in fam.search_space(mat, FP16, params)
 
 
+HOPPER = {"arch": "sm_90a", "cc_major": 9, "cc_minor": 0, "smem_per_block_optin": 232448}
+AMPERE = {"arch": "sm_80", "cc_major": 8, "cc_minor": 0, "smem_per_block_optin": 166912}
+WG_CFG = {"bk": 32, "bn": 256, "stages": 4, "wm": 4, "wn": 2, "wg": 1}
+
+
+@pytest.mark.parametrize("family,params,bm", [("shflbw", {"v": 64}, 64), ("bsr", {"br": 64, "bc": 64}, 64),
+                                              ("shflbw", {"v": 128}, 128), ("shflbw", {"v": 32}, 32),
+                                              ("bsr", {"br": 16, "bc": 16}, 16)])
+def test_hopper_space_is_wgmma_where_groups_fill_warpgroups(rng, family, params, bm):
+    fam = get_family(family)
+    mat = make_random(256, 128, 0.2, rng)
+    space = fam.search_space(mat, FP16, params, HOPPER)
+    wg = [c for c in space if c.get("wg")]
+    assert wg and all(c["wm"] == max(64, bm) // 16 for c in wg)
+    for cfg in space:
+        fam.check_config(cfg, mat, FP16, params, HOPPER)
+    # whole warpgroups of rows: wgmma only; padded tiles: mma.sync joins
+    assert (len(wg) == len(space)) == (bm % 64 == 0)
+    assert {c["bn"] for c in wg} >= {64, 256} | ({512} if bm <= 64 else set())
+    assert {c["stages"] for c in wg} == {3, 4}
+    # nothing wgmma off sm_90a, nor token-major
+    assert not [c for c in fam.search_space(mat, FP16, params, AMPERE) if c.get("wg")]
+    assert not [c for c in fam.search_space(mat, FP16, params) if c.get("wg")]
+    assert fam.default_config(mat, FP16, params, HOPPER).get("wg") == 1
+    assert "wg" not in fam.default_config(mat, FP16, params, AMPERE)
+
+
+@pytest.mark.parametrize("change,constraint", [
+    ({"wm": 2}, "wm: the wgmma path tiles 64 rows"),
+    ({"stages": 2}, "stages: the wgmma path takes"),
+    ({"bn": 1024, "wn": 4}, "bn: the wgmma path takes"),
+    ({"bn": 64, "wn": 2}, "each warpgroup's N"),
+    ({"wg": 2}, "wg: 1 selects"),
+    ({"bk": 64, "bn": 512, "wn": 2, "stages": 4}, "shared memory"),
+])
+def test_invalid_wgmma_configs_name_their_constraint(rng, change, constraint):
+    mat = make_shflbw(128, 64, 64, 0.5, rng)
+    fam = get_family("shflbw")
+    with pytest.raises(ConfigError, match=constraint):
+        fam.check_config(dict(WG_CFG, **change), mat, FP16, {"v": 64}, HOPPER)
+    fam.check_config(WG_CFG, mat, FP16, {"v": 64}, HOPPER)
+    with pytest.raises(ConfigError, match="registers"):   # 4 warpgroups x 128 accumulators
+        fam.check_config(dict(WG_CFG, bn=512, wm=8), make_shflbw(128, 64, 128, 0.5, rng), FP16,
+                         {"v": 128}, HOPPER)
+    with pytest.raises(ConfigError, match="needs sm_90a"):
+        fam.check_config(WG_CFG, mat, FP16, {"v": 64}, AMPERE)
+    with pytest.raises(ConfigError, match="feature-major only"):
+        get_family("bsr").check_config(WG_CFG, make_bsr(64, 64, 64, 16, 0.5, rng),
+                                       Operation("fp16", "tm"), {"br": 64, "bc": 16}, HOPPER)
+
+
 @pytest.mark.parametrize("change,constraint", [
     ({"wm": 4}, r"bm % \(16\*wm\)"),
     ({"bn": 48}, "bn: must be one of"),
@@ -272,6 +323,19 @@ def test_config_shared_memory_dtype_layout_and_keys(rng):
         fam.check_config({"bn": 64}, mat, FP16, {"v": 128})
 
 
+def test_wgmma_kernel_shape_and_shared_memory(rng):
+    mat = make_bsr(96, 64, 32, 32, 0.5, rng)
+    fam = get_family("bsr")
+    cfg = dict(WG_CFG, bn=128, wn=1)
+    k = fam.generate(mat, FP16, {"br": 32, "bc": 32}, cfg)
+    assert k.name == "sf_bsr32x32_fp16_fm_plain_bk32_bn128_stages4_wg1_wm4_wn1"
+    assert k.block == (128, 1, 1) and k.config == cfg and k.n_tile == 128
+    # a 64-row tile over 32-row groups, 1 KB for alignment
+    assert k.shared_bytes == rowgroup.smem_bytes(32, cfg) == 4 * (64 * 32 * 2 + 32 * 128 * 2) + 64 * 4 + 1024
+    assert "Config<__half, 64, 128, 32, 4, 1, 4, false, true, 32>" in k.source
+    assert "compile it for sm_90a" in k.source
+
+
 def test_kernel_name_is_the_configuration(rng):
     mat = make_bsr(96, 64, 32, 32, 0.5, rng)
     fam = get_family("bsr")
@@ -301,6 +365,15 @@ COMPILE_CASES = [
 ]
 
 
+WG_COMPILE_CASES = [
+    ("shflbw", {"v": 64}, "fp16", Epilogue(bias=True, activation="gelu"), WG_CFG),
+    ("bsr", {"br": 64, "bc": 64}, "bf16", Epilogue(), dict(WG_CFG, bk=64, bn=128, wn=1, stages=3)),
+    ("shflbw", {"v": 128}, "fp16", Epilogue(activation="relu"), dict(WG_CFG, bk=16, bn=256, wm=8, wn=2)),
+    ("bsr", {"br": 32, "bc": 32}, "bf16", Epilogue(bias=True), dict(WG_CFG, bn=64, wn=1)),
+]
+COMPILE_CASES += [(f, p, d, e, c) for f, p, d, e, c in WG_COMPILE_CASES]
+
+
 @pytest.mark.parametrize("case", range(len(COMPILE_CASES)))
 @pytest.mark.parametrize("arch", ["sm_80", "sm_90a"])
 def test_template_compiles(arch, case, nvrtc):
@@ -313,6 +386,11 @@ def test_template_compiles(arch, case, nvrtc):
     op = Operation(dtype, layout, ep)
     bias = rng.standard_normal(150).astype(np.float32) if ep.bias else None
     k = fam.generate(mat, op, params, cfg, bias=bias)
+    if cfg.get("wg") and arch != "sm_90a":
+        from sparseforge.native import CompileError
+        with pytest.raises(CompileError, match="compile it for sm_90a"):
+            nvrtc(k.source, arch, "rowgroup.cu")
+        return
     log = nvrtc(k.source, arch, "rowgroup.cu", options=("--ptxas-options=-v",)).log
     spills = re.findall(r"(\d+) bytes spill stores, (\d+) bytes spill loads", log)
     assert spills, log
@@ -348,6 +426,17 @@ GPU_CASES = [
      {"bk": 64, "bn": 64, "stages": 3, "wm": 2, "wn": 2}, (5, 130)),
     ("bsr-tm", {"br": 32, "bc": 32}, "zero", (64, 64), "fp16", Epilogue(bias=True),
      {"bk": 32, "bn": 64, "stages": 2, "wm": 1, "wn": 2}, (3,)),
+    # wgmma (sm_90a): odd N (element gathers and stores), padded tiles, 2 warpgroups along M
+    ("shflbw", {"v": 64}, "shflbw", (330, 270), "fp16", Epilogue(bias=True, activation="gelu"),
+     dict(WG_CFG), (1, 100, 512)),
+    ("bsr", {"br": 64, "bc": 64}, "bsr", (300, 260), "bf16", Epilogue(),
+     dict(WG_CFG, bk=64, bn=512, stages=3), (77, 1024)),
+    ("shflbw", {"v": 32}, "shflbw", (100, 500), "fp16", Epilogue(bias=True),
+     dict(WG_CFG, bk=16, bn=64, wn=1, stages=3), (5, 264)),
+    ("shflbw", {"v": 128}, "random", (260, 150), "bf16", Epilogue(activation="relu"),
+     dict(WG_CFG, bn=128, wm=8, wn=1), (16, 63)),
+    ("bsr", {"br": 16, "bc": 8}, "zero", (50, 40), "fp16", Epilogue(bias=True),
+     dict(WG_CFG, bn=64, wn=1), (1, 24)),
 ]
 
 
@@ -365,8 +454,10 @@ def _gpu_matrix(kind, shape, params, dtype, rng):
 @pytest.mark.gpu
 @pytest.mark.parametrize("case", range(len(GPU_CASES)))
 def test_gpu_correct(case):
-    from sparseforge.tuner.execute import verify
+    from sparseforge.tuner.execute import default_context, verify
     family, params, kind, shape, dtype, ep, cfg, ns = GPU_CASES[case]
+    if cfg.get("wg") and default_context().device_info()["arch"] != "sm_90a":
+        pytest.skip("the wgmma path needs an sm_90a GPU (Hopper)")
     family, layout = (family.split("-") + ["fm"])[:2]
     rng = np.random.default_rng(100 + case)
     mat = _gpu_matrix(kind, shape, params, dtype, rng)

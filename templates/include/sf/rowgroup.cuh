@@ -34,6 +34,16 @@
 //     RUNS8 (token-major: every aligned run of 8 indices is 8 consecutive,
 //     8-aligned columns and K % 8 == 0, so one 16-byte load gathers a run).
 //
+// The wgmma path (WG, sm_90a, feature-major) keeps the loaders, the
+// schedule and the epilogue and swaps the compute: each warpgroup issues
+// wgmma.m64nNk16 straight from shared memory, A = the weight chunk (K-major,
+// swizzled to its row width: 32, 64 or 128 bytes for BK = 16, 32, 64) and
+// B = the gathered X tile (MN-major, 128-byte swizzle) stored as columns of
+// 64-wide atoms.  The tile has BM = 64 x (warpgroups along M) rows; a group
+// of AM < 64 rows leaves the rest of the A tile zero.  The pipeline keeps
+// STAGES-2 chunks in flight and one wgmma group running behind the one
+// being issued.
+//
 // Token-major differs in three pieces only: the B loader (a 16-byte run of
 // one token's row per load, or element loads), the B fragments (ldmatrix
 // without .trans from an N x BK tile) and the output tile (N-major, stored
@@ -42,17 +52,21 @@
 
 #include "sf/common.cuh"
 #include "sf/mma_sm80.cuh"
+#include "sf/mma_sm90.cuh"
 
 namespace sf {
 namespace rowgroup {
 
 // ---- configuration ------------------------------------------------------------
 
-template <typename T, int BM_, int BN_, int BK_, int WM_, int WN_, int STAGES_, bool TM_ = false>
+template <typename T, int BM_, int BN_, int BK_, int WM_, int WN_, int STAGES_, bool TM_ = false,
+          bool WG_ = false, int AM_ = BM_>
 struct Config {
   using elem_t = T;
   static constexpr bool TM = TM_;         // token-major X and Y
-  static constexpr int BM = BM_;          // rows of a CTA tile = rows of a group, padded to 16
+  static constexpr bool WG = WG_;         // wgmma (sm_90a) instead of mma.sync
+  static constexpr int BM = BM_;          // rows of a CTA tile = rows of a group, padded to 16 (to 64: WG)
+  static constexpr int AM = AM_;          // rows of a packed weight chunk (the group's, padded to 16)
   static constexpr int BN = BN_;          // columns of N per CTA
   static constexpr int BK = BK_;          // K depth of one stage = one packed chunk
   static constexpr int WM = WM_;          // warps along M
@@ -68,7 +82,7 @@ struct Config {
   static constexpr int A_ROW_CH = BK / 8;  // 16-byte chunks in a row of the A tile
   // B tile: BK x BN (fm, rows are k) or BN x BK (tm, rows are tokens)
   static constexpr int B_ROW_CH = TM ? BK / 8 : BN / 8;
-  static constexpr int A_CHUNKS = BM * A_ROW_CH;
+  static constexpr int A_CHUNKS = AM * A_ROW_CH;
   static constexpr int B_CHUNKS = BK * BN / 8;
   static constexpr int A_ITERS = (A_CHUNKS + THREADS - 1) / THREADS;
   static constexpr int B_ITERS = (B_CHUNKS + THREADS - 1) / THREADS;
@@ -82,18 +96,31 @@ struct Config {
   static constexpr int C_ROW_CH = (C_LD - 8) / 8;  // 16-byte chunks of a tile row
   static constexpr int C_BYTES = C_ROWS * C_LD * 2;
   static constexpr int ROWMAP_OFF = PIPE_BYTES > C_BYTES ? PIPE_BYTES : C_BYTES;
-  static constexpr int SMEM_BYTES = ROWMAP_OFF + BM * 4;  // dynamic shared memory
+  // WG: the base is rounded up to 1024 bytes in the kernel (the swizzle
+  // repeat), so 1 KB more is asked for
+  static constexpr int ALIGN_PAD = WG ? 1024 : 0;
+  static constexpr int SMEM_BYTES = ROWMAP_OFF + BM * 4 + ALIGN_PAD;  // dynamic shared memory
+  static constexpr int WG_M = BM / 64;    // WG: warpgroups along M
+  static constexpr int WG_N = BN / WN;    // WG: the N of each warpgroup's wgmma
 
   static_assert(sizeof(T) == 2, "tensor-core path takes 16-bit elements");
   static_assert(BM >= 16 && BM % 16 == 0, "BM is a multiple of 16");
   static_assert(BK == 16 || BK == 32 || BK == 64, "BK is 16, 32 or 64");
-  static_assert(BN >= 16 && BN <= 256 && (BN & (BN - 1)) == 0, "BN is a power of two in [16, 256]");
+  static_assert(BN >= 16 && BN <= (WG ? 512 : 256) && (BN & (BN - 1)) == 0,
+                "BN is a power of two in [16, 256] ([64, 512]: WG)");
   static_assert(BM % (16 * WM) == 0, "BM is a multiple of 16 x WM");
   static_assert(BN % (16 * WN) == 0, "BN is a multiple of 16 x WN (warps take n16 steps)");
   static_assert(MF * NF * 4 <= 128, "at most 128 fp32 accumulators per thread");
   static_assert(STAGES >= 2 && STAGES <= 4, "STAGES is 2, 3 or 4");
   static_assert(THREADS <= 512, "at most 16 warps");
-  static_assert(A_ITERS <= 8 && B_ITERS <= 8, "at most 8 16-byte loads per thread per stage and operand");
+  static_assert(A_ITERS <= (WG ? 16 : 8) && B_ITERS <= (WG ? 16 : 8),
+                "at most 8 (WG: 16) 16-byte loads per thread per stage and operand");
+  static_assert(AM <= BM && AM % 16 == 0, "a packed chunk has at most BM rows");
+  static_assert(WG || AM == BM, "only the wgmma path pads the tile beyond the chunk");
+  static_assert(!WG || (!TM && BM % 64 == 0 && WM == BM / 16 && STAGES >= 3 &&
+                        (WG_N == 64 || WG_N == 128 || WG_N == 256)),
+                "wgmma: feature-major, BM a multiple of 64 with 4 warps per 64 rows, "
+                "N per warpgroup 64, 128 or 256, at least 3 stages");
 };
 
 // ---- shared-memory swizzle --------------------------------------------------------
@@ -145,12 +172,24 @@ __device__ __forceinline__ void load_row_map(const unsigned char *packed, const 
 // fills: rows row0, row0 + STEP, ... (ITERS of them) at one chunk column.
 // With STEP a multiple of 8 the swizzle repeats, so slot i sits at a
 // constant offset from slot 0.
-template <int ROW_CH, int ROWS, int THREADS>
+//
+// ATOMS (the wgmma B tile): the ROWS x ROW_CH tile is stored as ROW_CH/8
+// columns of 8-chunk-wide (64-element) atoms, each ROWS rows of 128 bytes
+// with the 128-byte swizzle: chunk (row, ch) sits at
+//     (ch / 8) * ROWS * 8 + row * 8 + ((ch % 8) ^ (row % 8)).
+template <int ROW_CH, int ROWS, int THREADS, bool ATOMS = false>
 struct TileSlots {
   static constexpr int CHUNKS = ROWS * ROW_CH;
   static constexpr int ITERS = (CHUNKS + THREADS - 1) / THREADS;
   static constexpr int STEP = THREADS / ROW_CH;
+  static constexpr int ROW_STRIDE = ATOMS ? 8 : ROW_CH;  // chunks from a row to the next
   static_assert(THREADS % ROW_CH == 0, "a thread keeps one chunk column");
+  static_assert(!ATOMS || ROW_CH % 8 == 0, "atoms are 8 chunks wide");
+
+  __device__ __forceinline__ static int chunk(int row, int ch) {
+    if (ATOMS) return (ch >> 3) * (ROWS * 8) + row * 8 + ((ch & 7) ^ (row & 7));
+    return swizzle<ROW_CH>(row, ch);
+  }
 
   int row0, col;
 
@@ -162,15 +201,15 @@ struct TileSlots {
   }
   __device__ __forceinline__ int row(int i) const { return row0 + i * STEP; }
   __device__ __forceinline__ unsigned offset(int i) const {  // bytes into the tile
-    if (STEP % 8 == 0) return 16u * (swizzle<ROW_CH>(row0, col) + i * STEP * ROW_CH);
-    return 16u * swizzle<ROW_CH>(row(i), col);
+    if (STEP % 8 == 0) return 16u * (chunk(row0, col) + i * STEP * ROW_STRIDE);
+    return 16u * chunk(row(i), col);
   }
 };
 
-// A: one packed chunk (BM x BK, contiguous) -> the stage's A tile.
+// A: one packed chunk (AM x BK, contiguous) -> the stage's A tile.
 template <class Cfg>
 __device__ __forceinline__ void load_a_tile(unsigned s_a, const unsigned short *w_chunk) {
-  using S = TileSlots<Cfg::A_ROW_CH, Cfg::BM, Cfg::THREADS>;
+  using S = TileSlots<Cfg::A_ROW_CH, Cfg::AM, Cfg::THREADS>;
   const S slots;
 #pragma unroll
   for (int i = 0; i < S::ITERS; ++i) {
@@ -186,7 +225,7 @@ __device__ __forceinline__ void load_a_tile(unsigned s_a, const unsigned short *
 // 16-byte aligned (cp.async, zero-filled past N); else element loads.
 template <class Cfg, bool VEC>
 struct BLoaderFM {
-  using S = TileSlots<Cfg::B_ROW_CH, Cfg::BK, Cfg::THREADS>;
+  using S = TileSlots<Cfg::B_ROW_CH, Cfg::BK, Cfg::THREADS, Cfg::WG>;
   S slots;
   int idx[S::ITERS];        // rows of X for the chunk issued next
   const unsigned short *x;  // X
@@ -336,6 +375,47 @@ __device__ __forceinline__ void mma_stage(float (&acc)[Cfg::MF][Cfg::NF][4], uns
   }
 }
 
+// ---- compute, wgmma (sm_90a) ------------------------------------------------------------
+
+// Descriptor constants of the two shared tiles of a stage.
+template <class Cfg>
+struct WgTiles {
+  // A: AM (of BM) rows of BK elements, K-major, swizzled to the row width;
+  // 8-row core-matrix groups are 8 rows apart (SBO); LBO is unused.
+  static constexpr sm90::Swizzle A_SWIZZLE =
+      Cfg::BK == 64 ? sm90::SWIZZLE_128B : (Cfg::BK == 32 ? sm90::SWIZZLE_64B : sm90::SWIZZLE_32B);
+  static constexpr unsigned A_SBO = 8 * Cfg::BK * 2;
+  // B: BK rows of k, MN-major, 64-element atoms; LBO = from one atom column
+  // to the next along N, SBO = from 8 rows of k to the next.
+#ifndef SF_WG_SWAP_B_OFFSETS
+  static constexpr unsigned B_LBO = Cfg::BK * 128;
+  static constexpr unsigned B_SBO = 1024;
+#else  // the other reading of the MN-major descriptor, for diagnosis
+  static constexpr unsigned B_LBO = 1024;
+  static constexpr unsigned B_SBO = Cfg::BK * 128;
+#endif
+};
+
+// acc (this warpgroup's 64 x WG_N tile) += A . B over one stage: BK/16
+// wgmma in one committed group.  The caller waits for it.
+template <class Cfg>
+__device__ __forceinline__ void wgmma_stage(float (&acc)[Cfg::WG_N / 8][4], unsigned s_a,
+                                            unsigned s_b, int wg_m, int wg_n) {
+  using T = typename Cfg::elem_t;
+  using W = WgTiles<Cfg>;
+  const unsigned a0 = s_a + wg_m * 64 * Cfg::BK * 2;
+  const unsigned b0 = s_b + wg_n * (Cfg::WG_N / 64) * Cfg::BK * 128;
+  sm90::fence();
+#pragma unroll
+  for (int kk = 0; kk < Cfg::BK / 16; ++kk) {
+    const unsigned long long da = sm90::make_desc(a0 + 32 * kk, 16, W::A_SBO, W::A_SWIZZLE);
+    const unsigned long long db =
+        sm90::make_desc(b0 + 2048 * kk, W::B_LBO, W::B_SBO, sm90::SWIZZLE_128B);
+    sm90::mma<T, Cfg::WG_N, 0, 1>(acc, da, db);
+  }
+  sm90::commit_group();
+}
+
 // ---- epilogue -------------------------------------------------------------------------
 
 // Accumulators -> act(scale * acc + bias) in T -> the shared output tile
@@ -429,6 +509,16 @@ __device__ __forceinline__ void store_tile_tm(const unsigned char *s_c, const in
 
 // ---- the kernel body ------------------------------------------------------------------
 
+// Chunk j's copies into the stage at s_a (the loader holds its row indices),
+// then chunk j+1's indices into the loader.
+template <class Cfg, class BL>
+__device__ __forceinline__ void issue_chunk(BL &bl, unsigned s_a, const unsigned short *w,
+                                            const int *ind, int j, int chunks) {
+  load_a_tile<Cfg>(s_a, w + (size_t)j * (Cfg::AM * Cfg::BK));
+  bl.load(s_a + Cfg::A_BYTES);
+  if (j + 1 < chunks) bl.fetch_indices(ind + (j + 1) * Cfg::BK);
+}
+
 template <class Cfg, class P, bool VEC>
 __device__ __forceinline__ void gemm_group(const unsigned char *__restrict__ packed,
                                            const unsigned short *__restrict__ x,
@@ -445,7 +535,7 @@ __device__ __forceinline__ void gemm_group(const unsigned char *__restrict__ pac
   load_row_map<Cfg, P>(packed, slot, s_rows);
 
   const unsigned short *w = section<unsigned short>(packed, P::W_OFF) +
-                            (size_t)slot.first_chunk * (Cfg::BM * Cfg::BK);
+                            (size_t)slot.first_chunk * (Cfg::AM * Cfg::BK);
   const int *ind = section<int>(packed, P::IDX_OFF) + (size_t)slot.first_chunk * Cfg::BK;
   const int chunks = slot.chunks;
 
@@ -460,17 +550,12 @@ __device__ __forceinline__ void gemm_group(const unsigned char *__restrict__ pac
   typename BLoaderOf<Cfg, VEC, P::K>::type bl(x, n_len, n0);
 
   // prologue: chunks 0 .. STAGES-2 in flight, indices of chunk STAGES-1 fetched
+  if (chunks > 0) bl.fetch_indices(ind);
 #pragma unroll
   for (int s = 0; s < Cfg::STAGES - 1; ++s) {
-    if (s < chunks) {
-      const unsigned s_a = s_base + s * Cfg::STAGE_BYTES;
-      load_a_tile<Cfg>(s_a, w + (size_t)s * (Cfg::BM * Cfg::BK));
-      bl.fetch_indices(ind + s * Cfg::BK);
-      bl.load(s_a + Cfg::A_BYTES);
-    }
+    if (s < chunks) issue_chunk<Cfg>(bl, s_base + s * Cfg::STAGE_BYTES, w, ind, s, chunks);
     sm80::cp_async_commit();
   }
-  if (Cfg::STAGES - 1 < chunks) bl.fetch_indices(ind + (Cfg::STAGES - 1) * Cfg::BK);
 
   // main loop
   int read_stage = 0, write_stage = Cfg::STAGES - 1;
@@ -478,12 +563,7 @@ __device__ __forceinline__ void gemm_group(const unsigned char *__restrict__ pac
     sm80::cp_async_wait<Cfg::STAGES - 2>();
     __syncthreads();  // chunk c landed for everyone; stage of chunk c-1 is free
     const int next = c + Cfg::STAGES - 1;
-    if (next < chunks) {
-      const unsigned s_a = s_base + write_stage * Cfg::STAGE_BYTES;
-      load_a_tile<Cfg>(s_a, w + (size_t)next * (Cfg::BM * Cfg::BK));
-      bl.load(s_a + Cfg::A_BYTES);
-      if (next + 1 < chunks) bl.fetch_indices(ind + (next + 1) * Cfg::BK);
-    }
+    if (next < chunks) issue_chunk<Cfg>(bl, s_base + write_stage * Cfg::STAGE_BYTES, w, ind, next, chunks);
     sm80::cp_async_commit();
     const unsigned s_a = s_base + read_stage * Cfg::STAGE_BYTES;
     mma_stage<Cfg>(acc, s_a, s_a + Cfg::A_BYTES, warp_m, warp_n, lane);
@@ -501,13 +581,91 @@ __device__ __forceinline__ void gemm_group(const unsigned char *__restrict__ pac
     store_tile_fm<Cfg, VEC>(smem, s_rows, y, n_len, n0);
 }
 
+// The wgmma body: the same schedule, loaders and epilogue; `smem` is
+// 1024-byte aligned.
+template <class Cfg, class P, bool VEC>
+__device__ __forceinline__ void gemm_group_wg(const unsigned char *__restrict__ packed,
+                                              const unsigned short *__restrict__ x,
+                                              unsigned short *__restrict__ y, int n_len,
+                                              const Slot &slot, unsigned char *smem) {
+  constexpr int S = Cfg::STAGES;
+  const int lane = threadIdx.x & 31;
+  const int warp = threadIdx.x >> 5;
+  const int warp_m = warp % Cfg::WM;
+  const int warp_n = warp / Cfg::WM;
+  const int wg_m = (warp >> 2) % Cfg::WG_M;
+  const int wg_n = (warp >> 2) / Cfg::WG_M;
+  const int n0 = blockIdx.x * Cfg::BN;
+  const unsigned s_base = sm80::smem_addr(smem);
+  int *s_rows = reinterpret_cast<int *>(smem + Cfg::ROWMAP_OFF);
+
+  load_row_map<Cfg, P>(packed, slot, s_rows);
+  if constexpr (Cfg::AM < Cfg::BM) {  // A-tile rows past the chunk's: zero once, never loaded
+    constexpr int PAD_CH = (Cfg::BM - Cfg::AM) * Cfg::BK / 8;
+    const unsigned zero[4] = {0u, 0u, 0u, 0u};
+    for (int i = threadIdx.x; i < Cfg::STAGES * PAD_CH; i += Cfg::THREADS) {
+      const int s = i / PAD_CH, j = i % PAD_CH;
+      sm80::st_shared_16(s_base + s * Cfg::STAGE_BYTES + Cfg::AM * Cfg::BK * 2 + 16 * j, zero);
+    }
+  }
+
+  const unsigned short *w = section<unsigned short>(packed, P::W_OFF) +
+                            (size_t)slot.first_chunk * (Cfg::AM * Cfg::BK);
+  const int *ind = section<int>(packed, P::IDX_OFF) + (size_t)slot.first_chunk * Cfg::BK;
+  const int chunks = slot.chunks;
+
+  float acc[Cfg::WG_N / 8][4];
+#pragma unroll
+  for (int ni = 0; ni < Cfg::WG_N / 8; ++ni)
+#pragma unroll
+    for (int e = 0; e < 4; ++e) acc[ni][e] = 0.0f;
+
+  typename BLoaderOf<Cfg, VEC, P::K>::type bl(x, n_len, n0);
+
+  // prologue: chunks 0 .. S-3 in flight, indices of chunk S-2 fetched
+  if (chunks > 0) bl.fetch_indices(ind);
+#pragma unroll
+  for (int s = 0; s < S - 2; ++s) {
+    if (s < chunks) issue_chunk<Cfg>(bl, s_base + s * Cfg::STAGE_BYTES, w, ind, s, chunks);
+    sm80::cp_async_commit();
+  }
+
+  // main loop: chunk c computes while c+1 .. c+S-3 load and c-1's wgmma may
+  // still run; the stage of chunk c-2 is refilled with chunk c+S-2
+  int read_stage = 0, write_stage = S - 2;
+  for (int c = 0; c < chunks; ++c) {
+    sm80::cp_async_wait<S - 3>();
+    sm90::fence_proxy_async();  // this thread's copies (and the zero rows) -> wgmma's proxy
+    sm90::wait_group<1>();      // this warpgroup's wgmma on chunk c-2 is done
+    __syncthreads();            // ... and everyone's; chunk c landed for everyone
+    const int next = c + S - 2;
+    if (next < chunks) issue_chunk<Cfg>(bl, s_base + write_stage * Cfg::STAGE_BYTES, w, ind, next, chunks);
+    sm80::cp_async_commit();
+    const unsigned s_a = s_base + read_stage * Cfg::STAGE_BYTES;
+    wgmma_stage<Cfg>(acc, s_a, s_a + Cfg::A_BYTES, wg_m, wg_n);
+    read_stage = read_stage + 1 == S ? 0 : read_stage + 1;
+    write_stage = write_stage + 1 == S ? 0 : write_stage + 1;
+  }
+
+  sm90::wait_group<0>();
+  sm80::cp_async_wait<0>();
+  __syncthreads();  // pipeline buffers free for the output tile; row map visible
+  epilogue_to_smem<Cfg, P>(reinterpret_cast<const float(&)[1][Cfg::WG_N / 8][4]>(acc), packed,
+                           s_rows, smem, warp_m, warp_n, lane);
+  __syncthreads();
+  store_tile_fm<Cfg, VEC>(smem, s_rows, y, n_len, n0);
+}
+
 // Entry: blockIdx.x = tile of N (tokens), blockIdx.y = schedule slot (group).
 template <class Cfg, class P>
 __device__ __forceinline__ void kernel(const unsigned char *__restrict__ packed,
                                        const void *__restrict__ x_, void *__restrict__ y_,
                                        int n_len) {
-  extern __shared__ __align__(128) unsigned char smem[];
+  extern __shared__ __align__(1024) unsigned char smem_raw[];
   if (P::NUM_SLOTS == 0 || (int)blockIdx.y >= P::NUM_SLOTS) return;
+  // WG: the swizzled tiles need a 1024-byte aligned base (1 KB is reserved)
+  unsigned char *smem =
+      Cfg::WG ? smem_raw + ((1024u - (sm80::smem_addr(smem_raw) & 1023u)) & 1023u) : smem_raw;
   const Slot slot = load_slot<P>(packed, blockIdx.y);
   const unsigned short *x = static_cast<const unsigned short *>(x_);
   unsigned short *y = static_cast<unsigned short *>(y_);
@@ -515,10 +673,17 @@ __device__ __forceinline__ void kernel(const unsigned char *__restrict__ packed,
                          reinterpret_cast<unsigned long long>(y_)) & 15) == 0;
   // fm: 16-byte runs along N need N % 8 == 0; tm: runs along K need RUNS8
   const bool vec = aligned && (Cfg::TM ? P::RUNS8 : (n_len & 7) == 0);
-  if (vec)
-    gemm_group<Cfg, P, true>(packed, x, y, n_len, slot, smem);
-  else
-    gemm_group<Cfg, P, false>(packed, x, y, n_len, slot, smem);
+  if constexpr (Cfg::WG) {
+    if (vec)
+      gemm_group_wg<Cfg, P, true>(packed, x, y, n_len, slot, smem);
+    else
+      gemm_group_wg<Cfg, P, false>(packed, x, y, n_len, slot, smem);
+  } else {
+    if (vec)
+      gemm_group<Cfg, P, true>(packed, x, y, n_len, slot, smem);
+    else
+      gemm_group<Cfg, P, false>(packed, x, y, n_len, slot, smem);
+  }
 }
 
 }  // namespace rowgroup

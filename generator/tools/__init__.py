@@ -1,0 +1,1 @@
+"""Code generators whose outputs are checked in (tests keep them current)."""
