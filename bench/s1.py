@@ -89,6 +89,8 @@ def main(argv=None) -> int:
     ap.add_argument("--activation", default="none")
     ap.add_argument("--results", help="append the table to this markdown file")
     ap.add_argument("--label", default="", help="a note for the results heading")
+    ap.add_argument("--no-variants", action="store_true",
+                    help="skip the winner's bf16 and fused-epilogue (bias + GELU) measurements")
     args = ap.parse_args(argv)
 
     from sparseforge import native
@@ -128,13 +130,18 @@ def main(argv=None) -> int:
                         flops = 2.0 * mat.nnz * n
                         floor_s = max(flops / peak, sparse_bytes(m, k, n, mat.nnz) / bw)
                         frac = floor_s / (nr.median_ms * 1e-3) if nr.median_ms == nr.median_ms else math.nan
-                        rows.append(dict(pattern=pattern, density=d, m=m, k=k, n=n, ms=nr.median_ms,
-                                         cublas=nr.peer_ms, speedup=nr.speedup, roof=frac,
-                                         err=nr.max_error, trials=nr.trials, failed=nr.failed,
-                                         config=nr.config))
+                        row = dict(pattern=pattern, density=d, m=m, k=k, n=n, ms=nr.median_ms,
+                                   cublas=nr.peer_ms, speedup=nr.speedup, roof=frac,
+                                   err=nr.max_error, trials=nr.trials, failed=nr.failed,
+                                   config=nr.config, bf16=math.nan, epi=math.nan)
+                        if not args.no_variants and nr.config and args.dtype == "fp16":
+                            row["bf16"], row["epi"] = measure_variants(tuner, pattern, fam, params, d,
+                                                                       (m, k, n), nr.config)
+                        rows.append(row)
                         print(f"  {pattern:10s} d={d:<5g} {m}x{k}x{n}: {nr.median_ms:.4f} ms, cuBLAS "
                               f"{nr.peer_ms:.4f} ms, {nr.speedup:.2f}x, roofline {frac:.2f}, "
-                              f"err {nr.max_error:.1e}, {nr.trials} trials", flush=True)
+                              f"err {nr.max_error:.1e}, {nr.trials} trials; bf16 {row['bf16']:.4f} ms, "
+                              f"bias+GELU {row['epi']:.4f} ms", flush=True)
         finally:
             tuner.close()
     table = format_table(rows, dev, bw, peak, args)
@@ -144,6 +151,26 @@ def main(argv=None) -> int:
             f.write(table + "\n")
     print(f"total {time.time() - t0:.0f} s", file=sys.stderr)
     return 0
+
+
+def measure_variants(tuner, pattern, fam, params, d, shape, config):
+    """The winner's configuration again: on the same pattern in bf16, and
+    in fp16 with a fused bias + GELU epilogue.  Both verified; NaN where a
+    variant fails."""
+    import numpy as np
+    from sparseforge.generator.kernel import Epilogue, Operation
+    from sparseforge.generator.synth import random_matrix
+    m, k, n = shape
+    out = []
+    bias = np.random.default_rng(3).standard_normal(m).astype(np.float32)
+    for dtype, ep in (("bf16", Epilogue()), ("fp16", Epilogue(bias=True, activation="gelu"))):
+        mat = random_matrix(pattern, m, k, d, dtype, seed=0)
+        status, info = tuner.measure(mat, fam, params, Operation(dtype, "fm", ep), n, config,
+                                     bias=bias if ep.bias else None)
+        out.append(info["median_ms"] if status == "ok" else math.nan)
+        if status != "ok":
+            print(f"    {dtype} {ep.tag}: {status} {str(info)[:200]}", flush=True)
+    return tuple(out)
 
 
 def format_table(rows, dev, bw, peak, args) -> str:
@@ -156,18 +183,28 @@ def format_table(rows, dev, bw, peak, args) -> str:
            f"{bw / 1e12:.2f} TB/s, dense fp16 {peak / 1e12:.0f} TFLOP/s. "
            f"Roofline = floor time / our time. {args.label}",
            "",
-           "| family | density | M x K x N | ours ms | cuBLAS ms | speedup | roofline | max err | trials (failed) |",
-           "| --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
+           "The winner's configuration is also run in bf16 (same pattern; bf16/fp16 = time ratio) "
+           "and in fp16 with a fused bias + GELU epilogue (its extra time over none).",
+           "",
+           "| family | density | M x K x N | ours ms | cuBLAS ms | speedup | roofline | max err "
+           "| trials (failed) | bf16/fp16 | bias+GELU | config |",
+           "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
     for r in rows:
+        cfg = ",".join(f"{k}{v}" for k, v in sorted((r["config"] or {}).items()))
         out.append(f"| {r['pattern']} | {r['density']:g} | {r['m']}x{r['k']}x{r['n']} | {r['ms']:.4f} | "
                    f"{r['cublas']:.4f} | {r['speedup']:.2f}x | {r['roof']:.2f} | {r['err']:.1e} | "
-                   f"{r['trials']} ({r['failed']}) |")
-    out += ["", "| family | density | geomean speedup |", "| --- | --- | --- |"]
+                   f"{r['trials']} ({r['failed']}) | {r['bf16'] / r['ms']:.2f} | "
+                   f"{100 * (r['epi'] / r['ms'] - 1):+.1f}% | {cfg} |")
+    out += ["", "| family | density | geomean speedup | geomean bf16/fp16 | geomean bias+GELU |",
+            "| --- | --- | --- | --- | --- |"]
     groups = {}
     for r in rows:
-        groups.setdefault((r["pattern"], r["density"]), []).append(r["speedup"])
-    for (p, d), xs in groups.items():
-        out.append(f"| {p} | {d:g} | {geomean(xs):.2f}x |")
+        groups.setdefault((r["pattern"], r["density"]), []).append(r)
+    for (p, d), rs in groups.items():
+        sp = geomean([r["speedup"] for r in rs])
+        bf = geomean([r["bf16"] / r["ms"] for r in rs])
+        ep = geomean([r["epi"] / r["ms"] for r in rs])
+        out.append(f"| {p} | {d:g} | {sp:.2f}x | {bf:.2f} | {100 * (ep - 1):+.1f}% |")
     return "\n".join(out)
 
 

@@ -9,9 +9,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from sparseforge.generator.kernel import Epilogue, Operation, get_family, parse_pattern  # noqa: E402
 from sparseforge.generator.synth import random_matrix  # noqa: E402
-from sparseforge.tuner.execute import verify  # noqa: E402
+from sparseforge.tuner.execute import default_context, verify  # noqa: E402
 
 small = "--small" in sys.argv
+device = default_context().device_info()  # on sm_90a the spaces hold the wgmma kernels
 CASES = [("csr", "fp32", "fm"), ("csr", "fp32", "tm"), ("bsr:32x32", "fp16", "fm"),
          ("bsr:64x64", "bf16", "fm"), ("shflbw:64", "fp16", "fm"), ("shflbw:32", "bf16", "fm"),
          ("nm24", "fp16", "fm"), ("nm24", "bf16", "tm")]
@@ -24,7 +25,7 @@ for pattern, dtype, layout in CASES:
     m, k, n = (200, 264, 72) if not small else (130, 136, 40)
     mat = random_matrix(pattern, m, k, 0.3, dtype, seed=1)
     op = Operation(dtype, layout, Epilogue(bias=True, activation="gelu"))
-    space = fam.search_space(mat, op, params)
+    space = fam.search_space(mat, op, params, device)
     picks = space[:: max(1, len(space) // (2 if small else 4))]
     for cfg in picks:
         res = verify(fam, mat, op, params, cfg, n, seed=2)

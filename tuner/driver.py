@@ -239,6 +239,24 @@ class Tuner:
                 "zero_output": kernel.zero_output, "packed": kernel.packed,
                 "config": canonical_config(kernel.config)}
 
+    def measure(self, matrix: SparseMatrix, pattern: str, params: dict, op: Operation, n: int,
+                config: dict, bias: Optional[np.ndarray] = None) -> tuple[str, dict]:
+        """One configuration measured as a trial is (fresh X, output
+        poisoned, verified against float64, then timed), outside any search
+        and not recorded: (status, info) with info's median_ms and
+        max_rel_err.  For side-by-side variants of a winner (another dtype
+        or epilogue with the same configuration)."""
+        if self.worker is None:
+            raise RuntimeError(f"no GPU ({self.gpu_reason}): nothing to measure on")
+        fam = get_family(pattern)
+        kernel = fam.generate(matrix, op, params, config, bias=bias)
+        (cubin, _, err), = self.compile_all([kernel])
+        if cubin is None:
+            return "compile_fail", {"message": err}
+        self._n = n
+        self._setup(matrix, op, n, bias)
+        return self._measure(kernel, cubin)
+
     def _setup(self, matrix, op, n, bias):
         seed = self.seed if self.seed is not None else int.from_bytes(os.urandom(4), "little")
         rng = np.random.default_rng(seed)
