@@ -54,11 +54,11 @@ def test_planted_fault_is_recorded_and_the_run_goes_on(tmp_path):
     m = random_matrix("shflbw:64", 256, 256, 0.25, "fp16", seed=4)
     op = Operation("fp16", "fm")
     fam = get_family("shflbw")
-    space = fam.search_space(m, op, {"v": 64})
-    victim = fam.generate(m, op, {"v": 64}, space[1]).name
     with Cache(str(tmp_path / "t.db")) as cache:
         tuner = Tuner(cache, strategy="exhaustive", budget="4", timing=QUICK_TIMING, seed=1,
                       peer=False)
+        space = fam.search_space(m, op, {"v": 64}, tuner.target)  # the space the tuner searches
+        victim = fam.generate(m, op, {"v": 64}, space[1]).name
         tuner.plant_fault_in = victim
         try:
             tuner.tune(m, "shflbw", {"v": 64}, op, [128], "faulty")
