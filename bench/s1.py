@@ -62,6 +62,10 @@ def sparse_bytes(m, k, n, nnz, elem=2):
 
 
 def commit_id() -> str:
+    """SF_COMMIT where set (the GPU machine's copy of the tree has no
+    history of its own), else git's HEAD."""
+    if os.environ.get("SF_COMMIT"):
+        return os.environ["SF_COMMIT"]
     try:
         out = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True,
                              text=True, check=True).stdout.strip()

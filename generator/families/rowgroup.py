@@ -100,7 +100,7 @@ def min_blocks(bm: int, config: dict) -> int:
     sweep of the whole search space for sm_90a spills nothing with this."""
     wg = is_wg(config)
     if wg:
-        bm = wg_tile_rows(bm)
+        return _wg_min_blocks(bm, config)
     mf, nf = bm // config["wm"] // 16, config["bn"] // config["wn"] // 8
     threads = 32 * config["wm"] * config["wn"]
     b_loads = -(-config["bk"] * config["bn"] // 8 // threads)
@@ -131,6 +131,21 @@ def _check_loads_and_smem(config: dict, bm: int, op: Operation, device: Optional
     limit = smem_limit(device)
     if smem > limit:
         raise ConfigError(f"shared memory: {smem} bytes exceed the limit of {limit}")
+
+
+SM_SMEM = 228 * 1024     # shared memory of an sm_90 multiprocessor (1 KB of it per CTA is reserved)
+
+
+def _wg_min_blocks(bm: int, config: dict) -> int:
+    """The wgmma path's CTAs per SM: as many as shared memory holds, while
+    each thread keeps its accumulators and ~56 registers of addressing and
+    epilogue.  Asking for them caps the registers: without the cap the
+    compiler took more than half the register file for a fused GELU and
+    the SM held one CTA instead of two, so nothing hid the epilogue."""
+    threads = 32 * config["wm"] * config["wn"]
+    need = round_up(config["bn"] // config["wn"] // 2 + 56, 8)
+    by_smem = SM_SMEM // (smem_bytes(bm, config) + 1024)
+    return max(1, min(8, by_smem, 65536 // (threads * need)))
 
 
 def _align16(n: int) -> int:

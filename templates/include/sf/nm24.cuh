@@ -360,8 +360,8 @@ __device__ __forceinline__ void store_tile(unsigned char *smem, float (&acc)[C::
 #pragma unroll
       for (int ni = 0; ni < C::NI; ++ni) {
         const int nl = warp_n * C::WTN + ni * 8 + 2 * t;
-        const float v0 = epilogue<P::HAS_BIAS, P::ACT>(acc[mi][ni][half * 2 + 0], P::SCALE, bv);
-        const float v1 = epilogue<P::HAS_BIAS, P::ACT>(acc[mi][ni][half * 2 + 1], P::SCALE, bv);
+        const float v0 = epilogue<P::HAS_BIAS, P::ACT, true>(acc[mi][ni][half * 2 + 0], P::SCALE, bv);
+        const float v1 = epilogue<P::HAS_BIAS, P::ACT, true>(acc[mi][ni][half * 2 + 1], P::SCALE, bv);
         if constexpr (C::TOKEN_MAJOR) {
           sc[nl * C::C_LD + ml] = bits_of<T>(v0);
           sc[(nl + 1) * C::C_LD + ml] = bits_of<T>(v1);
