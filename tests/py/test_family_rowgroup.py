@@ -256,7 +256,7 @@ def test_hopper_space_is_wgmma_where_groups_fill_warpgroups(rng, family, params,
     # whole warpgroups of rows: wgmma only; padded tiles: mma.sync joins
     assert (len(wg) == len(space)) == (bm % 64 == 0)
     assert {c["bn"] for c in wg} >= {64, 256} | ({512} if bm <= 64 else set())
-    assert {c["stages"] for c in wg} == {3, 4}
+    assert {c["stages"] for c in wg} == {3, 4, 5, 6}
     # nothing wgmma off sm_90a, nor token-major
     assert not [c for c in fam.search_space(mat, FP16, params, AMPERE) if c.get("wg")]
     assert not [c for c in fam.search_space(mat, FP16, params) if c.get("wg")]
@@ -267,6 +267,7 @@ def test_hopper_space_is_wgmma_where_groups_fill_warpgroups(rng, family, params,
 @pytest.mark.parametrize("change,constraint", [
     ({"wm": 2}, "wm: the wgmma path tiles 64 rows"),
     ({"stages": 2}, "stages: the wgmma path takes"),
+    ({"stages": 7}, "stages: the wgmma path takes"),
     ({"bn": 1024, "wn": 4}, "bn: the wgmma path takes"),
     ({"bn": 64, "wn": 2}, "each warpgroup's N"),
     ({"wg": 2}, "wg: 1 selects"),
@@ -437,6 +438,10 @@ GPU_CASES = [
      dict(WG_CFG, bn=128, wm=8, wn=1), (16, 63)),
     ("bsr", {"br": 16, "bc": 8}, "zero", (50, 40), "fp16", Epilogue(bias=True),
      dict(WG_CFG, bn=64, wn=1), (1, 24)),
+    ("bsr", {"br": 64, "bc": 32}, "bsr", (260, 700), "fp16", Epilogue(activation="gelu"),
+     dict(WG_CFG, bk=16, bn=128, wn=1, stages=6), (40, 300)),
+    ("shflbw", {"v": 64}, "shflbw", (200, 600), "bf16", Epilogue(bias=True),
+     dict(WG_CFG, bn=256, wn=2, stages=5), (256,)),
 ]
 
 

@@ -111,7 +111,7 @@ struct Config {
   static_assert(BM % (16 * WM) == 0, "BM is a multiple of 16 x WM");
   static_assert(BN % (16 * WN) == 0, "BN is a multiple of 16 x WN (warps take n16 steps)");
   static_assert(MF * NF * 4 <= 128, "at most 128 fp32 accumulators per thread");
-  static_assert(STAGES >= 2 && STAGES <= 4, "STAGES is 2, 3 or 4");
+  static_assert(STAGES >= 2 && STAGES <= (WG ? 6 : 4), "STAGES is 2, 3 or 4 (3 to 6: WG)");
   static_assert(THREADS <= 512, "at most 16 warps");
   static_assert(A_ITERS <= (WG ? 16 : 8) && B_ITERS <= (WG ? 16 : 8),
                 "at most 8 (WG: 16) 16-byte loads per thread per stage and operand");
