@@ -51,6 +51,43 @@ def measure_copy_bandwidth(ctx, nbytes=1 << 30) -> float:
     return 2 * nbytes / (t["median_ms"] * 1e-3)
 
 
+L2_KERNEL = r"""
+extern "C" __global__ void sf_l2_read(const int4* __restrict__ src, long n, int reps, int4* out) {
+  int4 acc = make_int4(0, 0, 0, 0);
+  for (int r = 0; r < reps; ++r)
+    for (long i = blockIdx.x * (long)blockDim.x + threadIdx.x; i < n; i += (long)gridDim.x * blockDim.x) {
+      const int4 v = __ldcg(src + i);
+      acc.x ^= v.x; acc.y ^= v.y; acc.z ^= v.z; acc.w ^= v.w;
+    }
+  if ((acc.x & acc.y & acc.z & acc.w) == -1) out[0] = acc;  // never true for the zero buffer
+}
+"""
+
+
+def measure_l2_bandwidth(ctx, nbytes=16 << 20, reps=32) -> float:
+    """Bytes per second that the SMs read out of L2: a 16 MB buffer (which
+    L2 holds) read 32 times with 16-byte L2-only loads, not flushed."""
+    binary = ctx.compile(L2_KERNEL, name="l2.cu")
+    mod = ctx.load(binary)
+    fn = mod.kernel("sf_l2_read")
+    a, out = ctx.alloc(nbytes), ctx.alloc(16)
+    ctx.memset(a, 0)
+    sms = ctx.device_info()["sm_count"]
+    t = ctx.time(fn, (sms * 4, 1, 1), (512, 1, 1), [a, nbytes // 16, reps, out], sig="PqiP",
+                 warmup=3, min_reps=20, min_total_ms=50, flush_l2=False)
+    a.free()
+    out.free()
+    return reps * nbytes / (t["median_ms"] * 1e-3)
+
+
+def gather_bytes(pattern_params, nnz, n, bn, elem=2):
+    """What a row-group kernel reads out of L2: each group's gathered rows
+    of X once per group (nnz / group rows of them, N wide) and its weights
+    once per tile of N."""
+    rows = pattern_params.get("v") or pattern_params.get("br") or 1
+    return nnz / rows * n * elem + nnz * elem * math.ceil(n / bn)
+
+
 def measure_dense_peak(ctx) -> float:
     t = ctx.time_gemm("fp16", 8192, 8192, 8192, layout="best", min_reps=10, min_total_ms=50)
     return 2 * 8192 ** 3 / (t["median_ms"] * 1e-3)
@@ -111,10 +148,11 @@ def main(argv=None) -> int:
     ctx = native.Context(0)
     dev = ctx.device_info()
     bw = measure_copy_bandwidth(ctx)
+    l2 = measure_l2_bandwidth(ctx)
     peak = measure_dense_peak(ctx)
     ctx.close()
-    print(f"{dev['name']}: copy {bw / 1e12:.2f} TB/s, cuBLAS fp16 8192^3 {peak / 1e12:.0f} TFLOP/s",
-          flush=True)
+    print(f"{dev['name']}: copy {bw / 1e12:.2f} TB/s, L2 read {l2 / 1e12:.2f} TB/s, "
+          f"cuBLAS fp16 8192^3 {peak / 1e12:.0f} TFLOP/s", flush=True)
     shapes = S1_SHAPES if args.shapes == "all" else [S1_SHAPES[int(i)] for i in args.shapes.split(",")]
     densities = [float(d) for d in args.densities.split(",")]
     rows = []
@@ -137,7 +175,10 @@ def main(argv=None) -> int:
                         row = dict(pattern=pattern, density=d, m=m, k=k, n=n, ms=nr.median_ms,
                                    cublas=nr.peer_ms, speedup=nr.speedup, roof=frac,
                                    err=nr.max_error, trials=nr.trials, failed=nr.failed,
-                                   config=nr.config, bf16=math.nan, epi=math.nan)
+                                   config=nr.config, bf16=math.nan, epi=math.nan, l2=math.nan)
+                        if nr.config and fam in ("bsr", "shflbw") and nr.median_ms == nr.median_ms:
+                            row["l2"] = (gather_bytes(params, mat.nnz, n, nr.config["bn"]) / l2
+                                         / (nr.median_ms * 1e-3))
                         if not args.no_variants and nr.config and args.dtype == "fp16":
                             row["bf16"], row["epi"] = measure_variants(tuner, pattern, fam, params, d,
                                                                        (m, k, n), nr.config)
@@ -148,7 +189,7 @@ def main(argv=None) -> int:
                               f"bias+GELU {row['epi']:.4f} ms", flush=True)
         finally:
             tuner.close()
-    table = format_table(rows, dev, bw, peak, args)
+    table = format_table(rows, dev, bw, peak, args, l2)
     print(table)
     if args.results:
         with open(args.results, "a") as f:
@@ -177,26 +218,28 @@ def measure_variants(tuner, pattern, fam, params, d, shape, config):
     return tuple(out)
 
 
-def format_table(rows, dev, bw, peak, args) -> str:
+def format_table(rows, dev, bw, peak, args, l2=math.nan) -> str:
     date = datetime.date.today().isoformat()
     out = [f"\n## S1 prefill, {args.dtype}, feature-major: {date}, {dev['name']}, commit {commit_id()}",
            "",
            f"Random patterns (seed 0, standard-normal values); tuner `{args.strategy}` with budget "
            f"{args.budget} per problem; quick timing (median of >= 10 runs, L2 flushed); cuBLAS "
            f"fp16 GemmEx in its faster layout, same run. Measured ceilings: copy "
-           f"{bw / 1e12:.2f} TB/s, dense fp16 {peak / 1e12:.0f} TFLOP/s. "
-           f"Roofline = floor time / our time. {args.label}",
+           f"{bw / 1e12:.2f} TB/s, dense fp16 {peak / 1e12:.0f} TFLOP/s, L2 read {l2 / 1e12:.2f} TB/s. "
+           f"Roofline = floor time / our time. L2 = time to read the gathered rows of X "
+           f"(once per group) and the weights (once per tile of N) at the L2 read rate / our time. "
+           f"{args.label}",
            "",
            "The winner's configuration is also run in bf16 (same pattern; bf16/fp16 = time ratio) "
            "and in fp16 with a fused bias + GELU epilogue (its extra time over none).",
            "",
-           "| family | density | M x K x N | ours ms | cuBLAS ms | speedup | roofline | max err "
+           "| family | density | M x K x N | ours ms | cuBLAS ms | speedup | roofline | L2 | max err "
            "| trials (failed) | bf16/fp16 | bias+GELU | config |",
-           "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
+           "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
     for r in rows:
         cfg = ",".join(f"{k}{v}" for k, v in sorted((r["config"] or {}).items()))
         out.append(f"| {r['pattern']} | {r['density']:g} | {r['m']}x{r['k']}x{r['n']} | {r['ms']:.4f} | "
-                   f"{r['cublas']:.4f} | {r['speedup']:.2f}x | {r['roof']:.2f} | {r['err']:.1e} | "
+                   f"{r['cublas']:.4f} | {r['speedup']:.2f}x | {r['roof']:.2f} | {r['l2']:.2f} | {r['err']:.1e} | "
                    f"{r['trials']} ({r['failed']}) | {r['bf16'] / r['ms']:.2f} | "
                    f"{100 * (r['epi'] / r['ms'] - 1):+.1f}% | {cfg} |")
     out += ["", "| family | density | geomean speedup | geomean bf16/fp16 | geomean bias+GELU |",
