@@ -103,6 +103,22 @@ class ConfigError(ValueError):
     """A configuration that breaks a family's constraints."""
 
 
+def smem_limit(device: Optional[dict]) -> int:
+    """Largest dynamic shared memory per block: the device's opt-in limit
+    when given, else by compute capability (227 KB on sm_90, 163 KB on
+    sm_80, 99 KB on other sm_8x); with no device, sm_90's."""
+    if device:
+        if device.get("smem_per_block_optin"):
+            return int(device["smem_per_block_optin"])
+        major = int(device.get("cc_major", 9))
+        minor = int(device.get("cc_minor", 0))
+        if major == 8:
+            return 163 * 1024 if minor == 0 else 99 * 1024
+        if major < 8:
+            return 48 * 1024
+    return 227 * 1024
+
+
 class Family:
     """One kernel family.  Subclasses set `name` and implement the methods."""
     name: str = ""

@@ -71,7 +71,7 @@ def cmd_prune(args) -> int:
 
 def cmd_generate(args) -> int:
     from . import native
-    from .generator.kernel import Epilogue, Operation, get_family, parse_pattern
+    from .generator.kernel import ConfigError, Epilogue, Operation, get_family, parse_pattern
     from .tuner.driver import target_of_arch
     from .tuner.model import op_for
     fam_name, params = parse_pattern(args.pattern)
@@ -88,9 +88,10 @@ def cmd_generate(args) -> int:
             config = json.loads(args.config)
             fam.check_config(config, m, op, params, target)
         else:
-            if not fam.search_space(m, op, params, target):
-                raise ValueError(f"{fam.tag(params)}: no valid configuration for {name}")
-            config = fam.default_config(m, op, params, target)
+            try:
+                config = fam.default_config(m, op, params, target)
+            except ConfigError as e:
+                raise ValueError(f"{e} for {name}") from None
         import numpy as np
         bias = np.zeros(m.rows, dtype=np.float32) if args.bias else None
         kernel = fam.generate(m, op, params, config, bias=bias)

@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import re
 import threading
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -75,7 +76,6 @@ class LayerResult:
 def target_of_arch(arch: str) -> dict:
     """A device description from an arch name alone ("sm_90a" -> compute
     capability 9.0), for generating kernels with no GPU present."""
-    import re
     m = re.fullmatch(r"(?:sm|compute)_(\d+?)(\d)([af]?)", arch or "")
     if not m:
         return {"arch": arch}

@@ -28,7 +28,7 @@ from typing import Optional
 
 import numpy as np
 
-from ..kernel import (ConfigError, Family, Kernel, Operation, config_name, register,
+from ..kernel import (ConfigError, Family, Kernel, Operation, config_name, register, smem_limit,
                       render)
 from ..matrix import SparseMatrix, from_device_bytes, to_device_bytes
 
@@ -43,9 +43,6 @@ BK_CHOICES = (32, 64)
 STAGE_CHOICES = (2, 3, 4)
 WARP_LAYOUTS = ((2, 2), (1, 4), (4, 1), (2, 4), (4, 2))
 MAX_ACCUMULATORS = 128      # fp32 accumulators per thread (registers)
-# Shared memory a block may use when no device is named: the largest opt-in
-# limit of any sm_80+ GPU (sm_90: 227 KB); a named device gives its own.
-DEFAULT_SMEM_OPTIN = 232448
 CONFIG_KEYS = ("bm", "bn", "bk", "wm", "wn", "stages")
 ROW_CHUNK = 1024            # rows packed at a time (bounds host memory)
 
@@ -242,7 +239,7 @@ class Nm24Family(Family):
         if acc > MAX_ACCUMULATORS:
             raise ConfigError(f"accumulators: warp tile {bm // wm}x{bn // wn} needs {acc} fp32 "
                               f"registers per thread (> {MAX_ACCUMULATORS})")
-        limit = int((device or {}).get("smem_per_block_optin") or DEFAULT_SMEM_OPTIN)
+        limit = smem_limit(device)
         need = smem_bytes(config, op.layout)
         if need > limit:
             raise ConfigError(f"shared memory: {need} bytes > smem_per_block_optin {limit}")

@@ -28,7 +28,7 @@ from typing import Optional
 
 import numpy as np
 
-from ..kernel import ConfigError, Family, Kernel, Operation, config_name, render
+from ..kernel import ConfigError, Family, Kernel, Operation, config_name, render, smem_limit
 from ..matrix import SparseMatrix, from_device_bytes, round_to_dtype, to_device_bytes
 
 BN_CHOICES = (16, 32, 64, 128, 256)
@@ -41,7 +41,7 @@ CONFIG_KEYS = ("bk", "bn", "stages", "wm", "wn")
 # the wgmma path (sm_90a) adds the key "wg": 1; its wm is fixed by the tile
 # (4 warps per 64 rows) and wn counts warpgroups along N
 WG_KEYS = tuple(sorted(CONFIG_KEYS + ("wg",)))
-WG_N_CHOICES = (64, 128, 256)     # N of one warpgroup's wgmma
+WG_N_CHOICES = (64, 128, 256)     # N of one warpgroup's wgmma (the wrappers in mma_sm90.cuh)
 WG_BN_CHOICES = (64, 128, 256, 512)
 WG_STAGE_CHOICES = (3, 4, 5, 6)
 WG_MAX_WARPS = 16
@@ -49,22 +49,6 @@ WG_MAX_LOADS = 16
 ACT_CODES = {"none": 0, "relu": 1, "gelu": 2}
 ELEM_T = {"fp16": "__half", "bf16": "__nv_bfloat16"}
 MAX_GRID_Y = 65535
-
-
-def smem_limit(device: Optional[dict]) -> int:
-    """Largest dynamic shared memory per block: the device's opt-in limit
-    when given, else by compute capability (227 KB on sm_90, 163 KB on
-    sm_80, 99 KB on other sm_8x); with no device, sm_90's."""
-    if device:
-        if device.get("smem_per_block_optin"):
-            return int(device["smem_per_block_optin"])
-        major = int(device.get("cc_major", 9))
-        minor = int(device.get("cc_minor", 0))
-        if major == 8:
-            return 163 * 1024 if minor == 0 else 99 * 1024
-        if major < 8:
-            return 48 * 1024
-    return 227 * 1024
 
 
 def is_wg(config: dict) -> bool:
@@ -98,16 +82,12 @@ def min_blocks(bm: int, config: dict) -> int:
     addressing (each of the SM's 4 schedulers has 16K registers).  ptxas's
     own default, with only a thread count, spills the large warp tiles; a
     sweep of the whole search space for sm_90a spills nothing with this."""
-    wg = is_wg(config)
-    if wg:
+    if is_wg(config):
         return _wg_min_blocks(bm, config)
     mf, nf = bm // config["wm"] // 16, config["bn"] // config["wn"] // 8
     threads = 32 * config["wm"] * config["wn"]
     b_loads = -(-config["bk"] * config["bn"] // 8 // threads)
-    # mma.sync keeps two k-steps of A and B fragments in registers; wgmma
-    # reads both operands from shared memory
-    frags = 0 if wg else (mf * 4 + nf * 2) * 2
-    regs = mf * nf * 4 + frags + b_loads + 88
+    regs = mf * nf * 4 + (mf * 4 + nf * 2) * 2 + b_loads + 88
     warps = threads // 32
     for blocks in range(8, 0, -1):
         # registers are split over the SM's 4 schedulers (16K each), 8 at a time
@@ -548,16 +528,16 @@ class RowGroupFamily(Family):
             prefs = [{"bk": 32, "bn": 256, "stages": 4, "wm": tile // 16, "wn": 2, "wg": 1},
                      {"bk": 32, "bn": 128, "stages": 4, "wm": tile // 16, "wn": 1, "wg": 1}]
         prefs += [{"bk": 32, "bn": 256, "stages": 4, "wm": max(1, bm // 64), "wn": 4},
-                 {"bk": 32, "bn": 128, "stages": 3, "wm": max(1, bm // 64), "wn": 2},
-                 {"bk": 32, "bn": 128, "stages": 3, "wm": 1, "wn": 4},
-                 {"bk": 32, "bn": 128, "stages": 3, "wm": 2, "wn": 2}]
+                  {"bk": 32, "bn": 128, "stages": 3, "wm": max(1, bm // 64), "wn": 2},
+                  {"bk": 32, "bn": 128, "stages": 3, "wm": 1, "wn": 4},
+                  {"bk": 32, "bn": 128, "stages": 3, "wm": 2, "wn": 2}]
         for cfg in prefs:
             try:
                 self.check_config(cfg, matrix, op, params, device)
                 return cfg
             except ConfigError:
                 continue
-        return self.search_space(matrix, op, params, device)[0]
+        return super().default_config(matrix, op, params, device)
 
     # -- plan, unpack, generate ----------------------------------------------
     def plan(self, matrix: SparseMatrix, op: Operation, params: dict, config: dict,
@@ -574,7 +554,7 @@ class RowGroupFamily(Family):
         wg = is_wg(config)
         bm = wg_tile_rows(plan.bm) if wg else plan.bm
         smem = smem_bytes(plan.bm, config, op.layout)
-        config = {k: v for k, v in config.items() if k != "wg"}
+        tile = {k: config[k] for k in CONFIG_KEYS}  # the template's names ("wg" is `wg`)
         scale = float(np.float32(op.epilogue.scale))
         source = render(self.template, name=name, family=plan.family, tag=plan.tag,
                         dtype=plan.dtype, elem_t=ELEM_T[plan.dtype], m=plan.shape[0],
@@ -583,13 +563,11 @@ class RowGroupFamily(Family):
                         permuted=plan.permuted, has_bias=plan.has_bias, layout=op.layout,
                         runs8=plan.runs8,
                         act=ACT_CODES[op.epilogue.activation], scale=scale.hex() + "f",
-                        smem_bytes=smem, min_blocks=min_blocks(plan.bm, dict(config, wg=int(wg))),
-                        **config)
+                        smem_bytes=smem, min_blocks=min_blocks(plan.bm, config), **tile)
         threads = 32 * config["wm"] * config["wn"]
         return Kernel(name=name, source=source, packed=plan.packed, block=(threads, 1, 1),
                       grid=(1, max(1, plan.num_slots), 1), n_axis=0, n_tile=config["bn"],
-                      shared_bytes=smem, zero_output=False, options=(),
-                      config=dict(config, wg=1) if wg else dict(config))
+                      shared_bytes=smem, zero_output=False, options=(), config=dict(config))
 
     def generate(self, matrix: SparseMatrix, op: Operation, params: dict, config: dict,
                  bias: Optional[np.ndarray] = None) -> Kernel:

@@ -14,7 +14,7 @@ import argparse
 import sys
 from pathlib import Path
 
-N_CHOICES = (16, 32, 64, 128, 256)
+N_CHOICES = (64, 128, 256)        # the N of a warpgroup tile (rowgroup WG_N_CHOICES)
 TYPES = (("__half", "f16"), ("__nv_bfloat16", "bf16"))
 
 HEAD = """\

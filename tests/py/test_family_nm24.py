@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from sparseforge.generator.families import nm24 as nm24_mod
-from sparseforge.generator.kernel import ConfigError, Epilogue, Operation, get_family
+from sparseforge.generator.kernel import ConfigError, Epilogue, Operation, get_family, smem_limit
 from sparseforge.generator.matrix import SparseMatrix, round_to_dtype
 
 FAM = get_family("nm24")
@@ -166,7 +166,7 @@ def test_search_space_valid(device, layout):
     op = Operation(dtype="fp16", layout=layout)
     space = FAM.search_space(m, op, {}, device)
     assert space
-    limit = (device or {}).get("smem_per_block_optin", nm24_mod.DEFAULT_SMEM_OPTIN)
+    limit = smem_limit(device)
     names = set()
     for c in space:
         FAM.check_config(c, m, op, {}, device)

@@ -387,13 +387,8 @@ struct WgTiles {
   static constexpr unsigned A_SBO = 8 * Cfg::BK * 2;
   // B: BK rows of k, MN-major, 64-element atoms; LBO = from one atom column
   // to the next along N, SBO = from 8 rows of k to the next.
-#ifndef SF_WG_SWAP_B_OFFSETS
   static constexpr unsigned B_LBO = Cfg::BK * 128;
   static constexpr unsigned B_SBO = 1024;
-#else  // the other reading of the MN-major descriptor, for diagnosis
-  static constexpr unsigned B_LBO = 1024;
-  static constexpr unsigned B_SBO = Cfg::BK * 128;
-#endif
 };
 
 // acc (this warpgroup's 64 x WG_N tile) += A . B over one stage: BK/16
@@ -519,91 +514,31 @@ __device__ __forceinline__ void issue_chunk(BL &bl, unsigned s_a, const unsigned
   if (j + 1 < chunks) bl.fetch_indices(ind + (j + 1) * Cfg::BK);
 }
 
+// One group x BN columns.  Both compute paths share the schedule, loaders
+// and epilogue; they differ in how far the loads run ahead (mma.sync:
+// STAGES-1 chunks; wgmma: STAGES-2, since chunk c-1's wgmma may still read
+// its stage while chunk c is issued) and in the compute of a stage.  WG:
+// `smem` is 1024-byte aligned.
 template <class Cfg, class P, bool VEC>
 __device__ __forceinline__ void gemm_group(const unsigned char *__restrict__ packed,
                                            const unsigned short *__restrict__ x,
                                            unsigned short *__restrict__ y, int n_len,
                                            const Slot &slot, unsigned char *smem) {
-  const int lane = threadIdx.x & 31;
-  const int warp = threadIdx.x >> 5;
-  const int warp_m = warp % Cfg::WM;
-  const int warp_n = warp / Cfg::WM;
-  const int n0 = blockIdx.x * Cfg::BN;
-  const unsigned s_base = sm80::smem_addr(smem);
-  int *s_rows = reinterpret_cast<int *>(smem + Cfg::ROWMAP_OFF);
-
-  load_row_map<Cfg, P>(packed, slot, s_rows);
-
-  const unsigned short *w = section<unsigned short>(packed, P::W_OFF) +
-                            (size_t)slot.first_chunk * (Cfg::AM * Cfg::BK);
-  const int *ind = section<int>(packed, P::IDX_OFF) + (size_t)slot.first_chunk * Cfg::BK;
-  const int chunks = slot.chunks;
-
-  float acc[Cfg::MF][Cfg::NF][4];
-#pragma unroll
-  for (int mi = 0; mi < Cfg::MF; ++mi)
-#pragma unroll
-    for (int ni = 0; ni < Cfg::NF; ++ni)
-#pragma unroll
-      for (int e = 0; e < 4; ++e) acc[mi][ni][e] = 0.0f;
-
-  typename BLoaderOf<Cfg, VEC, P::K>::type bl(x, n_len, n0);
-
-  // prologue: chunks 0 .. STAGES-2 in flight, indices of chunk STAGES-1 fetched
-  if (chunks > 0) bl.fetch_indices(ind);
-#pragma unroll
-  for (int s = 0; s < Cfg::STAGES - 1; ++s) {
-    if (s < chunks) issue_chunk<Cfg>(bl, s_base + s * Cfg::STAGE_BYTES, w, ind, s, chunks);
-    sm80::cp_async_commit();
-  }
-
-  // main loop
-  int read_stage = 0, write_stage = Cfg::STAGES - 1;
-  for (int c = 0; c < chunks; ++c) {
-    sm80::cp_async_wait<Cfg::STAGES - 2>();
-    __syncthreads();  // chunk c landed for everyone; stage of chunk c-1 is free
-    const int next = c + Cfg::STAGES - 1;
-    if (next < chunks) issue_chunk<Cfg>(bl, s_base + write_stage * Cfg::STAGE_BYTES, w, ind, next, chunks);
-    sm80::cp_async_commit();
-    const unsigned s_a = s_base + read_stage * Cfg::STAGE_BYTES;
-    mma_stage<Cfg>(acc, s_a, s_a + Cfg::A_BYTES, warp_m, warp_n, lane);
-    read_stage = read_stage + 1 == Cfg::STAGES ? 0 : read_stage + 1;
-    write_stage = write_stage + 1 == Cfg::STAGES ? 0 : write_stage + 1;
-  }
-
-  sm80::cp_async_wait<0>();
-  __syncthreads();  // pipeline buffers free for the output tile; row map visible
-  epilogue_to_smem<Cfg, P>(acc, packed, s_rows, smem, warp_m, warp_n, lane);
-  __syncthreads();
-  if (Cfg::TM)
-    store_tile_tm<Cfg, P, VEC>(smem, s_rows, y, n_len, n0);
-  else
-    store_tile_fm<Cfg, VEC>(smem, s_rows, y, n_len, n0);
-}
-
-// The wgmma body: the same schedule, loaders and epilogue; `smem` is
-// 1024-byte aligned.
-template <class Cfg, class P, bool VEC>
-__device__ __forceinline__ void gemm_group_wg(const unsigned char *__restrict__ packed,
-                                              const unsigned short *__restrict__ x,
-                                              unsigned short *__restrict__ y, int n_len,
-                                              const Slot &slot, unsigned char *smem) {
   constexpr int S = Cfg::STAGES;
+  constexpr int AHEAD = Cfg::WG ? S - 2 : S - 1;  // chunks in flight ahead of the one computed
   const int lane = threadIdx.x & 31;
   const int warp = threadIdx.x >> 5;
   const int warp_m = warp % Cfg::WM;
   const int warp_n = warp / Cfg::WM;
-  const int wg_m = (warp >> 2) % Cfg::WG_M;
-  const int wg_n = (warp >> 2) / Cfg::WG_M;
   const int n0 = blockIdx.x * Cfg::BN;
   const unsigned s_base = sm80::smem_addr(smem);
   int *s_rows = reinterpret_cast<int *>(smem + Cfg::ROWMAP_OFF);
 
   load_row_map<Cfg, P>(packed, slot, s_rows);
-  if constexpr (Cfg::AM < Cfg::BM) {  // A-tile rows past the chunk's: zero once, never loaded
+  if constexpr (Cfg::AM < Cfg::BM) {  // WG: A-tile rows past the chunk's, zero once, never loaded
     constexpr int PAD_CH = (Cfg::BM - Cfg::AM) * Cfg::BK / 8;
     const unsigned zero[4] = {0u, 0u, 0u, 0u};
-    for (int i = threadIdx.x; i < Cfg::STAGES * PAD_CH; i += Cfg::THREADS) {
+    for (int i = threadIdx.x; i < S * PAD_CH; i += Cfg::THREADS) {
       const int s = i / PAD_CH, j = i % PAD_CH;
       sm80::st_shared_16(s_base + s * Cfg::STAGE_BYTES + Cfg::AM * Cfg::BK * 2 + 16 * j, zero);
     }
@@ -614,46 +549,56 @@ __device__ __forceinline__ void gemm_group_wg(const unsigned char *__restrict__ 
   const int *ind = section<int>(packed, P::IDX_OFF) + (size_t)slot.first_chunk * Cfg::BK;
   const int chunks = slot.chunks;
 
-  float acc[Cfg::WG_N / 8][4];
+  // WG: MF = 1 and NF = WG_N / 8, so acc[0] is the warpgroup's wgmma tile
+  float acc[Cfg::MF][Cfg::NF][4];
 #pragma unroll
-  for (int ni = 0; ni < Cfg::WG_N / 8; ++ni)
+  for (int mi = 0; mi < Cfg::MF; ++mi)
 #pragma unroll
-    for (int e = 0; e < 4; ++e) acc[ni][e] = 0.0f;
+    for (int ni = 0; ni < Cfg::NF; ++ni)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) acc[mi][ni][e] = 0.0f;
 
   typename BLoaderOf<Cfg, VEC, P::K>::type bl(x, n_len, n0);
 
-  // prologue: chunks 0 .. S-3 in flight, indices of chunk S-2 fetched
+  // prologue: chunks 0 .. AHEAD-1 in flight, indices of chunk AHEAD fetched
   if (chunks > 0) bl.fetch_indices(ind);
 #pragma unroll
-  for (int s = 0; s < S - 2; ++s) {
+  for (int s = 0; s < AHEAD; ++s) {
     if (s < chunks) issue_chunk<Cfg>(bl, s_base + s * Cfg::STAGE_BYTES, w, ind, s, chunks);
     sm80::cp_async_commit();
   }
 
-  // main loop: chunk c computes while c+1 .. c+S-3 load and c-1's wgmma may
-  // still run; the stage of chunk c-2 is refilled with chunk c+S-2
-  int read_stage = 0, write_stage = S - 2;
+  // main loop: the stage of chunk c-(S-AHEAD) is refilled with chunk c+AHEAD
+  int read_stage = 0, write_stage = AHEAD;
   for (int c = 0; c < chunks; ++c) {
-    sm80::cp_async_wait<S - 3>();
-    sm90::fence_proxy_async();  // this thread's copies (and the zero rows) -> wgmma's proxy
-    sm90::wait_group<1>();      // this warpgroup's wgmma on chunk c-2 is done
-    __syncthreads();            // ... and everyone's; chunk c landed for everyone
-    const int next = c + S - 2;
+    sm80::cp_async_wait<AHEAD - 1>();
+    if constexpr (Cfg::WG) {
+      sm90::fence_proxy_async();  // this thread's copies (and the zero rows) -> wgmma's proxy
+      sm90::wait_group<1>();      // this warpgroup's wgmma on chunk c-2 is done
+    }
+    __syncthreads();  // chunk c landed for everyone; the stage to refill is free
+    const int next = c + AHEAD;
     if (next < chunks) issue_chunk<Cfg>(bl, s_base + write_stage * Cfg::STAGE_BYTES, w, ind, next, chunks);
     sm80::cp_async_commit();
     const unsigned s_a = s_base + read_stage * Cfg::STAGE_BYTES;
-    wgmma_stage<Cfg>(acc, s_a, s_a + Cfg::A_BYTES, wg_m, wg_n);
+    if constexpr (Cfg::WG)
+      wgmma_stage<Cfg>(acc[0], s_a, s_a + Cfg::A_BYTES, (warp >> 2) % Cfg::WG_M,
+                       (warp >> 2) / Cfg::WG_M);
+    else
+      mma_stage<Cfg>(acc, s_a, s_a + Cfg::A_BYTES, warp_m, warp_n, lane);
     read_stage = read_stage + 1 == S ? 0 : read_stage + 1;
     write_stage = write_stage + 1 == S ? 0 : write_stage + 1;
   }
 
-  sm90::wait_group<0>();
+  if constexpr (Cfg::WG) sm90::wait_group<0>();
   sm80::cp_async_wait<0>();
   __syncthreads();  // pipeline buffers free for the output tile; row map visible
-  epilogue_to_smem<Cfg, P>(reinterpret_cast<const float(&)[1][Cfg::WG_N / 8][4]>(acc), packed,
-                           s_rows, smem, warp_m, warp_n, lane);
+  epilogue_to_smem<Cfg, P>(acc, packed, s_rows, smem, warp_m, warp_n, lane);
   __syncthreads();
-  store_tile_fm<Cfg, VEC>(smem, s_rows, y, n_len, n0);
+  if (Cfg::TM)
+    store_tile_tm<Cfg, P, VEC>(smem, s_rows, y, n_len, n0);
+  else
+    store_tile_fm<Cfg, VEC>(smem, s_rows, y, n_len, n0);
 }
 
 // Entry: blockIdx.x = tile of N (tokens), blockIdx.y = schedule slot (group).
@@ -673,17 +618,10 @@ __device__ __forceinline__ void kernel(const unsigned char *__restrict__ packed,
                          reinterpret_cast<unsigned long long>(y_)) & 15) == 0;
   // fm: 16-byte runs along N need N % 8 == 0; tm: runs along K need RUNS8
   const bool vec = aligned && (Cfg::TM ? P::RUNS8 : (n_len & 7) == 0);
-  if constexpr (Cfg::WG) {
-    if (vec)
-      gemm_group_wg<Cfg, P, true>(packed, x, y, n_len, slot, smem);
-    else
-      gemm_group_wg<Cfg, P, false>(packed, x, y, n_len, slot, smem);
-  } else {
-    if (vec)
-      gemm_group<Cfg, P, true>(packed, x, y, n_len, slot, smem);
-    else
-      gemm_group<Cfg, P, false>(packed, x, y, n_len, slot, smem);
-  }
+  if (vec)
+    gemm_group<Cfg, P, true>(packed, x, y, n_len, slot, smem);
+  else
+    gemm_group<Cfg, P, false>(packed, x, y, n_len, slot, smem);
 }
 
 }  // namespace rowgroup
