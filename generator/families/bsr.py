@@ -68,7 +68,7 @@ class BsrFamily(RowGroupFamily):
         supports, _ = union_supports(matrix, None, rows, block_cols=bc)
         _, covered = block_count(matrix, br, bc)
         return Grouping(group_rows=rows, bm=round_up(rows, 16), perm=None, supports=supports,
-                        exact=covered == matrix.nnz)
+                        exact=covered == matrix.nnz, run=bc)
 
 
 register(BsrFamily())

@@ -16,7 +16,8 @@ weight tile over them, and
 `plan` packs the weights in BK-chunks (one chunk of one group is one
 contiguous BM x BK run), the column indices per chunk (padded with the
 group's last index, under zero weights), the schedule (groups sorted by k_g,
-longest first), the row map and the bias.  The device code is
+longest first), the row map and the bias.  The shared-gather path (config
+keys "xr" and "xu") packs sets of xr groups instead: generator/families/xshare.py.  The device code is
 templates/include/sf/rowgroup.cuh; templates/rowgroup.cu.j2 only bakes in the
 constants.  Split-K is not implemented: one CTA runs one group's whole K.
 """
@@ -30,6 +31,7 @@ import numpy as np
 
 from ..kernel import ConfigError, Family, Kernel, Operation, config_name, render, smem_limit
 from ..matrix import SparseMatrix, from_device_bytes, round_to_dtype, to_device_bytes
+from . import xshare
 
 BN_CHOICES = (16, 32, 64, 128, 256)
 BK_CHOICES = (16, 32, 64)
@@ -41,11 +43,14 @@ CONFIG_KEYS = ("bk", "bn", "stages", "wm", "wn")
 # the wgmma path (sm_90a) adds the key "wg": 1; its wm is fixed by the tile
 # (4 warps per 64 rows) and wn counts warpgroups along N
 WG_KEYS = tuple(sorted(CONFIG_KEYS + ("wg",)))
+# the shared-gather path adds "xr" (groups per CTA; wm = xr) and "xu" (rows of
+# X a chunk holds)
+XS_KEYS = tuple(sorted(CONFIG_KEYS + ("xr", "xu")))
 WG_N_CHOICES = (64, 128, 256)     # N of one warpgroup's wgmma (the wrappers in mma_sm90.cuh)
 WG_BN_CHOICES = (64, 128, 256, 512)
 WG_STAGE_CHOICES = (3, 4, 5, 6)
 WG_MAX_WARPS = 16
-WG_MAX_LOADS = 16
+WG_MAX_LOADS = 16      # wgmma and shared-gather paths
 ACT_CODES = {"none": 0, "relu": 1, "gelu": 2}
 ELEM_T = {"fp16": "__half", "bf16": "__nv_bfloat16"}
 MAX_GRID_Y = 65535
@@ -54,6 +59,11 @@ MAX_GRID_Y = 65535
 def is_wg(config: dict) -> bool:
     """Whether a configuration takes the wgmma (sm_90a) path."""
     return bool(config.get("wg", 0))
+
+
+def is_xs(config: dict) -> bool:
+    """Whether a configuration takes the shared-gather path."""
+    return bool(config.get("xr", 0))
 
 
 def wg_tile_rows(bm: int) -> int:
@@ -67,10 +77,12 @@ def smem_bytes(bm: int, config: dict, layout: str = "fm") -> int:
     row map; the wgmma path tiles wg_tile_rows(bm) rows and reserves 1 KB
     to align its base."""
     bn, bk, stages = config["bn"], config["bk"], config["stages"]
-    pad = 0
+    pad, b_rows, loc = 0, bk, 0
     if is_wg(config):
         bm, pad = wg_tile_rows(bm), 1024
-    pipe = stages * (bm * bk * 2 + bk * bn * 2)
+    if is_xs(config):
+        bm, b_rows, loc = bm * config["xr"], config["xu"], config["xr"] * bk
+    pipe = stages * (bm * bk * 2 + b_rows * bn * 2 + loc)
     c_tile = bm * (bn + 8) * 2 if layout == "fm" else bn * (bm + 8) * 2
     return max(pipe, c_tile) + bm * 4 + pad
 
@@ -84,11 +96,10 @@ def min_blocks(bm: int, config: dict) -> int:
     sweep of the whole search space for sm_90a spills nothing with this."""
     if is_wg(config):
         return _wg_min_blocks(bm, config)
-    mf, nf = bm // config["wm"] // 16, config["bn"] // config["wn"] // 8
-    threads = 32 * config["wm"] * config["wn"]
-    b_loads = -(-config["bk"] * config["bn"] // 8 // threads)
-    regs = mf * nf * 4 + (mf * 4 + nf * 2) * 2 + b_loads + 88
-    warps = threads // 32
+    if is_xs(config):
+        bm *= config["xr"]
+    regs = _regs_per_thread(bm, config)
+    warps = config["wm"] * config["wn"]
     for blocks in range(8, 0, -1):
         # registers are split over the SM's 4 schedulers (16K each), 8 at a time
         per_scheduler = -(-blocks * warps // 4)
@@ -98,12 +109,21 @@ def min_blocks(bm: int, config: dict) -> int:
     return 1
 
 
+def _regs_per_thread(bm: int, config: dict) -> int:
+    """The mma.sync paths' register estimate (bm: the CTA tile's rows)."""
+    mf, nf = bm // config["wm"] // 16, config["bn"] // config["wn"] // 8
+    threads = 32 * config["wm"] * config["wn"]
+    b_loads = -(-config.get("xu", config["bk"]) * config["bn"] // 8 // threads)
+    return mf * nf * 4 + (mf * 4 + nf * 2) * 2 + b_loads + 88
+
+
 def _check_loads_and_smem(config: dict, bm: int, op: Operation, device: Optional[dict],
                           max_loads: int) -> None:
     """16-byte copies per thread and operand in a stage, and shared memory."""
     threads = 32 * config["wm"] * config["wn"]
     bk, bn = config["bk"], config["bn"]
-    loads = max(-(-bm * bk // 8 // threads), -(-bk * bn // 8 // threads))
+    a_rows = bm * config.get("xr", 1)
+    loads = max(-(-a_rows * bk // 8 // threads), -(-config.get("xu", bk) * bn // 8 // threads))
     if loads > max_loads:
         raise ConfigError(f"loads per thread: a stage needs {loads} 16-byte loads per thread and "
                           f"operand with {threads} threads, more than {max_loads}")
@@ -142,6 +162,8 @@ class Grouping:
     perm: Optional[np.ndarray]       # permuted position -> original row; None = identity
     supports: list                   # per group: sorted int32 column list
     exact: bool                      # every stored entry is a nonzero of the pattern
+    run: int = 1                     # columns come in aligned runs of this many (bsr: bc)
+    packs: dict = field(default_factory=dict, repr=False)  # shared-gather packings, by (xr, bk, xu)
 
     @property
     def num_groups(self) -> int:
@@ -231,6 +253,8 @@ class RowGroupPlan:
     stored_entries: int               # sum over groups of rows x k_g (explicit zeros included)
     runs8: bool                       # every run of 8 indices: 8 consecutive aligned columns, K % 8 == 0
     meta: dict = field(default_factory=dict)
+    xr: int = 0                       # shared gather: groups per CTA (0: one group per CTA)
+    xu: int = 0                       # shared gather: rows of X per chunk
 
     @property
     def num_slots(self) -> int:
@@ -241,25 +265,60 @@ class RowGroupPlan:
         return int(self.slots[:, 1].sum()) if self.num_slots else 0
 
 
-def build_plan(matrix: SparseMatrix, op: Operation, grouping: Grouping, bk: int, *,
-               family: str, tag: str, bias: Optional[np.ndarray] = None) -> RowGroupPlan:
-    """Packs `matrix` by `grouping` into BK-chunks, longest group first."""
+def _pack_sections(sections: list) -> tuple[dict, bytes]:
+    """(name -> byte offset, buffer) of named byte strings, each 16-byte aligned."""
+    offsets, buf, pos = {}, bytearray(), 0
+    for name, data in sections:
+        pos = _align16(pos)
+        buf.extend(b"\0" * (pos - len(buf)))
+        offsets[name] = pos
+        buf.extend(data)
+        pos += len(data)
+    buf.extend(b"\0" * (_align16(len(buf)) - len(buf)))
+    return offsets, bytes(buf)
+
+
+def _check_plan_inputs(matrix: SparseMatrix, op: Operation, grouping: Grouping, bk: int,
+                       family: str, bias: Optional[np.ndarray], n_slots: int) -> Optional[np.ndarray]:
+    """The checks both packers share; returns the bias as float32 (or None)."""
     if op.dtype not in ELEM_T:
         raise ValueError(f"{family} supports dtypes {tuple(ELEM_T)}, not {op.dtype!r}")
     if bk not in BK_CHOICES:
         raise ValueError(f"bk must be one of {BK_CHOICES}, got {bk}")
+    if n_slots > MAX_GRID_Y:
+        raise ValueError(f"{n_slots} CTA rows exceed the grid's y limit of {MAX_GRID_Y}")
+    if not op.epilogue.bias:
+        return None
+    if bias is None:
+        raise ValueError("the epilogue has a bias but none was given")
+    bias = np.asarray(bias, dtype=np.float32).ravel()
+    if bias.shape != (matrix.rows,):
+        raise ValueError(f"bias has {bias.size} entries, expected M = {matrix.rows}")
+    return bias
+
+
+def _group_tile(matrix_csr, grouping: Grouping, g: int, r0: int, r1: int) -> np.ndarray:
+    """Group g's dense (rows x k_g) weights over its column list."""
+    indptr, pind, pval = matrix_csr
+    sup = grouping.supports[g]
+    lo, hi = int(indptr[r0]), int(indptr[r1])
+    local_rows = np.repeat(np.arange(r1 - r0), np.diff(indptr[r0:r1 + 1]))
+    pos = np.searchsorted(sup, pind[lo:hi])
+    if np.any(pos >= sup.size) or np.any(sup[np.minimum(pos, sup.size - 1)] != pind[lo:hi]):
+        raise ValueError(f"group {g}: a nonzero lies outside the group's column list")
+    tile = np.zeros((r1 - r0, sup.size), dtype=np.float32)
+    tile[local_rows, pos] = pval[lo:hi]
+    return tile
+
+
+def build_plan(matrix: SparseMatrix, op: Operation, grouping: Grouping, bk: int, *,
+               family: str, tag: str, bias: Optional[np.ndarray] = None) -> RowGroupPlan:
+    """Packs `matrix` by `grouping` into BK-chunks, longest group first."""
     m, k = matrix.shape
     G, bm = grouping.group_rows, grouping.bm
     perm = grouping.perm
     n_groups = grouping.num_groups
-    if n_groups > MAX_GRID_Y:
-        raise ValueError(f"{n_groups} groups exceed the grid's y limit of {MAX_GRID_Y}")
-    if op.epilogue.bias:
-        if bias is None:
-            raise ValueError("the epilogue has a bias but none was given")
-        bias = np.asarray(bias, dtype=np.float32).ravel()
-        if bias.shape != (m,):
-            raise ValueError(f"bias has {bias.size} entries, expected M = {m}")
+    bias = _check_plan_inputs(matrix, op, grouping, bk, family, bias, n_groups)
     kg = np.array([s.size for s in grouping.supports], dtype=np.int64)
     chunks = (kg + bk - 1) // bk
     order = np.argsort(-kg, kind="stable")          # longest first
@@ -271,19 +330,14 @@ def build_plan(matrix: SparseMatrix, op: Operation, grouping: Grouping, bk: int,
 
     weights = np.zeros((total_chunks, bm, bk), dtype=np.float32)
     indices = np.zeros((total_chunks, bk), dtype=np.int32)
-    indptr, pind, pval = permuted_csr(matrix, perm)
+    csr = permuted_csr(matrix, perm)
     for g, r0, r1 in _group_bounds(m, G):
         sup = grouping.supports[g]
         nch = int(chunks[g])
         if nch == 0:
             continue
-        lo, hi = int(indptr[r0]), int(indptr[r1])
-        local_rows = np.repeat(np.arange(r1 - r0), np.diff(indptr[r0:r1 + 1]))
-        pos = np.searchsorted(sup, pind[lo:hi])
-        if np.any(pos >= sup.size) or np.any(sup[np.minimum(pos, sup.size - 1)] != pind[lo:hi]):
-            raise ValueError(f"group {g}: a nonzero lies outside the group's column list")
         tile = np.zeros((bm, nch * bk), dtype=np.float32)
-        tile[local_rows, pos] = pval[lo:hi]
+        tile[:r1 - r0, :sup.size] = _group_tile(csr, grouping, g, r0, r1)
         f = int(first[g])
         weights[f:f + nch] = tile.reshape(bm, nch, bk).transpose(1, 0, 2)
         idx = np.empty(nch * bk, dtype=np.int32)
@@ -299,19 +353,12 @@ def build_plan(matrix: SparseMatrix, op: Operation, grouping: Grouping, bk: int,
         r0 = int(g) * G
         slots[s] = (first[g], chunks[g], r0, min(m, r0 + G) - r0)
 
-    sections = [("weights", to_device_bytes(weights.ravel(), op.dtype)),
-                ("indices", indices.tobytes()),
-                ("slots", slots.tobytes()),
-                ("rows", perm.astype(np.int32).tobytes() if perm is not None else b""),
-                ("bias", bias.tobytes() if op.epilogue.bias else b"")]
-    offsets, buf, pos = {}, bytearray(), 0
-    for name, data in sections:
-        pos = _align16(pos)
-        buf.extend(b"\0" * (pos - len(buf)))
-        offsets[name] = pos
-        buf.extend(data)
-        pos += len(data)
-    buf.extend(b"\0" * (_align16(len(buf)) - len(buf)))
+    offsets, buf = _pack_sections([
+        ("weights", to_device_bytes(weights.ravel(), op.dtype)),
+        ("indices", indices.tobytes()),
+        ("slots", slots.tobytes()),
+        ("rows", perm.astype(np.int32).tobytes() if perm is not None else b""),
+        ("bias", bias.tobytes() if op.epilogue.bias else b"")])
     stored = int(sum(int(kg[g]) * (r1 - r0) for g, r0, r1 in _group_bounds(m, G)))
     runs = indices.reshape(-1, 8).astype(np.int64)
     runs8 = bool(k % 8 == 0 and np.all(runs[:, 0] % 8 == 0)
@@ -319,9 +366,78 @@ def build_plan(matrix: SparseMatrix, op: Operation, grouping: Grouping, bk: int,
     return RowGroupPlan(family=family, tag=tag, dtype=op.dtype, shape=(m, k), group_rows=G,
                         bm=bm, bk=bk, permuted=perm is not None, perm=perm,
                         matrix_perm=matrix.perm, slots=slots, group_k=kg[order].astype(np.int32),
-                        offsets=offsets, packed=bytes(buf), has_bias=bool(op.epilogue.bias),
+                        offsets=offsets, packed=buf, has_bias=bool(op.epilogue.bias),
                         exact=grouping.exact, stored_entries=stored, runs8=runs8,
                         meta={"nnz": matrix.nnz})
+
+
+def shared_packing(grouping: Grouping, xr: int, bk: int, xu: int) -> list:
+    """The sets of a shared-gather plan (cached on the grouping): xr groups
+    each, in schedule order (longest first), with their chunk packing."""
+    key = (xr, bk, xu)
+    if key not in grouping.packs:
+        kg = np.array([s.size for s in grouping.supports], dtype=np.int64)
+        order = np.argsort(-kg, kind="stable")
+        grouping.packs[key] = xshare.pack_sets(grouping.supports, order, xr, bk, xu, grouping.run)
+    return grouping.packs[key]
+
+
+def build_shared_plan(matrix: SparseMatrix, op: Operation, grouping: Grouping, bk: int, xr: int,
+                      xu: int, *, family: str, tag: str,
+                      bias: Optional[np.ndarray] = None) -> RowGroupPlan:
+    """Packs `matrix` for the shared-gather path: sets of xr groups, one
+    gather of the union of their columns per chunk (xshare.py)."""
+    m, k = matrix.shape
+    G, bm = grouping.group_rows, grouping.bm
+    sets = shared_packing(grouping, xr, bk, xu)
+    bias = _check_plan_inputs(matrix, op, grouping, bk, family, bias, len(sets))
+    tile_rows = xr * bm
+    n_chunks = [p.cols.shape[0] for _, p in sets]
+    firsts = np.concatenate([[0], np.cumsum(n_chunks)[:-1]]).astype(np.int64) if sets else []
+    total = int(sum(n_chunks))
+    if total * tile_rows * bk * 2 >= 1 << 40:
+        raise ValueError("matrix too large for one row-group plan")
+    weights = np.zeros((total, tile_rows, bk), dtype=np.float32)
+    indices = np.full((total, xu), -1, dtype=np.int32)
+    local = np.zeros((total, xr, bk), dtype=np.uint8)
+    rows = np.full((len(sets), tile_rows), -1, dtype=np.int32)
+    slots = np.zeros((len(sets), 4), dtype=np.int32)
+    csr = permuted_csr(matrix, grouping.perm)
+    for s, (members, pk) in enumerate(sets):
+        f, nch = int(firsts[s]), n_chunks[s]
+        slots[s] = (f, nch, s * tile_rows, tile_rows)
+        indices[f:f + nch] = pk.cols
+        local[f:f + nch, :len(members)] = pk.local
+        # groups missing from a short last set read a loaded slot (zero weights)
+        first_loaded = np.argmax(pk.cols >= 0, axis=1).astype(np.uint8)
+        local[f:f + nch, len(members):] = first_loaded[:, None, None]
+        for j, g in enumerate(members):
+            r0, r1 = g * G, min(m, (g + 1) * G)
+            orig = grouping.perm[r0:r1] if grouping.perm is not None else np.arange(r0, r1)
+            rows[s, j * bm:j * bm + r1 - r0] = orig
+            if nch == 0 or grouping.supports[g].size == 0:
+                continue
+            tile = _group_tile(csr, grouping, g, r0, r1)
+            src = pk.src[:, j, :]
+            vals = tile[:, np.maximum(src, 0)].transpose(1, 0, 2)      # (chunks, rows, bk)
+            weights[f:f + nch, j * bm:j * bm + r1 - r0] = np.where(src[:, None, :] >= 0, vals, 0.0)
+    offsets, buf = _pack_sections([
+        ("weights", to_device_bytes(weights.ravel(), op.dtype)),
+        ("indices", indices.tobytes()),
+        ("local", local.tobytes()),
+        ("slots", slots.tobytes()),
+        ("rows", rows.tobytes()),
+        ("bias", bias.tobytes() if bias is not None else b"")])
+    kg = np.array([sup.size for sup in grouping.supports], dtype=np.int64)
+    stored = int(sum(int(kg[g]) * (r1 - r0) for g, r0, r1 in _group_bounds(m, G)))
+    set_k = np.array([max((int(kg[g]) for g in mem), default=0) for mem, _ in sets], dtype=np.int32)
+    return RowGroupPlan(family=family, tag=tag, dtype=op.dtype, shape=(m, k), group_rows=G,
+                        bm=bm, bk=bk, permuted=grouping.perm is not None, perm=grouping.perm,
+                        matrix_perm=matrix.perm, slots=slots, group_k=set_k, offsets=offsets,
+                        packed=buf, has_bias=bias is not None, exact=grouping.exact,
+                        stored_entries=stored, runs8=False,
+                        meta={"nnz": matrix.nnz, "union_rows": int((indices >= 0).sum())},
+                        xr=xr, xu=xu)
 
 
 def unpack_plan(plan: RowGroupPlan) -> SparseMatrix:
@@ -329,9 +445,60 @@ def unpack_plan(plan: RowGroupPlan) -> SparseMatrix:
     rounded to the plan's dtype, stored zeros dropped; perm is the one the
     plan runs with (a permuted plan) or the input matrix's (otherwise)."""
     m, k = plan.shape
-    bm, bk = plan.bm, plan.bk
+    if plan.xr:
+        r, c, v = _unpack_shared(plan)
+    else:
+        r, c, v = _unpack_groups(plan)
+    key = r * max(1, k) + c
+    if np.unique(key).size != key.size:
+        raise ValueError("packed plan stores an entry twice")
+    o = np.argsort(key, kind="stable")
+    indptr = np.zeros(m + 1, dtype=np.int64)
+    np.cumsum(np.bincount(r, minlength=m), out=indptr[1:])
+    perm = plan.perm if plan.permuted else plan.matrix_perm
+    return SparseMatrix((m, k), indptr, c[o], v[o], dtype=plan.dtype, perm=perm)
+
+
+def _concat_entries(rr: list, cc: list, vv: list):
+    if not rr:
+        return np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.float32)
+    return np.concatenate(rr), np.concatenate(cc), np.concatenate(vv)
+
+
+def _unpack_shared(plan: RowGroupPlan):
+    """(rows, cols, values) of a shared-gather plan's nonzero entries."""
+    raw, bk, xr, xu, tr = plan.packed, plan.bk, plan.xr, plan.xu, plan.xr * plan.bm
     total = plan.total_chunks
-    raw = plan.packed
+    w = from_device_bytes(raw[plan.offsets["weights"]:], plan.dtype, total * tr * bk)
+    w = w.reshape(total, xr, plan.bm, bk)
+    idx = np.frombuffer(raw, dtype=np.int32, count=total * xu,
+                        offset=plan.offsets["indices"]).reshape(total, xu)
+    loc = np.frombuffer(raw, dtype=np.uint8, count=total * xr * bk,
+                        offset=plan.offsets["local"]).reshape(total, xr, bk)
+    slots = np.frombuffer(raw, dtype=np.int32, count=plan.num_slots * 4,
+                          offset=plan.offsets["slots"]).reshape(-1, 4)
+    rows_tab = np.frombuffer(raw, dtype=np.int32, count=plan.num_slots * tr,
+                             offset=plan.offsets["rows"])
+    rr, cc, vv = [], [], []
+    for f, nch, r0, _ in slots:
+        for c in range(f, f + nch):
+            cols = np.take_along_axis(np.broadcast_to(idx[c], (xr, xu)), loc[c].astype(np.int64),
+                                      axis=1)                    # (xr, bk)
+            j, lr, le = np.nonzero(w[c])
+            orig = rows_tab[r0 + j * plan.bm + lr]
+            col = cols[j, le]
+            if np.any(orig < 0) or np.any(col < 0):
+                raise ValueError("a weight sits on a missing row or an empty slot")
+            rr.append(orig.astype(np.int64))
+            cc.append(col.astype(np.int64))
+            vv.append(w[c][j, lr, le])
+    return _concat_entries(rr, cc, vv)
+
+
+def _unpack_groups(plan: RowGroupPlan):
+    """(rows, cols, values) of a one-group-per-CTA plan's nonzero entries."""
+    m, bm, bk, raw = plan.shape[0], plan.bm, plan.bk, plan.packed
+    total = plan.total_chunks
     w = from_device_bytes(raw[plan.offsets["weights"]:], plan.dtype, total * bm * bk)
     w = w.reshape(total, bm, bk)
     idx = np.frombuffer(raw, dtype=np.int32, count=total * bk,
@@ -351,21 +518,7 @@ def unpack_plan(plan: RowGroupPlan) -> SparseMatrix:
         rr.append(orig.astype(np.int64))
         cc.append(cols[lk].astype(np.int64))
         vv.append(tile[lr, lk])
-    if rr:
-        r = np.concatenate(rr)
-        c = np.concatenate(cc)
-        v = np.concatenate(vv)
-    else:
-        r = c = np.zeros(0, dtype=np.int64)
-        v = np.zeros(0, dtype=np.float32)
-    key = r * max(1, k) + c
-    if np.unique(key).size != key.size:
-        raise ValueError("packed plan stores an entry twice")
-    o = np.argsort(key, kind="stable")
-    indptr = np.zeros(m + 1, dtype=np.int64)
-    np.cumsum(np.bincount(r, minlength=m), out=indptr[1:])
-    perm = plan.perm if plan.permuted else plan.matrix_perm
-    return SparseMatrix((m, k), indptr, c[o], v[o], dtype=plan.dtype, perm=perm)
+    return _concat_entries(rr, cc, vv)
 
 
 # ---- the family base ----------------------------------------------------------------
@@ -415,9 +568,10 @@ class RowGroupFamily(Family):
         if op.layout not in self.layouts:
             raise ConfigError(f"layout: {self.name} supports {self.layouts}, not {op.layout!r}")
         keys = tuple(sorted(config))
-        if keys not in (CONFIG_KEYS, WG_KEYS):
+        if keys not in (CONFIG_KEYS, WG_KEYS, XS_KEYS):
             raise ConfigError(f"keys: a {self.name} configuration has exactly {CONFIG_KEYS} "
-                              f"(or those and 'wg' for the wgmma path), got {keys}")
+                              f"(or those and 'wg' for the wgmma path, or 'xr' and 'xu' for the "
+                              f"shared gather), got {keys}")
         for k_ in keys:
             if not isinstance(config[k_], (int, np.integer)) or isinstance(config[k_], bool):
                 raise ConfigError(f"{k_}: must be an integer, got {config[k_]!r}")
@@ -427,6 +581,9 @@ class RowGroupFamily(Family):
                 raise ConfigError(f"wg: 1 selects the wgmma path (omit the key for mma.sync), "
                                   f"got {config['wg']}")
             self._check_wg(config, bm, op, device)
+            return
+        if "xr" in config:
+            self._check_xs(config, bm, op, device)
             return
         bn, bk, wm, wn, st = (config[k] for k in ("bn", "bk", "wm", "wn", "stages"))
         if bn not in BN_CHOICES:
@@ -478,6 +635,59 @@ class RowGroupFamily(Family):
                               f"{need} registers, more than {cap} with {threads} threads")
         _check_loads_and_smem(config, bm, op, device, WG_MAX_LOADS)
 
+    def _check_xs(self, config: dict, bm: int, op: Operation, device: Optional[dict]) -> None:
+        """The shared-gather path's constraints (keys and types already checked)."""
+        bn, bk, wm, wn, st, xr, xu = (config[k] for k in ("bn", "bk", "wm", "wn", "stages",
+                                                           "xr", "xu"))
+        if op.layout != "fm":
+            raise ConfigError("xr: the shared gather is feature-major only")
+        if xr not in xshare.XR_CHOICES:
+            raise ConfigError(f"xr: groups per CTA must be one of {xshare.XR_CHOICES}, got {xr}")
+        if bk not in xshare.XS_BK_CHOICES:
+            raise ConfigError(f"bk: the shared gather takes {xshare.XS_BK_CHOICES}, got {bk}")
+        if xu % 16 or not bk <= xu <= min(xr * bk, xshare.MAX_UNION):
+            raise ConfigError(f"xu: rows of X per chunk must be a multiple of 16 in "
+                              f"[bk, min(xr * bk, {xshare.MAX_UNION})], got {xu}")
+        if bn not in xshare.XS_BN_CHOICES:
+            raise ConfigError(f"bn: the shared gather takes {xshare.XS_BN_CHOICES}, got {bn}")
+        if st not in STAGE_CHOICES:
+            raise ConfigError(f"stages: must be one of {STAGE_CHOICES}, got {st}")
+        if wm != xr:
+            raise ConfigError(f"wm: the shared gather has one warp row per group, so wm = xr = "
+                              f"{xr}, got {wm}")
+        if wn < 1 or wm * wn > WG_MAX_WARPS:
+            raise ConfigError(f"warps: wm x wn must be 1..{WG_MAX_WARPS}, got {wm}x{wn}")
+        if bn % (16 * wn):
+            raise ConfigError(f"bn % (16*wn): BN = {bn} is not a multiple of 16 x wn = {16 * wn}")
+        acc = (bm // 16) * (bn // wn // 8) * 4
+        if acc > MAX_ACC_REGS:
+            raise ConfigError(f"accumulators: warp tile {bm}x{bn // wn} needs {acc} fp32 "
+                              f"registers per thread, more than {MAX_ACC_REGS}")
+        threads = 32 * wm * wn
+        # accumulators, one k-step of fragments and ~24 for addressing
+        mf, nf = bm // 16, bn // wn // 8
+        regs = acc + mf * 4 + nf * 2 + 24
+        if regs * threads > 65536:
+            raise ConfigError(f"registers: about {regs} per thread x {threads} threads exceed "
+                              f"the SM's 65536")
+        if xr * bk > 16 * threads:
+            raise ConfigError(f"threads: {threads} cannot copy the {xr * bk}-byte slot table")
+        _check_loads_and_smem(config, bm, op, device, WG_MAX_LOADS)
+
+    def xs_space(self) -> list[dict]:
+        """Every shared-gather configuration shape (unchecked): half and
+        three quarters of xr * bk rows of X per chunk."""
+        out = []
+        for xr in xshare.XR_CHOICES:
+            for bk in xshare.XS_BK_CHOICES:
+                for xu in sorted({round_up(xr * bk // 2, 16), round_up(3 * xr * bk // 4, 16)}):
+                    for bn in xshare.XS_BN_CHOICES:
+                        for wn in (1, 2, 4):
+                            for st in STAGE_CHOICES:
+                                out.append({"bk": bk, "bn": bn, "stages": st, "wm": xr, "wn": wn,
+                                            "xr": xr, "xu": xu})
+        return out
+
     def wg_space(self, bm: int) -> list[dict]:
         """Every wgmma configuration shape for a tile of bm rows (unchecked)."""
         wm = wg_tile_rows(bm) // 16
@@ -488,19 +698,25 @@ class RowGroupFamily(Family):
     def search_space(self, matrix: SparseMatrix, op: Operation, params: dict,
                      device: Optional[dict] = None) -> list[dict]:
         """Every valid configuration.  On sm_90a (feature-major) the wgmma
-        ones; the mma.sync ones join them only when the group is not whole
-        warpgroups of rows (the wgmma tile then computes padding rows), as
-        on an H200 wgmma was faster on every S1 problem whose groups are."""
+        ones; the mma.sync and shared-gather ones join them only when the
+        group is not whole warpgroups of rows (the wgmma tile then computes
+        padding rows), as on an H200 wgmma was faster on every S1 problem
+        whose groups are (the shared gather included: bench/RESULTS.md).
+        Elsewhere mma.sync and, feature-major, the shared gather."""
         bm = self.tile_rows(matrix, params)
         out = []
-        if device and device.get("arch") == "sm_90a" and op.layout == "fm":
-            for cfg in self.wg_space(bm):
+        if op.layout == "fm":
+            hopper = bool(device and device.get("arch") == "sm_90a")
+            candidates = self.wg_space(bm) if hopper else []
+            if not (hopper and bm % 64 == 0):
+                candidates += self.xs_space()
+            for cfg in candidates:
                 try:
                     self.check_config(cfg, matrix, op, params, device)
                 except ConfigError:
                     continue
                 out.append(cfg)
-            if out and bm % 64 == 0:
+            if hopper and bm % 64 == 0 and out:
                 return out
         for bn in BN_CHOICES:
             for bk in BK_CHOICES:
@@ -543,6 +759,10 @@ class RowGroupFamily(Family):
     def plan(self, matrix: SparseMatrix, op: Operation, params: dict, config: dict,
              bias: Optional[np.ndarray] = None) -> RowGroupPlan:
         self.check_config(config, matrix, op, params)
+        if is_xs(config):
+            return build_shared_plan(matrix, op, self.grouping(matrix, params), config["bk"],
+                                     config["xr"], config["xu"], family=self.name,
+                                     tag=self.tag(params), bias=bias)
         return build_plan(matrix, op, self.grouping(matrix, params), config["bk"],
                           family=self.name, tag=self.tag(params), bias=bias)
 
@@ -552,14 +772,15 @@ class RowGroupFamily(Family):
     def render(self, plan: RowGroupPlan, op: Operation, config: dict) -> Kernel:
         name = config_name(plan.tag, config, op)
         wg = is_wg(config)
-        bm = wg_tile_rows(plan.bm) if wg else plan.bm
+        bm = wg_tile_rows(plan.bm) if wg else plan.bm * max(1, plan.xr)
         smem = smem_bytes(plan.bm, config, op.layout)
         tile = {k: config[k] for k in CONFIG_KEYS}  # the template's names ("wg" is `wg`)
         scale = float(np.float32(op.epilogue.scale))
         source = render(self.template, name=name, family=plan.family, tag=plan.tag,
                         dtype=plan.dtype, elem_t=ELEM_T[plan.dtype], m=plan.shape[0],
                         k=plan.shape[1], num_slots=plan.num_slots, group_rows=plan.group_rows,
-                        bm=bm, am=plan.bm, wg=wg, total_chunks=plan.total_chunks, off=plan.offsets,
+                        bm=bm, am=plan.bm * max(1, plan.xr), wg=wg, xr=plan.xr, xu=plan.xu,
+                        total_chunks=plan.total_chunks, off=plan.offsets,
                         permuted=plan.permuted, has_bias=plan.has_bias, layout=op.layout,
                         runs8=plan.runs8,
                         act=ACT_CODES[op.epilogue.activation], scale=scale.hex() + "f",

@@ -52,6 +52,8 @@ def make_random(m, k, density, rng, dtype="fp16"):
 def emulate(plan, x):
     """Y from the packed plan, the way the kernel computes it (pads and
     all), in float64; x is K x N."""
+    if plan.xr:
+        return emulate_shared(plan, x)
     m, k = plan.shape
     bm, bk, raw = plan.bm, plan.bk, plan.packed
     total = plan.total_chunks
@@ -71,6 +73,34 @@ def emulate(plan, x):
             acc = np.zeros((bm, x.shape[1]))
         orig = rows[r0:r0 + nr] if rows is not None else np.arange(r0, r0 + nr)
         y[orig] = acc[:nr]
+    return y
+
+
+def emulate_shared(plan, x):
+    """Y from a shared-gather plan the way its kernel computes it: per
+    chunk, the union rows into slots (empty slots hold NaN, which a read
+    would spread), then each group's entries read their slots."""
+    m, k = plan.shape
+    bm, bk, xr, xu, raw = plan.bm, plan.bk, plan.xr, plan.xu, plan.packed
+    total, tr = plan.total_chunks, plan.xr * plan.bm
+    from sparseforge.generator.matrix import from_device_bytes
+    w = from_device_bytes(raw[plan.offsets["weights"]:], plan.dtype, total * tr * bk)
+    w = w.reshape(total, xr, bm, bk).astype(np.float64)
+    idx = np.frombuffer(raw, np.int32, total * xu, plan.offsets["indices"]).reshape(total, xu)
+    loc = np.frombuffer(raw, np.uint8, total * xr * bk, plan.offsets["local"]).reshape(total, xr, bk)
+    slots = np.frombuffer(raw, np.int32, plan.num_slots * 4, plan.offsets["slots"]).reshape(-1, 4)
+    rows = np.frombuffer(raw, np.int32, plan.num_slots * tr, plan.offsets["rows"])
+    assert np.all((idx >= -1) & (idx < max(k, 1)))
+    y = np.full((m, x.shape[1]), np.nan)
+    for f, nch, r0, nr in slots:
+        acc = np.zeros((xr, bm, x.shape[1]))
+        for c in range(f, f + nch):
+            tile = np.full((xu, x.shape[1]), np.nan)
+            tile[idx[c] >= 0] = x[idx[c][idx[c] >= 0]]
+            for j in range(xr):
+                acc[j] += w[c, j] @ tile[loc[c, j]]
+        orig = rows[r0:r0 + nr]
+        y[orig[orig >= 0]] = acc.reshape(tr, -1)[orig >= 0]
     return y
 
 
@@ -119,7 +149,7 @@ def test_bsr_runs_of_eight_for_token_major(rng, shape, bc, runs):
         assert plan.runs8 == runs
         assert_round_trip(fam, mat, plan)
     k = fam.generate(mat, op, {"br": 32, "bc": bc}, CFG)
-    assert ("RUNS8 = true" in k.source) == runs and "Config<__half, 32, 64, 32, 1, 2, 3, true, false, 32>" in k.source
+    assert ("RUNS8 = true" in k.source) == runs and "Config<__half, 32, 64, 32, 1, 2, 3, true, false, 32, 0, 0>" in k.source
 
 
 def test_bsr_not_exact_stores_explicit_zeros(rng):
@@ -154,6 +184,85 @@ def test_shflbw_round_trip_and_emulation(rng, v, with_perm):
         assert np.all(blk == blk[0])
     x = round_to_dtype(rng.standard_normal((k, 3)), "fp16").astype(np.float64)
     np.testing.assert_allclose(emulate(plan, x), reference(mat, x, FP16), rtol=1e-9, atol=1e-9)
+
+
+XS_CFG = {"bk": 16, "bn": 64, "stages": 3, "wm": 4, "wn": 2, "xr": 4, "xu": 32}
+
+
+@pytest.mark.parametrize("family,params,kind,shape", [
+    ("shflbw", {"v": 32}, "shflbw", (300, 257)),      # a short last set, K odd
+    ("shflbw", {"v": 16}, "random", (130, 90)),       # not exact: union supports
+    ("bsr", {"br": 32, "bc": 32}, "bsr", (203, 317)),  # clipped last block column
+    ("bsr", {"br": 16, "bc": 8}, "bsr", (150, 200)),   # runs of 8
+    ("bsr", {"br": 64, "bc": 40}, "bsr", (260, 300)),  # runs of 40: aligned units of bk
+    ("bsr", {"br": 8, "bc": 12}, "bsr", (100, 120)),   # runs not of 8: single columns
+])
+@pytest.mark.parametrize("xr,bk,xu", [(4, 16, 32), (8, 32, 128), (16, 16, 256), (4, 32, 32)])
+def test_shared_gather_round_trip_and_emulation(rng, family, params, kind, shape, xr, bk, xu):
+    mat = _gpu_matrix(kind, shape, params, "fp16", rng)
+    fam = get_family(family)
+    cfg = dict(XS_CFG, bk=bk, xr=xr, xu=xu, wm=xr, wn=1)
+    plan = rowgroup.build_shared_plan(mat, FP16, fam.grouping(mat, params), bk, xr, xu,
+                                      family=family, tag=fam.tag(params))
+    assert plan.xr == xr and plan.xu == xu
+    assert_round_trip(fam, mat, plan)
+    x = round_to_dtype(rng.standard_normal((shape[1], 3)), "fp16").astype(np.float64)
+    np.testing.assert_allclose(emulate(plan, x), reference(mat, x, FP16), rtol=1e-9, atol=1e-9)
+    try:
+        fam.check_config(cfg, mat, FP16, params)
+    except ConfigError as e:  # 16 groups of 64 rows: too many registers for a kernel
+        assert "registers" in str(e) and plan.bm * xr >= 1024, e
+        return
+    k = fam.generate(mat, FP16, params, cfg)
+    assert k.grid == (1, -(-plan.num_slots // 1), 1) and plan.num_slots == -(-len(
+        fam.grouping(mat, params).supports) // xr)
+    assert k.shared_bytes == rowgroup.smem_bytes(plan.bm, cfg)
+
+
+def _octet_residues(plan):
+    total = plan.total_chunks
+    loc = np.frombuffer(plan.packed, np.uint8, total * plan.xr * plan.bk,
+                        plan.offsets["local"]).reshape(total, plan.xr, plan.bk // 8, 8)
+    return np.array([[[len(set((o % 8).tolist())) for o in g] for g in c] for c in loc])
+
+
+def test_shared_gather_saves_traffic_and_avoids_bank_conflicts():
+    """At d = 0.25, eight groups of 32 share most of their columns: the
+    union loaded is under half the per-group gathers; bsr blocks give
+    conflict-free octets (8 distinct slot residues), single columns nearly
+    always do."""
+    from sparseforge.generator.synth import random_matrix
+    for pattern, params, fam in [("shflbw:32", {"v": 32}, "shflbw"), ("bsr:32x32", {"br": 32, "bc": 32}, "bsr")]:
+        mat = random_matrix(pattern, 1024, 1024, 0.25, "fp16", seed=0)
+        F = get_family(fam)
+        plan = F.plan(mat, FP16, params, dict(XS_CFG, bk=32, xr=8, wm=8, wn=1, xu=192, bn=64))
+        gathered = sum(s.size for s in F.grouping(mat, params).supports)
+        assert plan.meta["union_rows"] < 0.5 * gathered, (pattern, plan.meta, gathered)
+        # MMA padding: the chunks hold at most 15% more entries than the groups have
+        assert plan.total_chunks * plan.bk * plan.xr <= 1.15 * gathered
+        res = _octet_residues(plan)
+        if fam == "bsr":
+            assert np.all(res == 8)
+        else:
+            assert np.mean(res == 8) > 0.85 and res.min() >= 6, (np.mean(res == 8), res.min())
+
+
+@pytest.mark.parametrize("change,constraint", [
+    ({"wm": 2}, "wm: the shared gather has one warp row per group"),
+    ({"xr": 3, "wm": 3}, "xr: groups per CTA"),
+    ({"xu": 24}, "xu: rows of X per chunk"),
+    ({"xu": 80}, "xu: rows of X per chunk"),
+    ({"bk": 64, "xu": 64}, "bk: the shared gather takes"),
+    ({"bn": 32, "wn": 1}, "bn: the shared gather takes"),
+    ({"bn": 256, "wn": 1}, "accumulators"),
+])
+def test_invalid_shared_gather_configs_name_their_constraint(rng, change, constraint):
+    mat = make_shflbw(256, 128, 32, 0.3, rng)
+    with pytest.raises(ConfigError, match=constraint):
+        get_family("shflbw").check_config(dict(XS_CFG, **change), mat, FP16, {"v": 32})
+    with pytest.raises(ConfigError, match="feature-major"):
+        get_family("bsr").check_config(XS_CFG, make_bsr(128, 64, 32, 32, 0.5, rng),
+                                       Operation("fp16", "tm"), {"br": 32, "bc": 32})
 
 
 def test_shflbw_non_fitting_matrix_runs_with_union_supports(rng):
@@ -253,8 +362,12 @@ def test_hopper_space_is_wgmma_where_groups_fill_warpgroups(rng, family, params,
     assert wg and all(c["wm"] == max(64, bm) // 16 for c in wg)
     for cfg in space:
         fam.check_config(cfg, mat, FP16, params, HOPPER)
-    # whole warpgroups of rows: wgmma only; padded tiles: mma.sync joins
-    assert (len(wg) == len(space)) == (bm % 64 == 0)
+    # whole warpgroups of rows: wgmma only; padded tiles: mma.sync and the shared gather join
+    xs = [c for c in space if c.get("xr")]
+    assert (len(wg) == len(space)) == (bm % 64 == 0) == (not xs)
+    assert bm % 64 == 0 or {4, 8} <= {c["xr"] for c in xs}
+    ampere_xr = {c["xr"] for c in fam.search_space(mat, FP16, params, AMPERE) if c.get("xr")}
+    assert 4 in ampere_xr and (bm > 32 or 8 in ampere_xr)
     assert {c["bn"] for c in wg} >= {64, 256} | ({512} if bm <= 64 else set())
     assert {c["stages"] for c in wg} == {3, 4, 5, 6}
     # nothing wgmma off sm_90a, nor token-major
@@ -333,7 +446,7 @@ def test_wgmma_kernel_shape_and_shared_memory(rng):
     assert k.block == (128, 1, 1) and k.config == cfg and k.n_tile == 128
     # a 64-row tile over 32-row groups, 1 KB for alignment
     assert k.shared_bytes == rowgroup.smem_bytes(32, cfg) == 4 * (64 * 32 * 2 + 32 * 128 * 2) + 64 * 4 + 1024
-    assert "Config<__half, 64, 128, 32, 4, 1, 4, false, true, 32>" in k.source
+    assert "Config<__half, 64, 128, 32, 4, 1, 4, false, true, 32, 0, 0>" in k.source
     assert "compile it for sm_90a" in k.source
 
 
@@ -373,6 +486,15 @@ WG_COMPILE_CASES = [
     ("bsr", {"br": 32, "bc": 32}, "bf16", Epilogue(bias=True), dict(WG_CFG, bn=64, wn=1)),
 ]
 COMPILE_CASES += [(f, p, d, e, c) for f, p, d, e, c in WG_COMPILE_CASES]
+XS_COMPILE_CASES = [
+    ("shflbw", {"v": 32}, "fp16", Epilogue(bias=True, activation="gelu"),
+     dict(XS_CFG, bk=32, bn=128, xr=8, wm=8, wn=1, xu=192)),
+    ("bsr", {"br": 32, "bc": 32}, "bf16", Epilogue(), dict(XS_CFG, bn=256, wn=4, stages=4)),
+    ("shflbw", {"v": 16}, "fp16", Epilogue(activation="relu"), dict(XS_CFG, bn=128, wn=1, xr=16, wm=16, xu=128)),
+    ("shflbw", {"v": 64}, "bf16", Epilogue(), dict(XS_CFG, bn=64, wn=1)),
+    ("bsr", {"br": 16, "bc": 16}, "fp16", Epilogue(bias=True), dict(XS_CFG, bn=64, wn=1, stages=2)),
+]
+COMPILE_CASES += XS_COMPILE_CASES
 
 
 @pytest.mark.parametrize("case", range(len(COMPILE_CASES)))
@@ -442,6 +564,19 @@ GPU_CASES = [
      dict(WG_CFG, bk=16, bn=128, wn=1, stages=6), (40, 300)),
     ("shflbw", {"v": 64}, "shflbw", (200, 600), "bf16", Epilogue(bias=True),
      dict(WG_CFG, bn=256, wn=2, stages=5), (256,)),
+    # shared gather: odd N, short last sets, empty groups, every stage count
+    ("shflbw", {"v": 32}, "shflbw", (300, 257), "fp16", Epilogue(bias=True, activation="gelu"),
+     dict(XS_CFG, bk=32, bn=128, xr=8, wm=8, wn=1, xu=192), (1, 100, 512)),
+    ("bsr", {"br": 32, "bc": 32}, "bsr", (203, 317), "bf16", Epilogue(),
+     dict(XS_CFG, bn=256, wn=4, stages=4), (77, 1024)),
+    ("shflbw", {"v": 16}, "random", (260, 150), "fp16", Epilogue(activation="relu"),
+     dict(XS_CFG, bn=128, wn=1, xr=16, wm=16, xu=128), (16, 63)),
+    ("shflbw", {"v": 64}, "shflbw", (330, 270), "bf16", Epilogue(bias=True),
+     dict(XS_CFG, bn=64, wn=1), (1, 100, 4096)),
+    ("bsr", {"br": 16, "bc": 8}, "bsr", (150, 200), "fp16", Epilogue(bias=True),
+     dict(XS_CFG, bn=64, wn=1, stages=2), (1, 24, 300)),
+    ("bsr", {"br": 64, "bc": 64}, "zero", (64, 64), "fp16", Epilogue(bias=True),
+     dict(XS_CFG, bn=64, wn=1), (3,)),
 ]
 
 

@@ -47,6 +47,13 @@ __device__ __forceinline__ void st_shared_16(unsigned dst, const unsigned (&w)[4
 // ---- ldmatrix -----------------------------------------------------------------
 
 // Four 8x8 b16 matrices; lanes 8i..8i+7 give the row addresses of matrix i.
+// One byte of shared memory (zero-extended).
+__device__ __forceinline__ unsigned ld_shared_u8(unsigned addr) {
+  unsigned v;
+  asm volatile("ld.shared.u8 %0, [%1];\n" : "=r"(v) : "r"(addr));
+  return v;
+}
+
 __device__ __forceinline__ void ldmatrix_x4(unsigned (&r)[4], unsigned addr) {
   asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
                : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])

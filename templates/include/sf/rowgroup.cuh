@@ -44,6 +44,15 @@
 // STAGES-2 chunks in flight and one wgmma group running behind the one
 // being issued.
 //
+// The shared-gather path (XR > 0, feature-major, mma.sync) gives a CTA XR
+// groups and gathers the union of their columns once per chunk: a chunk
+// holds BK entries of every group and at most U rows of X (slot s holds
+// row indices[s], -1: not loaded); each group entry names its slot in a
+// per-chunk byte table, and the group's warps read their B fragments from
+// those slots (ldmatrix.trans with per-lane row addresses).  The packing
+// is generator/families/xshare.py.  Its slots table gives each set's first
+// row in the rows section, which then holds original rows directly.
+//
 // Token-major differs in three pieces only: the B loader (a 16-byte run of
 // one token's row per load, or element loads), the B fragments (ldmatrix
 // without .trans from an N x BK tile) and the output tile (N-major, stored
@@ -60,7 +69,7 @@ namespace rowgroup {
 // ---- configuration ------------------------------------------------------------
 
 template <typename T, int BM_, int BN_, int BK_, int WM_, int WN_, int STAGES_, bool TM_ = false,
-          bool WG_ = false, int AM_ = BM_>
+          bool WG_ = false, int AM_ = BM_, int XR_ = 0, int U_ = 0>
 struct Config {
   using elem_t = T;
   static constexpr bool TM = TM_;         // token-major X and Y
@@ -72,6 +81,10 @@ struct Config {
   static constexpr int WM = WM_;          // warps along M
   static constexpr int WN = WN_;          // warps along N
   static constexpr int STAGES = STAGES_;  // cp.async pipeline depth
+  static constexpr int XR = XR_;          // shared gather: groups per CTA (0: one group)
+  static constexpr bool XS = XR_ > 0;
+  static constexpr int U = U_;            // shared gather: rows of X a chunk holds
+  static constexpr int B_ROWS = XS ? U : BK;  // fm B tile rows
 
   static constexpr int WARPS = WM * WN;
   static constexpr int THREADS = 32 * WARPS;
@@ -83,12 +96,13 @@ struct Config {
   // B tile: BK x BN (fm, rows are k) or BN x BK (tm, rows are tokens)
   static constexpr int B_ROW_CH = TM ? BK / 8 : BN / 8;
   static constexpr int A_CHUNKS = AM * A_ROW_CH;
-  static constexpr int B_CHUNKS = BK * BN / 8;
+  static constexpr int B_CHUNKS = B_ROWS * BN / 8;
   static constexpr int A_ITERS = (A_CHUNKS + THREADS - 1) / THREADS;
   static constexpr int B_ITERS = (B_CHUNKS + THREADS - 1) / THREADS;
   static constexpr int A_BYTES = BM * BK * 2;
-  static constexpr int B_BYTES = BK * BN * 2;
-  static constexpr int STAGE_BYTES = A_BYTES + B_BYTES;
+  static constexpr int B_BYTES = B_ROWS * BN * 2;
+  static constexpr int LOC_BYTES = XS ? XR * BK : 0;  // shared gather: each entry's slot
+  static constexpr int STAGE_BYTES = A_BYTES + B_BYTES + LOC_BYTES;
   static constexpr int PIPE_BYTES = STAGES * STAGE_BYTES;
   // output tile: BM x BN (fm) or BN x BM (tm), rows padded by 16 bytes
   static constexpr int C_LD = TM ? BM + 8 : BN + 8;
@@ -113,14 +127,18 @@ struct Config {
   static_assert(MF * NF * 4 <= 128, "at most 128 fp32 accumulators per thread");
   static_assert(STAGES >= 2 && STAGES <= (WG ? 6 : 4), "STAGES is 2, 3 or 4 (3 to 6: WG)");
   static_assert(THREADS <= 512, "at most 16 warps");
-  static_assert(A_ITERS <= (WG ? 16 : 8) && B_ITERS <= (WG ? 16 : 8),
-                "at most 8 (WG: 16) 16-byte loads per thread per stage and operand");
+  static_assert(A_ITERS <= (WG || XS ? 16 : 8) && B_ITERS <= (WG || XS ? 16 : 8),
+                "at most 8 (WG, XS: 16) 16-byte loads per thread per stage and operand");
   static_assert(AM <= BM && AM % 16 == 0, "a packed chunk has at most BM rows");
   static_assert(WG || AM == BM, "only the wgmma path pads the tile beyond the chunk");
   static_assert(!WG || (!TM && BM % 64 == 0 && WM == BM / 16 && STAGES >= 3 &&
                         (WG_N == 64 || WG_N == 128 || WG_N == 256)),
                 "wgmma: feature-major, BM a multiple of 64 with 4 warps per 64 rows, "
                 "N per warpgroup 64, 128 or 256, at least 3 stages");
+  static_assert(!XS || (!TM && !WG && WM == XR && BN >= 64 && U % 16 == 0 && U <= 256 &&
+                        AM == BM && LOC_BYTES % 16 == 0),
+                "shared gather: feature-major mma.sync, one warp row per group, BN >= 64 "
+                "(the swizzle is by row), U a multiple of 16 up to 256");
 };
 
 // ---- shared-memory swizzle --------------------------------------------------------
@@ -159,8 +177,8 @@ __device__ __forceinline__ void load_row_map(const unsigned char *packed, const 
   for (int r = threadIdx.x; r < Cfg::BM; r += Cfg::THREADS) {
     int orig = -1;
     if (r < slot.rows) {
-      orig = P::PERMUTED ? __ldg(section<int>(packed, P::ROWS_OFF) + slot.first_row + r)
-                         : slot.first_row + r;
+      orig = Cfg::XS || P::PERMUTED ? __ldg(section<int>(packed, P::ROWS_OFF) + slot.first_row + r)
+                                    : slot.first_row + r;
     }
     s_rows[r] = orig;
   }
@@ -225,7 +243,7 @@ __device__ __forceinline__ void load_a_tile(unsigned s_a, const unsigned short *
 // 16-byte aligned (cp.async, zero-filled past N); else element loads.
 template <class Cfg, bool VEC>
 struct BLoaderFM {
-  using S = TileSlots<Cfg::B_ROW_CH, Cfg::BK, Cfg::THREADS, Cfg::WG>;
+  using S = TileSlots<Cfg::B_ROW_CH, Cfg::B_ROWS, Cfg::THREADS, Cfg::WG>;
   S slots;
   int idx[S::ITERS];        // rows of X for the chunk issued next
   const unsigned short *x;  // X
@@ -251,7 +269,7 @@ struct BLoaderFM {
     const bool in = col < n_len;
 #pragma unroll
     for (int i = 0; i < S::ITERS; ++i) {
-      if (!S::owns(i)) continue;
+      if (!S::owns(i) || (Cfg::XS && idx[i] < 0)) continue;  // XS: an empty slot
       const unsigned dst = s_b + slots.offset(i);
       const unsigned short *src = xc + (size_t)idx[i] * n_len;
       if (VEC) {
@@ -335,6 +353,8 @@ template <class Cfg, bool VEC, int K> struct BLoaderOf<Cfg, VEC, K, true> {
 template <class Cfg>
 __device__ __forceinline__ void mma_stage(float (&acc)[Cfg::MF][Cfg::NF][4], unsigned s_a,
                                           unsigned s_b, int warp_m, int warp_n, int lane) {
+  // XS: the slots of this warp's group's entries (the group is warp_m)
+  const unsigned s_loc = s_b + Cfg::B_BYTES + warp_m * Cfg::BK;
   using T = typename Cfg::elem_t;
 #pragma unroll
   for (int kk = 0; kk < Cfg::BK / 16; ++kk) {
@@ -357,8 +377,10 @@ __device__ __forceinline__ void mma_stage(float (&acc)[Cfg::MF][Cfg::NF][4], uns
         const int ch = 2 * kk + ((lane >> 3) & 1);
         sm80::ldmatrix_x4(r, s_b + 16 * swizzle<Cfg::B_ROW_CH>(row, ch));
       } else {
-        // BK x N tile: lanes 0-15 k 0-15 at columns 0-7, 16-31 at columns 8-15
-        const int row = 16 * kk + (lane & 15);
+        // BK x N tile: lanes 0-15 k 0-15 at columns 0-7, 16-31 at columns 8-15;
+        // XS: the U x N union tile, k-th entry at its slot
+        const int row = Cfg::XS ? static_cast<int>(sm80::ld_shared_u8(s_loc + 16 * kk + (lane & 15)))
+                                : 16 * kk + (lane & 15);
         const int ch = (warp_n * Cfg::WTN + nj * 16) / 8 + (lane >> 4);
         sm80::ldmatrix_x4_trans(r, s_b + 16 * swizzle<Cfg::B_ROW_CH>(row, ch));
       }
@@ -508,10 +530,16 @@ __device__ __forceinline__ void store_tile_tm(const unsigned char *s_c, const in
 // then chunk j+1's indices into the loader.
 template <class Cfg, class BL>
 __device__ __forceinline__ void issue_chunk(BL &bl, unsigned s_a, const unsigned short *w,
-                                            const int *ind, int j, int chunks) {
+                                            const int *ind, const unsigned char *loc, int j,
+                                            int chunks) {
   load_a_tile<Cfg>(s_a, w + (size_t)j * (Cfg::AM * Cfg::BK));
   bl.load(s_a + Cfg::A_BYTES);
-  if (j + 1 < chunks) bl.fetch_indices(ind + (j + 1) * Cfg::BK);
+  if constexpr (Cfg::XS) {  // the chunk's slot table, 16 bytes a thread
+    if (threadIdx.x < Cfg::LOC_BYTES / 16)
+      sm80::cp_async_16(s_a + Cfg::A_BYTES + Cfg::B_BYTES + 16 * threadIdx.x,
+                        loc + (size_t)j * Cfg::LOC_BYTES + 16 * threadIdx.x, true);
+  }
+  if (j + 1 < chunks) bl.fetch_indices(ind + (j + 1) * Cfg::B_ROWS);
 }
 
 // One group x BN columns.  Both compute paths share the schedule, loaders
@@ -546,7 +574,9 @@ __device__ __forceinline__ void gemm_group(const unsigned char *__restrict__ pac
 
   const unsigned short *w = section<unsigned short>(packed, P::W_OFF) +
                             (size_t)slot.first_chunk * (Cfg::AM * Cfg::BK);
-  const int *ind = section<int>(packed, P::IDX_OFF) + (size_t)slot.first_chunk * Cfg::BK;
+  const int *ind = section<int>(packed, P::IDX_OFF) + (size_t)slot.first_chunk * Cfg::B_ROWS;
+  const unsigned char *loc =  // XS: the slot tables
+      section<unsigned char>(packed, P::LOC_OFF) + (size_t)slot.first_chunk * Cfg::LOC_BYTES;
   const int chunks = slot.chunks;
 
   // WG: MF = 1 and NF = WG_N / 8, so acc[0] is the warpgroup's wgmma tile
@@ -564,7 +594,7 @@ __device__ __forceinline__ void gemm_group(const unsigned char *__restrict__ pac
   if (chunks > 0) bl.fetch_indices(ind);
 #pragma unroll
   for (int s = 0; s < AHEAD; ++s) {
-    if (s < chunks) issue_chunk<Cfg>(bl, s_base + s * Cfg::STAGE_BYTES, w, ind, s, chunks);
+    if (s < chunks) issue_chunk<Cfg>(bl, s_base + s * Cfg::STAGE_BYTES, w, ind, loc, s, chunks);
     sm80::cp_async_commit();
   }
 
@@ -578,7 +608,8 @@ __device__ __forceinline__ void gemm_group(const unsigned char *__restrict__ pac
     }
     __syncthreads();  // chunk c landed for everyone; the stage to refill is free
     const int next = c + AHEAD;
-    if (next < chunks) issue_chunk<Cfg>(bl, s_base + write_stage * Cfg::STAGE_BYTES, w, ind, next, chunks);
+    if (next < chunks)
+      issue_chunk<Cfg>(bl, s_base + write_stage * Cfg::STAGE_BYTES, w, ind, loc, next, chunks);
     sm80::cp_async_commit();
     const unsigned s_a = s_base + read_stage * Cfg::STAGE_BYTES;
     if constexpr (Cfg::WG)
