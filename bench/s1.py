@@ -7,6 +7,8 @@ search; every candidate verified before its time counts, every trial in the
 database), the winner's median time against cuBLAS's median (its best
 layout) in the same run, and the winner's fraction of the roofline floor:
 max(nonzero FLOPs / measured dense peak, bytes / measured copy bandwidth).
+For bsr patterns of square blocks, cuSPARSE's Blocked-ELL SpMM on the same
+pattern is timed too (same protocol, feature-major; --no-ell skips it).
 
     python3 bench/s1.py --db /tmp/s1.db --families shflbw:64,bsr:64x64 \
         --densities 0.25,0.1 --budget 24 --results bench/RESULTS.md
@@ -132,6 +134,8 @@ def main(argv=None) -> int:
     ap.add_argument("--label", default="", help="a note for the results heading")
     ap.add_argument("--no-variants", action="store_true",
                     help="skip the winner's bf16 and fused-epilogue (bias + GELU) measurements")
+    ap.add_argument("--no-ell", action="store_true",
+                    help="skip the cuSPARSE Blocked-ELL peer of the bsr rows")
     args = ap.parse_args(argv)
 
     from sparseforge import native
@@ -150,7 +154,6 @@ def main(argv=None) -> int:
     bw = measure_copy_bandwidth(ctx)
     l2 = measure_l2_bandwidth(ctx)
     peak = measure_dense_peak(ctx)
-    ctx.close()
     print(f"{dev['name']}: copy {bw / 1e12:.2f} TB/s, L2 read {l2 / 1e12:.2f} TB/s, "
           f"cuBLAS fp16 8192^3 {peak / 1e12:.0f} TFLOP/s", flush=True)
     shapes = S1_SHAPES if args.shapes == "all" else [S1_SHAPES[int(i)] for i in args.shapes.split(",")]
@@ -175,20 +178,26 @@ def main(argv=None) -> int:
                         row = dict(pattern=pattern, density=d, m=m, k=k, n=n, ms=nr.median_ms,
                                    cublas=nr.peer_ms, speedup=nr.speedup, roof=frac,
                                    err=nr.max_error, trials=nr.trials, failed=nr.failed,
-                                   config=nr.config, bf16=math.nan, epi=math.nan, l2=math.nan)
+                                   config=nr.config, bf16=math.nan, epi=math.nan, l2=math.nan,
+                                   ell=math.nan, vs_ell=math.nan)
                         if nr.config and fam in ("bsr", "shflbw") and nr.median_ms == nr.median_ms:
                             row["l2"] = (gather_bytes(params, mat.nnz, n, nr.config["bn"]) / l2
                                          / (nr.median_ms * 1e-3))
                         if not args.no_variants and nr.config and args.dtype == "fp16":
                             row["bf16"], row["epi"] = measure_variants(tuner, pattern, fam, params, d,
                                                                        (m, k, n), nr.config)
+                        if not args.no_ell and fam == "bsr":
+                            row["ell"] = time_ell_peer(ctx, mat, params, args.dtype, n)
+                            row["vs_ell"] = row["ell"] / nr.median_ms
                         rows.append(row)
                         print(f"  {pattern:10s} d={d:<5g} {m}x{k}x{n}: {nr.median_ms:.4f} ms, cuBLAS "
                               f"{nr.peer_ms:.4f} ms, {nr.speedup:.2f}x, roofline {frac:.2f}, "
                               f"err {nr.max_error:.1e}, {nr.trials} trials; bf16 {row['bf16']:.4f} ms, "
-                              f"bias+GELU {row['epi']:.4f} ms", flush=True)
+                              f"bias+GELU {row['epi']:.4f} ms; cuSPARSE ELL {row['ell']:.4f} ms",
+                              flush=True)
         finally:
             tuner.close()
+            ctx.close()
     table = format_table(rows, dev, bw, peak, args, l2)
     print(table)
     if args.results:
@@ -196,6 +205,26 @@ def main(argv=None) -> int:
             f.write(table + "\n")
     print(f"total {time.time() - t0:.0f} s", file=sys.stderr)
     return 0
+
+
+def time_ell_peer(ctx, mat, params, dtype, n) -> float:
+    """cuSPARSE's Blocked-ELL SpMM on `mat`'s bsr pattern (blocks of
+    params br x bc), feature-major, timed like the tuner's peer: its median
+    ms, or NaN (with the reason printed) where the blocks are not square or
+    cuSPARSE is missing or refuses."""
+    from sparseforge import native
+    from sparseforge.tuner.driver import QUICK_TIMING
+    m, k = mat.shape
+    block = params["br"]
+    try:
+        if params["bc"] != block:
+            raise ValueError(f"needs square blocks, not {block}x{params['bc']}")
+        cols = native.blocked_ell_columns(mat, block)
+        t = ctx.time_blocked_ell(dtype, m, k, n, block, cols, layout="fm", **QUICK_TIMING)
+    except (native.SFError, ValueError) as e:
+        print(f"    cuSPARSE Blocked-ELL on {m}x{k}x{n}: {e}", flush=True)
+        return math.nan
+    return t["median_ms"]
 
 
 def measure_variants(tuner, pattern, fam, params, d, shape, config):
@@ -218,6 +247,11 @@ def measure_variants(tuner, pattern, fam, params, d, shape, config):
     return tuple(out)
 
 
+def _or_dash(value: float, spec: str, suffix: str = "") -> str:
+    """`value` formatted, or "-" for NaN (no measurement)."""
+    return "-" if value != value else f"{value:{spec}}{suffix}"
+
+
 def format_table(rows, dev, bw, peak, args, l2=math.nan) -> str:
     date = datetime.date.today().isoformat()
     out = [f"\n## S1 prefill, {args.dtype}, feature-major: {date}, {dev['name']}, commit {commit_id()}",
@@ -231,27 +265,34 @@ def format_table(rows, dev, bw, peak, args, l2=math.nan) -> str:
            f"{args.label}",
            "",
            "The winner's configuration is also run in bf16 (same pattern; bf16/fp16 = time ratio) "
-           "and in fp16 with a fused bias + GELU epilogue (its extra time over none).",
+           "and in fp16 with a fused bias + GELU epilogue (its extra time over none). For bsr "
+           "patterns of square blocks, cuSPARSE Blocked-ELL SpMM (CUSPARSE_SPMM_BLOCKED_ELL_ALG1, "
+           "fp32 compute, row-major X and Y) runs the same pattern with the same timing; vs ELL = "
+           "its time / ours (- where not measured).",
            "",
-           "| family | density | M x K x N | ours ms | cuBLAS ms | speedup | roofline | L2 | max err "
-           "| trials (failed) | bf16/fp16 | bias+GELU | config |",
-           "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
+           "| family | density | M x K x N | ours ms | cuBLAS ms | speedup | cuSPARSE ELL ms | vs ELL "
+           "| roofline | L2 | max err | trials (failed) | bf16/fp16 | bias+GELU | config |",
+           "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
     for r in rows:
         cfg = ",".join(f"{k}{v}" for k, v in sorted((r["config"] or {}).items()))
         out.append(f"| {r['pattern']} | {r['density']:g} | {r['m']}x{r['k']}x{r['n']} | {r['ms']:.4f} | "
-                   f"{r['cublas']:.4f} | {r['speedup']:.2f}x | {r['roof']:.2f} | {r['l2']:.2f} | {r['err']:.1e} | "
+                   f"{r['cublas']:.4f} | {r['speedup']:.2f}x | {_or_dash(r['ell'], '.4f')} | "
+                   f"{_or_dash(r['vs_ell'], '.2f', 'x')} | {r['roof']:.2f} | {r['l2']:.2f} | {r['err']:.1e} | "
                    f"{r['trials']} ({r['failed']}) | {r['bf16'] / r['ms']:.2f} | "
                    f"{100 * (r['epi'] / r['ms'] - 1):+.1f}% | {cfg} |")
-    out += ["", "| family | density | geomean speedup | geomean bf16/fp16 | geomean bias+GELU |",
-            "| --- | --- | --- | --- | --- |"]
+    out += ["", "| family | density | geomean speedup | geomean vs ELL | geomean bf16/fp16 "
+            "| geomean bias+GELU |",
+            "| --- | --- | --- | --- | --- | --- |"]
     groups = {}
     for r in rows:
         groups.setdefault((r["pattern"], r["density"]), []).append(r)
     for (p, d), rs in groups.items():
         sp = geomean([r["speedup"] for r in rs])
+        ve = geomean([r["vs_ell"] for r in rs])
         bf = geomean([r["bf16"] / r["ms"] for r in rs])
         ep = geomean([r["epi"] / r["ms"] for r in rs])
-        out.append(f"| {p} | {d:g} | {sp:.2f}x | {bf:.2f} | {100 * (ep - 1):+.1f}% |")
+        out.append(f"| {p} | {d:g} | {sp:.2f}x | {_or_dash(ve, '.2f', 'x')} | {bf:.2f} | "
+                   f"{100 * (ep - 1):+.1f}% |")
     return "\n".join(out)
 
 

@@ -1,8 +1,9 @@
 /*
- * peer.c -- the dense peer: cuBLAS timed with the same protocol as our
- * kernels (sf__time_launches), so that a speedup is a ratio measured in one
- * run on one GPU.  cuBLAS is loaded with dlopen like the driver, so the
- * library needs it only where a peer is timed.
+ * peer.c -- the peers: cuBLAS (dense) and cuSPARSE Blocked-ELL SpMM, timed
+ * with the same protocol as our kernels (sf__time_launches), so that a
+ * speedup is a ratio measured in one run on one GPU.  Both libraries are
+ * loaded with dlopen like the driver, so the library needs them only where
+ * a peer is timed.
  */
 #define SF_RUNTIME_INTERNAL
 #include "internal.h"
@@ -12,9 +13,10 @@
 #include <stdlib.h>
 #include <string.h>
 
-/* cuBLAS constants (cublas_api.h, library_types.h). */
-enum { CUBLAS_OP_N_ = 0, CUBLAS_OP_T_ = 1 };
+/* Data types (library_types.h). */
 enum { CUDA_R_32F_ = 0, CUDA_R_16F_ = 2, CUDA_R_16BF_ = 14 };
+/* cuBLAS constants (cublas_api.h). */
+enum { CUBLAS_OP_N_ = 0, CUBLAS_OP_T_ = 1 };
 enum { CUBLAS_COMPUTE_32F_ = 68 };
 enum { CUBLAS_GEMM_DEFAULT_ = -1 };
 
@@ -47,17 +49,26 @@ static sf_status gemm_cb(sf_context *ctx, void *user, CUstream stream) {
   return SF_OK;
 }
 
-static void *open_cublas(char *why, size_t size) {
-  const char *env = getenv("SF_CUBLAS");
-  const char *names[] = {env, "libcublas.so.13", "libcublas.so.12", "libcublas.so"};
-  why[0] = '\0';
-  for (size_t i = 0; i < sizeof names / sizeof *names; i++) {
-    if (!names[i]) continue;
-    void *h = dlopen(names[i], RTLD_NOW | RTLD_LOCAL);
+/* dlopen of the file named by $env_var, else of the first of `names` that
+ * loads; NULL with the last dlerror() in `why` when none does. */
+static void *open_peer_library(const char *env_var, const char *const *names,
+                               size_t n_names, char *why, size_t size) {
+  const char *env = getenv(env_var);
+  snprintf(why, size, "no library named");
+  for (size_t i = 0; i <= n_names; i++) {
+    const char *name = i == 0 ? env : names[i - 1];
+    if (!name) continue;
+    void *h = dlopen(name, RTLD_NOW | RTLD_LOCAL);
     if (h) return h;
     snprintf(why, size, "%s", dlerror());
   }
   return NULL;
+}
+
+/* The library_types.h type of an sf_dtype. */
+static int cuda_type(sf_dtype dtype) {
+  return dtype == SF_DTYPE_FP32 ? CUDA_R_32F_
+         : dtype == SF_DTYPE_BF16 ? CUDA_R_16BF_ : CUDA_R_16F_;
 }
 
 /* Values in [-1, 1) as `elem`-byte floats, from a fixed generator. */
@@ -84,6 +95,18 @@ static void fill_random(unsigned char *buf, size_t count, sf_dtype dtype) {
   }
 }
 
+/* Allocates `count` elements of `dtype` (`elem` bytes each) on the device
+ * and fills them with fill_random's values, staged through `host` (room for
+ * `count` elements). */
+static sf_status upload_random(sf_context *ctx, size_t count, sf_dtype dtype,
+                               size_t elem, unsigned char *host,
+                               sf_devptr *out) {
+  sf_status st = sf_mem_alloc(ctx, count * elem, out);
+  if (st != SF_OK) return st;
+  fill_random(host, count, dtype);
+  return sf_memcpy_htod(ctx, *out, host, count * elem);
+}
+
 sf_status sf_time_dense_gemm(sf_context *ctx, const sf_gemm_desc *desc,
                              const sf_timing_options *opts,
                              sf_gemm_timing *out) {
@@ -102,7 +125,10 @@ sf_status sf_time_dense_gemm(sf_context *ctx, const sf_gemm_desc *desc,
   sf_status st = sf__ctx_enter(ctx);
   if (st != SF_OK) return st;
   char why[512];
-  void *lib = open_cublas(why, sizeof why);
+  static const char *const names[] = {"libcublas.so.13", "libcublas.so.12",
+                                      "libcublas.so"};
+  void *lib = open_peer_library("SF_CUBLAS", names, sizeof names / sizeof *names,
+                                why, sizeof why);
   if (!lib) return sf__fail(ctx, SF_ERR_NOT_FOUND, "cuBLAS not found: %s", why);
   gemm_call g;
   memset(&g, 0, sizeof g);
@@ -123,20 +149,16 @@ sf_status sf_time_dense_gemm(sf_context *ctx, const sf_gemm_desc *desc,
     dlclose(lib);
     return sf__fail(ctx, SF_ERR_NOMEM, "out of host memory");
   }
-  if ((st = sf_mem_alloc(ctx, na * elem, &a)) != SF_OK) goto done;
-  if ((st = sf_mem_alloc(ctx, nb * elem, &b)) != SF_OK) goto done;
-  if ((st = sf_mem_alloc(ctx, nc * elem, &c)) != SF_OK) goto done;
-  fill_random(host, na, desc->dtype);
-  if ((st = sf_memcpy_htod(ctx, a, host, na * elem)) != SF_OK) goto done;
-  fill_random(host, nb, desc->dtype);
-  if ((st = sf_memcpy_htod(ctx, b, host, nb * elem)) != SF_OK) goto done;
+  if ((st = upload_random(ctx, na, desc->dtype, elem, host, &a)) != SF_OK ||
+      (st = upload_random(ctx, nb, desc->dtype, elem, host, &b)) != SF_OK ||
+      (st = sf_mem_alloc(ctx, nc * elem, &c)) != SF_OK)
+    goto done;
   int r = create(&g.handle);
   if (r != 0) {
     st = sf__fail(ctx, SF_ERR_CUDA, "cublasCreate failed with status %d", r);
     goto done;
   }
-  g.type = desc->dtype == SF_DTYPE_FP32 ? CUDA_R_32F_
-           : desc->dtype == SF_DTYPE_BF16 ? CUDA_R_16BF_ : CUDA_R_16F_;
+  g.type = cuda_type(desc->dtype);
   g.alpha = 1.0f;
   g.beta = 0.0f;
   g.m = (int)desc->m; g.n = (int)desc->n; g.k = (int)desc->k;
@@ -180,5 +202,269 @@ done:
   sf_mem_free(ctx, b);
   sf_mem_free(ctx, c);
   dlclose(lib);
+  return st;
+}
+
+/* ------------------------------------------------------------------------
+ * cuSPARSE Blocked-ELL SpMM
+ * ---------------------------------------------------------------------- */
+
+/* cuSPARSE constants (cusparse.h). */
+enum { CUSPARSE_OPERATION_NON_TRANSPOSE_ = 0 };
+enum { CUSPARSE_ORDER_COL_ = 1, CUSPARSE_ORDER_ROW_ = 2 };
+enum { CUSPARSE_INDEX_32I_ = 2 };
+enum { CUSPARSE_INDEX_BASE_ZERO_ = 0 };
+enum { CUSPARSE_SPMM_BLOCKED_ELL_ALG1_ = 13 };
+enum {
+  CUSPARSE_STATUS_INVALID_VALUE_ = 3,
+  CUSPARSE_STATUS_ARCH_MISMATCH_ = 4,
+  CUSPARSE_STATUS_MATRIX_TYPE_NOT_SUPPORTED_ = 8,
+  CUSPARSE_STATUS_NOT_SUPPORTED_ = 10
+};
+
+typedef int (*cusparse_create_t)(void **);
+typedef int (*cusparse_destroy_t)(void *);
+typedef int (*cusparse_set_stream_t)(void *, void *);
+typedef int (*cusparse_create_bell_t)(void **, int64_t, int64_t, int64_t,
+                                      int64_t, void *, void *, int, int, int);
+typedef int (*cusparse_create_dnmat_t)(void **, int64_t, int64_t, int64_t,
+                                       void *, int, int);
+typedef int (*cusparse_destroy_descr_t)(const void *);
+/* cusparseSpMM_bufferSize: ..., alg, size_t *bufferSize. */
+typedef int (*cusparse_spmm_size_t)(void *, int, int, const void *,
+                                    const void *, const void *, const void *,
+                                    void *, int, int, size_t *);
+/* cusparseSpMM and cusparseSpMM_preprocess: ..., alg, void *buffer. */
+typedef int (*cusparse_spmm_t)(void *, int, int, const void *, const void *,
+                               const void *, const void *, void *, int, int,
+                               void *);
+typedef const char *(*cusparse_error_name_t)(int);
+
+/* The entry points, resolved from one dlopen. */
+typedef struct cusparse_api {
+  void *lib;
+  cusparse_create_t create;
+  cusparse_destroy_t destroy;
+  cusparse_set_stream_t set_stream;
+  cusparse_create_bell_t create_blocked_ell;
+  cusparse_create_dnmat_t create_dn_mat;
+  cusparse_destroy_descr_t destroy_sp_mat, destroy_dn_mat;
+  cusparse_spmm_size_t spmm_buffer_size;
+  cusparse_spmm_t spmm_preprocess; /* NULL where the library lacks it */
+  cusparse_spmm_t spmm;
+  cusparse_error_name_t error_name; /* NULL where the library lacks it */
+} cusparse_api;
+
+/* One SpMM, as the timing callback replays it. */
+typedef struct spmm_call {
+  const cusparse_api *api;
+  void *handle;
+  void *a, *b, *c; /* descriptors */
+  void *buffer;    /* workspace (may be NULL) */
+  int compute_type;
+  float alpha, beta;
+} spmm_call;
+
+/* Records a failed cuSPARSE call: "<what> failed: CUSPARSE_STATUS_X (r)".
+ * Statuses that say cuSPARSE refuses the problem (invalid value, not
+ * supported, arch mismatch) become SF_ERR_INVALID_ARG whatever `code` is. */
+static sf_status cusparse_fail(sf_context *ctx, const cusparse_api *api,
+                               sf_status code, int r, const char *what) {
+  const char *name = api->error_name ? api->error_name(r) : NULL;
+  if (r == CUSPARSE_STATUS_INVALID_VALUE_ ||
+      r == CUSPARSE_STATUS_ARCH_MISMATCH_ ||
+      r == CUSPARSE_STATUS_MATRIX_TYPE_NOT_SUPPORTED_ ||
+      r == CUSPARSE_STATUS_NOT_SUPPORTED_)
+    code = SF_ERR_INVALID_ARG;
+  return sf__fail(ctx, code, "%s failed: %s (%d)", what,
+                  name ? name : "cuSPARSE status", r);
+}
+
+static sf_status spmm_cb(sf_context *ctx, void *user, CUstream stream) {
+  spmm_call *s = user;
+  int r = s->api->set_stream(s->handle, stream);
+  if (r != 0)
+    return cusparse_fail(ctx, s->api, SF_ERR_LAUNCH, r, "cusparseSetStream");
+  r = s->api->spmm(s->handle, CUSPARSE_OPERATION_NON_TRANSPOSE_,
+                   CUSPARSE_OPERATION_NON_TRANSPOSE_, &s->alpha, s->a, s->b,
+                   &s->beta, s->c, s->compute_type,
+                   CUSPARSE_SPMM_BLOCKED_ELL_ALG1_, s->buffer);
+  if (r != 0) return cusparse_fail(ctx, s->api, SF_ERR_LAUNCH, r, "cusparseSpMM");
+  return SF_OK;
+}
+
+/* Loads cuSPARSE and resolves every entry point the peer uses. */
+static sf_status load_cusparse(sf_context *ctx, cusparse_api *api) {
+  static const char *const names[] = {"libcusparse.so.12", "libcusparse.so"};
+  char why[512];
+  memset(api, 0, sizeof *api);
+  api->lib = open_peer_library("SF_CUSPARSE", names, sizeof names / sizeof *names,
+                               why, sizeof why);
+  if (!api->lib)
+    return sf__fail(ctx, SF_ERR_NOT_FOUND, "cuSPARSE not found: %s", why);
+  void *lib = api->lib;
+  api->create = (cusparse_create_t)dlsym(lib, "cusparseCreate");
+  api->destroy = (cusparse_destroy_t)dlsym(lib, "cusparseDestroy");
+  api->set_stream = (cusparse_set_stream_t)dlsym(lib, "cusparseSetStream");
+  api->create_blocked_ell =
+      (cusparse_create_bell_t)dlsym(lib, "cusparseCreateBlockedEll");
+  api->create_dn_mat = (cusparse_create_dnmat_t)dlsym(lib, "cusparseCreateDnMat");
+  api->destroy_sp_mat = (cusparse_destroy_descr_t)dlsym(lib, "cusparseDestroySpMat");
+  api->destroy_dn_mat = (cusparse_destroy_descr_t)dlsym(lib, "cusparseDestroyDnMat");
+  api->spmm_buffer_size =
+      (cusparse_spmm_size_t)dlsym(lib, "cusparseSpMM_bufferSize");
+  api->spmm_preprocess = (cusparse_spmm_t)dlsym(lib, "cusparseSpMM_preprocess");
+  api->spmm = (cusparse_spmm_t)dlsym(lib, "cusparseSpMM");
+  api->error_name = (cusparse_error_name_t)dlsym(lib, "cusparseGetErrorName");
+  if (!api->create || !api->destroy || !api->set_stream ||
+      !api->create_blocked_ell || !api->create_dn_mat || !api->destroy_sp_mat ||
+      !api->destroy_dn_mat || !api->spmm_buffer_size || !api->spmm) {
+    dlclose(lib);
+    api->lib = NULL;
+    return sf__fail(ctx, SF_ERR_NOT_FOUND,
+                    "cuSPARSE lacks the generic SpMM API (cusparseCreateBlockedEll, "
+                    "cusparseSpMM, ...)");
+  }
+  return SF_OK;
+}
+
+static sf_status check_blocked_ell_desc(sf_context *ctx,
+                                        const sf_blocked_ell_desc *d) {
+  if (d->m < 1 || d->n < 1 || d->k < 1 || d->m > INT32_MAX ||
+      d->n > INT32_MAX || d->k > INT32_MAX)
+    return sf__fail(ctx, SF_ERR_INVALID_ARG,
+                    "blocked-ELL sizes must be in [1, 2^31): m %lld, n %lld, k %lld",
+                    (long long)d->m, (long long)d->n, (long long)d->k);
+  if (d->dtype != SF_DTYPE_FP16 && d->dtype != SF_DTYPE_BF16)
+    return sf__fail(ctx, SF_ERR_INVALID_ARG,
+                    "blocked-ELL SpMM takes fp16 or bf16 values, not dtype %d",
+                    (int)d->dtype);
+  if (d->layout != 0 && d->layout != 1)
+    return sf__fail(ctx, SF_ERR_INVALID_ARG,
+                    "unknown layout %d (0 feature-major, 1 token-major)", d->layout);
+  int64_t bs = d->block;
+  if (bs < 1 || d->m % bs || d->k % bs)
+    return sf__fail(ctx, SF_ERR_INVALID_ARG,
+                    "the block size (%lld) must divide M (%lld) and K (%lld)",
+                    (long long)bs, (long long)d->m, (long long)d->k);
+  if (d->ell_cols < bs || d->ell_cols % bs || d->ell_cols > d->k)
+    return sf__fail(ctx, SF_ERR_INVALID_ARG,
+                    "ell_cols (%lld) must be a multiple of the block size (%lld) "
+                    "in [%lld, K = %lld]",
+                    (long long)d->ell_cols, (long long)bs, (long long)bs,
+                    (long long)d->k);
+  if (!d->col_ind) return sf__fail(ctx, SF_ERR_INVALID_ARG, "col_ind is NULL");
+  int64_t slots = d->ell_cols / bs, block_cols = d->k / bs;
+  for (int64_t i = 0; i < d->m / bs * slots; i++) {
+    int32_t c = d->col_ind[i];
+    if (c < -1 || c >= block_cols)
+      return sf__fail(ctx, SF_ERR_INVALID_ARG,
+                      "col_ind[%lld][%lld] = %d: block-column indices must be in "
+                      "[0, K / block = %lld) or -1",
+                      (long long)(i / slots), (long long)(i % slots), (int)c,
+                      (long long)block_cols);
+  }
+  return SF_OK;
+}
+
+sf_status sf_time_blocked_ell(sf_context *ctx, const sf_blocked_ell_desc *desc,
+                              const sf_timing_options *opts, sf_timing *out) {
+  if (!ctx) return SF_ERR_INVALID_ARG;
+  if (!desc || !out)
+    return sf__fail(ctx, SF_ERR_INVALID_ARG, "desc or out is NULL");
+  sf_status st = check_blocked_ell_desc(ctx, desc);
+  if (st != SF_OK) return st;
+  memset(out, 0, sizeof *out);
+  if ((st = sf__ctx_enter(ctx)) != SF_OK) return st;
+  cusparse_api api;
+  if ((st = load_cusparse(ctx, &api)) != SF_OK) return st;
+
+  const int64_t m = desc->m, n = desc->n, k = desc->k;
+  const size_t elem = 2;
+  size_t nv = (size_t)m * desc->ell_cols, nx = (size_t)k * n,
+         nidx = (size_t)(m / desc->block) * (desc->ell_cols / desc->block);
+  spmm_call s;
+  memset(&s, 0, sizeof s);
+  s.api = &api;
+  s.compute_type = CUDA_R_32F_;
+  s.alpha = 1.0f;
+  s.beta = 0.0f;
+  sf_devptr values = 0, idx = 0, x = 0, y = 0, work = 0;
+  unsigned char *host = malloc((nv > nx ? nv : nx) * elem);
+  if (!host) {
+    st = sf__fail(ctx, SF_ERR_NOMEM, "out of host memory");
+    goto done;
+  }
+  if ((st = upload_random(ctx, nv, desc->dtype, elem, host, &values)) != SF_OK ||
+      (st = upload_random(ctx, nx, desc->dtype, elem, host, &x)) != SF_OK ||
+      (st = sf_mem_alloc(ctx, nidx * sizeof(int32_t), &idx)) != SF_OK ||
+      (st = sf_memcpy_htod(ctx, idx, desc->col_ind, nidx * sizeof(int32_t))) != SF_OK ||
+      (st = sf_mem_alloc(ctx, (size_t)m * n * elem, &y)) != SF_OK)
+    goto done;
+  int r = api.create(&s.handle);
+  if (r != 0) {
+    s.handle = NULL;
+    st = cusparse_fail(ctx, &api, SF_ERR_CUDA, r, "cusparseCreate");
+    goto done;
+  }
+  /* W (M x K) is A.  Feature-major: X (K x N) and Y (M x N) row-major.
+   * Token-major: X (N x K) and Y (N x M) row-major are B (K x N, ld K) and
+   * C (M x N, ld M) column-major. */
+  int type = cuda_type(desc->dtype);
+  int fm = desc->layout == 0;
+  int order = fm ? CUSPARSE_ORDER_ROW_ : CUSPARSE_ORDER_COL_;
+  if ((r = api.create_blocked_ell(&s.a, m, k, desc->block, desc->ell_cols,
+                                  (void *)(uintptr_t)idx,
+                                  (void *)(uintptr_t)values, CUSPARSE_INDEX_32I_,
+                                  CUSPARSE_INDEX_BASE_ZERO_, type)) != 0) {
+    s.a = NULL;
+    st = cusparse_fail(ctx, &api, SF_ERR_CUDA, r, "cusparseCreateBlockedEll");
+    goto done;
+  }
+  if ((r = api.create_dn_mat(&s.b, k, n, fm ? n : k, (void *)(uintptr_t)x, type,
+                             order)) != 0) {
+    s.b = NULL;
+    st = cusparse_fail(ctx, &api, SF_ERR_CUDA, r, "cusparseCreateDnMat(X)");
+    goto done;
+  }
+  if ((r = api.create_dn_mat(&s.c, m, n, fm ? n : m, (void *)(uintptr_t)y, type,
+                             order)) != 0) {
+    s.c = NULL;
+    st = cusparse_fail(ctx, &api, SF_ERR_CUDA, r, "cusparseCreateDnMat(Y)");
+    goto done;
+  }
+  size_t work_size = 0;
+  if ((r = api.spmm_buffer_size(s.handle, CUSPARSE_OPERATION_NON_TRANSPOSE_,
+                                CUSPARSE_OPERATION_NON_TRANSPOSE_, &s.alpha, s.a,
+                                s.b, &s.beta, s.c, s.compute_type,
+                                CUSPARSE_SPMM_BLOCKED_ELL_ALG1_, &work_size)) != 0) {
+    st = cusparse_fail(ctx, &api, SF_ERR_CUDA, r, "cusparseSpMM_bufferSize");
+    goto done;
+  }
+  if (work_size > 0) {
+    if ((st = sf_mem_alloc(ctx, work_size, &work)) != SF_OK) goto done;
+    s.buffer = (void *)(uintptr_t)work;
+  }
+  if (api.spmm_preprocess &&
+      (r = api.spmm_preprocess(s.handle, CUSPARSE_OPERATION_NON_TRANSPOSE_,
+                               CUSPARSE_OPERATION_NON_TRANSPOSE_, &s.alpha, s.a,
+                               s.b, &s.beta, s.c, s.compute_type,
+                               CUSPARSE_SPMM_BLOCKED_ELL_ALG1_, s.buffer)) != 0) {
+    st = cusparse_fail(ctx, &api, SF_ERR_CUDA, r, "cusparseSpMM_preprocess");
+    goto done;
+  }
+  st = sf__time_launches(ctx, spmm_cb, &s, NULL, opts, out);
+done:
+  if (s.a) api.destroy_sp_mat(s.a);
+  if (s.b) api.destroy_dn_mat(s.b);
+  if (s.c) api.destroy_dn_mat(s.c);
+  if (s.handle) api.destroy(s.handle);
+  free(host);
+  sf_mem_free(ctx, values);
+  sf_mem_free(ctx, idx);
+  sf_mem_free(ctx, x);
+  sf_mem_free(ctx, y);
+  sf_mem_free(ctx, work);
+  dlclose(api.lib);
   return st;
 }

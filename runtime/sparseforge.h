@@ -352,7 +352,8 @@ SF_API sf_status sf_time_kernel(sf_context *ctx, sf_kernel *k,
                                 sf_timing *out);
 
 /* ------------------------------------------------------------------------
- * The dense peer: cuBLAS, timed by the same protocol
+ * The peers: cuBLAS (dense) and cuSPARSE (Blocked-ELL), timed by the same
+ * protocol
  * ---------------------------------------------------------------------- */
 
 typedef enum sf_dtype {
@@ -386,6 +387,57 @@ typedef struct sf_gemm_timing {
 SF_API sf_status sf_time_dense_gemm(sf_context *ctx, const sf_gemm_desc *desc,
                                     const sf_timing_options *opts,
                                     sf_gemm_timing *out);
+
+/* A weight matrix W in cuSPARSE's Blocked-ELL format: square blocks of
+ * `block` x `block`; block-row i (rows i*block .. i*block + block - 1) holds
+ * ell_cols / block slots, each naming one block-column of W or -1 (an empty
+ * slot, padding block-rows with fewer blocks than the widest). */
+typedef struct sf_blocked_ell_desc {
+  sf_dtype dtype;          /* of W, X and Y: SF_DTYPE_FP16 or SF_DTYPE_BF16;
+                              accumulation is fp32 */
+  int64_t m, n, k;         /* Y (M x N) = W (M x K) X (K x N) */
+  int64_t block;           /* the block size; divides M and K */
+  int64_t ell_cols;        /* columns of the Blocked-ELL value array: the most
+                              blocks in a block-row, times block */
+  const int32_t *col_ind;  /* host array of (M / block) x (ell_cols / block)
+                              block-column indices, row-major: each in
+                              [0, K / block) or -1; copied during the call */
+  int layout;              /* 0 feature-major (X K x N, Y M x N, row-major),
+                              1 token-major (X N x K, Y N x M, row-major) */
+} sf_blocked_ell_desc;
+
+/*
+ * Times cusparseSpMM of the described pattern (CUSPARSE_SPMM_BLOCKED_ELL_ALG1,
+ * fp32 compute type, A = W not transposed, B = X and C = Y not transposed:
+ * row-major in feature-major, column-major views in token-major) on the
+ * context's GPU with the protocol of sf_time_kernel (`opts` as there; NULL:
+ * defaults).  W's blocks and X hold values in [-1, 1) (never zeros), empty
+ * slots included; Y is overwritten (beta = 0).  cuSPARSE is loaded with
+ * dlopen ($SF_CUSPARSE, else libcusparse.so.12, libcusparse.so): without it,
+ * or without the generic SpMM API, SF_ERR_NOT_FOUND ("cuSPARSE not found:
+ * ...").  Device memory is allocated and freed inside the call.
+ *
+ * What cuSPARSE's documentation states for Blocked-ELL SpMM, and what this
+ * call checks before touching the GPU (SF_ERR_INVALID_ARG, naming the
+ * field): square blocks (one `block` for rows and columns); block-column
+ * indices in [0, K / block) or -1, 32-bit, zero-based; only A not
+ * transposed; the value types fp16 (compute capability 7.0 and later) and
+ * bf16 (8.0 and later), each with an fp32 compute type and Y of the same
+ * type as X; dense operands in either order.  Here also: sizes in [1, 2^31),
+ * M and K multiples of the block, ell_cols a multiple of the block in
+ * [block, K].  Each block-row's indices should name distinct block-columns
+ * (not checked).  The documentation names no alignment requirement; its
+ * performance notes ask for power-of-two block sizes, 64 or more being
+ * fastest.  A problem that cuSPARSE itself refuses (e.g. bf16 on a GPU
+ * before compute capability 8.0) is SF_ERR_INVALID_ARG with cuSPARSE's
+ * status in the message ("cusparseSpMM_bufferSize failed:
+ * CUSPARSE_STATUS_NOT_SUPPORTED (10)"); a failed SpMM during timing is
+ * SF_ERR_LAUNCH; other GPU errors as elsewhere.
+ */
+SF_API sf_status sf_time_blocked_ell(sf_context *ctx,
+                                     const sf_blocked_ell_desc *desc,
+                                     const sf_timing_options *opts,
+                                     sf_timing *out);
 
 /* ------------------------------------------------------------------------
  * Device memory (enough for tests and the tuner)

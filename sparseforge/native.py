@@ -37,7 +37,7 @@ __all__ = [
     "SFError", "InvalidArgumentError", "NoDriverError", "NoDeviceError", "CudaError",
     "CompileError", "NvrtcError", "NotFoundError", "LaunchError", "NoBinaryError",
     "CorruptError", "gpu_available", "nvrtc_version", "version", "Context", "Binary",
-    "Module", "KernelFn", "DeviceBuffer", "Layer",
+    "Module", "KernelFn", "DeviceBuffer", "Layer", "blocked_ell_columns",
 ]
 
 # ---------------------------------------------------------------------------
@@ -212,6 +212,12 @@ class sf_gemm_desc(Structure):
                 ("layout", c_int)]
 
 
+class sf_blocked_ell_desc(Structure):
+    _fields_ = [("dtype", c_int), ("m", c_int64), ("n", c_int64), ("k", c_int64),
+                ("block", c_int64), ("ell_cols", c_int64), ("col_ind", POINTER(ctypes.c_int32)),
+                ("layout", c_int)]
+
+
 class sf_timing(Structure):
     _fields_ = [
         ("median_ms", c_double),
@@ -260,6 +266,8 @@ _PROTOTYPES = {
                                POINTER(sf_timing_options), POINTER(sf_timing)]),
     "sf_time_dense_gemm": (c_int, [_P, POINTER(sf_gemm_desc), POINTER(sf_timing_options),
                                    POINTER(sf_gemm_timing)]),
+    "sf_time_blocked_ell": (c_int, [_P, POINTER(sf_blocked_ell_desc), POINTER(sf_timing_options),
+                                    POINTER(sf_timing)]),
     "sf_mem_alloc": (c_int, [_P, c_size_t, POINTER(c_uint64)]),
     "sf_mem_free": (c_int, [_P, c_uint64]),
     "sf_memcpy_htod": (c_int, [_P, c_uint64, c_void_p, c_size_t]),
@@ -306,6 +314,15 @@ def _timing_options(warmup, min_reps, max_reps, min_total_ms, flush_l2, graph_ba
     if o.min_total_ms < 0 or o.graph_batch < 0 or o.warmup < -1:
         raise ValueError("warmup, min_total_ms and graph_batch must not be negative")
     return o
+
+
+_DTYPES = {"fp32": 0, "fp16": 1, "bf16": 2}  # sf_dtype
+_LAYOUTS = {"fm": 0, "tm": 1, "best": -1}
+
+
+def _timing_dict(t: sf_timing) -> dict:
+    return {"median_ms": t.median_ms, "p20_ms": t.p20_ms, "p80_ms": t.p80_ms,
+            "min_ms": t.min_ms, "mean_ms": t.mean_ms, "reps": t.reps}
 
 
 def _check(status: int, ctx_handle: Optional[c_void_p] = None) -> None:
@@ -697,6 +714,47 @@ def _kernel_args(args, sig: Optional[str]):
     return arr, values
 
 
+def _int32_matrix(v, what: str):
+    """A C-contiguous int32 copy of a 2-D integer array with at least one
+    column (values checked to fit)."""
+    import numpy as np
+    a = np.asarray(v)
+    if a.ndim != 2 or a.shape[1] < 1:
+        raise ValueError(f"{what} must be a 2-D array with at least one column, "
+                         f"got shape {a.shape}")
+    if a.dtype.kind not in "iu":
+        raise TypeError(f"{what} must hold integers, not {a.dtype}")
+    if a.size and (a.min() < -(1 << 31) or a.max() >= 1 << 31):
+        raise ValueError(f"{what} holds values outside int32")
+    return np.ascontiguousarray(a, dtype=np.int32)
+
+
+def blocked_ell_columns(matrix, block: int):
+    """The Blocked-ELL block-column indices of a sparse matrix (anything with
+    .shape, .indptr and .indices in CSR form, e.g. a SparseMatrix) cut into
+    square `block` x `block` blocks: an int32 array of (M / block) rows, one
+    per block-row, listing the block-columns that hold a nonzero in
+    increasing order, padded with -1 to the width of the fullest block-row
+    (at least 1).  For a bsr pattern of square blocks that is exactly its
+    blocks.  M and K must be multiples of `block` (ValueError)."""
+    import numpy as np
+    block = _as_int(block, "block")
+    m, k = (int(d) for d in matrix.shape)
+    if block < 1 or m % block or k % block:
+        raise ValueError(f"the block size ({block}) must divide M ({m}) and K ({k})")
+    indptr = np.asarray(matrix.indptr, dtype=np.int64)
+    rows = np.repeat(np.arange(m, dtype=np.int64), np.diff(indptr))
+    cols = np.asarray(matrix.indices, dtype=np.int64)
+    n_block_cols = k // block
+    blocks = np.unique(rows // block * n_block_cols + cols // block)
+    brow, bcol = blocks // n_block_cols, blocks % n_block_cols
+    counts = np.bincount(brow, minlength=m // block)
+    out = np.full((m // block, max(1, int(counts.max(initial=0)))), -1, dtype=np.int32)
+    first = np.cumsum(counts) - counts  # index in `blocks` of each block-row's first
+    out[brow, np.arange(blocks.size) - first[brow]] = bcol
+    return out
+
+
 def _host_buffer(data):
     """(address, nbytes, keep-alive) of bytes-like data or a numpy array."""
     try:
@@ -903,8 +961,7 @@ class Context:
         t = sf_timing()
         _check(_clib().sf_time_kernel(h, k, byref(cfg), arr, byref(o), byref(t)), h)
         del keep
-        return {"median_ms": t.median_ms, "p20_ms": t.p20_ms, "p80_ms": t.p80_ms,
-                "min_ms": t.min_ms, "mean_ms": t.mean_ms, "reps": t.reps}
+        return _timing_dict(t)
 
     def time_gemm(self, dtype: str, m: int, n: int, k: int, layout: str = "best",
                   warmup: int = 3, min_reps: int = 30, max_reps: int = 1000,
@@ -914,20 +971,44 @@ class Context:
         time() (see sf_time_dense_gemm).  layout: "fm", "tm" or "best" (both,
         the faster counts).  dict(median_ms, ..., layout)."""
         h = self._live_handle()
-        dtypes = {"fp32": 0, "fp16": 1, "bf16": 2}
-        layouts = {"fm": 0, "tm": 1, "best": -1}
-        if dtype not in dtypes:
-            raise ValueError(f"unknown dtype {dtype!r}; expected one of {sorted(dtypes)}")
-        if layout not in layouts:
+        if dtype not in _DTYPES:
+            raise ValueError(f"unknown dtype {dtype!r}; expected one of {sorted(_DTYPES)}")
+        if layout not in _LAYOUTS:
             raise ValueError(f"unknown layout {layout!r}; expected fm, tm or best")
-        d = sf_gemm_desc(dtypes[dtype], m, n, k, layouts[layout])
+        d = sf_gemm_desc(_DTYPES[dtype], m, n, k, _LAYOUTS[layout])
         o = _timing_options(warmup, min_reps, max_reps, min_total_ms, flush_l2, graph_batch)
         t = sf_gemm_timing()
         _check(_clib().sf_time_dense_gemm(h, byref(d), byref(o), byref(t)), h)
-        tt = t.timing
-        return {"median_ms": tt.median_ms, "p20_ms": tt.p20_ms, "p80_ms": tt.p80_ms,
-                "min_ms": tt.min_ms, "mean_ms": tt.mean_ms, "reps": tt.reps,
-                "layout": ("fm", "tm")[t.layout_used]}
+        return {**_timing_dict(t.timing), "layout": ("fm", "tm")[t.layout_used]}
+
+    def time_blocked_ell(self, dtype: str, m: int, k: int, n: int, block: int,
+                         block_cols_index, layout: str = "fm", warmup: int = 3,
+                         min_reps: int = 30, max_reps: int = 1000,
+                         min_total_ms: float = 100.0, flush_l2: bool = True,
+                         graph_batch: int = 0) -> dict:
+        """Times cuSPARSE's Blocked-ELL SpMM on Y (M x N) = W (M x K) X with
+        the protocol of time() (see sf_time_blocked_ell).  W is the pattern
+        `block_cols_index`: a 2-D integer array, one row per block-row of W
+        (M / block of them), each entry a block-column of W or -1 for an
+        empty slot, as blocked_ell_columns() gives it.  dtype: "fp16" or
+        "bf16"; layout: "fm" or "tm".  dict(median_ms, ..., layout)."""
+        h = self._live_handle()
+        if dtype not in ("fp16", "bf16"):
+            raise ValueError(f"unknown dtype {dtype!r}; Blocked-ELL SpMM takes fp16 or bf16")
+        if layout not in ("fm", "tm"):
+            raise ValueError(f"unknown layout {layout!r}; expected fm or tm")
+        m, k, n, block = (_as_int(v, name) for v, name in
+                          ((m, "m"), (k, "k"), (n, "n"), (block, "block")))
+        cols = _int32_matrix(block_cols_index, "block_cols_index")
+        if block > 0 and m % block == 0 and cols.shape[0] != m // block:
+            raise ValueError(f"block_cols_index has {cols.shape[0]} rows; M / block = "
+                             f"{m} / {block} = {m // block} block-rows")
+        d = sf_blocked_ell_desc(_DTYPES[dtype], m, n, k, block, cols.shape[1] * block,
+                                cols.ctypes.data_as(POINTER(ctypes.c_int32)), _LAYOUTS[layout])
+        o = _timing_options(warmup, min_reps, max_reps, min_total_ms, flush_l2, graph_batch)
+        t = sf_timing()
+        _check(_clib().sf_time_blocked_ell(h, byref(d), byref(o), byref(t)), h)
+        return {**_timing_dict(t), "layout": layout}
 
     def synchronize(self) -> None:
         """Waits for the GPU; a kernel fault surfaces here as CudaError."""
