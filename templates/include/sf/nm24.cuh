@@ -154,14 +154,6 @@ __device__ __forceinline__ void mma_sp<__nv_bfloat16, 1>(float (&d)[4], const un
         "r"(e));
 }
 
-template <typename T> __device__ __forceinline__ unsigned short bits_of(float v);
-template <> __device__ __forceinline__ unsigned short bits_of<__half>(float v) {
-  return __half_as_ushort(__float2half_rn(v));
-}
-template <> __device__ __forceinline__ unsigned short bits_of<__nv_bfloat16>(float v) {
-  return __bfloat16_as_ushort(__float2bfloat16_rn(v));
-}
-
 // ---- shared-memory layout of the B tile -------------------------------------
 // Chunk `c` (16 bytes) of row `row`, XOR-swizzled so that the 8 rows one
 // ldmatrix phase reads (and the 8 chunks one cp.async phase writes) fall in
@@ -360,13 +352,12 @@ __device__ __forceinline__ void store_tile(unsigned char *smem, float (&acc)[C::
 #pragma unroll
       for (int ni = 0; ni < C::NI; ++ni) {
         const int nl = warp_n * C::WTN + ni * 8 + 2 * t;
-        const float v0 = epilogue<P::HAS_BIAS, P::ACT, true>(acc[mi][ni][half * 2 + 0], P::SCALE, bv);
-        const float v1 = epilogue<P::HAS_BIAS, P::ACT, true>(acc[mi][ni][half * 2 + 1], P::SCALE, bv);
+        const unsigned pair = sm80::epilogue_pair<T, P::HAS_BIAS, P::ACT>(
+            acc[mi][ni][half * 2 + 0], acc[mi][ni][half * 2 + 1], P::SCALE, bv);
         if constexpr (C::TOKEN_MAJOR) {
-          sc[nl * C::C_LD + ml] = bits_of<T>(v0);
-          sc[(nl + 1) * C::C_LD + ml] = bits_of<T>(v1);
+          sc[nl * C::C_LD + ml] = static_cast<unsigned short>(pair & 0xffffu);
+          sc[(nl + 1) * C::C_LD + ml] = static_cast<unsigned short>(pair >> 16);
         } else {
-          const unsigned pair = (unsigned)bits_of<T>(v0) | ((unsigned)bits_of<T>(v1) << 16);
           *reinterpret_cast<unsigned *>(sc + ml * C::C_LD + nl) = pair;
         }
       }

@@ -456,9 +456,8 @@ __device__ __forceinline__ void epilogue_to_smem(const float (&acc)[Cfg::MF][Cfg
 #pragma unroll
       for (int ni = 0; ni < Cfg::NF; ++ni) {
         const int col = warp_n * Cfg::WTN + ni * 8 + 2 * (lane & 3);
-        const float y0 = epilogue<P::HAS_BIAS, P::ACT, true>(acc[mi][ni][2 * h], P::SCALE, bias);
-        const float y1 = epilogue<P::HAS_BIAS, P::ACT, true>(acc[mi][ni][2 * h + 1], P::SCALE, bias);
-        const unsigned pair = sm80::pack2<T>(y0, y1);
+        const unsigned pair = sm80::epilogue_pair<T, P::HAS_BIAS, P::ACT>(
+            acc[mi][ni][2 * h], acc[mi][ni][2 * h + 1], P::SCALE, bias);
         if (Cfg::TM) {  // N-major tile: the two values sit in consecutive token rows
           unsigned short *c16 = reinterpret_cast<unsigned short *>(s_c);
           c16[col * Cfg::C_LD + row] = static_cast<unsigned short>(pair & 0xffffu);
