@@ -26,7 +26,12 @@ for pattern, dtype, layout in CASES:
     mat = random_matrix(pattern, m, k, 0.3, dtype, seed=1)
     op = Operation(dtype, layout, Epilogue(bias=True, activation="gelu"))
     space = fam.search_space(mat, op, params, device)
-    picks = space[:: max(1, len(space) // (2 if small else 4))]
+    # a spread of each compute path's kernels (wgmma, shared gather, the rest)
+    paths: dict = {}
+    for cfg in space:
+        paths.setdefault("wg" if "wg" in cfg else "xr" if "xr" in cfg else "", []).append(cfg)
+    per = 2 if small else 4
+    picks = [c for group in paths.values() for c in group[::max(1, len(group) // per)][:per]]
     for cfg in picks:
         res = verify(fam, mat, op, params, cfg, n, seed=2)
         bad += not res["ok"]
