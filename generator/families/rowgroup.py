@@ -30,7 +30,7 @@ from typing import Optional
 import numpy as np
 
 from ..kernel import ConfigError, Family, Kernel, Operation, config_name, render, smem_limit
-from ..matrix import SparseMatrix, from_device_bytes, round_to_dtype, to_device_bytes
+from ..matrix import SparseMatrix, from_device_bytes, to_device_bytes
 from . import xshare
 
 BN_CHOICES = (16, 32, 64, 128, 256)
