@@ -213,13 +213,14 @@ def time_ell_peer(ctx, mat, params, dtype, n) -> float:
     ms, or NaN (with the reason printed) where the blocks are not square or
     cuSPARSE is missing or refuses."""
     from sparseforge import native
+    from sparseforge.generator.analysis import blocked_ell_columns
     from sparseforge.tuner.driver import QUICK_TIMING
     m, k = mat.shape
     block = params["br"]
     try:
         if params["bc"] != block:
             raise ValueError(f"needs square blocks, not {block}x{params['bc']}")
-        cols = native.blocked_ell_columns(mat, block)
+        cols = blocked_ell_columns(mat, block)
         t = ctx.time_blocked_ell(dtype, m, k, n, block, cols, layout="fm", **QUICK_TIMING)
     except (native.SFError, ValueError) as e:
         print(f"    cuSPARSE Blocked-ELL on {m}x{k}x{n}: {e}", flush=True)

@@ -61,6 +61,23 @@ def block_structure(matrix: SparseMatrix, br: int, bc: int) -> tuple[np.ndarray,
     return indptr, np.nonzero(mark)[1].astype(np.int32)
 
 
+def blocked_ell_columns(matrix: SparseMatrix, block: int) -> np.ndarray:
+    """The Blocked-ELL block-column indices of `matrix` cut into square
+    `block` x `block` blocks (cuSPARSE's format): int32, one row per
+    block-row, its nonzero blocks' columns in increasing order, padded with
+    -1 to the width of the fullest block-row (at least 1).  M and K must be
+    multiples of `block` (ValueError)."""
+    m, k = matrix.shape
+    if block < 1 or m % block or k % block:
+        raise ValueError(f"the block size ({block}) must divide M ({m}) and K ({k})")
+    indptr, bcols = block_structure(matrix, block, block)
+    counts = np.diff(indptr)
+    out = np.full((m // block, max(1, int(counts.max(initial=0)))), -1, dtype=np.int32)
+    brow = np.repeat(np.arange(m // block), counts)
+    out[brow, np.arange(bcols.size) - indptr[brow]] = bcols
+    return out
+
+
 def fits_bsr(matrix: SparseMatrix, br: int, bc: int) -> bool:
     """True when every nonzero block is fully dense (and inside the matrix):
     the bsr family then stores no zeros at all.  Any matrix can be stored as

@@ -37,7 +37,7 @@ __all__ = [
     "SFError", "InvalidArgumentError", "NoDriverError", "NoDeviceError", "CudaError",
     "CompileError", "NvrtcError", "NotFoundError", "LaunchError", "NoBinaryError",
     "CorruptError", "gpu_available", "nvrtc_version", "version", "Context", "Binary",
-    "Module", "KernelFn", "DeviceBuffer", "Layer", "blocked_ell_columns",
+    "Module", "KernelFn", "DeviceBuffer", "Layer",
 ]
 
 # ---------------------------------------------------------------------------
@@ -729,32 +729,6 @@ def _int32_matrix(v, what: str):
     return np.ascontiguousarray(a, dtype=np.int32)
 
 
-def blocked_ell_columns(matrix, block: int):
-    """The Blocked-ELL block-column indices of a sparse matrix (anything with
-    .shape, .indptr and .indices in CSR form, e.g. a SparseMatrix) cut into
-    square `block` x `block` blocks: an int32 array of (M / block) rows, one
-    per block-row, listing the block-columns that hold a nonzero in
-    increasing order, padded with -1 to the width of the fullest block-row
-    (at least 1).  For a bsr pattern of square blocks that is exactly its
-    blocks.  M and K must be multiples of `block` (ValueError)."""
-    import numpy as np
-    block = _as_int(block, "block")
-    m, k = (int(d) for d in matrix.shape)
-    if block < 1 or m % block or k % block:
-        raise ValueError(f"the block size ({block}) must divide M ({m}) and K ({k})")
-    indptr = np.asarray(matrix.indptr, dtype=np.int64)
-    rows = np.repeat(np.arange(m, dtype=np.int64), np.diff(indptr))
-    cols = np.asarray(matrix.indices, dtype=np.int64)
-    n_block_cols = k // block
-    blocks = np.unique(rows // block * n_block_cols + cols // block)
-    brow, bcol = blocks // n_block_cols, blocks % n_block_cols
-    counts = np.bincount(brow, minlength=m // block)
-    out = np.full((m // block, max(1, int(counts.max(initial=0)))), -1, dtype=np.int32)
-    first = np.cumsum(counts) - counts  # index in `blocks` of each block-row's first
-    out[brow, np.arange(blocks.size) - first[brow]] = bcol
-    return out
-
-
 def _host_buffer(data):
     """(address, nbytes, keep-alive) of bytes-like data or a numpy array."""
     try:
@@ -990,7 +964,7 @@ class Context:
         the protocol of time() (see sf_time_blocked_ell).  W is the pattern
         `block_cols_index`: a 2-D integer array, one row per block-row of W
         (M / block of them), each entry a block-column of W or -1 for an
-        empty slot, as blocked_ell_columns() gives it.  dtype: "fp16" or
+        empty slot, as generator.analysis.blocked_ell_columns gives it.  dtype: "fp16" or
         "bf16"; layout: "fm" or "tm".  dict(median_ms, ..., layout)."""
         h = self._live_handle()
         if dtype not in ("fp16", "bf16"):

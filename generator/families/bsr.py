@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from ..analysis import block_structure
 from ..kernel import register
 from ..matrix import SparseMatrix
 from .rowgroup import Grouping, RowGroupFamily, round_up, union_supports
@@ -24,20 +25,10 @@ MAX_BLOCK_ROWS = 256
 
 def block_count(matrix: SparseMatrix, br: int, bc: int) -> tuple[int, int]:
     """(nonzero blocks, entries those blocks cover, clipped at the edges)."""
-    try:
-        from ..analysis import block_structure  # type: ignore
-    except ImportError:
-        block_structure = None
     m, k = matrix.shape
-    if block_structure is not None:
-        bptr, bcols = block_structure(matrix, br, bc)
-        bptr = np.asarray(bptr, dtype=np.int64)
-        brow = np.repeat(np.arange(bptr.size - 1, dtype=np.int64), np.diff(bptr))
-        bcol = np.asarray(bcols, dtype=np.int64)
-    else:
-        nbc = (k + bc - 1) // bc if k else 1
-        ids = np.unique(matrix.row_ids() // br * nbc + matrix.indices // bc)
-        brow, bcol = ids // nbc, ids % nbc
+    bptr, bcols = block_structure(matrix, br, bc)
+    brow = np.repeat(np.arange(bptr.size - 1, dtype=np.int64), np.diff(bptr))
+    bcol = bcols.astype(np.int64)
     area = np.minimum(br, m - brow * br) * np.minimum(bc, k - bcol * bc)
     return int(brow.size), int(area.sum())
 

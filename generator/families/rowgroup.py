@@ -117,6 +117,19 @@ def _regs_per_thread(bm: int, config: dict) -> int:
     return mf * nf * 4 + (mf * 4 + nf * 2) * 2 + b_loads + 88
 
 
+def _check_warp_tile(wtm: int, bn: int, wn: int, stages: int) -> None:
+    """The mma.sync paths' pipeline depth and warp tile (wtm rows of BN / wn
+    columns): n16 steps along N and at most MAX_ACC_REGS accumulators."""
+    if stages not in STAGE_CHOICES:
+        raise ConfigError(f"stages: must be one of {STAGE_CHOICES}, got {stages}")
+    if bn % (16 * wn):
+        raise ConfigError(f"bn % (16*wn): BN = {bn} is not a multiple of 16 x wn = {16 * wn}")
+    acc = (wtm // 16) * (bn // wn // 8) * 4
+    if acc > MAX_ACC_REGS:
+        raise ConfigError(f"accumulators: warp tile {wtm}x{bn // wn} needs {acc} fp32 "
+                          f"registers per thread, more than {MAX_ACC_REGS}")
+
+
 def _check_loads_and_smem(config: dict, bm: int, op: Operation, device: Optional[dict],
                           max_loads: int) -> None:
     """16-byte copies per thread and operand in a stage, and shared memory."""
@@ -590,18 +603,11 @@ class RowGroupFamily(Family):
             raise ConfigError(f"bn: must be one of {BN_CHOICES}, got {bn}")
         if bk not in BK_CHOICES:
             raise ConfigError(f"bk: must be one of {BK_CHOICES}, got {bk}")
-        if st not in STAGE_CHOICES:
-            raise ConfigError(f"stages: must be one of {STAGE_CHOICES}, got {st}")
         if wm < 1 or wn < 1 or wm * wn > MAX_WARPS:
             raise ConfigError(f"warps: wm x wn must be 1..{MAX_WARPS}, got {wm}x{wn}")
         if bm % (16 * wm):
             raise ConfigError(f"bm % (16*wm): BM = {bm} is not a multiple of 16 x wm = {16 * wm}")
-        if bn % (16 * wn):
-            raise ConfigError(f"bn % (16*wn): BN = {bn} is not a multiple of 16 x wn = {16 * wn}")
-        acc = (bm // wm // 16) * (bn // wn // 8) * 4
-        if acc > MAX_ACC_REGS:
-            raise ConfigError(f"accumulators: warp tile {bm // wm}x{bn // wn} needs {acc} fp32 "
-                              f"registers per thread, more than {MAX_ACC_REGS}")
+        _check_warp_tile(bm // wm, bn, wn, st)
         _check_loads_and_smem(config, bm, op, device, MAX_LOADS)
 
     def _check_wg(self, config: dict, bm: int, op: Operation, device: Optional[dict]) -> None:
@@ -650,23 +656,16 @@ class RowGroupFamily(Family):
                               f"[bk, min(xr * bk, {xshare.MAX_UNION})], got {xu}")
         if bn not in xshare.XS_BN_CHOICES:
             raise ConfigError(f"bn: the shared gather takes {xshare.XS_BN_CHOICES}, got {bn}")
-        if st not in STAGE_CHOICES:
-            raise ConfigError(f"stages: must be one of {STAGE_CHOICES}, got {st}")
         if wm != xr:
             raise ConfigError(f"wm: the shared gather has one warp row per group, so wm = xr = "
                               f"{xr}, got {wm}")
         if wn < 1 or wm * wn > WG_MAX_WARPS:
             raise ConfigError(f"warps: wm x wn must be 1..{WG_MAX_WARPS}, got {wm}x{wn}")
-        if bn % (16 * wn):
-            raise ConfigError(f"bn % (16*wn): BN = {bn} is not a multiple of 16 x wn = {16 * wn}")
-        acc = (bm // 16) * (bn // wn // 8) * 4
-        if acc > MAX_ACC_REGS:
-            raise ConfigError(f"accumulators: warp tile {bm}x{bn // wn} needs {acc} fp32 "
-                              f"registers per thread, more than {MAX_ACC_REGS}")
+        _check_warp_tile(bm, bn, wn, st)
         threads = 32 * wm * wn
         # accumulators, one k-step of fragments and ~24 for addressing
         mf, nf = bm // 16, bn // wn // 8
-        regs = acc + mf * 4 + nf * 2 + 24
+        regs = mf * nf * 4 + mf * 4 + nf * 2 + 24
         if regs * threads > 65536:
             raise ConfigError(f"registers: about {regs} per thread x {threads} threads exceed "
                               f"the SM's 65536")

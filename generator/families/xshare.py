@@ -66,20 +66,17 @@ def pack_set(supports: list, bk: int, u: int, run: int = 1) -> SharedChunks:
     into chunks of BK entries per group and at most `u` union rows."""
     r = len(supports)
     w = unit_width(run, bk)
-    # units: (unit id, groups bitmask, columns)
-    owners: dict = {}
-    for g, sup in enumerate(supports):
-        for uid in np.unique(np.asarray(sup, dtype=np.int64) // w):
-            owners[int(uid)] = owners.get(int(uid), 0) | (1 << g)
+    # units (aligned runs of w columns): their columns, and a bitmask of the
+    # groups that read them; placed most shared first
+    cols_all = [np.asarray(sup, dtype=np.int64) for sup in supports]
+    all_cols = np.unique(np.concatenate(cols_all)) if cols_all else np.zeros(0, dtype=np.int64)
+    uids, starts = np.unique(all_cols // w, return_index=True)
+    unit_cols = dict(zip(uids.tolist(), np.split(all_cols, starts[1:])))
+    owners = dict.fromkeys(unit_cols, 0)
+    for g, cols in enumerate(cols_all):
+        for uid in np.unique(cols // w).tolist():
+            owners[uid] |= 1 << g
     units = sorted(owners.items(), key=lambda kv: (-bin(kv[1]).count("1"), kv[0]))
-    unit_cols = {}
-    all_cols = np.unique(np.concatenate([np.asarray(s, dtype=np.int64) for s in supports])) \
-        if supports and any(len(s) for s in supports) else np.zeros(0, dtype=np.int64)
-    uid_of = all_cols // w
-    starts = np.searchsorted(uid_of, [uid for uid, _ in units])
-    ends = np.searchsorted(uid_of, [uid for uid, _ in units], side="right")
-    for (uid, _), s, e in zip(units, starts, ends):
-        unit_cols[uid] = all_cols[s:e]
 
     kmax = max((len(s) for s in supports), default=0)
     n_chunks = -(-kmax // bk)
@@ -133,7 +130,7 @@ def pack_set(supports: list, bk: int, u: int, run: int = 1) -> SharedChunks:
     out_cols = np.full((n_chunks, u), -1, dtype=np.int32)
     local = np.zeros((n_chunks, r, bk), dtype=np.uint8)
     src = np.full((n_chunks, r, bk), -1, dtype=np.int64)
-    pos_in = [dict(zip(np.asarray(s, dtype=np.int64).tolist(), range(len(s)))) for s in supports]
+    pos_in = [dict(zip(cols.tolist(), range(cols.size))) for cols in cols_all]
     for c in range(n_chunks):
         slot_of, entries = _assign_slots(place[c], r, u, w)
         for col, s in slot_of.items():

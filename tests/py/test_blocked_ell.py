@@ -15,6 +15,7 @@ import numpy as np
 import pytest
 
 from sparseforge import native
+from sparseforge.generator.analysis import blocked_ell_columns
 from sparseforge.generator.matrix import SparseMatrix
 from sparseforge.generator.synth import random_matrix
 
@@ -42,7 +43,7 @@ def test_blocked_ell_columns_by_hand():
     # 16 x 12, blocks of 4: 4 block-rows of 3, 3, 0 and 1 blocks
     blocks = [(0, 2), (0, 0), (1, 1), (1, 0), (1, 2), (0, 1), (3, 1)]
     m = _block_matrix(blocks, (16, 12), 4)
-    cols = native.blocked_ell_columns(m, 4)
+    cols = blocked_ell_columns(m, 4)
     assert cols.dtype == np.int32
     np.testing.assert_array_equal(cols, [[0, 1, 2],
                                          [0, 1, 2],
@@ -50,12 +51,12 @@ def test_blocked_ell_columns_by_hand():
                                          [1, -1, -1]])
     # two block-rows of different widths, padded to the wider
     m = _block_matrix([(0, 2), (1, 0), (1, 2)], (8, 12), 4)
-    np.testing.assert_array_equal(native.blocked_ell_columns(m, 4), [[2, -1], [0, 2]])
+    np.testing.assert_array_equal(blocked_ell_columns(m, 4), [[2, -1], [0, 2]])
 
 
 def test_blocked_ell_columns_of_a_bsr_pattern():
     mat = random_matrix("bsr:32x32", 256, 384, 0.3, "fp16", seed=4)
-    cols = native.blocked_ell_columns(mat, 32)
+    cols = blocked_ell_columns(mat, 32)
     held = mat.to_dense().reshape(8, 32, 12, 32).any(axis=(1, 3))  # block mask
     assert cols.shape == (8, held.sum(axis=1).max())
     for i in range(8):
@@ -66,12 +67,12 @@ def test_blocked_ell_columns_of_a_bsr_pattern():
 
 def test_blocked_ell_columns_edges():
     empty = SparseMatrix((8, 8), np.zeros(9), np.zeros(0), np.zeros(0), "fp16")
-    np.testing.assert_array_equal(native.blocked_ell_columns(empty, 4), [[-1], [-1]])
+    np.testing.assert_array_equal(blocked_ell_columns(empty, 4), [[-1], [-1]])
     m = _block_matrix([(0, 0)], (8, 12), 4)
     for block in (3, 5, 0):
         with pytest.raises(ValueError, match=rf"the block size \({block}\) must divide "
                                              r"M \(8\) and K \(12\)"):
-            native.blocked_ell_columns(m, block)
+            blocked_ell_columns(m, block)
 
 
 # ---- argument checks (no GPU needed: they come before any GPU call) -----------
@@ -205,7 +206,7 @@ def test_s1_table_has_the_ell_columns():
 @pytest.mark.parametrize("layout", ["fm", "tm"])
 def test_time_blocked_ell(ctx, layout):
     mat = random_matrix("bsr:32x32", 512, 768, 0.25, "fp16", seed=0)
-    cols = native.blocked_ell_columns(mat, 32)
+    cols = blocked_ell_columns(mat, 32)
     dtypes = ["fp16"] + (["bf16"] if ctx.device_info()["cc_major"] >= 8 else [])
     for dtype in dtypes:
         t = ctx.time_blocked_ell(dtype, 512, 768, 256, 32, cols, layout=layout, min_reps=5,
