@@ -153,6 +153,15 @@ class Family:
             raise ConfigError(f"{self.tag(params)}: no valid configuration")
         return space[0]
 
+    def hint_configs(self, matrix: SparseMatrix, op: Operation, params: dict,
+                     device: Optional[dict] = None) -> list[dict]:
+        """Configurations a budgeted search should measure first, best
+        expected first: the default one unless a family knows more."""
+        try:
+            return [self.default_config(matrix, op, params, device)]
+        except ConfigError:
+            return []
+
     def generate(self, matrix: SparseMatrix, op: Operation, params: dict,
                  config: dict, bias: Optional[np.ndarray] = None) -> Kernel:
         """Plan (pack) and render one kernel for `config`."""

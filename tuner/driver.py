@@ -345,7 +345,8 @@ class Tuner:
                 budget = Budget(max_trials=max(8, math.ceil(len(space) / 4)))
         self._done = 0
         self._total = budget.max_trials or len(space)
-        get_strategy(strat).run(space, evaluate, budget, seed=0)
+        get_strategy(strat).run(space, evaluate, budget, seed=0,
+                                hints=fam.hint_configs(matrix, op, params, self.target))
 
         trials = self.cache.trials(self.env_key, fp, op_tag, n)
         nres.trials = len(trials)

@@ -16,7 +16,7 @@ weight tile over them, and
 `plan` packs the weights in BK-chunks (one chunk of one group is one
 contiguous BM x BK run), the column indices per chunk (padded with the
 group's last index, under zero weights), the schedule (groups sorted by k_g,
-longest first), the row map and the bias.  The shared-gather path (config
+longest first), the row map and the bias (by position, like the row map).  The shared-gather path (config
 keys "xr" and "xu") packs sets of xr groups instead: generator/families/xshare.py.  The device code is
 templates/include/sf/rowgroup.cuh; templates/rowgroup.cu.j2 only bakes in the
 constants.  Split-K is not implemented: one CTA runs one group's whole K.
@@ -74,8 +74,8 @@ def wg_tile_rows(bm: int) -> int:
 def smem_bytes(bm: int, config: dict, layout: str = "fm") -> int:
     """Dynamic shared memory of a configuration (mirrors Config::SMEM_BYTES):
     the pipeline stages, or the padded output tile where larger, plus the
-    row map; the wgmma path tiles wg_tile_rows(bm) rows and reserves 1 KB
-    to align its base."""
+    row map (each tile row's original row and bias); the wgmma path tiles
+    wg_tile_rows(bm) rows and reserves 1 KB to align its base."""
     bn, bk, stages = config["bn"], config["bk"], config["stages"]
     pad, b_rows, loc = 0, bk, 0
     if is_wg(config):
@@ -84,7 +84,7 @@ def smem_bytes(bm: int, config: dict, layout: str = "fm") -> int:
         bm, b_rows, loc = bm * config["xr"], config["xu"], config["xr"] * bk
     pipe = stages * (bm * bk * 2 + b_rows * bn * 2 + loc)
     c_tile = bm * (bn + 8) * 2 if layout == "fm" else bn * (bm + 8) * 2
-    return max(pipe, c_tile) + bm * 4 + pad
+    return max(pipe, c_tile) + bm * 8 + pad
 
 
 def min_blocks(bm: int, config: dict) -> int:
@@ -371,7 +371,7 @@ def build_plan(matrix: SparseMatrix, op: Operation, grouping: Grouping, bk: int,
         ("indices", indices.tobytes()),
         ("slots", slots.tobytes()),
         ("rows", perm.astype(np.int32).tobytes() if perm is not None else b""),
-        ("bias", bias.tobytes() if op.epilogue.bias else b"")])
+        ("bias", (bias if perm is None else bias[perm]).tobytes() if op.epilogue.bias else b"")])
     stored = int(sum(int(kg[g]) * (r1 - r0) for g, r0, r1 in _group_bounds(m, G)))
     runs = indices.reshape(-1, 8).astype(np.int64)
     runs8 = bool(k % 8 == 0 and np.all(runs[:, 0] % 8 == 0)
@@ -440,7 +440,8 @@ def build_shared_plan(matrix: SparseMatrix, op: Operation, grouping: Grouping, b
         ("local", local.tobytes()),
         ("slots", slots.tobytes()),
         ("rows", rows.tobytes()),
-        ("bias", bias.tobytes() if bias is not None else b"")])
+        ("bias", np.where(rows >= 0, bias[np.maximum(rows, 0)], 0.0).astype(np.float32).tobytes()
+         if bias is not None else b"")])
     kg = np.array([sup.size for sup in grouping.supports], dtype=np.int64)
     stored = int(sum(int(kg[g]) * (r1 - r0) for g, r0, r1 in _group_bounds(m, G)))
     set_k = np.array([max((int(kg[g]) for g in mem), default=0) for mem, _ in sets], dtype=np.int32)
@@ -730,29 +731,48 @@ class RowGroupFamily(Family):
                             out.append(cfg)
         return out
 
-    def default_config(self, matrix: SparseMatrix, op: Operation, params: dict,
-                       device: Optional[dict] = None) -> dict:
-        """A reasonable configuration without tuning: on sm_90a the wgmma
-        path, else 64 x 64 warp tiles where BM allows (the fastest measured
-        at M=K=N=4096 on an H200)."""
+    def hint_configs(self, matrix: SparseMatrix, op: Operation, params: dict,
+                     device: Optional[dict] = None) -> list[dict]:
+        """The S1 winners on an H200 (bench/RESULTS.md), the most frequent
+        first, that are valid here.  sm_90a, whole warpgroups of rows: the
+        wgmma path; sm_90a with smaller groups: the shared gather and
+        mma.sync; elsewhere mma.sync with 64 x 64 warp tiles where BM allows."""
         bm = self.tile_rows(matrix, params)
         prefs = []
         if device and device.get("arch") == "sm_90a" and op.layout == "fm":
-            # the fastest at M=K=N=4096, V=64 on an H200 (bench/RESULTS.md)
-            tile = wg_tile_rows(bm)
-            prefs = [{"bk": 32, "bn": 256, "stages": 4, "wm": tile // 16, "wn": 2, "wg": 1},
-                     {"bk": 32, "bn": 128, "stages": 4, "wm": tile // 16, "wn": 1, "wg": 1}]
-        prefs += [{"bk": 32, "bn": 256, "stages": 4, "wm": max(1, bm // 64), "wn": 4},
-                  {"bk": 32, "bn": 128, "stages": 3, "wm": max(1, bm // 64), "wn": 2},
-                  {"bk": 32, "bn": 128, "stages": 3, "wm": 1, "wn": 4},
-                  {"bk": 32, "bn": 128, "stages": 3, "wm": 2, "wn": 2}]
+            wm = wg_tile_rows(bm) // 16
+            wg = [{"bk": 32, "bn": 256, "stages": 4, "wm": wm, "wn": 2, "wg": 1},
+                  {"bk": 32, "bn": 128, "stages": 4, "wm": wm, "wn": 1, "wg": 1},
+                  {"bk": 32, "bn": 256, "stages": 5, "wm": wm, "wn": 2, "wg": 1},
+                  {"bk": 16, "bn": 256, "stages": 4, "wm": wm, "wn": 2, "wg": 1}]
+            if bm % 64 == 0:
+                prefs = wg
+            else:
+                prefs = [{"bk": 32, "bn": 128, "stages": 3, "wm": 8, "wn": 1, "xr": 8, "xu": 128},
+                         {"bk": 32, "bn": 128, "stages": 2, "wm": 8, "wn": 2, "xr": 8, "xu": 192},
+                         {"bk": 32, "bn": 128, "stages": 3, "wm": 2, "wn": 2},
+                         {"bk": 64, "bn": 128, "stages": 3, "wm": 2, "wn": 2},
+                         {"bk": 16, "bn": 64, "stages": 3, "wm": 8, "wn": 1, "xr": 8, "xu": 64}] + wg
+        if not (prefs and bm % 64 == 0):  # (sm_90a, whole warpgroups: the space is wgmma only)
+            prefs += [{"bk": 32, "bn": 256, "stages": 4, "wm": max(1, bm // 64), "wn": 4},
+                      {"bk": 32, "bn": 128, "stages": 3, "wm": max(1, bm // 64), "wn": 2},
+                      {"bk": 32, "bn": 128, "stages": 3, "wm": 1, "wn": 4},
+                      {"bk": 32, "bn": 128, "stages": 3, "wm": 2, "wn": 2}]
+        out = []
         for cfg in prefs:
             try:
                 self.check_config(cfg, matrix, op, params, device)
-                return cfg
             except ConfigError:
                 continue
-        return super().default_config(matrix, op, params, device)
+            if cfg not in out:
+                out.append(cfg)
+        return out
+
+    def default_config(self, matrix: SparseMatrix, op: Operation, params: dict,
+                       device: Optional[dict] = None) -> dict:
+        """A reasonable configuration without tuning: the first hint."""
+        hints = self.hint_configs(matrix, op, params, device)
+        return hints[0] if hints else super().default_config(matrix, op, params, device)
 
     # -- plan, unpack, generate ----------------------------------------------
     def plan(self, matrix: SparseMatrix, op: Operation, params: dict, config: dict,

@@ -301,8 +301,11 @@ def test_schedule_longest_first_and_sections_aligned(rng):
     # chunks are laid out in slot order, contiguously
     np.testing.assert_array_equal(slots[1:, 0], np.cumsum(slots[:, 1])[:-1])
     np.testing.assert_array_equal(slots[:, 1], -(-plan.group_k // plan.bk))
+    # the bias is stored by position (the rows section's order): bias[perm]
     bias = np.frombuffer(plan.packed, np.float32, 256, plan.offsets["bias"])
-    np.testing.assert_array_equal(bias, np.arange(256))
+    rows = np.frombuffer(plan.packed, np.int32, 256, plan.offsets["rows"])
+    assert plan.permuted and not np.array_equal(rows, np.arange(256))
+    np.testing.assert_array_equal(bias, rows.astype(np.float32))
 
 
 def test_bias_is_required_and_checked(rng):
@@ -373,8 +376,14 @@ def test_hopper_space_is_wgmma_where_groups_fill_warpgroups(rng, family, params,
     # nothing wgmma off sm_90a, nor token-major
     assert not [c for c in fam.search_space(mat, FP16, params, AMPERE) if c.get("wg")]
     assert not [c for c in fam.search_space(mat, FP16, params) if c.get("wg")]
-    assert fam.default_config(mat, FP16, params, HOPPER).get("wg") == 1
+    # the hints (a budgeted search's first trials) are valid, in the space, the default first:
+    # wgmma where groups fill warpgroups, else the shared gather and mma.sync first
+    hints = fam.hint_configs(mat, FP16, params, HOPPER)
+    assert hints and all(h in space for h in hints) and hints[0] == fam.default_config(mat, FP16, params, HOPPER)
+    assert bool(hints[0].get("wg")) == (bm % 64 == 0)
+    assert bm % 64 == 0 or hints[0].get("xr") == 8
     assert "wg" not in fam.default_config(mat, FP16, params, AMPERE)
+    assert all(h in fam.search_space(mat, FP16, params, AMPERE) for h in fam.hint_configs(mat, FP16, params, AMPERE))
 
 
 @pytest.mark.parametrize("change,constraint", [
@@ -445,7 +454,7 @@ def test_wgmma_kernel_shape_and_shared_memory(rng):
     assert k.name == "sf_bsr32x32_fp16_fm_plain_bk32_bn128_stages4_wg1_wm4_wn1"
     assert k.block == (128, 1, 1) and k.config == cfg and k.n_tile == 128
     # a 64-row tile over 32-row groups, 1 KB for alignment
-    assert k.shared_bytes == rowgroup.smem_bytes(32, cfg) == 4 * (64 * 32 * 2 + 32 * 128 * 2) + 64 * 4 + 1024
+    assert k.shared_bytes == rowgroup.smem_bytes(32, cfg) == 4 * (64 * 32 * 2 + 32 * 128 * 2) + 64 * 8 + 1024
     assert "Config<__half, 64, 128, 32, 4, 1, 4, false, true, 32, 0, 0>" in k.source
     assert "compile it for sm_90a" in k.source
 

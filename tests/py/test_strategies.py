@@ -85,3 +85,24 @@ def test_budget_parse():
     assert Budget.parse("all", 81).max_trials is None
     with pytest.raises(ValueError, match="bad budget 'x1'"):
         Budget.parse("x1", 81)
+
+
+@pytest.mark.parametrize("name", ["greedy", "random"])
+def test_hints_go_first_and_unknown_hints_are_ignored(name):
+    hints = [SPACE[40], dict(bn=999, bk=16, warps=2, stages=2), SPACE[7], SPACE[40]]
+    batches = []
+
+    def evaluate(batch):
+        batches.append(list(batch))
+        budget.trials += len(batch)
+        return [1.0] * len(batch)
+
+    budget = Budget(max_trials=12)
+    get_strategy(name).run(SPACE, evaluate, budget, seed=3, hints=hints)
+    first = batches[0]
+    # the valid hints, once each and in order, open the first batch; the rest of the budget
+    # still samples the space
+    assert first[:2] == [SPACE[40], SPACE[7]]
+    measured = [config_key(c) for b in batches for c in b]
+    assert len(measured) == len(set(measured)) == 12
+    assert config_key(hints[1]) not in measured

@@ -5,14 +5,16 @@ A strategy gets the search space (a list of configuration dicts), an
 (compiled in parallel, timed serially) and returns one time per config in
 milliseconds, `math.inf` for a failed one; results already known (resumed
 trials) come back without being measured again.  A strategy stops when
-`budget.exhausted()` says so or when it has nothing left to try.
+`budget.exhausted()` says so or when it has nothing left to try.  Hints
+(the family's preferred configurations) go first where the budget is
+short of the space.
 """
 from __future__ import annotations
 
 import math
 import time
 from dataclasses import dataclass, field
-from typing import Callable, Optional
+from typing import Callable, Optional, Sequence
 
 Evaluate = Callable[[list[dict]], list[float]]
 
@@ -56,8 +58,24 @@ class Budget:
 class Strategy:
     name = ""
 
-    def run(self, space: list[dict], evaluate: Evaluate, budget: Budget, seed: int = 0) -> None:
+    def run(self, space: list[dict], evaluate: Evaluate, budget: Budget, seed: int = 0,
+            hints: Sequence[dict] = ()) -> None:
+        """Measures configurations of `space` through `evaluate` until the
+        budget is spent.  `hints`: configurations the family expects to be
+        good (measured elsewhere), which a budgeted strategy tries first."""
         raise NotImplementedError
+
+
+def hinted(space: list[dict], hints: Sequence[dict]) -> list[dict]:
+    """The hints that are in `space`, in order, once each."""
+    by_key = {config_key(c): c for c in space}
+    out, seen = [], set()
+    for h in hints:
+        k = config_key(h)
+        if k in by_key and k not in seen:
+            seen.add(k)
+            out.append(by_key[k])
+    return out
 
 
 def config_key(config: dict) -> tuple:

@@ -1,4 +1,6 @@
 """Every configuration, in batches (for small spaces)."""
+from typing import Sequence
+
 from . import Budget, Evaluate, Strategy, register
 
 
@@ -7,7 +9,8 @@ class Exhaustive(Strategy):
     name = "exhaustive"
     batch = 16
 
-    def run(self, space: list[dict], evaluate: Evaluate, budget: Budget, seed: int = 0) -> None:
+    def run(self, space: list[dict], evaluate: Evaluate, budget: Budget, seed: int = 0,
+            hints: Sequence[dict] = ()) -> None:  # every configuration: hints change nothing
         for i in range(0, len(space), self.batch):
             if budget.exhausted():
                 return

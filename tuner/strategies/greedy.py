@@ -1,6 +1,7 @@
 """Budgeted neighbourhood search for large spaces.
 
-Starts from a spread sample (a quarter of the budget), then repeatedly
+Starts from the family's hints and a spread sample (a quarter of the
+budget together), then repeatedly
 measures the unmeasured neighbours of the best configurations found so far
 (neighbours differ in exactly one parameter), best first; when the best
 ones have no unmeasured neighbours left it samples at random again.  Tile
@@ -10,7 +11,9 @@ where the good configurations are.
 import math
 import random
 
-from . import Budget, Evaluate, Strategy, config_key, register
+from typing import Sequence
+
+from . import Budget, Evaluate, Strategy, config_key, hinted, register
 
 
 def _neighbours(config: dict, index: dict, by_key: dict) -> list[dict]:
@@ -31,7 +34,8 @@ def _neighbours(config: dict, index: dict, by_key: dict) -> list[dict]:
 class Greedy(Strategy):
     name = "greedy"
 
-    def run(self, space: list[dict], evaluate: Evaluate, budget: Budget, seed: int = 0) -> None:
+    def run(self, space: list[dict], evaluate: Evaluate, budget: Budget, seed: int = 0,
+            hints: Sequence[dict] = ()) -> None:
         rng = random.Random(seed)
         by_key = {config_key(c): c for c in space}
         index: dict = {}
@@ -54,7 +58,10 @@ class Greedy(Strategy):
 
         total = budget.max_trials if budget.max_trials is not None else len(space)
         init = max(4, math.ceil(total / 4))
-        measure(rng.sample(space, min(init, len(space))))
+        first = hinted(space, hints)[:init]  # the family's picks, then a spread sample
+        picked = {config_key(c) for c in first}
+        rest = [c for c in space if config_key(c) not in picked]
+        measure(first + rng.sample(rest, min(init - len(first), len(rest))))
         while not budget.exhausted() and len(times) < len(space):
             ranked = sorted((t, k) for k, t in times.items() if math.isfinite(t))
             batch = []

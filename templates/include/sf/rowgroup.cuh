@@ -26,7 +26,8 @@
 //     slots    int4[NUM_SLOTS]     {first chunk, chunks, first row, rows}
 //     rows     int32[M]            permuted position -> original row
 //                                  (only when PERMUTED)
-//     bias     float32[M]          in original row order (only when HAS_BIAS)
+//     bias     float32[M]          in the order of positions (the rows section's; only
+//                                  when HAS_BIAS), so a tile row's bias needs no row map
 //
 // The Problem type (generated per matrix) provides:
 //     M, K, NUM_SLOTS, W_OFF, IDX_OFF, SLOT_OFF, ROWS_OFF, BIAS_OFF,
@@ -110,10 +111,11 @@ struct Config {
   static constexpr int C_ROW_CH = (C_LD - 8) / 8;  // 16-byte chunks of a tile row
   static constexpr int C_BYTES = C_ROWS * C_LD * 2;
   static constexpr int ROWMAP_OFF = PIPE_BYTES > C_BYTES ? PIPE_BYTES : C_BYTES;
+  static constexpr int ROWMAP_BYTES = BM * 8;  // the row map: BM original rows, then their BM biases
   // WG: the base is rounded up to 1024 bytes in the kernel (the swizzle
   // repeat), so 1 KB more is asked for
   static constexpr int ALIGN_PAD = WG ? 1024 : 0;
-  static constexpr int SMEM_BYTES = ROWMAP_OFF + BM * 4 + ALIGN_PAD;  // dynamic shared memory
+  static constexpr int SMEM_BYTES = ROWMAP_OFF + ROWMAP_BYTES + ALIGN_PAD;  // dynamic shared memory
   static constexpr int WG_M = BM / 64;    // WG: warpgroups along M
   static constexpr int WG_N = BN / WN;    // WG: the N of each warpgroup's wgmma
 
@@ -169,18 +171,24 @@ __device__ __forceinline__ Slot load_slot(const unsigned char *packed, int s) {
   return Slot{v.x, v.y, v.z, v.w};
 }
 
-// Original row of each of the group's BM tile rows (-1 past its last row),
-// into shared memory.
+// Original row of each of the group's BM tile rows (-1 past its last row)
+// into s_rows[0, BM), and, HAS_BIAS, its bias into the BM floats after
+// them.  Both loads depend on the slot only (the bias is stored by
+// position), and the caller issues them behind the first chunks' copies,
+// so the epilogue reads shared memory only.
 template <class Cfg, class P>
 __device__ __forceinline__ void load_row_map(const unsigned char *packed, const Slot &slot,
                                              int *s_rows) {
   for (int r = threadIdx.x; r < Cfg::BM; r += Cfg::THREADS) {
     int orig = -1;
+    float bias = 0.0f;
     if (r < slot.rows) {
       orig = Cfg::XS || P::PERMUTED ? __ldg(section<int>(packed, P::ROWS_OFF) + slot.first_row + r)
                                     : slot.first_row + r;
+      if (P::HAS_BIAS) bias = __ldg(section<float>(packed, P::BIAS_OFF) + slot.first_row + r);
     }
     s_rows[r] = orig;
+    if (P::HAS_BIAS) reinterpret_cast<float *>(s_rows)[Cfg::BM + r] = bias;
   }
 }
 
@@ -439,7 +447,6 @@ __device__ __forceinline__ void wgmma_stage(float (&acc)[Cfg::WG_N / 8][4], unsi
 // (BM x BN, rows padded to C_LD so the fragment stores do not conflict).
 template <class Cfg, class P>
 __device__ __forceinline__ void epilogue_to_smem(const float (&acc)[Cfg::MF][Cfg::NF][4],
-                                                 const unsigned char *packed,
                                                  const int *s_rows, unsigned char *s_c,
                                                  int warp_m, int warp_n, int lane) {
   using T = typename Cfg::elem_t;
@@ -448,11 +455,7 @@ __device__ __forceinline__ void epilogue_to_smem(const float (&acc)[Cfg::MF][Cfg
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
       const int row = warp_m * Cfg::WTM + mi * 16 + (lane >> 2) + 8 * h;
-      float bias = 0.0f;
-      if (P::HAS_BIAS) {
-        const int orig = s_rows[row];
-        if (orig >= 0) bias = __ldg(section<float>(packed, P::BIAS_OFF) + orig);
-      }
+      const float bias = P::HAS_BIAS ? reinterpret_cast<const float *>(s_rows)[Cfg::BM + row] : 0.0f;
 #pragma unroll
       for (int ni = 0; ni < Cfg::NF; ++ni) {
         const int col = warp_n * Cfg::WTN + ni * 8 + 2 * (lane & 3);
@@ -561,7 +564,6 @@ __device__ __forceinline__ void gemm_group(const unsigned char *__restrict__ pac
   const unsigned s_base = sm80::smem_addr(smem);
   int *s_rows = reinterpret_cast<int *>(smem + Cfg::ROWMAP_OFF);
 
-  load_row_map<Cfg, P>(packed, slot, s_rows);
   if constexpr (Cfg::AM < Cfg::BM) {  // WG: A-tile rows past the chunk's, zero once, never loaded
     constexpr int PAD_CH = (Cfg::BM - Cfg::AM) * Cfg::BK / 8;
     const unsigned zero[4] = {0u, 0u, 0u, 0u};
@@ -596,6 +598,8 @@ __device__ __forceinline__ void gemm_group(const unsigned char *__restrict__ pac
     if (s < chunks) issue_chunk<Cfg>(bl, s_base + s * Cfg::STAGE_BYTES, w, ind, loc, s, chunks);
     sm80::cp_async_commit();
   }
+  load_row_map<Cfg, P>(packed, slot, s_rows);  // behind the copies; the main loop's barriers
+                                               // (or the epilogue's) publish it
 
   // main loop: the stage of chunk c-(S-AHEAD) is refilled with chunk c+AHEAD
   int read_stage = 0, write_stage = AHEAD;
@@ -623,7 +627,7 @@ __device__ __forceinline__ void gemm_group(const unsigned char *__restrict__ pac
   if constexpr (Cfg::WG) sm90::wait_group<0>();
   sm80::cp_async_wait<0>();
   __syncthreads();  // pipeline buffers free for the output tile; row map visible
-  epilogue_to_smem<Cfg, P>(acc, packed, s_rows, smem, warp_m, warp_n, lane);
+  epilogue_to_smem<Cfg, P>(acc, s_rows, smem, warp_m, warp_n, lane);
   __syncthreads();
   if (Cfg::TM)
     store_tile_tm<Cfg, P, VEC>(smem, s_rows, y, n_len, n0);
