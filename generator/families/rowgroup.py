@@ -16,8 +16,9 @@ weight tile over them, and
 `plan` packs the weights in BK-chunks (one chunk of one group is one
 contiguous BM x BK run), the column indices per chunk (padded with the
 group's last index, under zero weights), the schedule (groups sorted by k_g,
-longest first), the row map and the bias (by position, like the row map).  The shared-gather path (config
-keys "xr" and "xu") packs sets of xr groups instead: generator/families/xshare.py.  The device code is
+longest first), the row map and the bias (by position, like the row map).
+The shared-gather path (config keys "xr" and "xu") packs sets of xr groups
+instead: generator/families/xshare.py.  The device code is
 templates/include/sf/rowgroup.cuh; templates/rowgroup.cu.j2 only bakes in the
 constants.  Split-K is not implemented: one CTA runs one group's whole K.
 """
@@ -738,26 +739,25 @@ class RowGroupFamily(Family):
         wgmma path; sm_90a with smaller groups: the shared gather and
         mma.sync; elsewhere mma.sync with 64 x 64 warp tiles where BM allows."""
         bm = self.tile_rows(matrix, params)
-        prefs = []
-        if device and device.get("arch") == "sm_90a" and op.layout == "fm":
-            wm = wg_tile_rows(bm) // 16
-            wg = [{"bk": 32, "bn": 256, "stages": 4, "wm": wm, "wn": 2, "wg": 1},
-                  {"bk": 32, "bn": 128, "stages": 4, "wm": wm, "wn": 1, "wg": 1},
-                  {"bk": 32, "bn": 256, "stages": 5, "wm": wm, "wn": 2, "wg": 1},
-                  {"bk": 16, "bn": 256, "stages": 4, "wm": wm, "wn": 2, "wg": 1}]
-            if bm % 64 == 0:
-                prefs = wg
-            else:
-                prefs = [{"bk": 32, "bn": 128, "stages": 3, "wm": 8, "wn": 1, "xr": 8, "xu": 128},
-                         {"bk": 32, "bn": 128, "stages": 2, "wm": 8, "wn": 2, "xr": 8, "xu": 192},
-                         {"bk": 32, "bn": 128, "stages": 3, "wm": 2, "wn": 2},
-                         {"bk": 64, "bn": 128, "stages": 3, "wm": 2, "wn": 2},
-                         {"bk": 16, "bn": 64, "stages": 3, "wm": 8, "wn": 1, "xr": 8, "xu": 64}] + wg
-        if not (prefs and bm % 64 == 0):  # (sm_90a, whole warpgroups: the space is wgmma only)
-            prefs += [{"bk": 32, "bn": 256, "stages": 4, "wm": max(1, bm // 64), "wn": 4},
-                      {"bk": 32, "bn": 128, "stages": 3, "wm": max(1, bm // 64), "wn": 2},
-                      {"bk": 32, "bn": 128, "stages": 3, "wm": 1, "wn": 4},
-                      {"bk": 32, "bn": 128, "stages": 3, "wm": 2, "wn": 2}]
+        hopper = bool(device and device.get("arch") == "sm_90a" and op.layout == "fm")
+        wm = wg_tile_rows(bm) // 16
+        wg = [{"bk": 32, "bn": 256, "stages": 4, "wm": wm, "wn": 2, "wg": 1},
+              {"bk": 32, "bn": 128, "stages": 4, "wm": wm, "wn": 1, "wg": 1},
+              {"bk": 32, "bn": 256, "stages": 5, "wm": wm, "wn": 2, "wg": 1},
+              {"bk": 16, "bn": 256, "stages": 4, "wm": wm, "wn": 2, "wg": 1}]
+        if hopper and bm % 64 == 0:  # the space is wgmma only
+            prefs = wg
+        else:
+            small = [{"bk": 32, "bn": 128, "stages": 3, "wm": 8, "wn": 1, "xr": 8, "xu": 128},
+                     {"bk": 32, "bn": 128, "stages": 2, "wm": 8, "wn": 2, "xr": 8, "xu": 192},
+                     {"bk": 32, "bn": 128, "stages": 3, "wm": 2, "wn": 2},
+                     {"bk": 64, "bn": 128, "stages": 3, "wm": 2, "wn": 2},
+                     {"bk": 16, "bn": 64, "stages": 3, "wm": 8, "wn": 1, "xr": 8, "xu": 64}]
+            prefs = (small + wg if hopper else []) + [
+                {"bk": 32, "bn": 256, "stages": 4, "wm": max(1, bm // 64), "wn": 4},
+                {"bk": 32, "bn": 128, "stages": 3, "wm": max(1, bm // 64), "wn": 2},
+                {"bk": 32, "bn": 128, "stages": 3, "wm": 1, "wn": 4},
+                {"bk": 32, "bn": 128, "stages": 3, "wm": 2, "wn": 2}]
         out = []
         for cfg in prefs:
             try:
