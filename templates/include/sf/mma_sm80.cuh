@@ -46,6 +46,11 @@ __device__ __forceinline__ void st_shared_16(unsigned dst, const unsigned (&w)[4
                : "memory");
 }
 
+// One 32-bit word into shared memory.
+__device__ __forceinline__ void st_shared_u32(unsigned dst, unsigned w) {
+  asm volatile("st.shared.b32 [%0], %1;\n" ::"r"(dst), "r"(w) : "memory");
+}
+
 // ---- ldmatrix -----------------------------------------------------------------
 
 // Four 8x8 b16 matrices; lanes 8i..8i+7 give the row addresses of matrix i.

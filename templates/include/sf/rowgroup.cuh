@@ -14,7 +14,8 @@
 // One CTA computes one group x BN columns of N.  The kernel body reads:
 //     slot = the group this CTA owns (longest groups first)
 //     row map -> shared memory
-//     prologue: STAGES-1 chunks in flight (cp.async)
+//     prologue: the first chunks' row indices (one round trip), then
+//               STAGES-1 chunks in flight (cp.async)
 //     main loop: wait for chunk c; issue chunk c+STAGES-1; MMAs on chunk c
 //     epilogue: scale, bias, activation in registers -> shared tile ->
 //               16-byte stores into the group's original rows
@@ -252,36 +253,41 @@ __device__ __forceinline__ void load_a_tile(unsigned s_a, const unsigned short *
 template <class Cfg, bool VEC>
 struct BLoaderFM {
   using S = TileSlots<Cfg::B_ROW_CH, Cfg::B_ROWS, Cfg::THREADS, Cfg::WG>;
+  struct Idx {              // the rows of X one chunk gathers, this thread's
+    int row[S::ITERS];
+  };
   S slots;
-  int idx[S::ITERS];        // rows of X for the chunk issued next
-  const unsigned short *x;  // X
-  const unsigned short *xc; // X + this thread's first column
+  Idx next;                 // the chunk issued next
+  const unsigned char *xc;  // X + this thread's first column (X itself past N: nothing is read)
+  unsigned pitch;           // bytes from a row of X to the next
   int n_len;                // N
   int col;                  // this thread's first column (absolute)
 
-  __device__ __forceinline__ BLoaderFM(const unsigned short *x_, int n, int n0)
-      : x(x_), n_len(n) {
+  __device__ __forceinline__ BLoaderFM(const unsigned short *x, int n, int n0)
+      : pitch(2u * static_cast<unsigned>(n)), n_len(n) {
     col = n0 + 8 * slots.col;
-    xc = x + col;
+    xc = reinterpret_cast<const unsigned char *>(col < n_len ? x + col : x);
 #pragma unroll
-    for (int i = 0; i < S::ITERS; ++i) idx[i] = 0;
+    for (int i = 0; i < S::ITERS; ++i) next.row[i] = 0;
   }
 
-  __device__ __forceinline__ void fetch_indices(const int *chunk_idx) {
+  __device__ __forceinline__ void fetch(Idx &dst, const int *chunk_idx) const {
 #pragma unroll
     for (int i = 0; i < S::ITERS; ++i)
-      if (S::owns(i)) idx[i] = __ldg(chunk_idx + slots.row(i));
+      if (S::owns(i)) dst.row[i] = __ldg(chunk_idx + slots.row(i));
   }
 
-  __device__ __forceinline__ void load(unsigned s_b) const {
+  __device__ __forceinline__ void load(const Idx &idx, unsigned s_b) const {
     const bool in = col < n_len;
 #pragma unroll
     for (int i = 0; i < S::ITERS; ++i) {
-      if (!S::owns(i) || (Cfg::XS && idx[i] < 0)) continue;  // XS: an empty slot
+      if (!S::owns(i) || (Cfg::XS && idx.row[i] < 0)) continue;  // XS: an empty slot
       const unsigned dst = s_b + slots.offset(i);
-      const unsigned short *src = xc + (size_t)idx[i] * n_len;
+      // one wide multiply-add: the row index is never negative here
+      const unsigned short *src = reinterpret_cast<const unsigned short *>(
+          xc + static_cast<size_t>(static_cast<unsigned>(idx.row[i])) * pitch);
       if (VEC) {
-        sm80::cp_async_16(dst, in ? src : x, in);
+        sm80::cp_async_16(dst, src, in);
       } else {
         unsigned w[4];
 #pragma unroll
@@ -305,24 +311,27 @@ struct BLoaderFM {
 template <class Cfg, bool VEC, int K>
 struct BLoaderTM {
   using S = TileSlots<Cfg::B_ROW_CH, Cfg::BN, Cfg::THREADS>;
+  struct Idx {
+    const int *chunk;      // the chunk's indices
+    int run;               // first column of this thread's run (VEC)
+  };
   S slots;
-  int run;                 // first column of this thread's run (VEC)
+  Idx next;                // the chunk issued next
   int tok0;                // this thread's first token (absolute)
-  const int *chunk;        // indices of the chunk issued next
   const unsigned short *x;
   int n_len;
 
   __device__ __forceinline__ BLoaderTM(const unsigned short *x_, int n, int n0)
-      : run(0), chunk(nullptr), x(x_), n_len(n) {
+      : next{nullptr, 0}, x(x_), n_len(n) {
     tok0 = n0 + slots.row0;
   }
 
-  __device__ __forceinline__ void fetch_indices(const int *chunk_idx) {
-    chunk = chunk_idx;
-    if (VEC) run = __ldg(chunk_idx + 8 * slots.col);
+  __device__ __forceinline__ void fetch(Idx &dst, const int *chunk_idx) const {
+    dst.chunk = chunk_idx;
+    if (VEC) dst.run = __ldg(chunk_idx + 8 * slots.col);
   }
 
-  __device__ __forceinline__ void load(unsigned s_b) const {
+  __device__ __forceinline__ void load(const Idx &idx, unsigned s_b) const {
 #pragma unroll
     for (int i = 0; i < S::ITERS; ++i) {
       if (!S::owns(i)) continue;
@@ -331,13 +340,13 @@ struct BLoaderTM {
       const bool in = tok < n_len;
       const unsigned short *row = x + (size_t)(in ? tok : 0) * K;
       if (VEC) {
-        sm80::cp_async_16(dst, row + run, in);
+        sm80::cp_async_16(dst, row + idx.run, in);
       } else {
         unsigned w[4];
 #pragma unroll
         for (int e = 0; e < 4; ++e) {
-          const unsigned lo = in ? row[__ldg(chunk + 8 * slots.col + 2 * e)] : 0u;
-          const unsigned hi = in ? row[__ldg(chunk + 8 * slots.col + 2 * e + 1)] : 0u;
+          const unsigned lo = in ? row[__ldg(idx.chunk + 8 * slots.col + 2 * e)] : 0u;
+          const unsigned hi = in ? row[__ldg(idx.chunk + 8 * slots.col + 2 * e + 1)] : 0u;
           w[e] = lo | (hi << 16);
         }
         sm80::st_shared_16(dst, w);
@@ -450,23 +459,27 @@ __device__ __forceinline__ void epilogue_to_smem(const float (&acc)[Cfg::MF][Cfg
                                                  const int *s_rows, unsigned char *s_c,
                                                  int warp_m, int warp_n, int lane) {
   using T = typename Cfg::elem_t;
+  const unsigned c_base = sm80::smem_addr(s_c);
 #pragma unroll
   for (int mi = 0; mi < Cfg::MF; ++mi) {
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
       const int row = warp_m * Cfg::WTM + mi * 16 + (lane >> 2) + 8 * h;
+      const int col0 = warp_n * Cfg::WTN + 2 * (lane & 3);  // + 8 ni
       const float bias = P::HAS_BIAS ? reinterpret_cast<const float *>(s_rows)[Cfg::BM + row] : 0.0f;
+      // fm: the row's pairs sit 16 bytes apart (immediate offsets from one address)
+      const unsigned fm_addr = c_base + 2u * static_cast<unsigned>(row * Cfg::C_LD + col0);
 #pragma unroll
       for (int ni = 0; ni < Cfg::NF; ++ni) {
-        const int col = warp_n * Cfg::WTN + ni * 8 + 2 * (lane & 3);
         const unsigned pair = sm80::epilogue_pair<T, P::HAS_BIAS, P::ACT>(
             acc[mi][ni][2 * h], acc[mi][ni][2 * h + 1], P::SCALE, bias);
         if (Cfg::TM) {  // N-major tile: the two values sit in consecutive token rows
+          const int col = col0 + ni * 8;
           unsigned short *c16 = reinterpret_cast<unsigned short *>(s_c);
           c16[col * Cfg::C_LD + row] = static_cast<unsigned short>(pair & 0xffffu);
           c16[(col + 1) * Cfg::C_LD + row] = static_cast<unsigned short>(pair >> 16);
         } else {
-          reinterpret_cast<unsigned *>(s_c)[(row * Cfg::C_LD + col) / 2] = pair;
+          sm80::st_shared_u32(fm_addr + 16u * ni, pair);
         }
       }
     }
@@ -475,18 +488,30 @@ __device__ __forceinline__ void epilogue_to_smem(const float (&acc)[Cfg::MF][Cfg
 
 // The shared output tile -> Y rows (original order), columns [n0, n0+BN)
 // clipped to N; rows past the group's end are skipped.
+// A thread keeps one 16-byte column chunk and walks the rows THREADS /
+// C_ROW_CH apart: the shared reads sit at immediate offsets, each store
+// address is one wide multiply-add.
 template <class Cfg, bool VEC>
 __device__ __forceinline__ void store_tile_fm(const unsigned char *s_c, const int *s_rows,
                                               unsigned short *y, int n_len, int n0) {
-  constexpr int CHUNKS = Cfg::BM * Cfg::C_ROW_CH;
-#pragma unroll 4
-  for (int ch = threadIdx.x; ch < CHUNKS; ch += Cfg::THREADS) {
-    const int r = ch / Cfg::C_ROW_CH, c = ch % Cfg::C_ROW_CH;
+  constexpr int RSTEP = Cfg::THREADS / Cfg::C_ROW_CH;  // rows from one of a thread's to the next
+  constexpr int ITERS = (Cfg::BM + RSTEP - 1) / RSTEP;
+  static_assert(Cfg::THREADS % Cfg::C_ROW_CH == 0, "a thread keeps one chunk column");
+  const int c = threadIdx.x % Cfg::C_ROW_CH, r0 = threadIdx.x / Cfg::C_ROW_CH;
+  const int n = n0 + 8 * c;
+  if (n >= n_len) return;
+  const unsigned char *src0 = s_c + 2 * (r0 * Cfg::C_LD + 8 * c);
+  unsigned char *ycol = reinterpret_cast<unsigned char *>(y + n);
+  const unsigned pitch = 2u * static_cast<unsigned>(n_len);
+#pragma unroll
+  for (int i = 0; i < ITERS; ++i) {
+    const int r = r0 + i * RSTEP;
+    if (Cfg::BM % RSTEP != 0 && r >= Cfg::BM) break;
     const int orig = s_rows[r];
-    const int n = n0 + 8 * c;
-    if (orig < 0 || n >= n_len) continue;
-    const unsigned char *src = s_c + 2 * (r * Cfg::C_LD + 8 * c);
-    unsigned short *dst = y + (size_t)orig * n_len + n;
+    if (orig < 0) continue;
+    const unsigned char *src = src0 + 2 * i * RSTEP * Cfg::C_LD;
+    unsigned short *dst = reinterpret_cast<unsigned short *>(
+        ycol + static_cast<size_t>(static_cast<unsigned>(orig)) * pitch);
     if (VEC) {
       *reinterpret_cast<uint4 *>(dst) = *reinterpret_cast<const uint4 *>(src);
     } else {
@@ -528,20 +553,18 @@ __device__ __forceinline__ void store_tile_tm(const unsigned char *s_c, const in
 
 // ---- the kernel body ------------------------------------------------------------------
 
-// Chunk j's copies into the stage at s_a (the loader holds its row indices),
-// then chunk j+1's indices into the loader.
+// Chunk j's copies into the stage at s_a; `idx` holds its row indices.
 template <class Cfg, class BL>
-__device__ __forceinline__ void issue_chunk(BL &bl, unsigned s_a, const unsigned short *w,
-                                            const int *ind, const unsigned char *loc, int j,
-                                            int chunks) {
+__device__ __forceinline__ void issue_chunk(const BL &bl, const typename BL::Idx &idx,
+                                            unsigned s_a, const unsigned short *w,
+                                            const unsigned char *loc, int j) {
   load_a_tile<Cfg>(s_a, w + (size_t)j * (Cfg::AM * Cfg::BK));
-  bl.load(s_a + Cfg::A_BYTES);
+  bl.load(idx, s_a + Cfg::A_BYTES);
   if constexpr (Cfg::XS) {  // the chunk's slot table, 16 bytes a thread
     if (threadIdx.x < Cfg::LOC_BYTES / 16)
       sm80::cp_async_16(s_a + Cfg::A_BYTES + Cfg::B_BYTES + 16 * threadIdx.x,
                         loc + (size_t)j * Cfg::LOC_BYTES + 16 * threadIdx.x, true);
   }
-  if (j + 1 < chunks) bl.fetch_indices(ind + (j + 1) * Cfg::B_ROWS);
 }
 
 // One group x BN columns.  Both compute paths share the schedule, loaders
@@ -591,11 +614,21 @@ __device__ __forceinline__ void gemm_group(const unsigned char *__restrict__ pac
 
   typename BLoaderOf<Cfg, VEC, P::K>::type bl(x, n_len, n0);
 
-  // prologue: chunks 0 .. AHEAD-1 in flight, indices of chunk AHEAD fetched
-  if (chunks > 0) bl.fetch_indices(ind);
+  // prologue: the row indices of chunks 0 .. AHEAD fetched at once (one
+  // round trip, not one per chunk: the copies of a chunk wait for its
+  // indices), then chunks 0 .. AHEAD-1 in flight
+  // (chunks past the group's last read its last again: one block of loads
+  // with no branch between them, so none waits for another)
+  typename BLoaderOf<Cfg, VEC, P::K>::type::Idx first[AHEAD];
+  if (chunks > 0) {
+    const int last = chunks - 1;
+#pragma unroll
+    for (int s = 0; s < AHEAD; ++s) bl.fetch(first[s], ind + min(s, last) * Cfg::B_ROWS);
+    bl.fetch(bl.next, ind + min(AHEAD, last) * Cfg::B_ROWS);
+  }
 #pragma unroll
   for (int s = 0; s < AHEAD; ++s) {
-    if (s < chunks) issue_chunk<Cfg>(bl, s_base + s * Cfg::STAGE_BYTES, w, ind, loc, s, chunks);
+    if (s < chunks) issue_chunk<Cfg>(bl, first[s], s_base + s * Cfg::STAGE_BYTES, w, loc, s);
     sm80::cp_async_commit();
   }
   load_row_map<Cfg, P>(packed, slot, s_rows);  // behind the copies; the main loop's barriers
@@ -611,8 +644,10 @@ __device__ __forceinline__ void gemm_group(const unsigned char *__restrict__ pac
     }
     __syncthreads();  // chunk c landed for everyone; the stage to refill is free
     const int next = c + AHEAD;
-    if (next < chunks)
-      issue_chunk<Cfg>(bl, s_base + write_stage * Cfg::STAGE_BYTES, w, ind, loc, next, chunks);
+    if (next < chunks) {  // then chunk next+1's indices, a whole stage ahead of their use
+      issue_chunk<Cfg>(bl, bl.next, s_base + write_stage * Cfg::STAGE_BYTES, w, loc, next);
+      if (next + 1 < chunks) bl.fetch(bl.next, ind + (next + 1) * Cfg::B_ROWS);
+    }
     sm80::cp_async_commit();
     const unsigned s_a = s_base + read_stage * Cfg::STAGE_BYTES;
     if constexpr (Cfg::WG)
