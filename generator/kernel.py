@@ -93,10 +93,18 @@ class Kernel:
     config: dict = field(default_factory=dict)
 
     def grid_for(self, n: int) -> tuple[int, int, int]:
+        """The launch grid for N columns; ValueError past CUDA's limits."""
         g = list(self.grid)
         if self.n_axis >= 0:
             g[self.n_axis] *= max(1, math.ceil(n / self.n_tile))
+        for axis, (blocks, limit) in enumerate(zip(g, GRID_LIMITS)):
+            if blocks > limit:
+                raise ValueError(f"{self.name}: N = {n} needs {blocks} blocks along grid axis "
+                                 f"{axis}, past CUDA's {limit}")
         return tuple(g)
+
+
+GRID_LIMITS = (2**31 - 1, 65535, 65535)  # blocks along x, y, z
 
 
 class ConfigError(ValueError):

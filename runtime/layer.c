@@ -426,13 +426,15 @@ sf_status sf_layer_run(sf_context *ctx, sf_layer *layer, sf_devptr x,
   }
   sf_launch_config cfg;
   memset(&cfg, 0, sizeof cfg);
+  static const uint64_t grid_limit[3] = {2147483647u, 65535u, 65535u};  /* CUDA's */
   for (int a = 0; a < 3; a++) {
     uint64_t g = v->grid[a];
     if (a == v->n_axis) g *= (uint64_t)((n + v->n_tile - 1) / v->n_tile);
-    if (g == 0 || g > UINT_MAX)
+    if (g == 0 || g > grid_limit[a])
       return sf__fail(ctx, SF_ERR_INVALID_ARG,
-                      "N = %lld gives grid dimension %d of %llu blocks",
-                      (long long)n, a, (unsigned long long)g);
+                      "N = %lld gives grid dimension %d of %llu blocks (CUDA takes 1..%llu)",
+                      (long long)n, a, (unsigned long long)g,
+                      (unsigned long long)grid_limit[a]);
     cfg.grid[a] = (unsigned)g;
     cfg.block[a] = v->block[a];
   }

@@ -54,7 +54,6 @@ WG_MAX_WARPS = 16
 WG_MAX_LOADS = 16      # wgmma and shared-gather paths
 ACT_CODES = {"none": 0, "relu": 1, "gelu": 2}
 ELEM_T = {"fp16": "__half", "bf16": "__nv_bfloat16"}
-MAX_GRID_Y = 65535
 
 
 def is_wg(config: dict) -> bool:
@@ -293,14 +292,12 @@ def _pack_sections(sections: list) -> tuple[dict, bytes]:
 
 
 def _check_plan_inputs(matrix: SparseMatrix, op: Operation, grouping: Grouping, bk: int,
-                       family: str, bias: Optional[np.ndarray], n_slots: int) -> Optional[np.ndarray]:
+                       family: str, bias: Optional[np.ndarray]) -> Optional[np.ndarray]:
     """The checks both packers share; returns the bias as float32 (or None)."""
     if op.dtype not in ELEM_T:
         raise ValueError(f"{family} supports dtypes {tuple(ELEM_T)}, not {op.dtype!r}")
     if bk not in BK_CHOICES:
         raise ValueError(f"bk must be one of {BK_CHOICES}, got {bk}")
-    if n_slots > MAX_GRID_Y:
-        raise ValueError(f"{n_slots} CTA rows exceed the grid's y limit of {MAX_GRID_Y}")
     if not op.epilogue.bias:
         return None
     if bias is None:
@@ -332,7 +329,7 @@ def build_plan(matrix: SparseMatrix, op: Operation, grouping: Grouping, bk: int,
     G, bm = grouping.group_rows, grouping.bm
     perm = grouping.perm
     n_groups = grouping.num_groups
-    bias = _check_plan_inputs(matrix, op, grouping, bk, family, bias, n_groups)
+    bias = _check_plan_inputs(matrix, op, grouping, bk, family, bias)
     kg = np.array([s.size for s in grouping.supports], dtype=np.int64)
     chunks = (kg + bk - 1) // bk
     order = np.argsort(-kg, kind="stable")          # longest first
@@ -404,7 +401,7 @@ def build_shared_plan(matrix: SparseMatrix, op: Operation, grouping: Grouping, b
     m, k = matrix.shape
     G, bm = grouping.group_rows, grouping.bm
     sets = shared_packing(grouping, xr, bk, xu)
-    bias = _check_plan_inputs(matrix, op, grouping, bk, family, bias, len(sets))
+    bias = _check_plan_inputs(matrix, op, grouping, bk, family, bias)
     tile_rows = xr * bm
     n_chunks = [p.cols.shape[0] for _, p in sets]
     firsts = np.concatenate([[0], np.cumsum(n_chunks)[:-1]]).astype(np.int64) if sets else []
@@ -806,7 +803,7 @@ class RowGroupFamily(Family):
                         smem_bytes=smem, min_blocks=min_blocks(plan.bm, config), **tile)
         threads = 32 * config["wm"] * config["wn"]
         return Kernel(name=name, source=source, packed=plan.packed, block=(threads, 1, 1),
-                      grid=(1, max(1, plan.num_slots), 1), n_axis=0, n_tile=config["bn"],
+                      grid=(max(1, plan.num_slots), 1, 1), n_axis=1, n_tile=config["bn"],
                       shared_bytes=smem, zero_output=False, options=(), config=dict(config))
 
     def generate(self, matrix: SparseMatrix, op: Operation, params: dict, config: dict,

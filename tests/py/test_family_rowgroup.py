@@ -214,7 +214,7 @@ def test_shared_gather_round_trip_and_emulation(rng, family, params, kind, shape
         assert "registers" in str(e) and plan.bm * xr >= 1024, e
         return
     k = fam.generate(mat, FP16, params, cfg)
-    assert k.grid == (1, -(-plan.num_slots // 1), 1) and plan.num_slots == -(-len(
+    assert k.grid == (plan.num_slots, 1, 1) and k.n_axis == 1 and plan.num_slots == -(-len(
         fam.grouping(mat, params).supports) // xr)
     assert k.shared_bytes == rowgroup.smem_bytes(plan.bm, cfg)
 
@@ -287,7 +287,7 @@ def test_all_zero_and_empty_shapes(family, params):
         assert plan.num_slots == -(-shape[0] // plan.group_rows)
         assert fam.unpack(plan).nnz == 0
         k = fam.render(plan, FP16, dict(CFG, wm=1))
-        assert k.grid == (1, max(1, plan.num_slots), 1)
+        assert k.grid == (max(1, plan.num_slots), 1, 1)
 
 
 def test_schedule_longest_first_and_sections_aligned(rng):
@@ -465,8 +465,11 @@ def test_kernel_name_is_the_configuration(rng):
     op = Operation("bf16", "fm", Epilogue(bias=True, activation="gelu"))
     k = fam.generate(mat, op, {"br": 32, "bc": 32}, CFG, bias=np.ones(96, np.float32))
     assert k.name == "sf_bsr32x32_bf16_fm_bias_gelu_bk32_bn64_stages3_wm1_wn2"
-    assert k.block == (64, 1, 1) and k.n_axis == 0 and k.n_tile == 64
-    assert k.grid == (1, 3, 1) and k.grid_for(130) == (3, 3, 1)
+    assert k.block == (64, 1, 1) and k.n_axis == 1 and k.n_tile == 64
+    assert k.grid == (3, 1, 1) and k.grid_for(130) == (3, 3, 1)  # groups fastest
+    assert k.grid_for(65535 * 64)[1] == 65535
+    with pytest.raises(ValueError, match="65536 blocks along grid axis 1"):
+        k.grid_for(65535 * 64 + 1)
     assert k.shared_bytes == rowgroup.smem_bytes(32, CFG)
     assert f"{k.name}(" in k.source and '#include "sf/' not in k.source
 
