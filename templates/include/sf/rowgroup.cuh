@@ -272,9 +272,10 @@ struct BLoaderFM {
   }
 
   __device__ __forceinline__ void fetch(Idx &dst, const int *chunk_idx) const {
+    const int *p = chunk_idx + slots.row0;  // this thread's rows sit at immediate offsets
 #pragma unroll
     for (int i = 0; i < S::ITERS; ++i)
-      if (S::owns(i)) dst.row[i] = __ldg(chunk_idx + slots.row(i));
+      if (S::owns(i)) dst.row[i] = __ldg(p + i * S::STEP);
   }
 
   __device__ __forceinline__ void load(const Idx &idx, unsigned s_b) const {
@@ -553,17 +554,18 @@ __device__ __forceinline__ void store_tile_tm(const unsigned char *s_c, const in
 
 // ---- the kernel body ------------------------------------------------------------------
 
-// Chunk j's copies into the stage at s_a; `idx` holds its row indices.
+// A chunk's copies into the stage at s_a: its weights (w_chunk), the rows
+// of X that `idx` names and, XS, its slot table (loc_chunk).
 template <class Cfg, class BL>
 __device__ __forceinline__ void issue_chunk(const BL &bl, const typename BL::Idx &idx,
-                                            unsigned s_a, const unsigned short *w,
-                                            const unsigned char *loc, int j) {
-  load_a_tile<Cfg>(s_a, w + (size_t)j * (Cfg::AM * Cfg::BK));
+                                            unsigned s_a, const unsigned short *w_chunk,
+                                            const unsigned char *loc_chunk) {
+  load_a_tile<Cfg>(s_a, w_chunk);
   bl.load(idx, s_a + Cfg::A_BYTES);
-  if constexpr (Cfg::XS) {  // the chunk's slot table, 16 bytes a thread
+  if constexpr (Cfg::XS) {  // 16 bytes a thread
     if (threadIdx.x < Cfg::LOC_BYTES / 16)
       sm80::cp_async_16(s_a + Cfg::A_BYTES + Cfg::B_BYTES + 16 * threadIdx.x,
-                        loc + (size_t)j * Cfg::LOC_BYTES + 16 * threadIdx.x, true);
+                        loc_chunk + 16 * threadIdx.x, true);
   }
 }
 
@@ -627,7 +629,9 @@ __device__ __forceinline__ void gemm_group(const unsigned char *__restrict__ pac
   }
 #pragma unroll
   for (int s = 0; s < AHEAD; ++s) {
-    if (s < chunks) issue_chunk<Cfg>(bl, first[s], s_base + s * Cfg::STAGE_BYTES, w, loc, s);
+    if (s < chunks)
+      issue_chunk<Cfg>(bl, first[s], s_base + s * Cfg::STAGE_BYTES, w + s * (Cfg::AM * Cfg::BK),
+                       loc + s * Cfg::LOC_BYTES);
     sm80::cp_async_commit();
   }
   load_row_map<Cfg, P>(packed, slot, s_rows);  // behind the copies; the main loop's barriers
@@ -635,6 +639,11 @@ __device__ __forceinline__ void gemm_group(const unsigned char *__restrict__ pac
 
   // main loop: the stage of chunk c-(S-AHEAD) is refilled with chunk c+AHEAD
   int read_stage = 0, write_stage = AHEAD;
+  // chunk c+AHEAD's weights and slot table, chunk c+AHEAD+1's indices: each
+  // steps by a constant (one add, not a wide multiply, per iteration)
+  const unsigned short *w_next = w + AHEAD * (Cfg::AM * Cfg::BK);
+  const unsigned char *loc_next = loc + AHEAD * Cfg::LOC_BYTES;
+  const int *ind_next = ind + (AHEAD + 1) * Cfg::B_ROWS;
   for (int c = 0; c < chunks; ++c) {
     sm80::cp_async_wait<AHEAD - 1>();
     if constexpr (Cfg::WG) {
@@ -644,9 +653,12 @@ __device__ __forceinline__ void gemm_group(const unsigned char *__restrict__ pac
     __syncthreads();  // chunk c landed for everyone; the stage to refill is free
     const int next = c + AHEAD;
     if (next < chunks) {  // then chunk next+1's indices, a whole stage ahead of their use
-      issue_chunk<Cfg>(bl, bl.next, s_base + write_stage * Cfg::STAGE_BYTES, w, loc, next);
-      if (next + 1 < chunks) bl.fetch(bl.next, ind + (next + 1) * Cfg::B_ROWS);
+      issue_chunk<Cfg>(bl, bl.next, s_base + write_stage * Cfg::STAGE_BYTES, w_next, loc_next);
+      if (next + 1 < chunks) bl.fetch(bl.next, ind_next);
     }
+    w_next += Cfg::AM * Cfg::BK;
+    loc_next += Cfg::LOC_BYTES;
+    ind_next += Cfg::B_ROWS;
     sm80::cp_async_commit();
     const unsigned s_a = s_base + read_stage * Cfg::STAGE_BYTES;
     if constexpr (Cfg::WG)
