@@ -738,20 +738,21 @@ class RowGroupFamily(Family):
         bm = self.tile_rows(matrix, params)
         hopper = bool(device and device.get("arch") == "sm_90a" and op.layout == "fm")
         wm = wg_tile_rows(bm) // 16
-        wg = [{"bk": 32, "bn": 128, "stages": 4, "wm": wm, "wn": 1, "wg": 1},
+        wg = [{"bk": 32, "bn": 256, "stages": 5, "wm": wm, "wn": 1, "wg": 1},
               {"bk": 32, "bn": 256, "stages": 5, "wm": wm, "wn": 2, "wg": 1},
-              {"bk": 64, "bn": 128, "stages": 3, "wm": wm, "wn": 1, "wg": 1},
-              {"bk": 32, "bn": 256, "stages": 4, "wm": wm, "wn": 2, "wg": 1},
-              {"bk": 16, "bn": 128, "stages": 5, "wm": wm, "wn": 1, "wg": 1}]
+              {"bk": 32, "bn": 128, "stages": 4, "wm": wm, "wn": 1, "wg": 1},
+              {"bk": 32, "bn": 128, "stages": 5, "wm": wm, "wn": 1, "wg": 1},
+              {"bk": 16, "bn": 256, "stages": 5, "wm": wm, "wn": 1, "wg": 1},
+              {"bk": 64, "bn": 128, "stages": 4, "wm": wm, "wn": 2, "wg": 1}]
         if hopper and bm % 64 == 0:  # the space is wgmma only
             prefs = wg
         else:
-            small = [{"bk": 32, "bn": 128, "stages": 3, "wm": 1, "wn": 4},
-                     {"bk": 32, "bn": 128, "stages": 3, "wm": 8, "wn": 1, "xr": 8, "xu": 128},
-                     {"bk": 16, "bn": 256, "stages": 3, "wm": 1, "wn": 2},
-                     {"bk": 16, "bn": 128, "stages": 3, "wm": 1, "wn": 2},
-                     {"bk": 32, "bn": 128, "stages": 3, "wm": 2, "wn": 2},
-                     {"bk": 64, "bn": 128, "stages": 3, "wm": 2, "wn": 2}]
+            small = [{"bk": 16, "bn": 256, "stages": 3, "wm": 1, "wn": 2},
+                     {"bk": 16, "bn": 128, "stages": 4, "wm": 1, "wn": 2},
+                     {"bk": 16, "bn": 256, "stages": 4, "wm": 1, "wn": 2},
+                     {"bk": 32, "bn": 128, "stages": 4, "wm": 1, "wn": 4},
+                     {"bk": 64, "bn": 128, "stages": 3, "wm": 1, "wn": 4},
+                     {"bk": 32, "bn": 128, "stages": 3, "wm": 8, "wn": 1, "xr": 8, "xu": 128}]
             prefs = (small + wg if hopper else []) + [
                 {"bk": 32, "bn": 256, "stages": 4, "wm": max(1, bm // 64), "wn": 4},
                 {"bk": 32, "bn": 128, "stages": 3, "wm": max(1, bm // 64), "wn": 2},
