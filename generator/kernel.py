@@ -77,6 +77,9 @@ class Operation:
         return 4 if self.dtype == "fp32" else 2
 
 
+GRID_LIMITS = (2**31 - 1, 65535, 65535)  # blocks along x, y, z
+
+
 @dataclass
 class Kernel:
     """A generated kernel ready to compile and launch."""
@@ -102,9 +105,6 @@ class Kernel:
                 raise ValueError(f"{self.name}: N = {n} needs {blocks} blocks along grid axis "
                                  f"{axis}, past CUDA's {limit}")
         return tuple(g)
-
-
-GRID_LIMITS = (2**31 - 1, 65535, 65535)  # blocks along x, y, z
 
 
 class ConfigError(ValueError):
