@@ -44,6 +44,10 @@ CONFIG_KEYS = ("bk", "bn", "stages", "wm", "wn")
 # the wgmma path (sm_90a) adds the key "wg": 1; its wm is fixed by the tile
 # (4 warps per 64 rows) and wn counts warpgroups along N
 WG_KEYS = tuple(sorted(CONFIG_KEYS + ("wg",)))
+# ... and optionally "tn": tiles of N one CTA computes in turn, its copies
+# streaming on from one tile into the next (absent: 1)
+WG_TN_KEYS = tuple(sorted(WG_KEYS + ("tn",)))
+TN_CHOICES = (2, 4)
 # the shared-gather path adds "xr" (groups per CTA; wm = xr) and "xu" (rows of
 # X a chunk holds)
 XS_KEYS = tuple(sorted(CONFIG_KEYS + ("xr", "xu")))
@@ -580,10 +584,10 @@ class RowGroupFamily(Family):
         if op.layout not in self.layouts:
             raise ConfigError(f"layout: {self.name} supports {self.layouts}, not {op.layout!r}")
         keys = tuple(sorted(config))
-        if keys not in (CONFIG_KEYS, WG_KEYS, XS_KEYS):
+        if keys not in (CONFIG_KEYS, WG_KEYS, WG_TN_KEYS, XS_KEYS):
             raise ConfigError(f"keys: a {self.name} configuration has exactly {CONFIG_KEYS} "
-                              f"(or those and 'wg' for the wgmma path, or 'xr' and 'xu' for the "
-                              f"shared gather), got {keys}")
+                              f"(or those and 'wg', optionally with 'tn', for the wgmma path, "
+                              f"or 'xr' and 'xu' for the shared gather), got {keys}")
         for k_ in keys:
             if not isinstance(config[k_], (int, np.integer)) or isinstance(config[k_], bool):
                 raise ConfigError(f"{k_}: must be an integer, got {config[k_]!r}")
@@ -631,6 +635,17 @@ class RowGroupFamily(Family):
                               f"got bn={bn}, wn={wn}")
         if wm * wn > WG_MAX_WARPS:
             raise ConfigError(f"warps: at most {WG_MAX_WARPS} (4 warpgroups), got {wm * wn}")
+        if "tn" in config:
+            tn = config["tn"]
+            if tn not in TN_CHOICES:
+                raise ConfigError(f"tn: tiles of N per CTA must be one of {TN_CHOICES} (omit the "
+                                  f"key for one), got {tn}")
+            # half the output tile sits in each of the two stages a tile's
+            # last chunks freed (Config::C_HALF_BYTES <= STAGE_BYTES)
+            half, stage = tile // 2 * (bn + 8) * 2, tile * bk * 2 + bk * bn * 2
+            if half > stage:
+                raise ConfigError(f"tn: half the output tile ({half} bytes) must fit one stage "
+                                  f"({stage} bytes); take a larger bk")
         threads = 32 * wm * wn
         # one CTA's registers: the accumulators (N/2 per thread) and ~40 for
         # addressing must fit the SM's 64K registers
@@ -689,9 +704,13 @@ class RowGroupFamily(Family):
     def wg_space(self, bm: int) -> list[dict]:
         """Every wgmma configuration shape for a tile of bm rows (unchecked)."""
         wm = wg_tile_rows(bm) // 16
-        return [{"bk": bk, "bn": n * wn, "stages": st, "wm": wm, "wn": wn, "wg": 1}
+        base = [{"bk": bk, "bn": n * wn, "stages": st, "wm": wm, "wn": wn, "wg": 1}
                 for n in WG_N_CHOICES for wn in (1, 2, 4) for bk in BK_CHOICES
                 for st in WG_STAGE_CHOICES]
+        # streamed tiles with BK = 64 over 64-row tiles spilled a few bytes
+        # with a fused GELU (nvcc 12, sm_90a) and never won: left out here
+        return base + [dict(c, tn=tn) for tn in TN_CHOICES for c in base
+                       if c["bk"] == 32 or wm > 4]
 
     def search_space(self, matrix: SparseMatrix, op: Operation, params: dict,
                      device: Optional[dict] = None) -> list[dict]:
@@ -741,6 +760,7 @@ class RowGroupFamily(Family):
         wg = [{"bk": 32, "bn": 256, "stages": 5, "wm": wm, "wn": 1, "wg": 1},
               {"bk": 32, "bn": 256, "stages": 5, "wm": wm, "wn": 2, "wg": 1},
               {"bk": 32, "bn": 128, "stages": 4, "wm": wm, "wn": 1, "wg": 1},
+              {"bk": 32, "bn": 128, "stages": 4, "wm": wm, "wn": 1, "wg": 1, "tn": 4},
               {"bk": 32, "bn": 128, "stages": 5, "wm": wm, "wn": 1, "wg": 1},
               {"bk": 16, "bn": 256, "stages": 5, "wm": wm, "wn": 1, "wg": 1},
               {"bk": 64, "bn": 128, "stages": 4, "wm": wm, "wn": 2, "wg": 1}]
@@ -794,6 +814,7 @@ class RowGroupFamily(Family):
         bm = wg_tile_rows(plan.bm) if wg else plan.bm * max(1, plan.xr)
         smem = smem_bytes(plan.bm, config, op.layout)
         tile = {k: config[k] for k in CONFIG_KEYS}  # the template's names ("wg" is `wg`)
+        tn = config.get("tn", 1)
         scale = float(np.float32(op.epilogue.scale))
         source = render(self.template, name=name, family=plan.family, tag=plan.tag,
                         dtype=plan.dtype, elem_t=ELEM_T[plan.dtype], m=plan.shape[0],
@@ -803,10 +824,10 @@ class RowGroupFamily(Family):
                         permuted=plan.permuted, has_bias=plan.has_bias, layout=op.layout,
                         runs8=plan.runs8,
                         act=ACT_CODES[op.epilogue.activation], scale=scale.hex() + "f",
-                        smem_bytes=smem, min_blocks=min_blocks(plan.bm, config), **tile)
+                        smem_bytes=smem, min_blocks=min_blocks(plan.bm, config), tn=tn, **tile)
         threads = 32 * config["wm"] * config["wn"]
         return Kernel(name=name, source=source, packed=plan.packed, block=(threads, 1, 1),
-                      grid=(max(1, plan.num_slots), 1, 1), n_axis=1, n_tile=config["bn"],
+                      grid=(max(1, plan.num_slots), 1, 1), n_axis=1, n_tile=config["bn"] * tn,
                       shared_bytes=smem, zero_output=False, options=(), config=dict(config))
 
     def generate(self, matrix: SparseMatrix, op: Operation, params: dict, config: dict,

@@ -395,6 +395,9 @@ def test_hopper_space_is_wgmma_where_groups_fill_warpgroups(rng, family, params,
     ({"bn": 64, "wn": 2}, "each warpgroup's N"),
     ({"wg": 2}, "wg: 1 selects"),
     ({"bk": 64, "bn": 512, "wn": 2, "stages": 4}, "shared memory"),
+    ({"tn": 3}, "tn: tiles of N per CTA must be one of"),
+    ({"tn": 1}, "tn: tiles of N per CTA must be one of"),
+    ({"tn": 2, "bk": 16}, r"tn: half the output tile \(16896 bytes\) must fit one stage \(10240 bytes"),
 ])
 def test_invalid_wgmma_configs_name_their_constraint(rng, change, constraint):
     mat = make_shflbw(128, 64, 64, 0.5, rng)
@@ -410,6 +413,27 @@ def test_invalid_wgmma_configs_name_their_constraint(rng, change, constraint):
     with pytest.raises(ConfigError, match="feature-major only"):
         get_family("bsr").check_config(WG_CFG, make_bsr(64, 64, 64, 16, 0.5, rng),
                                        Operation("fp16", "tm"), {"br": 64, "bc": 16}, HOPPER)
+    with pytest.raises(ConfigError, match="keys"):   # streamed tiles are the wgmma path's
+        fam.check_config(dict(CFG, tn=2), mat, FP16, {"v": 64}, HOPPER)
+
+
+def test_streamed_tiles_kernel(rng):
+    """tn: one CTA per tn tiles of N (the grid's N axis counts bn * tn
+    columns a block), the same shared memory as one tile."""
+    mat = make_shflbw(128, 64, 64, 0.5, rng)
+    fam = get_family("shflbw")
+    cfg = dict(WG_CFG, bn=128, wn=1, tn=4)
+    fam.check_config(cfg, mat, FP16, {"v": 64}, HOPPER)
+    k = fam.generate(mat, FP16, {"v": 64}, cfg)
+    one = fam.generate(mat, FP16, {"v": 64}, dict(WG_CFG, bn=128, wn=1))
+    assert k.name == one.name.replace("_stages4_wg1", "_stages4_tn4_wg1") != one.name
+    assert k.n_tile == 512 and one.n_tile == 128
+    assert k.grid_for(1000) == (2, 2, 1) and one.grid_for(1000) == (2, 8, 1)
+    assert k.shared_bytes == one.shared_bytes
+    assert "Config<__half, 64, 128, 32, 4, 1, 4, false, true, 64, 0, 0, 4>" in k.source
+    space = fam.search_space(mat, FP16, {"v": 64}, HOPPER)
+    assert {c.get("tn", 1) for c in space} == {1, 2, 4}
+    assert not [c for c in fam.search_space(mat, FP16, {"v": 64}, AMPERE) if "tn" in c]
 
 
 @pytest.mark.parametrize("change,constraint", [
@@ -497,6 +521,12 @@ WG_COMPILE_CASES = [
     ("bsr", {"br": 64, "bc": 64}, "bf16", Epilogue(), dict(WG_CFG, bk=64, bn=128, wn=1, stages=3)),
     ("shflbw", {"v": 128}, "fp16", Epilogue(activation="relu"), dict(WG_CFG, bk=16, bn=256, wm=8, wn=2)),
     ("bsr", {"br": 32, "bc": 32}, "bf16", Epilogue(bias=True), dict(WG_CFG, bn=64, wn=1)),
+    # streamed tiles of N
+    ("shflbw", {"v": 64}, "fp16", Epilogue(bias=True, activation="gelu"),
+     dict(WG_CFG, bn=256, wn=1, stages=5, tn=2)),
+    ("bsr", {"br": 64, "bc": 64}, "bf16", Epilogue(activation="gelu"),
+     dict(WG_CFG, bk=64, bn=128, wn=1, stages=3, tn=4)),
+    ("shflbw", {"v": 128}, "fp16", Epilogue(bias=True), dict(WG_CFG, bk=64, bn=128, wm=8, wn=1, tn=2)),
 ]
 COMPILE_CASES += [(f, p, d, e, c) for f, p, d, e, c in WG_COMPILE_CASES]
 XS_COMPILE_CASES = [
@@ -577,6 +607,18 @@ GPU_CASES = [
      dict(WG_CFG, bk=16, bn=128, wn=1, stages=6), (40, 300)),
     ("shflbw", {"v": 64}, "shflbw", (200, 600), "bf16", Epilogue(bias=True),
      dict(WG_CFG, bn=256, wn=2, stages=5), (256,)),
+    # streamed tiles: N cut short inside a CTA's tiles, odd N, groups of one
+    # chunk (fewer than the copies in flight), empty groups, 2 warpgroups along M
+    ("shflbw", {"v": 64}, "shflbw", (330, 270), "fp16", Epilogue(bias=True, activation="gelu"),
+     dict(WG_CFG, bn=128, wn=1, stages=4, tn=2), (1, 100, 300, 512, 1000)),
+    ("bsr", {"br": 64, "bc": 32}, "bsr", (260, 700), "bf16", Epilogue(activation="gelu"),
+     dict(WG_CFG, bn=128, wn=1, stages=6, tn=4), (40, 300, 1024)),
+    ("bsr", {"br": 64, "bc": 16}, "bsr", (200, 40), "fp16", Epilogue(bias=True),
+     dict(WG_CFG, bk=64, bn=64, wn=1, stages=5, tn=4), (63, 256, 777)),
+    ("bsr", {"br": 16, "bc": 8}, "zero", (50, 40), "fp16", Epilogue(bias=True, activation="gelu"),
+     dict(WG_CFG, bn=64, wn=1, tn=2), (1, 200)),
+    ("shflbw", {"v": 128}, "random", (260, 150), "bf16", Epilogue(activation="relu"),
+     dict(WG_CFG, bk=64, bn=128, wm=8, wn=1, stages=3, tn=2), (16, 63, 600)),
     # shared gather: odd N, short last sets, empty groups, every stage count
     ("shflbw", {"v": 32}, "shflbw", (300, 257), "fp16", Epilogue(bias=True, activation="gelu"),
      dict(XS_CFG, bk=32, bn=128, xr=8, wm=8, wn=1, xu=192), (1, 100, 512)),

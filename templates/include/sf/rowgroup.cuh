@@ -19,6 +19,11 @@
 //     main loop: wait for chunk c; issue chunk c+STAGES-1; MMAs on chunk c
 //     epilogue: scale, bias, activation in registers -> shared tile ->
 //               16-byte stores into the group's original rows
+// Streamed tiles (TN > 1, wgmma path): the CTA computes TN tiles of BN
+// columns in turn, its copies running on from one tile's chunks into the
+// next's, so that the next tile's first chunks load during this tile's
+// epilogue (whose shared tile sits in the two stages just consumed); the
+// slot, row map and bias are read once for all of them.
 //
 // Packed sections (their byte offsets are Problem constants; all 16-byte
 // aligned):
@@ -71,7 +76,7 @@ namespace rowgroup {
 // ---- configuration ------------------------------------------------------------
 
 template <typename T, int BM_, int BN_, int BK_, int WM_, int WN_, int STAGES_, bool TM_ = false,
-          bool WG_ = false, int AM_ = BM_, int XR_ = 0, int U_ = 0>
+          bool WG_ = false, int AM_ = BM_, int XR_ = 0, int U_ = 0, int TN_ = 1>
 struct Config {
   using elem_t = T;
   static constexpr bool TM = TM_;         // token-major X and Y
@@ -87,6 +92,7 @@ struct Config {
   static constexpr bool XS = XR_ > 0;
   static constexpr int U = U_;            // shared gather: rows of X a chunk holds
   static constexpr int B_ROWS = XS ? U : BK;  // fm B tile rows
+  static constexpr int TN = TN_;          // tiles of N one CTA computes in turn (streamed)
 
   static constexpr int WARPS = WM * WN;
   static constexpr int THREADS = 32 * WARPS;
@@ -111,6 +117,8 @@ struct Config {
   static constexpr int C_ROWS = TM ? BN : BM;
   static constexpr int C_ROW_CH = (C_LD - 8) / 8;  // 16-byte chunks of a tile row
   static constexpr int C_BYTES = C_ROWS * C_LD * 2;
+  static constexpr int C_HALF = C_ROWS / 2;             // the tile's rows come in two halves
+  static constexpr int C_HALF_BYTES = C_HALF * C_LD * 2;
   static constexpr int ROWMAP_OFF = PIPE_BYTES > C_BYTES ? PIPE_BYTES : C_BYTES;
   static constexpr int ROWMAP_BYTES = BM * 8;  // the row map: BM original rows, then their BM biases
   // WG: the base is rounded up to 1024 bytes in the kernel (the swizzle
@@ -138,6 +146,9 @@ struct Config {
                         (WG_N == 64 || WG_N == 128 || WG_N == 256)),
                 "wgmma: feature-major, BM a multiple of 64 with 4 warps per 64 rows, "
                 "N per warpgroup 64, 128 or 256, at least 3 stages");
+  static_assert(TN == 1 || (WG && TN <= 8 && C_HALF_BYTES <= STAGE_BYTES),
+                "streamed tiles: the wgmma path, where half the output tile fits one stage "
+                "(the two stages a tile's last chunks used hold it while the next tile loads)");
   static_assert(!XS || (!TM && !WG && WM == XR && BN >= 64 && U % 16 == 0 && U <= 256 &&
                         AM == BM && LOC_BYTES % 16 == 0),
                 "shared gather: feature-major mma.sync, one warp row per group, BN >= 64 "
@@ -258,17 +269,24 @@ struct BLoaderFM {
   };
   S slots;
   Idx next;                 // the chunk issued next
+  const unsigned short *x0; // X
   const unsigned char *xc;  // X + this thread's first column (X itself past N: nothing is read)
   unsigned pitch;           // bytes from a row of X to the next
   int n_len;                // N
   int col;                  // this thread's first column (absolute)
 
   __device__ __forceinline__ BLoaderFM(const unsigned short *x, int n, int n0)
-      : pitch(2u * static_cast<unsigned>(n)), n_len(n) {
+      : x0(x), pitch(2u * static_cast<unsigned>(n)), n_len(n) {
     col = n0 + 8 * slots.col;
     xc = reinterpret_cast<const unsigned char *>(col < n_len ? x + col : x);
 #pragma unroll
     for (int i = 0; i < S::ITERS; ++i) next.row[i] = 0;
+  }
+
+  // streamed tiles: the copies from here on fill the next tile of N
+  __device__ __forceinline__ void advance() {
+    col += Cfg::BN;
+    xc = reinterpret_cast<const unsigned char *>(col < n_len ? x0 + col : x0);
   }
 
   __device__ __forceinline__ void fetch(Idx &dst, const int *chunk_idx) const {
@@ -455,12 +473,28 @@ __device__ __forceinline__ void wgmma_stage(float (&acc)[Cfg::WG_N / 8][4], unsi
 
 // Accumulators -> act(scale * acc + bias) in T -> the shared output tile
 // (BM x BN, rows padded to C_LD so the fragment stores do not conflict).
+// The shared output tile: rows [0, C_HALF) from lo, the rest from hi.  One
+// tile per CTA: one run (hi = lo + C_HALF_BYTES).  Streamed tiles: the two
+// stages the tile's last two chunks used, while the next tile's first
+// chunks land in the others.
+struct CTile {
+  unsigned char *lo, *hi;
+};
+
+template <class Cfg>
+__device__ __forceinline__ CTile contiguous_tile(unsigned char *smem) {
+  return CTile{smem, smem + Cfg::C_HALF_BYTES};
+}
+
 template <class Cfg, class P>
 __device__ __forceinline__ void epilogue_to_smem(const float (&acc)[Cfg::MF][Cfg::NF][4],
-                                                 const int *s_rows, unsigned char *s_c,
+                                                 const int *s_rows, const CTile &ct,
                                                  int warp_m, int warp_n, int lane) {
   using T = typename Cfg::elem_t;
-  const unsigned c_base = sm80::smem_addr(s_c);
+  unsigned char *s_c = ct.lo;  // tm: one run (never streamed)
+  // row r sits at base(r) + 2 (r C_LD + column), base(r) = lo or hi - C_HALF rows
+  const unsigned c_lo = sm80::smem_addr(ct.lo);
+  const unsigned c_hi = sm80::smem_addr(ct.hi) - Cfg::C_HALF_BYTES;
 #pragma unroll
   for (int mi = 0; mi < Cfg::MF; ++mi) {
 #pragma unroll
@@ -469,7 +503,8 @@ __device__ __forceinline__ void epilogue_to_smem(const float (&acc)[Cfg::MF][Cfg
       const int col0 = warp_n * Cfg::WTN + 2 * (lane & 3);  // + 8 ni
       const float bias = P::HAS_BIAS ? reinterpret_cast<const float *>(s_rows)[Cfg::BM + row] : 0.0f;
       // fm: the row's pairs sit 16 bytes apart (immediate offsets from one address)
-      const unsigned fm_addr = c_base + 2u * static_cast<unsigned>(row * Cfg::C_LD + col0);
+      const unsigned fm_addr =
+          (row < Cfg::C_HALF ? c_lo : c_hi) + 2u * static_cast<unsigned>(row * Cfg::C_LD + col0);
 #pragma unroll
       for (int ni = 0; ni < Cfg::NF; ++ni) {
         const unsigned pair = sm80::epilogue_pair<T, P::HAS_BIAS, P::ACT>(
@@ -493,7 +528,7 @@ __device__ __forceinline__ void epilogue_to_smem(const float (&acc)[Cfg::MF][Cfg
 // C_ROW_CH apart: the shared reads sit at immediate offsets, each store
 // address is one wide multiply-add.
 template <class Cfg, bool VEC>
-__device__ __forceinline__ void store_tile_fm(const unsigned char *s_c, const int *s_rows,
+__device__ __forceinline__ void store_tile_fm(const CTile &ct, const int *s_rows,
                                               unsigned short *y, int n_len, int n0) {
   constexpr int RSTEP = Cfg::THREADS / Cfg::C_ROW_CH;  // rows from one of a thread's to the next
   constexpr int ITERS = (Cfg::BM + RSTEP - 1) / RSTEP;
@@ -501,7 +536,8 @@ __device__ __forceinline__ void store_tile_fm(const unsigned char *s_c, const in
   const int c = threadIdx.x % Cfg::C_ROW_CH, r0 = threadIdx.x / Cfg::C_ROW_CH;
   const int n = n0 + 8 * c;
   if (n >= n_len) return;
-  const unsigned char *src0 = s_c + 2 * (r0 * Cfg::C_LD + 8 * c);
+  const int off0 = 2 * (r0 * Cfg::C_LD + 8 * c);
+  const unsigned char *src_lo = ct.lo + off0, *src_hi = ct.hi - Cfg::C_HALF_BYTES + off0;
   unsigned char *ycol = reinterpret_cast<unsigned char *>(y + n);
   const unsigned pitch = 2u * static_cast<unsigned>(n_len);
 #pragma unroll
@@ -510,7 +546,9 @@ __device__ __forceinline__ void store_tile_fm(const unsigned char *s_c, const in
     if (Cfg::BM % RSTEP != 0 && r >= Cfg::BM) break;
     const int orig = s_rows[r];
     if (orig < 0) continue;
-    const unsigned char *src = src0 + 2 * i * RSTEP * Cfg::C_LD;
+    // the half is known at compile time where RSTEP divides it
+    const bool low = Cfg::C_HALF % RSTEP == 0 ? i < Cfg::C_HALF / RSTEP : r < Cfg::C_HALF;
+    const unsigned char *src = (low ? src_lo : src_hi) + 2 * i * RSTEP * Cfg::C_LD;
     unsigned short *dst = reinterpret_cast<unsigned short *>(
         ycol + static_cast<size_t>(static_cast<unsigned>(orig)) * pitch);
     if (VEC) {
@@ -603,85 +641,133 @@ __device__ __forceinline__ void gemm_group(const unsigned char *__restrict__ pac
   const unsigned char *loc =  // XS: the slot tables
       section<unsigned char>(packed, P::LOC_OFF) + (size_t)slot.first_chunk * Cfg::LOC_BYTES;
   const int chunks = slot.chunks;
+  // streamed tiles (TN > 1): this CTA's tiles of N from n0 that start inside N,
+  // computed in turn; the copies run on across a tile's end, so the next
+  // tile's first chunks land while this one's epilogue runs.  An item is a
+  // (tile, chunk) pair, tile-major; item i sits in stage i % STAGES.
+  const int tiles = Cfg::TN == 1 ? 1 : min(Cfg::TN, (n_len - n0 + Cfg::BN - 1) / Cfg::BN);
+  const int items = chunks * tiles;
+  // the chunk of item i: TN = 1, items past the group's last read its last
+  const auto chunk_of = [chunks](int i) {
+    return Cfg::TN == 1 ? min(i, chunks - 1) : (i < chunks ? i : i % chunks);
+  };
 
   // WG: MF = 1 and NF = WG_N / 8, so acc[0] is the warpgroup's wgmma tile
+  // (zeroed at each tile's start)
   float acc[Cfg::MF][Cfg::NF][4];
-#pragma unroll
-  for (int mi = 0; mi < Cfg::MF; ++mi)
-#pragma unroll
-    for (int ni = 0; ni < Cfg::NF; ++ni)
-#pragma unroll
-      for (int e = 0; e < 4; ++e) acc[mi][ni][e] = 0.0f;
 
   typename BLoaderOf<Cfg, VEC, P::K>::type bl(x, n_len, n0);
 
-  // prologue: the row indices of chunks 0 .. AHEAD fetched at once (one
+  // prologue: the row indices of items 0 .. AHEAD fetched at once (one
   // round trip, not one per chunk: the copies of a chunk wait for its
-  // indices), then chunks 0 .. AHEAD-1 in flight
-  // (chunks past the group's last read its last again: one block of loads
-  // with no branch between them, so none waits for another)
+  // indices), then items 0 .. AHEAD-1 in flight
+  // (one block of loads with no branch between them, so none waits for another)
   typename BLoaderOf<Cfg, VEC, P::K>::type::Idx first[AHEAD];
   if (chunks > 0) {
-    const int last = chunks - 1;
 #pragma unroll
-    for (int s = 0; s < AHEAD; ++s) bl.fetch(first[s], ind + min(s, last) * Cfg::B_ROWS);
-    bl.fetch(bl.next, ind + min(AHEAD, last) * Cfg::B_ROWS);
+    for (int s = 0; s < AHEAD; ++s) bl.fetch(first[s], ind + chunk_of(s) * Cfg::B_ROWS);
+    bl.fetch(bl.next, ind + chunk_of(AHEAD) * Cfg::B_ROWS);
   }
 #pragma unroll
   for (int s = 0; s < AHEAD; ++s) {
-    if (s < chunks)
-      issue_chunk<Cfg>(bl, first[s], s_base + s * Cfg::STAGE_BYTES, w + s * (Cfg::AM * Cfg::BK),
-                       loc + s * Cfg::LOC_BYTES);
+    if (s < items) {
+      const int c = Cfg::TN == 1 ? s : chunk_of(s);
+      issue_chunk<Cfg>(bl, first[s], s_base + s * Cfg::STAGE_BYTES, w + c * (Cfg::AM * Cfg::BK),
+                       loc + c * Cfg::LOC_BYTES);
+      if constexpr (Cfg::TN > 1)
+        if (c == chunks - 1) bl.advance();
+    }
     sm80::cp_async_commit();
   }
   load_row_map<Cfg, P>(packed, slot, s_rows);  // behind the copies; the main loop's barriers
                                                // (or the epilogue's) publish it
 
-  // main loop: the stage of chunk c-(S-AHEAD) is refilled with chunk c+AHEAD
+  // main loop: the stage of item i-(S-AHEAD) is refilled with item i+AHEAD
   int read_stage = 0, write_stage = AHEAD;
-  // chunk c+AHEAD's weights and slot table, chunk c+AHEAD+1's indices: each
-  // steps by a constant (one add, not a wide multiply, per iteration)
-  const unsigned short *w_next = w + AHEAD * (Cfg::AM * Cfg::BK);
-  const unsigned char *loc_next = loc + AHEAD * Cfg::LOC_BYTES;
-  const int *ind_next = ind + (AHEAD + 1) * Cfg::B_ROWS;
-  for (int c = 0; c < chunks; ++c) {
-    sm80::cp_async_wait<AHEAD - 1>();
-    if constexpr (Cfg::WG) {
-      sm90::fence_proxy_async();  // this thread's copies (and the zero rows) -> wgmma's proxy
-      sm90::wait_group<1>();      // this warpgroup's wgmma on chunk c-2 is done
+  // item i+AHEAD's weights and slot table, item i+AHEAD+1's indices: each
+  // steps by a constant (one add, not a wide multiply, per iteration) and,
+  // streamed, wraps to the group's first chunk at a tile's end
+  int w_chunk = Cfg::TN == 1 ? AHEAD : (chunks > 0 ? chunk_of(AHEAD) : 0);
+  int i_chunk = Cfg::TN == 1 ? AHEAD + 1 : (chunks > 0 ? chunk_of(AHEAD + 1) : 0);
+  const unsigned short *w_next = w + w_chunk * (Cfg::AM * Cfg::BK);
+  const unsigned char *loc_next = loc + w_chunk * Cfg::LOC_BYTES;
+  const int *ind_next = ind + i_chunk * Cfg::B_ROWS;
+  int item = 0;
+  for (int tile = 0; tile < tiles; ++tile) {
+#pragma unroll
+    for (int mi = 0; mi < Cfg::MF; ++mi)
+#pragma unroll
+      for (int ni = 0; ni < Cfg::NF; ++ni)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) acc[mi][ni][e] = 0.0f;
+    for (int c = 0; c < chunks; ++c, ++item) {
+      sm80::cp_async_wait<AHEAD - 1>();
+      if constexpr (Cfg::WG) {
+        sm90::fence_proxy_async();  // this thread's copies (and the zero rows) -> wgmma's proxy
+        sm90::wait_group<1>();      // this warpgroup's wgmma on item i-2 is done
+      }
+      __syncthreads();  // item i landed for everyone; the stage to refill is free
+      const int next = item + AHEAD;
+      if (next < items) {  // then item next+1's indices, a whole stage ahead of their use
+        issue_chunk<Cfg>(bl, bl.next, s_base + write_stage * Cfg::STAGE_BYTES, w_next, loc_next);
+        if (next + 1 < items) bl.fetch(bl.next, ind_next);
+      }
+      if constexpr (Cfg::TN == 1) {
+        w_next += Cfg::AM * Cfg::BK;
+        loc_next += Cfg::LOC_BYTES;
+        ind_next += Cfg::B_ROWS;
+      } else {
+        if (++w_chunk == chunks) {  // item next was its tile's last
+          w_chunk = 0;
+          w_next = w;
+          bl.advance();
+        } else {
+          w_next += Cfg::AM * Cfg::BK;
+        }
+        if (++i_chunk == chunks) {
+          i_chunk = 0;
+          ind_next = ind;
+        } else {
+          ind_next += Cfg::B_ROWS;
+        }
+      }
+      sm80::cp_async_commit();
+      const unsigned s_a = s_base + read_stage * Cfg::STAGE_BYTES;
+      if constexpr (Cfg::WG)
+        wgmma_stage<Cfg>(acc[0], s_a, s_a + Cfg::A_BYTES, (warp >> 2) % Cfg::WG_M,
+                         (warp >> 2) / Cfg::WG_M);
+      else
+        mma_stage<Cfg>(acc, s_a, s_a + Cfg::A_BYTES, warp_m, warp_n, lane);
+      read_stage = read_stage + 1 == S ? 0 : read_stage + 1;
+      write_stage = write_stage + 1 == S ? 0 : write_stage + 1;
     }
-    __syncthreads();  // chunk c landed for everyone; the stage to refill is free
-    const int next = c + AHEAD;
-    if (next < chunks) {  // then chunk next+1's indices, a whole stage ahead of their use
-      issue_chunk<Cfg>(bl, bl.next, s_base + write_stage * Cfg::STAGE_BYTES, w_next, loc_next);
-      if (next + 1 < chunks) bl.fetch(bl.next, ind_next);
-    }
-    w_next += Cfg::AM * Cfg::BK;
-    loc_next += Cfg::LOC_BYTES;
-    ind_next += Cfg::B_ROWS;
-    sm80::cp_async_commit();
-    const unsigned s_a = s_base + read_stage * Cfg::STAGE_BYTES;
-    if constexpr (Cfg::WG)
-      wgmma_stage<Cfg>(acc[0], s_a, s_a + Cfg::A_BYTES, (warp >> 2) % Cfg::WG_M,
-                       (warp >> 2) / Cfg::WG_M);
-    else
-      mma_stage<Cfg>(acc, s_a, s_a + Cfg::A_BYTES, warp_m, warp_n, lane);
-    read_stage = read_stage + 1 == S ? 0 : read_stage + 1;
-    write_stage = write_stage + 1 == S ? 0 : write_stage + 1;
-  }
 
-  if constexpr (Cfg::WG) sm90::wait_group<0>();
-  sm80::cp_async_wait<0>();
-  __syncthreads();  // pipeline buffers free for the output tile; row map visible
-  epilogue_to_smem<Cfg, P>(acc, s_rows, smem, warp_m, warp_n, lane);
-  __syncthreads();
-  if (Cfg::TM)
-    store_tile_tm<Cfg, P, VEC>(smem, s_rows, y, n_len, n0);
-  else
-    store_tile_fm<Cfg, VEC>(smem, s_rows, y, n_len, n0);
+    if constexpr (Cfg::WG) sm90::wait_group<0>();
+    if (Cfg::TN == 1) sm80::cp_async_wait<0>();  // streamed: the next tile's copies fly on
+    __syncthreads();  // the tile's stages are free for the output tile; row map visible
+    CTile ct;
+    if constexpr (Cfg::TN == 1) {
+      ct = contiguous_tile<Cfg>(smem);
+    } else {
+      // items item-2 and item-1 (the tile's last two) used the two stages
+      // before read_stage; no copy in flight writes them (WG: AHEAD = S-2)
+      const int s1 = read_stage == 0 ? S - 1 : read_stage - 1;
+      const int s0 = s1 == 0 ? S - 1 : s1 - 1;
+      ct = CTile{smem + s0 * Cfg::STAGE_BYTES, smem + s1 * Cfg::STAGE_BYTES};
+    }
+    epilogue_to_smem<Cfg, P>(acc, s_rows, ct, warp_m, warp_n, lane);
+    __syncthreads();
+    if (Cfg::TM)
+      store_tile_tm<Cfg, P, VEC>(ct.lo, s_rows, y, n_len, n0);
+    else
+      store_tile_fm<Cfg, VEC>(ct, s_rows, y, n_len, n0 + tile * Cfg::BN);
+    // streamed: the next refill of these stages waits for the barrier at
+    // the top of its iteration; an empty group rewrites them next
+    if (Cfg::TN > 1 && chunks == 0) __syncthreads();
+  }
 }
 
-// Entry: blockIdx.x = schedule slot (group), blockIdx.y = tile of N
+// Entry: blockIdx.x = schedule slot (group), blockIdx.y = TN tiles of N
 // (tokens).  Group-fast: the CTAs in flight cover every group for a few
 // tiles of N, so all of W and those tiles of X stay in L2 (tile-fast, a
 // wave covered a few groups for all of N: all of X, once per wave, which
@@ -692,7 +778,7 @@ __device__ __forceinline__ void kernel(const unsigned char *__restrict__ packed,
                                        int n_len) {
   extern __shared__ __align__(1024) unsigned char smem_raw[];
   const int slot_id = blockIdx.x;
-  const int n0 = blockIdx.y * Cfg::BN;
+  const int n0 = blockIdx.y * (Cfg::BN * Cfg::TN);
   if (P::NUM_SLOTS == 0 || slot_id >= P::NUM_SLOTS) return;
   // WG: the swizzled tiles need a 1024-byte aligned base (1 KB is reserved)
   unsigned char *smem =
