@@ -22,14 +22,16 @@ for pattern, dtype, layout in CASES:
     fam = get_family(fam_name)
     if layout not in fam.layouts:
         continue
-    m, k, n = (200, 264, 72) if not small else (130, 136, 40)
+    m, k, n = (200, 264, 72) if not small else (130, 136, 72)  # 72: two tiles of 64 (tn)
     mat = random_matrix(pattern, m, k, 0.3, dtype, seed=1)
     op = Operation(dtype, layout, Epilogue(bias=True, activation="gelu"))
     space = fam.search_space(mat, op, params, device)
-    # a spread of each compute path's kernels (wgmma, shared gather, the rest)
+    # a spread of each compute path's kernels (wgmma, its streamed tiles,
+    # shared gather, the rest)
     paths: dict = {}
     for cfg in space:
-        paths.setdefault("wg" if "wg" in cfg else "xr" if "xr" in cfg else "", []).append(cfg)
+        key = "tn" if "tn" in cfg else "wg" if "wg" in cfg else "xr" if "xr" in cfg else ""
+        paths.setdefault(key, []).append(cfg)
     per = 2 if small else 4
     picks = [c for group in paths.values() for c in group[::max(1, len(group) // per)][:per]]
     for cfg in picks:

@@ -126,12 +126,16 @@ template <> __device__ __forceinline__ unsigned pack2<__nv_bfloat16>(float lo, f
 
 // Two accumulators through the epilogue, packed as two T.  fp16 with GELU
 // runs the activation in f16x2 (the values are rounded to fp16 anyway;
-// a pair costs about half the fp32 instructions); the rest in fp32.
+// a pair costs about half the fp32 instructions), on the MUFU pipe or,
+// `fma_pipe`, on the FMA pipe (a caller alternates them over its pairs); the
+// rest in fp32.
 template <typename T, bool HAS_BIAS, int ACT>
-__device__ __forceinline__ unsigned epilogue_pair(float a0, float a1, float scale, float bias) {
+__device__ __forceinline__ unsigned epilogue_pair(float a0, float a1, float scale, float bias,
+                                                  bool fma_pipe = false) {
   if constexpr (ACT == ACT_GELU && is_half<T>::value) {
-    return gelu_f16x2(pack2<T>(epilogue<HAS_BIAS, ACT_NONE>(a0, scale, bias),
-                               epilogue<HAS_BIAS, ACT_NONE>(a1, scale, bias)));
+    const unsigned x = pack2<T>(epilogue<HAS_BIAS, ACT_NONE>(a0, scale, bias),
+                                epilogue<HAS_BIAS, ACT_NONE>(a1, scale, bias));
+    return fma_pipe ? gelu_poly_f16x2(x) : gelu_f16x2(x);
   } else {
     return pack2<T>(epilogue<HAS_BIAS, ACT, true>(a0, scale, bias),
                     epilogue<HAS_BIAS, ACT, true>(a1, scale, bias));

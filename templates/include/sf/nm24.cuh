@@ -352,8 +352,8 @@ __device__ __forceinline__ void store_tile(unsigned char *smem, float (&acc)[C::
 #pragma unroll
       for (int ni = 0; ni < C::NI; ++ni) {
         const int nl = warp_n * C::WTN + ni * 8 + 2 * t;
-        const unsigned pair = sm80::epilogue_pair<T, P::HAS_BIAS, P::ACT>(
-            acc[mi][ni][half * 2 + 0], acc[mi][ni][half * 2 + 1], P::SCALE, bv);
+        const unsigned pair = sm80::epilogue_pair<T, P::HAS_BIAS, P::ACT>(  // GELU: alternate pipes
+            acc[mi][ni][half * 2 + 0], acc[mi][ni][half * 2 + 1], P::SCALE, bv, (ni & 1) != 0);
         if constexpr (C::TOKEN_MAJOR) {
           sc[nl * C::C_LD + ml] = static_cast<unsigned short>(pair & 0xffffu);
           sc[(nl + 1) * C::C_LD + ml] = static_cast<unsigned short>(pair >> 16);

@@ -507,8 +507,9 @@ __device__ __forceinline__ void epilogue_to_smem(const float (&acc)[Cfg::MF][Cfg
           (row < Cfg::C_HALF ? c_lo : c_hi) + 2u * static_cast<unsigned>(row * Cfg::C_LD + col0);
 #pragma unroll
       for (int ni = 0; ni < Cfg::NF; ++ni) {
+        // GELU: every other pair on the FMA pipe (the unrolled ni is a constant)
         const unsigned pair = sm80::epilogue_pair<T, P::HAS_BIAS, P::ACT>(
-            acc[mi][ni][2 * h], acc[mi][ni][2 * h + 1], P::SCALE, bias);
+            acc[mi][ni][2 * h], acc[mi][ni][2 * h + 1], P::SCALE, bias, (ni & 1) != 0);
         if (Cfg::TM) {  // N-major tile: the two values sit in consecutive token rows
           const int col = col0 + ni * 8;
           unsigned short *c16 = reinterpret_cast<unsigned short *>(s_c);
