@@ -25,19 +25,25 @@ import numpy as np
 T = 3.75        # t is clamped here
 DEGREE = 6
 F16 = np.float16
+K = 0.7978845608028654   # sqrt(2/pi)
+C = 0.044715
+
+
+def _s(x: np.ndarray) -> np.ndarray:
+    return K * (x + C * x ** 3)
 
 
 def gelu_ref(x) -> np.ndarray:
     """The reference tanh GELU in float64."""
     x = np.asarray(x, np.float64)
-    return 0.5 * x * (1.0 + np.tanh(0.7978845608028654 * (x + 0.044715 * x ** 3)))
+    return 0.5 * x * (1.0 + np.tanh(_s(x)))
 
 
 def coefficients() -> tuple[F16, F16, list]:
     """(a, b, c): u = t a + b, and -q(t) ~ c[0] u^6 + ... + c[6], in fp16."""
     a, b = F16(2.0 / T), F16(-1.0)
     t = np.cos(np.pi * (np.arange(2000) + 0.5) / 2000) * T / 2 + T / 2  # Chebyshev nodes
-    q = 0.5 * (1.0 - np.tanh(0.7978845608028654 * (t + 0.044715 * t ** 3)))
+    q = 0.5 * (1.0 - np.tanh(_s(t)))
     fit = np.polynomial.chebyshev.Chebyshev.fit(t * float(a) + float(b), q, DEGREE, domain=[-1, 1])
     mono = np.polynomial.chebyshev.cheb2poly(fit.coef)[::-1]  # highest power first
     return a, b, [F16(-v) for v in mono]
@@ -78,7 +84,7 @@ def emulate_tanh_path(x) -> np.ndarray:
     """The tanh.approx.f16x2 form (sf::sm80::gelu_f16x2) with an exact tanh."""
     x = np.asarray(x, F16)
     x2 = _fma(x, x, F16(0))
-    p = _fma(x2, F16(0.7978845608028654 * 0.044715), F16(0.7978845608028654))
+    p = _fma(x2, F16(K * C), F16(K))
     u = _fma(x, p, F16(0))
     th = np.tanh(u.astype(np.float64)).astype(F16)
     h = _fma(x, F16(0.5), F16(0))

@@ -471,8 +471,6 @@ __device__ __forceinline__ void wgmma_stage(float (&acc)[Cfg::WG_N / 8][4], unsi
 
 // ---- epilogue -------------------------------------------------------------------------
 
-// Accumulators -> act(scale * acc + bias) in T -> the shared output tile
-// (BM x BN, rows padded to C_LD so the fragment stores do not conflict).
 // The shared output tile: rows [0, C_HALF) from lo, the rest from hi.  One
 // tile per CTA: one run (hi = lo + C_HALF_BYTES).  Streamed tiles: the two
 // stages the tile's last two chunks used, while the next tile's first
@@ -486,6 +484,8 @@ __device__ __forceinline__ CTile contiguous_tile(unsigned char *smem) {
   return CTile{smem, smem + Cfg::C_HALF_BYTES};
 }
 
+// Accumulators -> act(scale * acc + bias) in T -> the shared output tile
+// (BM x BN, rows padded to C_LD so the fragment stores do not conflict).
 template <class Cfg, class P>
 __device__ __forceinline__ void epilogue_to_smem(const float (&acc)[Cfg::MF][Cfg::NF][4],
                                                  const int *s_rows, const CTile &ct,
