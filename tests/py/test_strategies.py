@@ -106,3 +106,37 @@ def test_hints_go_first_and_unknown_hints_are_ignored(name):
     measured = [config_key(c) for b in batches for c in b]
     assert len(measured) == len(set(measured)) == 12
     assert config_key(hints[1]) not in measured
+
+
+def test_greedy_steps_onto_and_off_optional_keys():
+    """An optional key (present in some configurations only) is one step away:
+    from the best configuration without it, the greedy search reaches the
+    variant with it, and from a variant, the configuration without."""
+    from sparseforge.tuner.strategies.greedy import _neighbours, _ABSENT
+    space = [{"bn": bn, "st": st} for bn in (64, 128) for st in (3, 4)]
+    space += [dict(c, tn=tn) for c in space[:2] for tn in (2, 4)]
+    by_key = {config_key(c): c for c in space}
+    index = {"bn": [64, 128], "st": [3, 4], "tn": [2, 4, _ABSENT]}
+    near = _neighbours({"bn": 64, "st": 3}, index, by_key)
+    assert {"bn": 64, "st": 3, "tn": 2} in near and {"bn": 64, "st": 3, "tn": 4} in near
+    assert {"bn": 128, "st": 3} in near and {"bn": 64, "st": 4} in near and len(near) == 4
+    back = _neighbours({"bn": 64, "st": 4, "tn": 4}, index, by_key)
+    assert {"bn": 64, "st": 4} in back and {"bn": 64, "st": 4, "tn": 2} in back
+    assert {"bn": 64, "st": 3, "tn": 4} in back and len(back) == 3
+    # the search: right after its first batch (the hint and a spread), every
+    # neighbour of the best one, the variants with the optional key included
+    space = [{"bn": bn, "st": st} for bn in (32, 64, 128, 256) for st in (2, 3, 4, 5)]
+    space += [dict(c, tn=tn) for c in space[:2] for tn in (2, 4)]
+    best = {"bn": 32, "st": 2}
+    batches = []
+
+    def evaluate(batch):
+        batches.append(list(batch))
+        budget.trials += len(batch)
+        return [0.5 if c == best else 1.0 for c in batch]
+
+    budget = Budget(max_trials=12)
+    get_strategy("greedy").run(space, evaluate, budget, seed=0, hints=[best])
+    assert len(batches[0]) == 4 and batches[0][0] == best
+    assert {"bn": 32, "st": 2, "tn": 2} in batches[0] + batches[1]
+    assert {"bn": 32, "st": 2, "tn": 4} in batches[0] + batches[1]

@@ -1,10 +1,10 @@
 """Budgeted neighbourhood search for large spaces.
 
 Starts from the family's hints and a spread sample (a quarter of the
-budget together), then repeatedly
-measures the unmeasured neighbours of the best configurations found so far
-(neighbours differ in exactly one parameter), best first; when the best
-ones have no unmeasured neighbours left it samples at random again.  Tile
+budget together), then repeatedly measures the unmeasured neighbours of the
+best configurations found so far (neighbours differ in exactly one
+parameter, or in having one optional key), best first; when the best ones
+have no unmeasured neighbours left it samples at random again.  Tile
 sizes interact mostly one parameter at a time, so most of the budget goes
 where the good configurations are.
 """
@@ -16,14 +16,23 @@ from typing import Sequence
 from . import Budget, Evaluate, Strategy, config_key, hinted, register
 
 
+_ABSENT = object()   # a neighbour's value for an optional key: the key left out
+
+
 def _neighbours(config: dict, index: dict, by_key: dict) -> list[dict]:
+    """The configurations of the space that differ from `config` in one
+    parameter; a key only some configurations have (an optional one) counts
+    as absent = one more value, so adding or dropping it is one step."""
     out = []
-    for name in config:
-        for value in index[name]:
-            if value == config[name]:
+    for name, values in index.items():
+        for value in values:
+            if value == config.get(name, _ABSENT):
                 continue
             cand = dict(config)
-            cand[name] = value
+            if value is _ABSENT:
+                del cand[name]
+            else:
+                cand[name] = value
             k = config_key(cand)
             if k in by_key:
                 out.append(by_key[k])
@@ -44,6 +53,9 @@ class Greedy(Strategy):
                 index.setdefault(k, [])
                 if v not in index[k]:
                     index[k].append(v)
+        for k, values in index.items():
+            if any(k not in c for c in space):
+                values.append(_ABSENT)
         times: dict = {}
 
         def measure(batch):
