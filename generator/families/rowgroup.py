@@ -45,7 +45,8 @@ CONFIG_KEYS = ("bk", "bn", "stages", "wm", "wn")
 # (4 warps per 64 rows) and wn counts warpgroups along N
 WG_KEYS = tuple(sorted(CONFIG_KEYS + ("wg",)))
 # ... and optionally "tn": tiles of N one CTA computes in turn, its copies
-# streaming on from one tile into the next (absent: 1)
+# streaming on from one tile into the next (absent: 1); a long group's CTAs
+# take fewer (tile_spans)
 WG_TN_KEYS = tuple(sorted(WG_KEYS + ("tn",)))
 TN_CHOICES = (2, 4)
 # the shared-gather path adds "xr" (groups per CTA; wm = xr) and "xu" (rows of
@@ -261,7 +262,8 @@ class RowGroupPlan:
     permuted: bool                    # the kernel maps rows through the rows table
     perm: Optional[np.ndarray]        # permuted position -> original row (None: identity)
     matrix_perm: Optional[np.ndarray]  # the input matrix's perm, handed back by unpack
-    slots: np.ndarray                 # int32 (num_slots, 4): first chunk, chunks, first row, rows
+    slots: np.ndarray                 # int32 (num_slots, 4): first chunk, chunks, first row,
+                                      # rows | (streamed tiles) span code << 16
     group_k: np.ndarray               # k_g (unpadded) per slot
     offsets: dict                     # section -> byte offset in packed
     packed: bytes
@@ -279,7 +281,14 @@ class RowGroupPlan:
 
     @property
     def total_chunks(self) -> int:
-        return int(self.slots[:, 1].sum()) if self.num_slots else 0
+        """Chunks packed: those of the slots at a span's first tile (a group
+        of span < tn tiles has more slots, all reading the same chunks)."""
+        return int(self.slots[self.first_spans, 1].sum()) if self.num_slots else 0
+
+    @property
+    def first_spans(self) -> np.ndarray:
+        """Per slot, whether it starts its group's first span of tiles."""
+        return (self.slots[:, 3] >> 20) == 0
 
 
 def _pack_sections(sections: list) -> tuple[dict, bytes]:
@@ -326,9 +335,29 @@ def _group_tile(matrix_csr, grouping: Grouping, g: int, r0: int, r1: int) -> np.
     return tile
 
 
+def tile_spans(chunks: np.ndarray, tn: int) -> np.ndarray:
+    """Tiles of N each group's CTAs compute (streamed tiles): tn for a group
+    of at most the mean group's chunks, tn/2 up to twice that, ... at least
+    1, so that no CTA runs much more than tn x the mean chunks (or the
+    longest group's, once), while the short groups' CTAs stream tn tiles."""
+    if tn == 1 or chunks.size == 0:
+        return np.ones(chunks.size, dtype=np.int64)
+    budget = max(tn * float(chunks.mean()), float(chunks.max()))
+    span = np.full(chunks.size, tn, dtype=np.int64)
+    while True:
+        long = (span > 1) & (span * chunks > budget)
+        if not long.any():
+            return span
+        span[long] //= 2
+
+
 def build_plan(matrix: SparseMatrix, op: Operation, grouping: Grouping, bk: int, *,
-               family: str, tag: str, bias: Optional[np.ndarray] = None) -> RowGroupPlan:
-    """Packs `matrix` by `grouping` into BK-chunks, longest group first."""
+               family: str, tag: str, bias: Optional[np.ndarray] = None,
+               tn: int = 1) -> RowGroupPlan:
+    """Packs `matrix` by `grouping` into BK-chunks, longest group first.
+    tn > 1 (streamed tiles): a group whose CTAs take span < tn tiles of N
+    (tile_spans) has tn / span slots, each `span` tiles further along N; the
+    slots run most work (span x chunks) first."""
     m, k = matrix.shape
     G, bm = grouping.group_rows, grouping.bm
     perm = grouping.perm
@@ -363,10 +392,14 @@ def build_plan(matrix: SparseMatrix, op: Operation, grouping: Grouping, bk: int,
         idx[sup.size:] = np.resize(tail, nch * bk - sup.size)
         indices[f:f + nch] = idx.reshape(nch, bk)
 
-    slots = np.zeros((n_groups, 4), dtype=np.int32)
-    for s, g in enumerate(order):
-        r0 = int(g) * G
-        slots[s] = (first[g], chunks[g], r0, min(m, r0 + G) - r0)
+    span = tile_spans(chunks, tn)
+    sched = [(int(g), o) for g in order for o in range(0, tn, int(span[g]))]
+    sched.sort(key=lambda e: -int(span[e[0]] * chunks[e[0]]))     # stable: by group, then tile
+    slots = np.zeros((len(sched), 4), dtype=np.int32)
+    for s, (g, o) in enumerate(sched):
+        r0 = g * G
+        code = int(tn // span[g]).bit_length() - 1 | o << 4
+        slots[s] = (first[g], chunks[g], r0, (min(m, r0 + G) - r0) | code << 16)
 
     offsets, buf = _pack_sections([
         ("weights", to_device_bytes(weights.ravel(), op.dtype)),
@@ -380,7 +413,8 @@ def build_plan(matrix: SparseMatrix, op: Operation, grouping: Grouping, bk: int,
                  and np.all(runs[:, 1:] - runs[:, :1] == np.arange(1, 8)))
     return RowGroupPlan(family=family, tag=tag, dtype=op.dtype, shape=(m, k), group_rows=G,
                         bm=bm, bk=bk, permuted=perm is not None, perm=perm,
-                        matrix_perm=matrix.perm, slots=slots, group_k=kg[order].astype(np.int32),
+                        matrix_perm=matrix.perm, slots=slots,
+                        group_k=kg[[g for g, _ in sched]].astype(np.int32),
                         offsets=offsets, packed=buf, has_bias=bool(op.epilogue.bias),
                         exact=grouping.exact, stored_entries=stored, runs8=runs8,
                         meta={"nnz": matrix.nnz})
@@ -524,8 +558,9 @@ def _unpack_groups(plan: RowGroupPlan):
     rows_tab = (np.frombuffer(raw, dtype=np.int32, count=m, offset=plan.offsets["rows"])
                 if plan.permuted else None)
     rr, cc, vv = [], [], []
-    for f, nch, r0, nrows in slots:
-        if nch == 0:
+    for (f, nch, r0, nrows), first in zip(slots, plan.first_spans):
+        nrows &= 0xffff           # a span code sits above
+        if nch == 0 or not first:
             continue
         tile = w[f:f + nch].transpose(1, 0, 2).reshape(bm, nch * bk)[:nrows]
         cols = idx[f:f + nch].ravel()
@@ -707,11 +742,11 @@ class RowGroupFamily(Family):
         base = [{"bk": bk, "bn": n * wn, "stages": st, "wm": wm, "wn": wn, "wg": 1}
                 for n in WG_N_CHOICES for wn in (1, 2, 4) for bk in BK_CHOICES
                 for st in WG_STAGE_CHOICES]
-        # streamed tiles with BK = 64 over 64-row tiles spill a few bytes
-        # with a fused GELU (sm_90a) and lost in the probe of
-        # bench/RESULTS.md: left out here
-        return base + [dict(c, tn=tn) for tn in TN_CHOICES for c in base
-                       if c["bk"] == 32 or wm > 4]
+        # streamed tiles: BK = 32 only.  With BK = 64 they spill a few bytes
+        # with a fused GELU (sm_90a; over 64-row tiles they also lost in the
+        # probe of bench/RESULTS.md), and with BK = 16 half the output tile
+        # does not fit a stage
+        return base + [dict(c, tn=tn) for tn in TN_CHOICES for c in base if c["bk"] == 32]
 
     def search_space(self, matrix: SparseMatrix, op: Operation, params: dict,
                      device: Optional[dict] = None) -> list[dict]:
@@ -804,7 +839,8 @@ class RowGroupFamily(Family):
                                      config["xr"], config["xu"], family=self.name,
                                      tag=self.tag(params), bias=bias)
         return build_plan(matrix, op, self.grouping(matrix, params), config["bk"],
-                          family=self.name, tag=self.tag(params), bias=bias)
+                          family=self.name, tag=self.tag(params), bias=bias,
+                          tn=config.get("tn", 1))
 
     def unpack(self, plan: RowGroupPlan) -> SparseMatrix:
         return unpack_plan(plan)

@@ -436,6 +436,56 @@ def test_streamed_tiles_kernel(rng):
     assert not [c for c in fam.search_space(mat, FP16, {"v": 64}, AMPERE) if "tn" in c]
 
 
+@pytest.mark.parametrize("chunks", [[3] * 12, [20, 16, 14, 12, 10, 9, 8, 7, 6, 5, 4, 3, 0], [8, 1, 1, 0],
+                                    [0, 0], [], [5], [2, 9, 30, 1]])
+@pytest.mark.parametrize("tn", [1, 2, 4])
+def test_tile_spans(chunks, tn):
+    """Even groups stream tn tiles per CTA; a longer group takes fewer
+    (powers of two dividing tn), never more per CTA than tn x the mean group
+    or the longest group once, and never more than a shorter group."""
+    c = np.array(chunks, dtype=np.int64)
+    span = rowgroup.tile_spans(c, tn)
+    assert span.shape == c.shape and np.all(tn % span == 0) and np.all(span & (span - 1) == 0)
+    if c.size == 0:
+        return
+    assert np.all(span * c <= max(tn * c.mean(), c.max()))
+    o = np.argsort(c, kind="stable")
+    assert np.all(np.diff(span[o]) <= 0)
+    if np.all(c == c[0]):
+        assert np.all(span == tn)
+    # halving is only where needed: doubling any span would break the bound
+    assert np.all((span == tn) | (2 * span * c > max(tn * c.mean(), c.max())))
+
+
+def test_streamed_tile_spans_plan(rng):
+    """tn with uneven groups: a group of span < tn has tn / span slots, at
+    tiles 0, span, 2 span, ... of its CTA's block of N; the slots run most
+    work first, and the plan packs each chunk once."""
+    mat = _gpu_matrix("skew", (330, 500), {"br": 64, "bc": 32}, "fp16", rng)
+    fam = get_family("bsr")
+    params = {"br": 64, "bc": 32}
+    cfg = dict(WG_CFG, bn=128, wn=1, tn=4)
+    plan = fam.plan(mat, FP16, params, cfg)
+    one = fam.plan(mat, FP16, params, dict(WG_CFG, bn=128, wn=1))
+    chunks = -(-np.array([sp.size for sp in fam.grouping(mat, params).supports]) // plan.bk)
+    span = rowgroup.tile_spans(chunks, 4)
+    assert span.min() < 4 == span.max()
+    code = plan.slots[:, 3] >> 16
+    got_span, got_tile = 4 >> (code & 15), code >> 4
+    group = plan.slots[:, 2] // 64
+    for g in range(len(chunks)):
+        mine = group == g
+        assert np.all(got_span[mine] == span[g])
+        np.testing.assert_array_equal(np.sort(got_tile[mine]), np.arange(0, 4, span[g]))
+    work = got_span * plan.slots[:, 1]
+    assert np.all(np.diff(work) <= 0)
+    assert plan.num_slots == (4 // span).sum() and plan.total_chunks == one.total_chunks
+    np.testing.assert_array_equal(plan.first_spans, got_tile == 0)
+    np.testing.assert_array_equal(fam.unpack(plan).to_dense(), mat.to_dense())
+    k = fam.render(plan, FP16, cfg)
+    assert k.grid == (plan.num_slots, 1, 1) and k.n_tile == 512
+
+
 @pytest.mark.parametrize("change,constraint", [
     ({"wm": 4}, r"bm % \(16\*wm\)"),
     ({"bn": 48}, "bn: must be one of"),
@@ -619,6 +669,12 @@ GPU_CASES = [
      dict(WG_CFG, bn=64, wn=1, tn=2), (1, 200)),
     ("shflbw", {"v": 128}, "random", (260, 150), "bf16", Epilogue(activation="relu"),
      dict(WG_CFG, bk=64, bn=128, wm=8, wn=1, stages=3, tn=2), (16, 63, 600)),
+    # streamed tiles, a long group among short ones: its CTAs take 1 or 2
+    # tiles, the others 4; N ending before a span's first tile, inside one
+    ("bsr", {"br": 64, "bc": 32}, "skew", (330, 500), "fp16", Epilogue(bias=True, activation="gelu"),
+     dict(WG_CFG, bn=128, wn=1, stages=4, tn=4), (1, 100, 300, 1000)),
+    ("bsr", {"br": 64, "bc": 32}, "skew", (330, 500), "bf16", Epilogue(),
+     dict(WG_CFG, bn=64, wn=1, stages=5, tn=2), (65, 4000)),
     # shared gather: odd N, short last sets, empty groups, every stage count
     ("shflbw", {"v": 32}, "shflbw", (300, 257), "fp16", Epilogue(bias=True, activation="gelu"),
      dict(XS_CFG, bk=32, bn=128, xr=8, wm=8, wn=1, xu=192), (1, 100, 512)),
@@ -643,6 +699,11 @@ def _gpu_matrix(kind, shape, params, dtype, rng):
         return make_shflbw(m, k, params["v"], 0.25, rng, dtype, empty_groups=(0,))
     if kind == "random":
         return make_random(m, k, 0.1, rng, dtype)
+    if kind == "skew":  # bsr: the first block-row dense, the rest sparse, one empty
+        dense = make_bsr(m, k, params["br"], params["bc"], 0.1, rng, dtype,
+                         empty_block_rows=(1,)).to_dense()
+        dense[:params["br"]] = rng.standard_normal((params["br"], k))
+        return SparseMatrix.from_dense(dense.astype(np.float32), dtype=dtype)
     return SparseMatrix.from_dense(np.zeros(shape, np.float32), dtype=dtype)
 
 

@@ -23,13 +23,18 @@
 // columns in turn, its copies running on from one tile's chunks into the
 // next's, so that the next tile's first chunks load during this tile's
 // epilogue (whose shared tile sits in the two stages just consumed); the
-// slot, row map and bias are read once for all of them.
+// slot, row map and bias are read once for all of them.  The planner may
+// give a long group fewer tiles per CTA (its span: TN, TN/2, ... 1; the
+// group then has TN/span slots, each starting `span` tiles further along),
+// so that no CTA runs much more than TN times the mean group's chunks.
 //
 // Packed sections (their byte offsets are Problem constants; all 16-byte
 // aligned):
 //     weights  T[chunks][BM][BK]   one BK-chunk of a group: one contiguous run
 //     indices  int32[chunks][BK]   the rows of X that chunk gathers
 //     slots    int4[NUM_SLOTS]     {first chunk, chunks, first row, rows}
+//                                  (TN > 1: rows | code << 16, code bits 0-3:
+//                                  log2(TN / span), 4-11: first tile of the span)
 //     rows     int32[M]            permuted position -> original row
 //                                  (only when PERMUTED)
 //     bias     float32[M]          in the order of positions (the rows section's; only
@@ -617,7 +622,7 @@ template <class Cfg, class P, bool VEC>
 __device__ __forceinline__ void gemm_group(const unsigned char *__restrict__ packed,
                                            const unsigned short *__restrict__ x,
                                            unsigned short *__restrict__ y, int n_len, int n0,
-                                           const Slot &slot, unsigned char *smem) {
+                                           const Slot &slot, unsigned char *smem, int span) {
   constexpr int S = Cfg::STAGES;
   constexpr int AHEAD = Cfg::WG ? S - 2 : S - 1;  // chunks in flight ahead of the one computed
   const int lane = threadIdx.x & 31;
@@ -646,7 +651,7 @@ __device__ __forceinline__ void gemm_group(const unsigned char *__restrict__ pac
   // computed in turn; the copies run on across a tile's end, so the next
   // tile's first chunks land while this one's epilogue runs.  An item is a
   // (tile, chunk) pair, tile-major; item i sits in stage i % STAGES.
-  const int tiles = Cfg::TN == 1 ? 1 : min(Cfg::TN, (n_len - n0 + Cfg::BN - 1) / Cfg::BN);
+  const int tiles = Cfg::TN == 1 ? 1 : min(span, (n_len - n0 + Cfg::BN - 1) / Cfg::BN);
   const int items = chunks * tiles;
   // the chunk of item i: TN = 1, items past the group's last read its last
   const auto chunk_of = [chunks](int i) {
@@ -779,12 +784,20 @@ __device__ __forceinline__ void kernel(const unsigned char *__restrict__ packed,
                                        int n_len) {
   extern __shared__ __align__(1024) unsigned char smem_raw[];
   const int slot_id = blockIdx.x;
-  const int n0 = blockIdx.y * (Cfg::BN * Cfg::TN);
+  int n0 = blockIdx.y * (Cfg::BN * Cfg::TN);
   if (P::NUM_SLOTS == 0 || slot_id >= P::NUM_SLOTS) return;
   // WG: the swizzled tiles need a 1024-byte aligned base (1 KB is reserved)
   unsigned char *smem =
       Cfg::WG ? smem_raw + ((1024u - (sm80::smem_addr(smem_raw) & 1023u)) & 1023u) : smem_raw;
-  const Slot slot = load_slot<P>(packed, slot_id);
+  Slot slot = load_slot<P>(packed, slot_id);
+  int span = Cfg::TN;  // tiles of N this CTA computes (at most)
+  if constexpr (Cfg::TN > 1) {
+    const int code = slot.rows >> 16;
+    span = Cfg::TN >> (code & 15);
+    n0 += (code >> 4) * Cfg::BN;
+    slot.rows &= 0xffff;
+    if (n0 >= n_len) return;  // the last span's slots past N
+  }
   const unsigned short *x = static_cast<const unsigned short *>(x_);
   unsigned short *y = static_cast<unsigned short *>(y_);
   const bool aligned = ((reinterpret_cast<unsigned long long>(x_) |
@@ -792,9 +805,9 @@ __device__ __forceinline__ void kernel(const unsigned char *__restrict__ packed,
   // fm: 16-byte runs along N need N % 8 == 0; tm: runs along K need RUNS8
   const bool vec = aligned && (Cfg::TM ? P::RUNS8 : (n_len & 7) == 0);
   if (vec)
-    gemm_group<Cfg, P, true>(packed, x, y, n_len, n0, slot, smem);
+    gemm_group<Cfg, P, true>(packed, x, y, n_len, n0, slot, smem, span);
   else
-    gemm_group<Cfg, P, false>(packed, x, y, n_len, n0, slot, smem);
+    gemm_group<Cfg, P, false>(packed, x, y, n_len, n0, slot, smem, span);
 }
 
 }  // namespace rowgroup
