@@ -115,7 +115,7 @@ def wrapper(elem: str, ptx: str, n: int) -> str:
     lines.append(f'        "}}, %{a}, %{b}, p, 1, 1, %{ta}, %{tb};\\n}}\\n"')
     ops = [", ".join(operands[j:j + 4]) for j in range(0, regs, 4)]
     lines.append("        : " + (",\n          ".join(ops)))
-    lines.append(f'        : "l"(desc_a), "l"(desc_b), "n"(TRANS_A), "n"(TRANS_B), "r"(scale_d));')
+    lines.append('        : "l"(desc_a), "l"(desc_b), "n"(TRANS_A), "n"(TRANS_B), "r"(scale_d));')
     lines.append("  }")
     lines.append("};")
     return "\n".join(lines) + "\n"
