@@ -30,8 +30,7 @@ from typing import Optional
 
 import numpy as np
 
-from ..kernel import (ConfigError, Epilogue, Family, Kernel, Operation, config_name, register,
-                      render)
+from ..kernel import ConfigError, Family, Kernel, Operation, config_name, register, render
 from ..matrix import SparseMatrix, round_to_dtype
 
 MAGIC = 0x53434653          # 'SFCS' little-endian
