@@ -58,6 +58,9 @@ WG_STAGE_CHOICES = (3, 4, 5, 6)
 WG_MAX_WARPS = 16
 WG_MAX_LOADS = 16      # wgmma and shared-gather paths
 ACT_CODES = {"none": 0, "relu": 1, "gelu": 2}
+# the last columns of N that fill the GPU TAIL_WAVES times run longest
+# slot first (rowgroup.cuh, tail_first); 0: group-fast throughout
+TAIL_WAVES = 1
 ELEM_T = {"fp16": "__half", "bf16": "__nv_bfloat16"}
 
 
@@ -861,7 +864,8 @@ class RowGroupFamily(Family):
                         permuted=plan.permuted, has_bias=plan.has_bias, layout=op.layout,
                         runs8=plan.runs8,
                         act=ACT_CODES[op.epilogue.activation], scale=scale.hex() + "f",
-                        smem_bytes=smem, min_blocks=min_blocks(plan.bm, config), tn=tn, **tile)
+                        smem_bytes=smem, min_blocks=min_blocks(plan.bm, config), tn=tn,
+                        tail_waves=TAIL_WAVES, **tile)
         threads = 32 * config["wm"] * config["wn"]
         return Kernel(name=name, source=source, packed=plan.packed, block=(threads, 1, 1),
                       grid=(max(1, plan.num_slots), 1, 1), n_axis=1, n_tile=config["bn"] * tn,

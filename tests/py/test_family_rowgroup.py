@@ -675,6 +675,14 @@ GPU_CASES = [
      dict(WG_CFG, bn=128, wn=1, stages=4, tn=4), (1, 100, 300, 1000)),
     ("bsr", {"br": 64, "bc": 32}, "skew", (330, 500), "bf16", Epilogue(),
      dict(WG_CFG, bn=64, wn=1, stages=5, tn=2), (65, 4000)),
+    # more CTAs than fill the GPU once, so the last columns run longest slot
+    # first and the ones before group-fast (tail_first)
+    ("bsr", {"br": 64, "bc": 32}, "skew", (4096, 256), "fp16", Epilogue(bias=True),
+     dict(WG_CFG, bn=128, wn=1, stages=4), (2000, 2500)),
+    ("bsr", {"br": 64, "bc": 32}, "skew", (4096, 256), "bf16", Epilogue(),
+     dict(WG_CFG, bn=64, wn=1, stages=4, tn=2), (1800, 4100)),
+    ("bsr", {"br": 32, "bc": 32}, "bsr", (4096, 128), "fp16", Epilogue(activation="gelu"),
+     {"bk": 32, "bn": 64, "stages": 3, "wm": 1, "wn": 2}, (1000, 1999)),
     # shared gather: odd N, short last sets, empty groups, every stage count
     ("shflbw", {"v": 32}, "shflbw", (300, 257), "fp16", Epilogue(bias=True, activation="gelu"),
      dict(XS_CFG, bk=32, bn=128, xr=8, wm=8, wn=1, xu=192), (1, 100, 512)),

@@ -42,7 +42,8 @@
 //
 // The Problem type (generated per matrix) provides:
 //     M, K, NUM_SLOTS, W_OFF, IDX_OFF, SLOT_OFF, ROWS_OFF, BIAS_OFF,
-//     PERMUTED, HAS_BIAS, ACT, SCALE,
+//     PERMUTED, HAS_BIAS, ACT, SCALE, RESIDENT (CTAs an SM holds), TAIL_WAVES
+//     (tail_first),
 //     RUNS8 (token-major: every aligned run of 8 indices is 8 consecutive,
 //     8-aligned columns and K % 8 == 0, so one 16-byte load gathers a run).
 //
@@ -773,6 +774,37 @@ __device__ __forceinline__ void gemm_group(const unsigned char *__restrict__ pac
   }
 }
 
+// The (slot, column of N) a CTA computes.  The grid is NUM_SLOTS x
+// columns and the hardware starts CTAs in linear order (x fastest), each
+// as an earlier one ends, so the order is a dynamic schedule.  Group-fast
+// (slot = blockIdx.x, column = blockIdx.y) keeps the CTAs in flight on a
+// few columns of X; but when the last CTAs started are long ones, the
+// kernel waits for them alone.  So the last TAIL columns, enough to fill
+// the GPU once (P::RESIDENT CTAs on each of %nsmid SMs, TAIL_WAVES times),
+// are taken slot-major instead: longest slots (the planner sorts them so)
+// for all those columns first, the shortest last.
+struct Work {
+  int slot, col;
+};
+
+template <class P>
+__device__ __forceinline__ Work tail_first() {
+  Work w{static_cast<int>(blockIdx.x), static_cast<int>(blockIdx.y)};
+  if constexpr (P::TAIL_WAVES > 0) {
+    unsigned sms;
+    asm("mov.u32 %0, %%nsmid;" : "=r"(sms));
+    const int cols = static_cast<int>(gridDim.y);
+    const int tail = min(cols, static_cast<int>((sms * (P::RESIDENT * P::TAIL_WAVES) + P::NUM_SLOTS - 1) /
+                                                P::NUM_SLOTS));
+    const int j = w.slot + (w.col - (cols - tail)) * P::NUM_SLOTS;  // index into the tail
+    if (j >= 0) {
+      w.slot = j / tail;
+      w.col = cols - tail + j % tail;
+    }
+  }
+  return w;
+}
+
 // Entry: blockIdx.x = schedule slot (group), blockIdx.y = TN tiles of N
 // (tokens).  Group-fast: the CTAs in flight cover every group for a few
 // tiles of N, so all of W and those tiles of X stay in L2 (tile-fast, a
@@ -783,9 +815,10 @@ __device__ __forceinline__ void kernel(const unsigned char *__restrict__ packed,
                                        const void *__restrict__ x_, void *__restrict__ y_,
                                        int n_len) {
   extern __shared__ __align__(1024) unsigned char smem_raw[];
-  const int slot_id = blockIdx.x;
-  int n0 = blockIdx.y * (Cfg::BN * Cfg::TN);
-  if (P::NUM_SLOTS == 0 || slot_id >= P::NUM_SLOTS) return;
+  if (P::NUM_SLOTS == 0 || blockIdx.x >= P::NUM_SLOTS) return;
+  const Work work = tail_first<P>();
+  const int slot_id = work.slot;
+  int n0 = work.col * (Cfg::BN * Cfg::TN);
   // WG: the swizzled tiles need a 1024-byte aligned base (1 KB is reserved)
   unsigned char *smem =
       Cfg::WG ? smem_raw + ((1024u - (sm80::smem_addr(smem_raw) & 1023u)) & 1023u) : smem_raw;
