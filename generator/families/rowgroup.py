@@ -61,6 +61,7 @@ ACT_CODES = {"none": 0, "relu": 1, "gelu": 2}
 # the last columns of N that fill the GPU TAIL_WAVES times run longest
 # slot first (rowgroup.cuh, tail_first); 0: group-fast throughout
 TAIL_WAVES = 1
+MAX_COST_CLASSES = 16  # runs of equal-cost slots the tail tells apart
 ELEM_T = {"fp16": "__half", "bf16": "__nv_bfloat16"}
 
 
@@ -352,6 +353,22 @@ def tile_spans(chunks: np.ndarray, tn: int) -> np.ndarray:
         if not long.any():
             return span
         span[long] //= 2
+
+
+def cost_classes(plan: "RowGroupPlan", tn: int = 1) -> list[int]:
+    """Where each run of equal-cost slots ends (the last end is the slot
+    count), for the tail's order (rowgroup.cuh, tail_first): a slot costs
+    its chunks times the tiles it streams.  The slots are sorted by cost,
+    longest first, so a run is a class; past MAX_COST_CLASSES - 1 runs the
+    shortest slots share the last class."""
+    n = plan.num_slots
+    if n == 0:
+        return [0]
+    chunks = plan.slots[:, 1].astype(np.int64)
+    span = tn >> ((plan.slots[:, 3] >> 16) & 15) if tn > 1 else np.ones(n, dtype=np.int64)
+    cost = chunks * span
+    ends = [int(i) for i in np.flatnonzero(cost[1:] != cost[:-1]) + 1]
+    return ends[:MAX_COST_CLASSES - 1] + [n]
 
 
 def build_plan(matrix: SparseMatrix, op: Operation, grouping: Grouping, bk: int, *,
@@ -797,12 +814,13 @@ class RowGroupFamily(Family):
         hopper = bool(device and device.get("arch") == "sm_90a" and op.layout == "fm")
         wm = wg_tile_rows(bm) // 16
         wg = [{"bk": 32, "bn": 256, "stages": 5, "wm": wm, "wn": 1, "wg": 1},
-              {"bk": 32, "bn": 256, "stages": 5, "wm": wm, "wn": 2, "wg": 1},
-              {"bk": 32, "bn": 128, "stages": 4, "wm": wm, "wn": 1, "wg": 1},
               {"bk": 32, "bn": 128, "stages": 4, "wm": wm, "wn": 1, "wg": 1, "tn": 4},
+              {"bk": 32, "bn": 256, "stages": 5, "wm": wm, "wn": 2, "wg": 1},
               {"bk": 32, "bn": 128, "stages": 5, "wm": wm, "wn": 1, "wg": 1},
-              {"bk": 16, "bn": 256, "stages": 5, "wm": wm, "wn": 1, "wg": 1},
-              {"bk": 64, "bn": 128, "stages": 4, "wm": wm, "wn": 2, "wg": 1}]
+              {"bk": 64, "bn": 128, "stages": 4, "wm": wm, "wn": 1, "wg": 1},
+              {"bk": 32, "bn": 256, "stages": 5, "wm": wm, "wn": 2, "wg": 1, "tn": 2},
+              {"bk": 32, "bn": 128, "stages": 4, "wm": wm, "wn": 1, "wg": 1},
+              {"bk": 16, "bn": 256, "stages": 5, "wm": wm, "wn": 1, "wg": 1}]
         if hopper and bm % 64 == 0:  # the space is wgmma only
             prefs = wg
         else:
@@ -865,7 +883,7 @@ class RowGroupFamily(Family):
                         runs8=plan.runs8,
                         act=ACT_CODES[op.epilogue.activation], scale=scale.hex() + "f",
                         smem_bytes=smem, min_blocks=min_blocks(plan.bm, config), tn=tn,
-                        tail_waves=TAIL_WAVES, **tile)
+                        tail_waves=TAIL_WAVES, class_ends=cost_classes(plan, tn), **tile)
         threads = 32 * config["wm"] * config["wn"]
         return Kernel(name=name, source=source, packed=plan.packed, block=(threads, 1, 1),
                       grid=(max(1, plan.num_slots), 1, 1), n_axis=1, n_tile=config["bn"] * tn,

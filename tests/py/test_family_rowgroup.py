@@ -484,6 +484,29 @@ def test_streamed_tile_spans_plan(rng):
     np.testing.assert_array_equal(fam.unpack(plan).to_dense(), mat.to_dense())
     k = fam.render(plan, FP16, cfg)
     assert k.grid == (plan.num_slots, 1, 1) and k.n_tile == 512
+    # the tail's cost classes: runs of equal span x chunks, in the kernel
+    ends = rowgroup.cost_classes(plan, 4)
+    assert ends[-1] == plan.num_slots and np.all(np.diff([0] + ends) > 0)
+    for c0, c1 in zip([0] + ends[:-1], ends):
+        assert len(set(work[c0:c1])) == 1
+    assert "constexpr int ends[CLASSES] = {" + ", ".join(map(str, ends)) + "};" in k.source
+
+
+def test_cost_classes_merge_the_shortest_past_the_limit(rng):
+    """bsr groups of 0 to 40 chunks: more distinct costs than classes, so
+    the first classes are runs of one cost and the last takes the rest."""
+    dense = np.zeros((64 * 40, 64 * 40), np.float32)
+    for g in range(40):
+        dense[64 * g:64 * (g + 1), :64 * g] = 1.0
+    mat = SparseMatrix.from_dense(dense)
+    fam = get_family("bsr")
+    plan = fam.plan(mat, FP16, {"br": 64, "bc": 64}, dict(WG_CFG, bk=64, bn=128, wn=1))
+    ends = rowgroup.cost_classes(plan)
+    assert len(ends) == rowgroup.MAX_COST_CLASSES and ends[-1] == plan.num_slots == 40
+    assert ends[:-1] == list(range(1, rowgroup.MAX_COST_CLASSES))
+    assert rowgroup.cost_classes(fam.plan(SparseMatrix.from_dense(np.zeros((64, 64), np.float32)),
+                                          FP16, {"br": 64, "bc": 64}, dict(WG_CFG, bn=128, wn=1))) \
+        in ([0], [1])
 
 
 @pytest.mark.parametrize("change,constraint", [

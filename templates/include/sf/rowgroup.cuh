@@ -781,8 +781,10 @@ __device__ __forceinline__ void gemm_group(const unsigned char *__restrict__ pac
 // few columns of X; but when the last CTAs started are long ones, the
 // kernel waits for them alone.  So the last TAIL columns, enough to fill
 // the GPU once (P::RESIDENT CTAs on each of %nsmid SMs, TAIL_WAVES times),
-// are taken slot-major instead: longest slots (the planner sorts them so)
-// for all those columns first, the shortest last.
+// are taken by cost instead: the planner sorts the slots longest first, so
+// its runs of equal cost (P::class_end, at most 16) are classes, and the
+// tail runs class by class, each group-fast over the tail's columns (a
+// class takes the tail's columns whole; across classes, longest first).
 struct Work {
   int slot, col;
 };
@@ -798,8 +800,17 @@ __device__ __forceinline__ Work tail_first() {
                                                 P::NUM_SLOTS));
     const int j = w.slot + (w.col - (cols - tail)) * P::NUM_SLOTS;  // index into the tail
     if (j >= 0) {
-      w.slot = j / tail;
-      w.col = cols - tail + j % tail;
+      const int s = j / tail;  // slot-major: a slot of the class we want
+      int c0 = 0, c1 = P::NUM_SLOTS;  // that class's slots
+#pragma unroll
+      for (int c = 0; c < P::CLASSES - 1; ++c) {
+        const int e = P::class_end(c);
+        if (e <= s) c0 = e;
+        else c1 = min(c1, e);
+      }
+      const int size = c1 - c0, r = j - c0 * tail;
+      w.slot = c0 + r % size;
+      w.col = cols - tail + r / size;
     }
   }
   return w;
