@@ -698,6 +698,9 @@ GPU_CASES = [
      dict(WG_CFG, bn=128, wn=1, stages=4, tn=4), (1, 100, 300, 1000)),
     ("bsr", {"br": 64, "bc": 32}, "skew", (330, 500), "bf16", Epilogue(),
      dict(WG_CFG, bn=64, wn=1, stages=5, tn=2), (65, 4000)),
+    # a scale: the bias is added in the epilogue, not started in the accumulators
+    ("bsr", {"br": 64, "bc": 32}, "bsr", (260, 700), "fp16",
+     Epilogue(bias=True, activation="gelu", scale=0.5), dict(WG_CFG, bn=128, wn=1, tn=2), (40, 300)),
     # more CTAs than fill the GPU once, so the last columns run longest slot
     # first and the ones before group-fast (tail_first)
     ("bsr", {"br": 64, "bc": 32}, "skew", (4096, 256), "fp16", Epilogue(bias=True),
