@@ -58,10 +58,10 @@ WG_STAGE_CHOICES = (3, 4, 5, 6)
 WG_MAX_WARPS = 16
 WG_MAX_LOADS = 16      # wgmma and shared-gather paths
 ACT_CODES = {"none": 0, "relu": 1, "gelu": 2}
-# the last columns of N that fill the GPU TAIL_WAVES times run longest
-# slot first (rowgroup.cuh, tail_first); 0: group-fast throughout
-TAIL_WAVES = 1
-MAX_COST_CLASSES = 16  # runs of equal-cost slots the tail tells apart
+# the last columns of N, enough to fill the GPU once, run longest slot
+# first (rowgroup.cuh, tail_first); it tells apart this many runs of
+# equal-cost slots
+MAX_COST_CLASSES = 16
 ELEM_T = {"fp16": "__half", "bf16": "__nv_bfloat16"}
 
 
@@ -364,9 +364,7 @@ def cost_classes(plan: "RowGroupPlan", tn: int = 1) -> list[int]:
     n = plan.num_slots
     if n == 0:
         return [0]
-    chunks = plan.slots[:, 1].astype(np.int64)
-    span = tn >> ((plan.slots[:, 3] >> 16) & 15) if tn > 1 else np.ones(n, dtype=np.int64)
-    cost = chunks * span
+    cost = plan.slots[:, 1].astype(np.int64) * (tn >> ((plan.slots[:, 3] >> 16) & 15))
     ends = [int(i) for i in np.flatnonzero(cost[1:] != cost[:-1]) + 1]
     return ends[:MAX_COST_CLASSES - 1] + [n]
 
@@ -883,7 +881,7 @@ class RowGroupFamily(Family):
                         runs8=plan.runs8,
                         act=ACT_CODES[op.epilogue.activation], scale=scale.hex() + "f",
                         smem_bytes=smem, min_blocks=min_blocks(plan.bm, config), tn=tn,
-                        tail_waves=TAIL_WAVES, class_ends=cost_classes(plan, tn), **tile)
+                        class_ends=cost_classes(plan, tn), **tile)
         threads = 32 * config["wm"] * config["wn"]
         return Kernel(name=name, source=source, packed=plan.packed, block=(threads, 1, 1),
                       grid=(max(1, plan.num_slots), 1, 1), n_axis=1, n_tile=config["bn"] * tn,

@@ -42,8 +42,8 @@
 //
 // The Problem type (generated per matrix) provides:
 //     M, K, NUM_SLOTS, W_OFF, IDX_OFF, SLOT_OFF, ROWS_OFF, BIAS_OFF,
-//     PERMUTED, HAS_BIAS, ACT, SCALE, RESIDENT (CTAs an SM holds), TAIL_WAVES
-//     (tail_first),
+//     PERMUTED, HAS_BIAS, ACT, SCALE, RESIDENT (CTAs an SM holds), CLASSES and
+//     class_end (the runs of equal-cost slots: tail_first),
 //     RUNS8 (token-major: every aligned run of 8 indices is 8 consecutive,
 //     8-aligned columns and K % 8 == 0, so one 16-byte load gathers a run).
 //
@@ -780,7 +780,7 @@ __device__ __forceinline__ void gemm_group(const unsigned char *__restrict__ pac
 // (slot = blockIdx.x, column = blockIdx.y) keeps the CTAs in flight on a
 // few columns of X; but when the last CTAs started are long ones, the
 // kernel waits for them alone.  So the last TAIL columns, enough to fill
-// the GPU once (P::RESIDENT CTAs on each of %nsmid SMs, TAIL_WAVES times),
+// the GPU once (P::RESIDENT CTAs on each of %nsmid SMs),
 // are taken by cost instead: the planner sorts the slots longest first, so
 // its runs of equal cost (P::class_end, at most 16) are classes, and the
 // tail runs class by class, each group-fast over the tail's columns (a
@@ -792,26 +792,23 @@ struct Work {
 template <class P>
 __device__ __forceinline__ Work tail_first() {
   Work w{static_cast<int>(blockIdx.x), static_cast<int>(blockIdx.y)};
-  if constexpr (P::TAIL_WAVES > 0) {
-    unsigned sms;
-    asm("mov.u32 %0, %%nsmid;" : "=r"(sms));
-    const int cols = static_cast<int>(gridDim.y);
-    const int tail = min(cols, static_cast<int>((sms * (P::RESIDENT * P::TAIL_WAVES) + P::NUM_SLOTS - 1) /
-                                                P::NUM_SLOTS));
-    const int j = w.slot + (w.col - (cols - tail)) * P::NUM_SLOTS;  // index into the tail
-    if (j >= 0) {
-      const int s = j / tail;  // slot-major: a slot of the class we want
-      int c0 = 0, c1 = P::NUM_SLOTS;  // that class's slots
+  unsigned sms;
+  asm("mov.u32 %0, %%nsmid;" : "=r"(sms));
+  const int cols = static_cast<int>(gridDim.y);
+  const int tail = min(cols, static_cast<int>((sms * P::RESIDENT + P::NUM_SLOTS - 1) / P::NUM_SLOTS));
+  const int j = w.slot + (w.col - (cols - tail)) * P::NUM_SLOTS;  // index into the tail
+  if (j >= 0) {
+    const int s = j / tail;  // slot-major: a slot of the class we want
+    int c0 = 0, c1 = P::NUM_SLOTS;  // that class's slots
 #pragma unroll
-      for (int c = 0; c < P::CLASSES - 1; ++c) {
-        const int e = P::class_end(c);
-        if (e <= s) c0 = e;
-        else c1 = min(c1, e);
-      }
-      const int size = c1 - c0, r = j - c0 * tail;
-      w.slot = c0 + r % size;
-      w.col = cols - tail + r / size;
+    for (int c = 0; c < P::CLASSES - 1; ++c) {
+      const int e = P::class_end(c);
+      if (e <= s) c0 = e;
+      else c1 = min(c1, e);
     }
+    const int size = c1 - c0, r = j - c0 * tail;
+    w.slot = c0 + r % size;
+    w.col = cols - tail + r / size;
   }
   return w;
 }
