@@ -207,7 +207,8 @@ sf_status sfc_write_tx(sf_cache *c, const char *what, sfc_body body,
 /* ---- schema --------------------------------------------------------- */
 
 /* Version 1.  Every blob is stored beside its sha256 (hex).  NaN timings
- * are stored as NULL. */
+ * are stored as NULL.  A format: the %s in layer_variants is the launch
+ * record's columns (schema_v1). */
 static const char SCHEMA_V1[] =
     "CREATE TABLE IF NOT EXISTS binaries("
     " key TEXT PRIMARY KEY NOT NULL,"  /* sf_binary_key_hex */
@@ -266,11 +267,9 @@ static const char SCHEMA_V1[] =
     " source TEXT NOT NULL, source_sha256 TEXT NOT NULL,"
     " kernel_name TEXT NOT NULL, options TEXT NOT NULL,"
     " generator_version TEXT NOT NULL,"
-    " grid0 INTEGER NOT NULL, grid1 INTEGER NOT NULL, grid2 INTEGER NOT NULL,"
-    " n_axis INTEGER NOT NULL, n_tile INTEGER NOT NULL,"
-    " block0 INTEGER NOT NULL, block1 INTEGER NOT NULL,"
-    " block2 INTEGER NOT NULL,"
-    " shared_bytes INTEGER NOT NULL, zero_output INTEGER NOT NULL,"
+    /* here the launch record's columns (columns.c): grid0, grid1, grid2,
+     * n_axis, n_tile, block0, block1, block2, shared_bytes, zero_output */
+    "%s,"
     " packed_sha256 TEXT NOT NULL,"    /* blobs.sha256 */
     " packed_size INTEGER NOT NULL, config TEXT,"
     " PRIMARY KEY(layer_name, gpu_name, n_bucket));"
@@ -278,6 +277,18 @@ static const char SCHEMA_V1[] =
     " ON layer_variants(packed_sha256);"
     "CREATE INDEX IF NOT EXISTS layer_variants_by_source"
     " ON layer_variants(source_sha256);";
+
+/* SCHEMA_V1 with the launch record's columns, each "<name> INTEGER NOT
+ * NULL"; the caller frees it.  NULL on NOMEM. */
+static char *schema_v1(void) {
+  char launch[SFC_LAUNCH_SQL_MAX];
+  if (sfc_launch_columns(launch, sizeof launch, " ", " INTEGER NOT NULL") < 0)
+    return NULL;
+  size_t size = sizeof SCHEMA_V1 + strlen(launch);
+  char *sql = malloc(size);
+  if (sql) snprintf(sql, size, SCHEMA_V1, launch);
+  return sql;
+}
 
 /* One integer from a PRAGMA or query; SQLite status in *rc. */
 static int64_t query_int(sqlite3 *db, const char *sql, int *rc) {
@@ -468,7 +479,11 @@ static sf_status init_body(sf_cache *c, void *arg) {
   sf_status st = classify(c, "main", c->path, &state, &version);
   if (st) return st;
   if (state == DB_OURS && version == SF_CACHE_SCHEMA_VERSION) return SF_OK;
-  int rc = sqlite3_exec(c->db, SCHEMA_V1, NULL, NULL, NULL);
+  char *schema = schema_v1();
+  if (!schema)
+    return sfc_fail(c, SF_ERR_NOMEM, "cache %s: out of memory", c->path);
+  int rc = sqlite3_exec(c->db, schema, NULL, NULL, NULL);
+  free(schema);
   if (rc != SQLITE_OK) return sfc_db_fail(c, rc, "creating the schema");
   char sql[128];
   snprintf(sql, sizeof sql, "PRAGMA application_id = %d; PRAGMA user_version = %d",

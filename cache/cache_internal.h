@@ -2,12 +2,14 @@
  * cache_internal.h -- private pieces shared by the files of the SQLite
  * cache (cache.c: open, schema, errors, transactions; records.c: binaries,
  * environments, matrices, trials; layers.c: layers; merge.c: merge, export,
- * counts).  Nothing here is public.
+ * counts; columns.c: the launch record's columns).  Nothing here is
+ * public.
  */
 #ifndef SF_CACHE_INTERNAL_H
 #define SF_CACHE_INTERNAL_H
 
 #include "internal.h"
+#include "sparseforge.h"
 
 #include <sqlite3.h>
 
@@ -63,5 +65,25 @@ char *sfc_path_uri(const char *path, const char *query);
  * `schema` ("main" or an attached name): SF_OK for a sparseforge cache of a
  * version this library reads, SF_ERR_NOT_A_DB or SF_ERR_DB_VERSION. */
 sf_status sfc_check_schema(sf_cache *c, const char *schema, const char *path);
+
+/* ---- the launch record's columns (columns.c) ------------------------- */
+
+/* Room enough for any list of launch columns below. */
+#define SFC_LAUNCH_SQL_MAX 1024
+
+/* Writes the launch record's columns (SF_LAUNCH_RECORD_FIELDS: an array
+ * field grid[3] is grid0, grid1, grid2; a scalar keeps its name) into buf,
+ * joined by ", ", each as before + name + after (e.g. "v." "grid0" "", or
+ * "" "grid0" " INTEGER NOT NULL").  Returns how many columns, or -1 when
+ * buf is too small. */
+int sfc_launch_columns(char *buf, size_t size, const char *before,
+                       const char *after);
+/* The same number of parameters, "?<first>, ?<first + 1>, ...". */
+int sfc_launch_params(char *buf, size_t size, int first);
+
+/* Binds the launch record to the parameters from `first` on, in the order
+ * of sfc_launch_columns; reads it back from the columns from `first` on. */
+void sfc_bind_launch(sqlite3_stmt *st, int first, const sf_launch_record *l);
+void sfc_column_launch(sqlite3_stmt *st, int first, sf_launch_record *l);
 
 #endif

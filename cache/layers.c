@@ -1,11 +1,13 @@
 /*
  * layers.c -- tuned layers in the cache: one row per (name, GPU) in
- * `layers`, one per N bucket in `layer_variants`, and the packed weights in
- * `blobs`, stored once per sha256 and checked when read.
+ * `layers`, one per N bucket in `layer_variants` (its launch record in the
+ * columns columns.c names), and the packed weights in `blobs`, stored once
+ * per sha256 and checked when read.
  *
  * A layer is written in one transaction (old variants out, new in, blobs
  * no longer referenced removed), so a failure leaves the previous layer
- * whole.
+ * whole.  A layer whose blobs no longer match is read back as a record
+ * with a `problem` and no variants, so it never hides the other layers.
  */
 #include "cache_internal.h"
 
@@ -15,41 +17,36 @@
 
 /* ---- put ------------------------------------------------------------ */
 
-static sf_status check_variant(sf_cache *c, const sf_layer_record *rec, int i) {
-  const sf_layer_variant *v = &rec->variants[i];
+/* The checks sf_layer_load makes of a descriptor (but for its binaries:
+ * the cache keeps sources), then that every variant has a source. */
+static sf_status check_layer(sf_cache *c, const sf_layer_record *rec) {
   const char *fn = "sf_cache_put_layer";
-  if (!v->source || !v->source[0])
-    return sfc_fail(c, SF_ERR_INVALID_ARG, "%s: layer %s variant %d: NULL or "
-                    "empty source", fn, rec->name, i);
-  if (!v->kernel_name || !v->kernel_name[0])
-    return sfc_fail(c, SF_ERR_INVALID_ARG, "%s: layer %s variant %d: NULL or "
-                    "empty kernel_name", fn, rec->name, i);
-  if (v->n_bucket <= 0)
-    return sfc_fail(c, SF_ERR_INVALID_ARG,
-                    "%s: layer %s variant %d: n_bucket %lld is not positive",
-                    fn, rec->name, i, (long long)v->n_bucket);
-  if (v->n_axis < -1 || v->n_axis > 2 || (v->n_axis >= 0 && v->n_tile <= 0))
-    return sfc_fail(c, SF_ERR_INVALID_ARG,
-                    "%s: layer %s variant %d: n_axis %d with n_tile %d (n_axis "
-                    "is -1, 0, 1 or 2; n_tile > 0 when n_axis >= 0)",
-                    fn, rec->name, i, v->n_axis, v->n_tile);
-  for (int d = 0; d < 3; d++)
-    if (v->grid[d] == 0 || v->block[d] == 0)
+  int n = rec->n_variants > 0 && rec->variants ? rec->n_variants : 0;
+  sf_layer_code *codes = calloc(n ? (size_t)n : 1, sizeof *codes);
+  if (!codes) return sfc_fail(c, SF_ERR_NOMEM, "%s: out of memory", fn);
+  for (int i = 0; i < n; i++) {
+    const sf_layer_variant *v = &rec->variants[i];
+    codes[i].n_bucket = v->n_bucket;
+    codes[i].kernel_name = v->kernel_name;
+    codes[i].launch = v->launch;
+    codes[i].packed = v->packed;
+    codes[i].packed_size = v->packed_size;
+  }
+  sf_layer_desc desc = {rec->name,        rec->rows,        rec->cols,
+                        rec->x_elem_size, rec->y_elem_size, rec->n_variants,
+                        rec->variants ? codes : NULL};
+  char msg[1024];
+  const char *why = sf__layer_desc_problem(&desc, 0, msg, sizeof msg);
+  free(codes);
+  if (why) return sfc_fail(c, SF_ERR_INVALID_ARG, "%s: %s", fn, why);
+  for (int i = 0; i < n; i++) {
+    const sf_layer_variant *v = &rec->variants[i];
+    if (!v->source || !v->source[0])
       return sfc_fail(c, SF_ERR_INVALID_ARG,
-                      "%s: layer %s variant %d: grid (%u,%u,%u) and block "
-                      "(%u,%u,%u) need every dimension >= 1",
-                      fn, rec->name, i, v->grid[0], v->grid[1], v->grid[2],
-                      v->block[0], v->block[1], v->block[2]);
-  if (!v->packed && v->packed_size > 0)
-    return sfc_fail(c, SF_ERR_INVALID_ARG,
-                    "%s: layer %s variant %d: NULL packed with packed_size %zu",
-                    fn, rec->name, i, v->packed_size);
-  for (int j = 0; j < i; j++)
-    if (rec->variants[j].n_bucket == v->n_bucket)
-      return sfc_fail(c, SF_ERR_INVALID_ARG,
-                      "%s: layer %s: variants %d and %d both have n_bucket "
-                      "%lld",
-                      fn, rec->name, j, i, (long long)v->n_bucket);
+                      "%s: layer \"%s\" variant %d (n_bucket %lld): NULL or "
+                      "empty source",
+                      fn, rec->name, i, (long long)v->n_bucket);
+  }
   return SF_OK;
 }
 
@@ -74,6 +71,19 @@ static sf_status step_done(sf_cache *c, sqlite3_stmt *st, const char *what) {
 static sf_status put_layer_body(sf_cache *c, void *arg) {
   const sf_layer_record *r = arg;
   sqlite3_stmt *del = NULL, *lay = NULL, *blob = NULL, *var = NULL;
+  /* The launch record's columns go last, from parameter ?12 on. */
+  char cols[SFC_LAUNCH_SQL_MAX], params[SFC_LAUNCH_SQL_MAX];
+  char var_sql[3 * SFC_LAUNCH_SQL_MAX];
+  if (sfc_launch_columns(cols, sizeof cols, "", "") < 0 ||
+      sfc_launch_params(params, sizeof params, 12) < 0)
+    return sfc_fail(c, SF_ERR_NOMEM, "cache %s: launch columns too long",
+                    c->path);
+  snprintf(var_sql, sizeof var_sql,
+           "INSERT INTO layer_variants(layer_name, gpu_name, n_bucket, source,"
+           " source_sha256, kernel_name, options, generator_version,"
+           " packed_sha256, packed_size, config, %s)"
+           " VALUES(?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, %s)",
+           cols, params);
   sf_status s;
   if ((s = sfc_prepare(c, "DELETE FROM layer_variants WHERE layer_name = ?1"
                           " AND gpu_name = ?2", &del)) ||
@@ -88,14 +98,7 @@ static sf_status put_layer_body(sf_cache *c, void *arg) {
                        " data = excluded.data"
                        " WHERE sf_sha256(blobs.data) IS NOT blobs.sha256",
                        &blob)) ||
-      (s = sfc_prepare(c,
-                       "INSERT INTO layer_variants(layer_name, gpu_name,"
-                       " n_bucket, source, source_sha256, kernel_name, options,"
-                       " generator_version, grid0, grid1, grid2, n_axis,"
-                       " n_tile, block0, block1, block2, shared_bytes,"
-                       " zero_output, packed_sha256, packed_size, config)"
-                       " VALUES(?1,?2,?3,?4,?5,?6,?7,?8,?9,?10,?11,?12,?13,"
-                       "?14,?15,?16,?17,?18,?19,?20,?21)", &var)))
+      (s = sfc_prepare(c, var_sql, &var)))
     goto done;
 
   sfc_bind_text(del, 1, r->name);
@@ -132,17 +135,10 @@ static sf_status put_layer_body(sf_cache *c, void *arg) {
     sfc_bind_text(var, 6, v->kernel_name);
     sfc_bind_text(var, 7, v->options ? v->options : "");
     sfc_bind_text(var, 8, v->generator_version ? v->generator_version : "");
-    for (int d = 0; d < 3; d++) {
-      sqlite3_bind_int64(var, 9 + d, v->grid[d]);
-      sqlite3_bind_int64(var, 14 + d, v->block[d]);
-    }
-    sqlite3_bind_int(var, 12, v->n_axis);
-    sqlite3_bind_int(var, 13, v->n_tile);
-    sqlite3_bind_int64(var, 17, v->shared_bytes);
-    sqlite3_bind_int(var, 18, v->zero_output ? 1 : 0);
-    sqlite3_bind_text(var, 19, packed_sha, 64, SQLITE_STATIC);
-    sqlite3_bind_int64(var, 20, (sqlite3_int64)v->packed_size);
-    sfc_bind_text(var, 21, v->config);
+    sqlite3_bind_text(var, 9, packed_sha, 64, SQLITE_STATIC);
+    sqlite3_bind_int64(var, 10, (sqlite3_int64)v->packed_size);
+    sfc_bind_text(var, 11, v->config);
+    sfc_bind_launch(var, 12, &v->launch);
     if ((s = step_done(c, var, "storing a layer variant"))) goto done;
     sqlite3_clear_bindings(blob);
     sqlite3_clear_bindings(var);
@@ -169,21 +165,8 @@ sf_status sf_cache_put_layer(sf_cache *cache, const sf_layer_record *rec) {
     return sfc_fail(cache, SF_ERR_INVALID_ARG, "%s: rec->%s is NULL", fn, missing);
   if (!rec->name[0])
     return sfc_fail(cache, SF_ERR_INVALID_ARG, "%s: empty name", fn);
-  if (rec->rows <= 0 || rec->cols <= 0 || rec->x_elem_size <= 0 ||
-      rec->y_elem_size <= 0)
-    return sfc_fail(cache, SF_ERR_INVALID_ARG,
-                    "%s: layer %s: rows %lld, cols %lld, x_elem_size %d, "
-                    "y_elem_size %d must all be positive",
-                    fn, rec->name, (long long)rec->rows, (long long)rec->cols,
-                    rec->x_elem_size, rec->y_elem_size);
-  if (rec->n_variants <= 0 || !rec->variants)
-    return sfc_fail(cache, SF_ERR_INVALID_ARG,
-                    "%s: layer %s: no variants (n_variants %d)", fn, rec->name,
-                    rec->n_variants);
-  for (int i = 0; i < rec->n_variants; i++) {
-    sf_status s = check_variant(cache, rec, i);
-    if (s) return s;
-  }
+  sf_status s = check_layer(cache, rec);
+  if (s) return s;
   return sfc_write_tx(cache, "store a layer", put_layer_body, (void *)rec);
 }
 
@@ -218,13 +201,54 @@ static char *dup_col(sqlite3_stmt *st, int i, int *oom) {
   return d;
 }
 
+/* Why variant `index` cannot be handed out, into buf: its packed bytes
+ * (the blob column of the current row, NULL when missing) are not those
+ * stored under its sha256; NULL when they are. */
+static const char *blob_problem(sqlite3_stmt *q, int index, char *buf,
+                                size_t size) {
+  long long n_bucket = (long long)sqlite3_column_int64(q, 0);
+  const char *want = (const char *)sqlite3_column_text(q, 6);
+  int64_t want_size = sqlite3_column_int64(q, 7);
+  if (sqlite3_column_type(q, 8) == SQLITE_NULL) {
+    snprintf(buf, size,
+             "the packed weights of variant %d (n_bucket %lld) are missing "
+             "(sha256 %s)",
+             index, n_bucket, want ? want : "?");
+    return buf;
+  }
+  const void *data = sqlite3_column_blob(q, 8);
+  size_t got_size = (size_t)sqlite3_column_bytes(q, 8);
+  char got[65];
+  sf_sha256_hex(got_size ? data : NULL, got_size, got);
+  if (want && strcmp(got, want) == 0 && (int64_t)got_size == want_size)
+    return NULL;
+  snprintf(buf, size,
+           "the packed weights of variant %d (n_bucket %lld) failed their "
+           "sha256: %zu bytes hash to %s, not the stored %s",
+           index, n_bucket, got_size, got, want ? want : "(none)");
+  return buf;
+}
+
+/* Reads the variants of one layer into l.  A variant whose packed bytes
+ * are missing or damaged ends the read with no variants and *problem set
+ * (malloc'd), and SF_OK: the layer is handed out as unusable. */
 static sf_status load_variants(sf_cache *c, sqlite3_stmt *q, const char *name,
-                               const char *gpu, variant_list *l) {
+                               const char *gpu, variant_list *l,
+                               char **problem) {
   sqlite3_reset(q);
   sfc_bind_text(q, 1, name);
   sfc_bind_text(q, 2, gpu);
   int rc;
   while ((rc = sqlite3_step(q)) == SQLITE_ROW) {
+    char why[512];
+    if (blob_problem(q, l->n, why, sizeof why)) {
+      free_variants(l);
+      sqlite3_reset(q);
+      *problem = sf__strdup(why);
+      if (!*problem)
+        return sfc_fail(c, SF_ERR_NOMEM, "cache %s: out of memory", c->path);
+      return SF_OK;
+    }
     if (l->n == l->cap) {
       int cap = l->cap ? 2 * l->cap : 8;
       sf_layer_variant *nv = realloc(l->v, (size_t)cap * sizeof *nv);
@@ -241,43 +265,17 @@ static sf_status load_variants(sf_cache *c, sqlite3_stmt *q, const char *name,
     v->kernel_name = dup_col(q, 2, &oom);
     v->options = dup_col(q, 3, &oom);
     v->generator_version = dup_col(q, 4, &oom);
-    for (int d = 0; d < 3; d++) {
-      v->grid[d] = (unsigned)sqlite3_column_int64(q, 5 + d);
-      v->block[d] = (unsigned)sqlite3_column_int64(q, 10 + d);
-    }
-    v->n_axis = sqlite3_column_int(q, 8);
-    v->n_tile = sqlite3_column_int(q, 9);
-    v->shared_bytes = (unsigned)sqlite3_column_int64(q, 13);
-    v->zero_output = sqlite3_column_int(q, 14);
-    v->config = dup_col(q, 15, &oom);
-    const char *want = (const char *)sqlite3_column_text(q, 16);
-    int64_t want_size = sqlite3_column_int64(q, 17);
-    int have_blob = sqlite3_column_type(q, 18) != SQLITE_NULL;
-    const void *data = sqlite3_column_blob(q, 18);
-    size_t size = (size_t)sqlite3_column_bytes(q, 18);
-    if (oom) return sfc_fail(c, SF_ERR_NOMEM, "cache %s: out of memory", c->path);
-    if (!have_blob)
-      return sfc_fail(c, SF_ERR_CORRUPT,
-                      "cache %s: layer %s (%s) n_bucket %lld: its packed "
-                      "weights (sha256 %s) are missing; layer not used",
-                      c->path, name, gpu, (long long)v->n_bucket,
-                      want ? want : "?");
-    char got[65];
-    sf_sha256_hex(size ? data : NULL, size, got);
-    if (!want || strcmp(got, want) != 0 || (int64_t)size != want_size)
-      return sfc_fail(c, SF_ERR_CORRUPT,
-                      "cache %s: layer %s (%s) n_bucket %lld: packed weights "
-                      "are corrupt: %zu bytes hash to %s, not the stored %s; "
-                      "layer not used",
-                      c->path, name, gpu, (long long)v->n_bucket, size, got,
-                      want ? want : "(none)");
-    if (size) {
+    v->config = dup_col(q, 5, &oom);
+    sfc_column_launch(q, 9, &v->launch);
+    size_t size = (size_t)sqlite3_column_bytes(q, 8);
+    if (size && !oom) {
       void *p = malloc(size);
-      if (!p) return sfc_fail(c, SF_ERR_NOMEM, "cache %s: out of memory", c->path);
-      memcpy(p, data, size);
+      if (p) memcpy(p, sqlite3_column_blob(q, 8), size);
+      oom = !p;
       v->packed = p;
     }
     v->packed_size = size;
+    if (oom) return sfc_fail(c, SF_ERR_NOMEM, "cache %s: out of memory", c->path);
   }
   sqlite3_reset(q);
   if (rc != SQLITE_DONE) return sfc_db_fail(c, rc, "reading layer variants");
@@ -339,7 +337,7 @@ static sf_status list_layers(sf_cache *c, const char *name, key_list *k) {
  * read transaction ends, so the callback may write to the cache. */
 typedef struct {
   sf_layer_record r;
-  char *matrix_fp, *op;
+  char *matrix_fp, *op, *problem;
   variant_list l;
   int found;
 } loaded_layer;
@@ -371,13 +369,13 @@ static sf_status load_layer(sf_cache *c, sqlite3_stmt *lq, sqlite3_stmt *vq,
     r->x_elem_size = sqlite3_column_int(lq, 4);
     r->y_elem_size = sqlite3_column_int(lq, 5);
     if (oom) s = sfc_fail(c, SF_ERR_NOMEM, "cache %s: out of memory", c->path);
-    if (!s) s = load_variants(c, vq, name, gpu, &out->l);
-    if (!s && out->l.n == 0)
-      s = sfc_fail(c, SF_ERR_CORRUPT,
-                   "cache %s: layer %s (%s) has no variants; layer not used",
-                   c->path, name, gpu);
+    if (!s) s = load_variants(c, vq, name, gpu, &out->l, &out->problem);
+    if (!s && !out->problem && out->l.n == 0 &&
+        !(out->problem = sf__strdup("it has no variants")))
+      s = sfc_fail(c, SF_ERR_NOMEM, "cache %s: out of memory", c->path);
     r->n_variants = out->l.n;
-    r->variants = out->l.v;
+    r->variants = out->l.n ? out->l.v : NULL;
+    r->problem = out->problem;
   } else if (rc != SQLITE_DONE) {
     s = sfc_db_fail(c, rc, "reading a layer");
   }
@@ -389,8 +387,28 @@ static sf_status load_layer(sf_cache *c, sqlite3_stmt *lq, sqlite3_stmt *vq,
 static void free_loaded(loaded_layer *ll) {
   free(ll->matrix_fp);
   free(ll->op);
+  free(ll->problem);
   free_variants(&ll->l);
   memset(ll, 0, sizeof *ll);
+}
+
+/* The variants of one layer, with their blobs; the launch record's
+ * columns come last, from column 9 on (load_variants). */
+static sf_status prepare_variant_query(sf_cache *c, sqlite3_stmt **q) {
+  char cols[SFC_LAUNCH_SQL_MAX], sql[2 * SFC_LAUNCH_SQL_MAX];
+  if (sfc_launch_columns(cols, sizeof cols, "v.", "") < 0)
+    return sfc_fail(c, SF_ERR_NOMEM, "cache %s: launch columns too long",
+                    c->path);
+  snprintf(sql, sizeof sql,
+           "SELECT v.n_bucket, v.source, v.kernel_name, v.options,"
+           " v.generator_version, v.config, v.packed_sha256, v.packed_size,"
+           " b.data, %s"
+           " FROM layer_variants v LEFT JOIN blobs b"
+           "  ON b.sha256 = v.packed_sha256"
+           " WHERE v.layer_name = ?1 AND v.gpu_name = ?2"
+           " ORDER BY v.n_bucket",
+           cols);
+  return sfc_prepare(c, sql, q);
 }
 
 sf_status sf_cache_layers(sf_cache *cache, const char *name, sf_layer_cb cb,
@@ -407,17 +425,7 @@ sf_status sf_cache_layers(sf_cache *cache, const char *name, sf_layer_cb cb,
                        " y_elem_size FROM layers WHERE name = ?1"
                        " AND gpu_name = ?2",
                        &lq)) ||
-      (s = sfc_prepare(cache,
-                       "SELECT v.n_bucket, v.source, v.kernel_name, v.options,"
-                       " v.generator_version, v.grid0, v.grid1, v.grid2,"
-                       " v.n_axis, v.n_tile, v.block0, v.block1, v.block2,"
-                       " v.shared_bytes, v.zero_output, v.config,"
-                       " v.packed_sha256, v.packed_size, b.data"
-                       " FROM layer_variants v LEFT JOIN blobs b"
-                       "  ON b.sha256 = v.packed_sha256"
-                       " WHERE v.layer_name = ?1 AND v.gpu_name = ?2"
-                       " ORDER BY v.n_bucket",
-                       &vq)))
+      (s = prepare_variant_query(cache, &vq)))
     goto done;
   for (int i = 0; i < keys.n; i++) {
     loaded_layer ll;

@@ -31,11 +31,10 @@
 #define LAYER_COLS                                                         \
   "name, gpu_name, matrix_fp, op, rows, cols, x_elem_size, y_elem_size,"   \
   " created"
-#define VARIANT_COLS                                                       \
+/* A variant's own columns; its launch record's come from columns.c. */
+#define VARIANT_OWN_COLS                                                   \
   "layer_name, gpu_name, n_bucket, source, source_sha256, kernel_name,"    \
-  " options, generator_version, grid0, grid1, grid2, n_axis, n_tile,"      \
-  " block0, block1, block2, shared_bytes, zero_output, packed_sha256,"     \
-  " packed_size, config"
+  " options, generator_version, packed_sha256, packed_size, config"
 
 /* Layers of the source to copy: all, or those named in the temp table. */
 #define LAYER_PICK(alias)                                                  \
@@ -110,9 +109,20 @@ static sf_status merge_body(sf_cache *c, void *arg) {
                     "nothing copied",
                     c->path, bad, a->src_path);
 
+  /* The variants' columns: their own and their launch record's. */
+  char launch[SFC_LAUNCH_SQL_MAX], variant_sql[4 * SFC_LAUNCH_SQL_MAX];
+  if (sfc_launch_columns(launch, sizeof launch, "", "") < 0)
+    return sfc_fail(c, SF_ERR_NOMEM, "cache %s: launch columns too long",
+                    c->path);
+  snprintf(variant_sql, sizeof variant_sql,
+           "INSERT OR IGNORE INTO main.layer_variants(" VARIANT_OWN_COLS
+           ", %s) SELECT " VARIANT_OWN_COLS ", %s FROM " SRC
+           ".layer_variants v WHERE" VARIANT_NEW("v") " AND" VARIANT_PICK("v"),
+           launch, launch);
+
   /* Order matters for layers: blobs and variants of layers new to the
    * destination first, then the layer rows themselves. */
-  static const char *const all_sql[] = {
+  const char *const all_sql[] = {
       /* binaries: a damaged copy here is repaired from the source */
       "INSERT INTO main.binaries(" BINARY_COLS ") SELECT " BINARY_COLS
       " FROM " SRC ".binaries b WHERE NOT ?1 OR b.source_sha256 IN"
@@ -134,9 +144,7 @@ static sf_status merge_body(sf_cache *c, void *arg) {
       ".layer_variants v WHERE" VARIANT_NEW("v") " AND" VARIANT_PICK("v") ")"
       " ON CONFLICT(sha256) DO UPDATE SET size = excluded.size,"
       " data = excluded.data WHERE sf_sha256(blobs.data) IS NOT blobs.sha256",
-      "INSERT OR IGNORE INTO main.layer_variants(" VARIANT_COLS ") SELECT "
-      VARIANT_COLS " FROM " SRC ".layer_variants v WHERE" VARIANT_NEW("v")
-      " AND" VARIANT_PICK("v"),
+      variant_sql,
       "INSERT OR IGNORE INTO main.layers(" LAYER_COLS ") SELECT " LAYER_COLS
       " FROM " SRC ".layers l WHERE" LAYER_PICK("l")
       " AND EXISTS (SELECT 1 FROM main.layer_variants v"

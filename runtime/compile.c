@@ -1,11 +1,14 @@
 /*
  * compile.c -- NVRTC: CUDA C++ to cubin or PTX, on any machine.
  *
- * NVRTC is linked (it needs no GPU).  Nothing here keeps global state, so
- * several threads may compile at once, each with its own context.
+ * NVRTC is linked (it needs no GPU), so this file is in libsparseforge
+ * only; the binaries it makes are binary.c's.  Nothing here keeps global
+ * state, so several threads may compile at once, each with its own
+ * context.
  */
 #define SF_RUNTIME_INTERNAL
 #include "internal.h"
+#include "sparseforge.h"
 
 #include <ctype.h>
 #include <nvrtc.h>
@@ -16,13 +19,6 @@
 #ifndef SF_CUDA_INCLUDE_DEFAULT
 #define SF_CUDA_INCLUDE_DEFAULT "/usr/local/cuda/include"
 #endif
-
-struct sf_binary {
-  sf_binary_kind kind;
-  size_t size;
-  char *data;
-  char *log;
-};
 
 /* ---- options ----------------------------------------------------------- */
 
@@ -314,76 +310,12 @@ sf_status sf_compile(sf_context *ctx, const char *source,
     return st;
   }
   options_free(&l);
-  sf_binary *bin = malloc(sizeof *bin);
-  if (!bin) {
-    free(data);
-    free(log);
+  if (sf__binary_new(kind, data, size, log, out) != SF_OK)
     return sf__fail(ctx, SF_ERR_NOMEM, "out of host memory");
-  }
-  bin->kind = kind;
-  bin->size = size;
-  bin->data = data;
-  bin->log = log;
-  *out = bin;
   return SF_OK;
 }
 
-/* ---- binaries ---------------------------------------------------------- */
-
-sf_status sf_binary_from_memory(const void *data, size_t size,
-                                sf_binary_kind kind, sf_binary **out) {
-  if (!out) return SF_ERR_INVALID_ARG;
-  *out = NULL;
-  if (!data || size == 0) return SF_ERR_INVALID_ARG;
-  if (kind != SF_BINARY_CUBIN && kind != SF_BINARY_PTX)
-    return SF_ERR_INVALID_ARG;
-  /* PTX is text and must end with its NUL: one is added if missing. */
-  size_t keep = size;
-  if (kind == SF_BINARY_PTX && ((const char *)data)[size - 1] != '\0')
-    keep = size + 1;
-  sf_binary *bin = malloc(sizeof *bin);
-  char *copy = malloc(keep + 1);
-  char *log = sf__strdup("");
-  if (!bin || !copy || !log) {
-    free(bin);
-    free(copy);
-    free(log);
-    return SF_ERR_NOMEM;
-  }
-  memcpy(copy, data, size);
-  copy[size] = '\0';
-  copy[keep] = '\0';
-  bin->kind = kind;
-  bin->size = keep;
-  bin->data = copy;
-  bin->log = log;
-  *out = bin;
-  return SF_OK;
-}
-
-const void *sf_binary_data(const sf_binary *bin, size_t *size) {
-  if (!bin) {
-    if (size) *size = 0;
-    return NULL;
-  }
-  if (size) *size = bin->size;
-  return bin->data;
-}
-
-sf_binary_kind sf_binary_get_kind(const sf_binary *bin) {
-  return bin ? bin->kind : SF_BINARY_CUBIN;
-}
-
-const char *sf_binary_log(const sf_binary *bin) {
-  return bin && bin->log ? bin->log : "";
-}
-
-void sf_binary_free(sf_binary *bin) {
-  if (!bin) return;
-  free(bin->data);
-  free(bin->log);
-  free(bin);
-}
+/* ---- version ----------------------------------------------------------- */
 
 sf_status sf_nvrtc_version(int *major, int *minor) {
   if (!major || !minor) return SF_ERR_INVALID_ARG;

@@ -1,7 +1,8 @@
 /*
  * context.c -- the context: one device, its lazily opened primary CUDA
- * context, the last error, the device description and the device memory
- * the context tracks.
+ * context, the last error (and a fault that spoiled it), the device
+ * description, the device memory it tracks and the objects it owns (a
+ * list of release functions: the owners register themselves).
  */
 #define SF_RUNTIME_INTERNAL
 #include "internal.h"
@@ -47,7 +48,13 @@ sf_status sf__cu_fail(sf_context *ctx, sf_status code, CUresult r,
                       const char *what) {
   char desc[512];
   sf__cu_describe(ctx ? ctx->drv : NULL, r, desc, sizeof desc);
-  if (sf__cu_is_sticky(r)) code = SF_ERR_CUDA;
+  if (sf__cu_is_sticky(r)) {
+    code = SF_ERR_FAULT;
+    if (ctx && !ctx->faulted) {
+      ctx->faulted = 1;
+      snprintf(ctx->fault, sizeof ctx->fault, "%s", desc);
+    }
+  }
   if (r == CUDA_ERROR_OUT_OF_MEMORY && code == SF_ERR_CUDA)
     return sf__fail(ctx, code, "%s failed: %s (device memory exhausted)",
                     what, desc);
@@ -85,15 +92,12 @@ void sf_context_destroy(sf_context *ctx) {
     d->CtxSetCurrent(ctx->cu);
     /* Wait for work still queued; errors (a faulted context) are moot. */
     d->CtxSynchronize();
-    while (ctx->layers) {
-      struct sf_layer *l = ctx->layers;
-      ctx->layers = l->next;
-      sf__layer_release(l);
-    }
-    while (ctx->modules) {
-      struct sf_module *m = ctx->modules;
-      ctx->modules = m->next;
-      sf__module_release(m);
+    /* Newest first: a layer goes before the modules it loaded, and a
+     * release may disown other objects (a layer its modules). */
+    while (ctx->owned) {
+      sf__owned *o = ctx->owned;
+      sf__disown(ctx, o);
+      o->release(o);
     }
     for (size_t i = 0; i < ctx->n_allocs; i++)
       d->MemFree((CUdeviceptr)ctx->allocs[i]);
@@ -108,6 +112,11 @@ void sf_context_destroy(sf_context *ctx) {
 /* ---- the device -------------------------------------------------------- */
 
 sf_status sf__ctx_enter(sf_context *ctx) {
+  if (ctx->faulted)
+    return sf__fail(ctx, SF_ERR_FAULT,
+                    "the context faulted earlier (%s): it is unusable; "
+                    "destroy it",
+                    ctx->fault);
   if (ctx->ready) {
     CUresult r = ctx->drv->CtxSetCurrent(ctx->cu);
     if (r != CUDA_SUCCESS)
@@ -278,4 +287,29 @@ int sf__untrack_alloc(sf_context *ctx, sf_devptr p) {
     }
   }
   return 0;
+}
+
+void sf__release_alloc(sf_context *ctx, sf_devptr p) {
+  if (!p || !ctx->ready || !sf__untrack_alloc(ctx, p)) return;
+  ctx->drv->CtxSetCurrent(ctx->cu);
+  ctx->drv->MemFree((CUdeviceptr)p);
+}
+
+/* ---- owned objects ----------------------------------------------------- */
+
+void sf__own(sf_context *ctx, sf__owned *o, void (*release)(sf__owned *)) {
+  o->release = release;
+  o->prev = NULL;
+  o->next = ctx->owned;
+  if (ctx->owned) ctx->owned->prev = o;
+  ctx->owned = o;
+}
+
+void sf__disown(sf_context *ctx, sf__owned *o) {
+  if (o->prev)
+    o->prev->next = o->next;
+  else if (ctx->owned == o)
+    ctx->owned = o->next;
+  if (o->next) o->next->prev = o->prev;
+  o->prev = o->next = NULL;
 }

@@ -1,13 +1,21 @@
 /*
  * internal.h -- private declarations shared by the runtime and the cache.
- * Nothing here is part of the public interface (sparseforge.h).
+ * Nothing here is part of the public interface (sparseforge_runtime.h,
+ * sparseforge.h).
+ *
+ * Layers: the driver-only runtime (libsparseforge_rt: status.c, driver.c,
+ * context.c, binary.c, module.c, launch.c, layer.c) sees only
+ * sparseforge_runtime.h through this header and calls nothing above it.
+ * The sources of libsparseforge alone (compile.c, peer.c, layer_open.c and
+ * the cache) include sparseforge.h themselves.
  */
 #ifndef SF_INTERNAL_H
 #define SF_INTERNAL_H
 
-#include "sparseforge.h"
+#include "sparseforge_runtime.h"
 
 #include <stdarg.h>
+#include <stddef.h>
 
 #define SF_MSG_MAX 16384
 
@@ -28,10 +36,45 @@ void sf__sha256_init(sf__sha256 *c);
 void sf__sha256_update(sf__sha256 *c, const void *data, size_t n);
 void sf__sha256_final_hex(sf__sha256 *c, char hex_out[65]);
 
+/* Records a failure on ctx (code + printf-style message) and returns code;
+ * a NULL ctx gives the code alone.  Messages of any length are kept (NVRTC
+ * logs).  context.c. */
+sf_status sf__fail(sf_context *ctx, sf_status code, const char *fmt, ...)
+#ifdef __GNUC__
+    __attribute__((format(printf, 3, 4)))
+#endif
+    ;
+
+/* A binary made of `data` (`size` bytes, NUL-terminated one byte past size)
+ * and `log`, both malloc'd: the binary takes them over, and frees them
+ * itself when it cannot be made (SF_ERR_NOMEM).  binary.c; compile.c makes
+ * its binaries with it. */
+sf_status sf__binary_new(sf_binary_kind kind, char *data, size_t size,
+                         char *log, sf_binary **out);
+
+/* The launch record in words for messages: "grid 96 x 1 x 1, block 128 x 1
+ * x 1, n_axis 1, n_tile 16, 4096 bytes shared memory" (launch.c). */
+void sf__launch_describe(const sf_launch_record *launch, char *buf,
+                         size_t size);
+
+/* Why the layer `desc` cannot be loaded, written into msg (size bytes)
+ * and returned, or NULL when it can (layer.c; the checks sf_layer_load
+ * documents).  need_binaries 0 leaves the variants' binary fields out, for
+ * records whose binaries are still to be fetched (sf_layer_open) or that
+ * keep sources instead (sf_cache_put_layer).  A variant's message starts
+ * "layer \"<name>\" variant <i> (n_bucket <n>): ". */
+const char *sf__layer_desc_problem(const sf_layer_desc *desc,
+                                   int need_binaries, char *msg, size_t size);
+
+/* Records, on a layer sf_layer_load made, how many of its variants had to
+ * be compiled (sf_layer_compiled_count; layer.c, for sf_layer_open). */
+void sf__layer_set_compiled(sf_layer *layer, int compiled);
+
 /* ------------------------------------------------------------------------
- * The runtime's private side (driver.c, context.c, compile.c, module.c,
- * layer.c).  cuda.h is used for its types only: libcuda is loaded with
- * dlopen and every entry point goes through sf__driver.
+ * The runtime's private side (driver.c, context.c, module.c, layer.c, and
+ * above them compile.c and peer.c).  cuda.h is used for its types only:
+ * libcuda is loaded with dlopen and every entry point goes through
+ * sf__driver.
  * ---------------------------------------------------------------------- */
 #ifdef SF_RUNTIME_INTERNAL
 #include <cuda.h>
@@ -103,7 +146,25 @@ void sf__cu_describe(const sf__driver *drv, CUresult r, char *buf,
  * ILLEGAL_ADDRESS, LAUNCH_FAILED, ... */
 int sf__cu_is_sticky(CUresult r);
 
-/* The objects a context owns (module.c and layer.c). */
+/*
+ * An object a context owns (a module, a layer), embedded in the object's
+ * struct: sf_context_destroy releases what is still owned, newest first,
+ * through `release`, so context.c needs to know nothing of the owners.
+ * SF__OWNER gives the object back from its member.
+ */
+typedef struct sf__owned {
+  void (*release)(struct sf__owned *self);
+  struct sf__owned *prev, *next;
+} sf__owned;
+#define SF__OWNER(ptr, type, member) \
+  ((type *)((char *)(ptr) - offsetof(type, member)))
+
+/* Adds `o` to what ctx owns (it cannot fail), and takes it out again
+ * (context.c). */
+void sf__own(sf_context *ctx, sf__owned *o, void (*release)(sf__owned *));
+void sf__disown(sf_context *ctx, sf__owned *o);
+
+/* The objects module.c owns. */
 struct sf_kernel {
   struct sf_module *mod;
   CUfunction fn;
@@ -113,21 +174,10 @@ struct sf_kernel {
 };
 
 struct sf_module {
+  sf__owned owned; /* in the context */
   sf_context *ctx;
   CUmodule mod;
   struct sf_kernel *kernels;
-  struct sf_module *prev, *next; /* in the context */
-};
-
-struct sf_layer_variant_rt;
-struct sf_layer {
-  sf_context *ctx;
-  int64_t rows, cols;
-  int y_elem_size;
-  int n_variants;
-  int compiled;
-  struct sf_layer_variant_rt *variants;
-  struct sf_layer *prev, *next; /* in the context */
 };
 
 struct sf_context {
@@ -142,30 +192,28 @@ struct sf_context {
   CUcontext cu;
   int have_info;
   sf_device_info info;
+  /* set by the first sticky error (a kernel fault): the context is
+   * unusable, and every later GPU call says so with this description */
+  int faulted;
+  char fault[512];
   /* what the context owns */
   sf_devptr *allocs;
   size_t n_allocs, cap_allocs;
-  struct sf_module *modules;
-  struct sf_layer *layers;
+  sf__owned *owned;      /* modules and layers, newest first */
   CUdeviceptr flush_buf; /* L2 flush buffer for sf_time_kernel */
   size_t flush_size;
 };
 
-/* Records a failure on ctx (code + printf-style message) and returns code.
- * Messages of any length are kept (NVRTC logs). */
-sf_status sf__fail(sf_context *ctx, sf_status code, const char *fmt, ...)
-#ifdef __GNUC__
-    __attribute__((format(printf, 3, 4)))
-#endif
-    ;
 
 /* Records a failed driver call: "<what> failed: CUDA_ERROR_X (text)".
- * Sticky errors (kernel faults) become SF_ERR_CUDA whatever `code` is. */
+ * Sticky errors (kernel faults) become SF_ERR_FAULT whatever `code` is,
+ * and mark the context faulted. */
 sf_status sf__cu_fail(sf_context *ctx, sf_status code, CUresult r,
                       const char *what);
 
 /* Loads the driver, opens the device's primary context on first use and
- * makes it current on this thread.  Every GPU call starts with it. */
+ * makes it current on this thread.  Every GPU call starts with it.  A
+ * faulted context gives SF_ERR_FAULT, naming the fault. */
 sf_status sf__ctx_enter(sf_context *ctx);
 
 /* One launch of something timed (a kernel, a cuBLAS call) on `stream`. */
@@ -181,12 +229,10 @@ sf_status sf__time_launches(sf_context *ctx, sf__launch_fn fn, void *user,
 /* Allocation tracking (context.c). */
 sf_status sf__track_alloc(sf_context *ctx, sf_devptr p);
 int sf__untrack_alloc(sf_context *ctx, sf_devptr p);
-
-/* Frees a module's host and device side without touching the context's
- * list (module.c); used by sf_context_destroy. */
-void sf__module_release(struct sf_module *m);
-/* Frees a layer's variants (layer.c); used by sf_context_destroy. */
-void sf__layer_release(struct sf_layer *l);
+/* Frees device memory the context tracks whatever state the context is in
+ * (a faulted one included), ignoring the driver's answer: for owners
+ * releasing their buffers.  0 or an untracked pointer does nothing. */
+void sf__release_alloc(sf_context *ctx, sf_devptr p);
 
 #endif /* SF_RUNTIME_INTERNAL */
 

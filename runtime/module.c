@@ -1,5 +1,6 @@
 /*
  * module.c -- modules, kernels, launches, event timing and device memory.
+ * A module is owned by its context (sf__own) until it is unloaded.
  */
 #define SF_RUNTIME_INTERNAL
 #include "internal.h"
@@ -13,6 +14,20 @@
 #define SF_DEFAULT_DYN_SMEM (48 * 1024)
 
 /* ---- modules ------------------------------------------------------------ */
+
+/* Frees a module's host and device side; it is no longer owned. */
+static void module_release(sf__owned *o) {
+  struct sf_module *m = SF__OWNER(o, struct sf_module, owned);
+  m->ctx->drv->CtxSetCurrent(m->ctx->cu);
+  while (m->kernels) {
+    struct sf_kernel *k = m->kernels;
+    m->kernels = k->next;
+    free(k->name);
+    free(k);
+  }
+  if (m->mod) m->ctx->drv->ModuleUnload(m->mod);
+  free(m);
+}
 
 sf_status sf_module_load(sf_context *ctx, const sf_binary *bin,
                          sf_module **out) {
@@ -36,34 +51,15 @@ sf_status sf_module_load(sf_context *ctx, const sf_binary *bin,
     return sf__cu_fail(ctx, SF_ERR_CUDA, r, what);
   }
   m->ctx = ctx;
-  m->next = ctx->modules;
-  if (ctx->modules) ctx->modules->prev = m;
-  ctx->modules = m;
+  sf__own(ctx, &m->owned, module_release);
   *out = m;
   return SF_OK;
 }
 
-void sf__module_release(struct sf_module *m) {
-  while (m->kernels) {
-    struct sf_kernel *k = m->kernels;
-    m->kernels = k->next;
-    free(k->name);
-    free(k);
-  }
-  if (m->mod) m->ctx->drv->ModuleUnload(m->mod);
-  free(m);
-}
-
 void sf_module_unload(sf_module *m) {
   if (!m) return;
-  sf_context *ctx = m->ctx;
-  if (m->prev)
-    m->prev->next = m->next;
-  else
-    ctx->modules = m->next;
-  if (m->next) m->next->prev = m->prev;
-  ctx->drv->CtxSetCurrent(ctx->cu);
-  sf__module_release(m);
+  sf__disown(m->ctx, &m->owned);
+  module_release(&m->owned);
 }
 
 /* ---- kernels ----------------------------------------------------------- */

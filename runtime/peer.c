@@ -3,10 +3,11 @@
  * with the same protocol as our kernels (sf__time_launches), so that a
  * speedup is a ratio measured in one run on one GPU.  Both libraries are
  * loaded with dlopen like the driver, so the library needs them only where
- * a peer is timed.
+ * a peer is timed.  In libsparseforge only.
  */
 #define SF_RUNTIME_INTERNAL
 #include "internal.h"
+#include "sparseforge.h"
 
 #include <dlfcn.h>
 #include <stdio.h>

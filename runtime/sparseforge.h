@@ -1,26 +1,14 @@
 /*
  * sparseforge.h -- the public interface of libsparseforge.
  *
- * libsparseforge is the C half of sparseforge: it compiles CUDA C++ with
- * NVRTC, loads the CUDA driver at run time, loads and launches kernels,
- * times them, and keeps compiled kernels, tuning trials and tuned layers in
- * a SQLite cache.  This header is the whole contract: whatever is not here
- * is private.
- *
- * Conventions, for every function below:
- *   - Every call that can fail returns an sf_status (SF_OK is 0).  The
- *     message of the last failure is kept on the handle the call was given:
- *     sf_errmsg() for an sf_context, sf_cache_errmsg() for an sf_cache.
- *     sf_errstr() names a status code.
- *   - The library never exits and never prints.
- *   - NULL where a handle or an output pointer is required gives
- *     SF_ERR_INVALID_ARG (and, where there is a handle, a message on it).
- *   - Every create/open has a destroy/close that accepts NULL.
- *   - Strings passed in are copied; the caller keeps ownership of them.
- *     Strings handed out stay owned by the library unless the function says
- *     the caller frees them (then with sf_free_buffer()).
- *   - Device pointers are plain 64-bit integers (sf_devptr), as the CUDA
- *     driver's CUdeviceptr.
+ * libsparseforge is the C half of sparseforge: the driver-only runtime of
+ * sparseforge_runtime.h (included here: contexts, modules, launches,
+ * timing, layers held in memory), and above it NVRTC compilation, the
+ * peers the benchmarks compare with (cuBLAS, cuSPARSE, loaded at run
+ * time), a SQLite cache of compiled kernels, tuning trials and tuned
+ * layers, and layers opened from that cache.  The two headers are the
+ * whole contract: whatever is not in them is private.  The conventions are
+ * sparseforge_runtime.h's.
  *
  * Threads: an sf_context or sf_cache may be used by one thread at a time.
  * sf_compile() may run in several threads at once, each with its own
@@ -30,162 +18,15 @@
 #ifndef SPARSEFORGE_H
 #define SPARSEFORGE_H
 
-#include <stddef.h>
-#include <stdint.h>
+#include "sparseforge_runtime.h"
 
 #ifdef __cplusplus
 extern "C" {
 #endif
 
-#if defined(SF_BUILDING_LIBRARY) && defined(__GNUC__)
-#define SF_API __attribute__((visibility("default")))
-#else
-#define SF_API
-#endif
-
-/* ------------------------------------------------------------------------
- * Versions and status codes
- * ---------------------------------------------------------------------- */
-
-#define SF_VERSION_MAJOR 0
-#define SF_VERSION_MINOR 1
-#define SF_VERSION_PATCH 0
-#define SF_VERSION_STRING "0.1.0"
-
-/* The library's version string, e.g. "0.1.0".  Never fails. */
-SF_API const char *sf_version(void);
-
-/*
- * Status codes.  The table is the single source of both the enum and the
- * names returned by sf_errstr(): X(name, value, description).
- */
-#define SF_STATUS_TABLE(X)                                                     \
-  X(SF_OK, 0, "success")                                                       \
-  X(SF_ERR_INVALID_ARG, 1, "invalid argument")                                 \
-  X(SF_ERR_NOMEM, 2, "out of host memory")                                     \
-  X(SF_ERR_IO, 3, "input/output error")                                        \
-  X(SF_ERR_NO_DRIVER, 4, "no CUDA driver found")                               \
-  X(SF_ERR_NO_DEVICE, 5, "no CUDA device")                                     \
-  X(SF_ERR_CUDA, 6, "CUDA driver error")                                       \
-  X(SF_ERR_COMPILE, 7, "compilation failed")                                   \
-  X(SF_ERR_NVRTC, 8, "NVRTC error")                                            \
-  X(SF_ERR_NOT_FOUND, 9, "not found")                                          \
-  X(SF_ERR_DB, 10, "database error")                                           \
-  X(SF_ERR_NOT_A_DB, 11, "file is not a sparseforge database")                 \
-  X(SF_ERR_DB_VERSION, 12, "database is from a newer sparseforge")             \
-  X(SF_ERR_CORRUPT, 13, "stored data failed its checksum")                     \
-  X(SF_ERR_LAUNCH, 14, "kernel launch failed")                                 \
-  X(SF_ERR_NO_BINARY, 15, "no binary for this GPU and no way to compile one")  \
-  X(SF_ERR_BUSY, 16, "database is busy")
-
-typedef enum sf_status {
-#define SF_STATUS_ENUM_(name, value, text) name = value,
-  SF_STATUS_TABLE(SF_STATUS_ENUM_)
-#undef SF_STATUS_ENUM_
-} sf_status;
-
-/* A short description of a status code ("no CUDA driver found"); an unknown
- * code gives "unknown status".  Never NULL. */
-SF_API const char *sf_errstr(int status);
-
-/* The symbolic name of a status code ("SF_ERR_NO_DRIVER"); an unknown code
- * gives "SF_UNKNOWN".  Never NULL. */
-SF_API const char *sf_status_name(int status);
-
-/* Frees a buffer that a function of this library handed to the caller.
- * Accepts NULL. */
-SF_API void sf_free_buffer(void *buffer);
-
-/* SHA-256 of `size` bytes at `data`, written as 64 lowercase hex digits and
- * a NUL into `hex_out` (65 bytes).  `data` may be NULL when size is 0.
- * Returns SF_ERR_INVALID_ARG for a NULL hex_out or NULL data with size > 0. */
-SF_API sf_status sf_sha256_hex(const void *data, size_t size, char hex_out[65]);
-
-/* ------------------------------------------------------------------------
- * Context: the CUDA driver, one device, and the last error message
- * ---------------------------------------------------------------------- */
-
-typedef struct sf_context sf_context;
-typedef uint64_t sf_devptr;
-
-/*
- * Creates a context for device `device_ordinal` (0 for the first GPU).
- * Creating a context never touches the GPU: the driver (libcuda) is loaded
- * with dlopen on the first call that needs it, so a context is enough to
- * compile on a machine with no GPU and no driver.  GPU calls on such a
- * machine return SF_ERR_NO_DRIVER ("no CUDA driver found: ...") or
- * SF_ERR_NO_DEVICE ("no CUDA device ...").
- *
- * The driver is "libcuda.so.1", or the file named by the environment
- * variable SF_CUDA_DRIVER (tests point it at a missing file to get the
- * no-driver behaviour on any machine).  It is loaded once per process; a
- * failed load is tried again by the next call.  Any failure of cuInit (no
- * device, a stub or mismatched driver) is SF_ERR_NO_DEVICE with cuInit's
- * error name in the message.  Each GPU call makes the device's primary
- * context current on the calling thread, so a context may move between
- * threads (used by one at a time).
- *
- * `*out` receives the context.  Returns SF_ERR_INVALID_ARG for a NULL out
- * or a negative ordinal (then *out is NULL), SF_ERR_NOMEM.
- */
-SF_API sf_status sf_context_create(int device_ordinal, sf_context **out);
-
-/* Destroys a context, its loaded modules, its open layers and the device
- * memory it still tracks (after waiting for the GPU).  Those modules,
- * kernels and layers are invalid afterwards: do not unload or close them
- * again.  Accepts NULL. */
-SF_API void sf_context_destroy(sf_context *ctx);
-
-/* The message of the last failed call on `ctx` ("" if none; "NULL
- * context" for a NULL ctx).  Owned by the context, valid until its next
- * call.  NVRTC failures carry the compiler log; CUDA failures carry the
- * driver's error name (e.g. CUDA_ERROR_ILLEGAL_ADDRESS). */
-SF_API const char *sf_errmsg(const sf_context *ctx);
-
-/* The status of the last failed call on `ctx` (SF_OK if none;
- * SF_ERR_INVALID_ARG for NULL).  A successful call clears neither this nor
- * the message. */
-SF_API sf_status sf_errcode(const sf_context *ctx);
-
-/* ------------------------------------------------------------------------
- * Device description
- * ---------------------------------------------------------------------- */
-
-typedef struct sf_device_info {
-  char name[256];            /* e.g. "NVIDIA H100 80GB HBM3" */
-  int cc_major, cc_minor;    /* compute capability, e.g. 9, 0 */
-  char arch[16];             /* NVRTC arch for this GPU: "sm_90a" on 9.0,
-                                else "sm_<major><minor>" */
-  int sm_count;              /* multiprocessors */
-  int l2_bytes;              /* L2 cache size */
-  int smem_per_block_optin;  /* largest dynamic shared memory a block can
-                                opt into, bytes */
-  int smem_per_sm;           /* shared memory per multiprocessor, bytes */
-  int regs_per_block;        /* 32-bit registers per block */
-  int max_threads_per_block;
-  int clock_khz;             /* peak SM clock */
-  int driver_version;        /* cuDriverGetVersion, e.g. 13000 */
-  uint64_t total_mem_bytes;
-} sf_device_info;
-
-/* Fills `*out` for the context's device.  Initializes the driver on first
- * use.  Returns SF_ERR_NO_DRIVER, SF_ERR_NO_DEVICE (no device, or the
- * ordinal is out of range), SF_ERR_CUDA, SF_ERR_INVALID_ARG. */
-SF_API sf_status sf_device_info_get(sf_context *ctx, sf_device_info *out);
-
-/* Number of CUDA devices, into *count.  SF_ERR_NO_DRIVER where there is no
- * driver (then *count is 0); a driver with no device gives SF_OK and 0
- * (other cuInit failures give SF_ERR_NO_DEVICE and 0). */
-SF_API sf_status sf_device_count(sf_context *ctx, int *count);
-
 /* ------------------------------------------------------------------------
  * Compilation (NVRTC; needs no GPU)
  * ---------------------------------------------------------------------- */
-
-typedef enum sf_binary_kind {
-  SF_BINARY_CUBIN = 0, /* machine code for one arch */
-  SF_BINARY_PTX = 1    /* PTX; the driver JIT-compiles it at load */
-} sf_binary_kind;
 
 typedef struct sf_compile_options {
   /* NVRTC arch: "sm_80", "sm_86", "sm_89", "sm_90", "sm_90a", ...; NULL or
@@ -205,8 +46,6 @@ typedef struct sf_compile_options {
   const char *cuda_include_dir;
 } sf_compile_options;
 
-/* A compiled program: its binary (cubin or PTX) and the compiler's log. */
-typedef struct sf_binary sf_binary;
 
 /*
  * Compiles `source` (CUDA C++, NUL-terminated) with NVRTC.  `program_name`
@@ -241,115 +80,8 @@ SF_API sf_status sf_compile_canonical_options(sf_context *ctx,
                                               const sf_compile_options *opts,
                                               char **out);
 
-/* Wraps bytes (a cubin or PTX read from a cache or file) in an sf_binary;
- * the bytes are copied.  PTX is NUL-terminated text: a NUL is appended
- * (and counted in the size) when the last byte is not one.
- * SF_ERR_INVALID_ARG (no message: there is no handle) for NULL data or
- * out, size 0 or an unknown kind. */
-SF_API sf_status sf_binary_from_memory(const void *data, size_t size,
-                                       sf_binary_kind kind, sf_binary **out);
-
-/* The binary's bytes and size; owned by the binary.  NULL (and size 0)
- * for NULL.  A PTX binary's size counts its terminating NUL. */
-SF_API const void *sf_binary_data(const sf_binary *bin, size_t *size);
-/* The binary's kind (SF_BINARY_CUBIN for NULL). */
-SF_API sf_binary_kind sf_binary_get_kind(const sf_binary *bin);
-/* The compiler's log ("" when empty or not compiled here).  Owned by bin. */
-SF_API const char *sf_binary_log(const sf_binary *bin);
-SF_API void sf_binary_free(sf_binary *bin);
-
 /* The NVRTC version this library uses. */
 SF_API sf_status sf_nvrtc_version(int *major, int *minor);
-
-/* ------------------------------------------------------------------------
- * Modules, kernels and launches
- * ---------------------------------------------------------------------- */
-
-typedef struct sf_module sf_module;
-typedef struct sf_kernel sf_kernel;
-
-/* Loads a binary on the context's device.  SF_ERR_CUDA for an image the
- * driver refuses (e.g. a cubin for another arch: message carries
- * CUDA_ERROR_NO_BINARY_FOR_GPU).  Free with sf_module_unload(). */
-SF_API sf_status sf_module_load(sf_context *ctx, const sf_binary *bin,
-                                sf_module **out);
-SF_API void sf_module_unload(sf_module *mod);
-
-/* Finds a kernel by its (extern "C" or mangled) name.  The kernel belongs
- * to the module and is valid until the module is unloaded; asking twice
- * gives the same handle.  SF_ERR_NOT_FOUND if the module has no such
- * kernel ("no kernel named \"<name>\" in the module ..."). */
-SF_API sf_status sf_kernel_get(sf_context *ctx, sf_module *mod,
-                               const char *name, sf_kernel **out);
-
-/* Registers, static shared memory and local memory of a kernel, as the
- * driver reports them. */
-typedef struct sf_kernel_attrs {
-  int num_regs;
-  int shared_bytes;      /* static shared memory */
-  int local_bytes;       /* local memory per thread (spills, stack) */
-  int max_threads;       /* largest block it can launch */
-} sf_kernel_attrs;
-SF_API sf_status sf_kernel_attributes(sf_context *ctx, sf_kernel *k,
-                                      sf_kernel_attrs *out);
-
-typedef struct sf_launch_config {
-  unsigned grid[3];
-  unsigned block[3];
-  unsigned shared_bytes; /* dynamic shared memory; above 48 KB the kernel's
-                            limit is raised first */
-  void *stream;          /* a CUstream, or NULL for the default stream */
-} sf_launch_config;
-
-/* Launches `k` with `args` (an array of pointers to each argument, as
- * cuLaunchKernel takes them; NULL for a kernel without parameters).
- * Returns SF_ERR_LAUNCH when the launch is refused (bad configuration, too
- * much shared memory, ...), with the CUDA error name in the message;
- * SF_ERR_CUDA when the context has faulted before (e.g.
- * CUDA_ERROR_ILLEGAL_ADDRESS from an earlier kernel); SF_ERR_INVALID_ARG
- * for a zero grid or block dimension or a kernel of another context.  Does
- * not wait for the kernel. */
-SF_API sf_status sf_launch(sf_context *ctx, sf_kernel *k,
-                           const sf_launch_config *cfg, void **args);
-
-/* Waits for all work on the context's device.  A kernel's fault surfaces
- * here as SF_ERR_CUDA (e.g. CUDA_ERROR_ILLEGAL_ADDRESS); after a fault the
- * context is unusable and must be destroyed (the driver's rule). */
-SF_API sf_status sf_synchronize(sf_context *ctx);
-
-typedef struct sf_timing_options {
-  int warmup;           /* launches before timing (default 3 if 0;
-                           negative: none) */
-  int min_reps;         /* at least this many timed launches (default 30) */
-  int max_reps;         /* at most (default 1000) */
-  double min_total_ms;  /* keep timing until this much time (default 100) */
-  int flush_l2;         /* nonzero: overwrite a buffer twice the L2 size
-                           between timed launches (not timed) */
-  int graph_batch;      /* > 1: capture this many launches in a CUDA graph
-                           and time the graph's replays; each sample is the
-                           mean per launch.  For very short kernels. */
-} sf_timing_options;
-
-typedef struct sf_timing {
-  double median_ms, p20_ms, p80_ms, min_ms, mean_ms;
-  int reps;
-} sf_timing;
-
-/* Times a kernel with CUDA events on cfg->stream: warm-up, then repeated
- * launches as `opts` says (NULL: defaults).  Compilation and module load are
- * outside it by construction.  Each sample is bracketed by its own pair of
- * events (the L2 flush, when asked for, runs before the first event);
- * samples are taken in rounds of up to 64 and stop once min_reps samples
- * and min_total_ms of kernel time are reached, or at max_reps.  Quantiles
- * interpolate linearly between samples.  With graph_batch > 1 on the
- * default stream a private stream is used (the default stream cannot be
- * captured).  A launch or kernel failure returns its status (SF_ERR_LAUNCH
- * or SF_ERR_CUDA); negative options or max_reps < min_reps give
- * SF_ERR_INVALID_ARG. */
-SF_API sf_status sf_time_kernel(sf_context *ctx, sf_kernel *k,
-                                const sf_launch_config *cfg, void **args,
-                                const sf_timing_options *opts,
-                                sf_timing *out);
 
 /* ------------------------------------------------------------------------
  * The peers: cuBLAS (dense) and cuSPARSE (Blocked-ELL), timed by the same
@@ -438,27 +170,6 @@ SF_API sf_status sf_time_blocked_ell(sf_context *ctx,
                                      const sf_blocked_ell_desc *desc,
                                      const sf_timing_options *opts,
                                      sf_timing *out);
-
-/* ------------------------------------------------------------------------
- * Device memory (enough for tests and the tuner)
- * ---------------------------------------------------------------------- */
-
-/* Memory from sf_mem_alloc is tracked by the context and freed with it.
- * Size 0 is SF_ERR_INVALID_ARG; failures are SF_ERR_CUDA (e.g.
- * CUDA_ERROR_OUT_OF_MEMORY in the message). */
-SF_API sf_status sf_mem_alloc(sf_context *ctx, size_t size, sf_devptr *out);
-/* Frees device memory; 0 is accepted and ignored.  A pointer this context
- * did not allocate (or freed already) is SF_ERR_INVALID_ARG. */
-SF_API sf_status sf_mem_free(sf_context *ctx, sf_devptr ptr);
-/* Synchronous copies and memset.  The device pointer may come from
- * anywhere on the context's device.  Size 0 does nothing (SF_OK); a NULL
- * host pointer or a 0 device pointer with size > 0 is SF_ERR_INVALID_ARG. */
-SF_API sf_status sf_memcpy_htod(sf_context *ctx, sf_devptr dst,
-                                const void *src, size_t size);
-SF_API sf_status sf_memcpy_dtoh(sf_context *ctx, void *dst, sf_devptr src,
-                                size_t size);
-SF_API sf_status sf_memset_d8(sf_context *ctx, sf_devptr dst,
-                              unsigned char value, size_t size);
 
 /* ------------------------------------------------------------------------
  * The cache (SQLite)
@@ -633,8 +344,9 @@ SF_API sf_status sf_cache_trials(sf_cache *cache, const sf_trial_filter *filter,
 
 /* --- layers ------------------------------------------------------------ */
 
-/* One tuned kernel of a layer, for one N bucket.  The kernel's parameters
- * are always (const void *packed, const void *X, void *Y, int N). */
+/* One tuned kernel of a layer, for one N bucket, as the cache keeps it:
+ * its source (compiled for the GPU at hand when opened), its launch record
+ * and its packed weights. */
 typedef struct sf_layer_variant {
   int64_t n_bucket;          /* the N it was tuned for */
   const char *source;        /* complete CUDA source */
@@ -642,14 +354,7 @@ typedef struct sf_layer_variant {
   const char *options;       /* NVRTC options beyond the canonical ones,
                                 one per line ("" for none) */
   const char *generator_version;
-  unsigned grid[3];          /* grid for N columns: grid[n_axis] is
-                                multiplied by ceil(N / n_tile) */
-  int n_axis;                /* -1: the grid does not depend on N */
-  int n_tile;
-  unsigned block[3];
-  unsigned shared_bytes;
-  int zero_output;           /* nonzero: Y is zeroed before each launch
-                                (split-K kernels accumulate) */
+  sf_launch_record launch;
   const void *packed;        /* packed weights, tables and bias */
   size_t packed_size;
   const char *config;        /* the configuration, JSON (informational) */
@@ -665,6 +370,10 @@ typedef struct sf_layer_record {
   int y_elem_size;           /* bytes per element of Y */
   int n_variants;
   const sf_layer_variant *variants;
+  /* NULL, or why this record cannot be used (e.g. "the packed weights of
+   * variant 2 (n_bucket 4096) failed their sha256"): sf_cache_layers hands
+   * such a record out with no variants instead of failing the walk. */
+  const char *problem;
 } sf_layer_record;
 
 /* Stores (replaces) the layer `rec->name` tuned on `rec->gpu_name`, in one
@@ -674,9 +383,9 @@ typedef struct sf_layer_record {
  * generator_version is stored as "".  SF_ERR_INVALID_ARG (naming the
  * field and variant) for NULL name/gpu_name/matrix_fp/op, non-positive
  * rows, cols or element sizes, no variants, a NULL/empty source or
- * kernel_name, n_bucket <= 0, two variants with one n_bucket, a zero
- * grid/block dimension, n_axis outside -1..2 (or n_tile <= 0 with
- * n_axis >= 0), NULL packed with packed_size > 0. */
+ * kernel_name, n_bucket <= 0, two variants with one n_bucket, a launch
+ * record sf_launch_record_problem refuses, NULL packed with packed_size > 0.
+ * `problem` is ignored. */
 SF_API sf_status sf_cache_put_layer(sf_cache *cache,
                                     const sf_layer_record *rec);
 
@@ -685,10 +394,12 @@ SF_API sf_status sf_cache_put_layer(sf_cache *cache,
  * Layers come ordered by name then gpu_name, variants by n_bucket.  Each
  * layer is read in its own read transaction and copied out before cb runs,
  * so cb may write to the cache.  Every variant's packed bytes are checked
- * against their sha256 before the layer is handed out: a mismatch (or
- * missing bytes) stops the walk with SF_ERR_CORRUPT, naming the layer;
- * layers before it were already handed out.  No layer (or no such name)
- * is SF_OK with no call. */
+ * against their sha256 before the layer is handed out: a layer with a
+ * mismatch (or missing bytes) comes with `problem` set, naming the
+ * variant, and no variants (n_variants 0, variants NULL), and the walk
+ * goes on, so one bad blob never hides the other layers; so does a layer
+ * row left with no variants at all ("it has no variants").  No layer (or no such name) is SF_OK with no
+ * call. */
 typedef int (*sf_layer_cb)(const sf_layer_record *rec, void *user);
 SF_API sf_status sf_cache_layers(sf_cache *cache, const char *name,
                                  sf_layer_cb cb, void *user);
@@ -733,14 +444,15 @@ typedef struct sf_cache_counts {
 SF_API sf_status sf_cache_count(sf_cache *cache, sf_cache_counts *out);
 
 /* ------------------------------------------------------------------------
- * Layers: a tuned layer opened from the cache and run
+ * Layers opened from the cache
  * ---------------------------------------------------------------------- */
-
-typedef struct sf_layer sf_layer;
 
 /*
  * Opens layer `name` for the context's GPU: prefers the records tuned on
- * this GPU's name, else those of any GPU.  For each variant the cubin for
+ * this GPU's name, else those of any GPU (the first without a `problem`,
+ * else the first).  A record with a problem gives SF_ERR_CORRUPT with the
+ * problem in the message: this GPU's record is never passed over for
+ * another GPU's because of one.  For each variant the cubin for
  * this GPU's arch is fetched from the cache; if the cache has the source
  * but no cubin, it is compiled with NVRTC and the cubin is stored (the
  * cache must then be writable).  Packed weights are uploaded once.
@@ -759,31 +471,12 @@ typedef struct sf_layer sf_layer;
  * holds the compiler's), SF_ERR_CORRUPT (a stored blob failed its checksum,
  * or a variant is unusable: no kernel name, n_bucket < 1, ...), the cache's
  * status when storing a compiled cubin fails (e.g. a read-only cache), GPU
- * errors.  Errors go to ctx.  The layer belongs to ctx (closed by
+ * errors.  The variants are then loaded as sf_layer_load does.  Errors go
+ * to ctx.  The layer belongs to ctx (closed by
  * sf_context_destroy if still open).
  */
 SF_API sf_status sf_layer_open(sf_context *ctx, sf_cache *cache,
                                const char *name, sf_layer **out);
-SF_API void sf_layer_close(sf_layer *layer);
-
-/* Runs Y = layer(X) for N columns on `stream` (NULL: default stream).  X
- * and Y are device pointers in the layout of the layer's op.  The variant
- * whose n_bucket is nearest to N (in ratio: smallest |log(N / n_bucket)|,
- * the first on a tie) runs with the arguments (packed, X, Y, (int)N); with
- * zero_output, rows * N * y_elem_size bytes of Y are zeroed first on the
- * same stream.  SF_ERR_INVALID_ARG for N outside 1..INT_MAX, a 0 X or Y, or
- * a grid that N makes too large.  Does not wait. */
-SF_API sf_status sf_layer_run(sf_context *ctx, sf_layer *layer, sf_devptr x,
-                              sf_devptr y, int64_t n, void *stream);
-
-/* Shape and variant count of an open layer; any output may be NULL.
- * SF_ERR_INVALID_ARG for a NULL layer. */
-SF_API sf_status sf_layer_shape(const sf_layer *layer, int64_t *rows,
-                                int64_t *cols, int *n_variants);
-
-/* How many of the layer's variants sf_layer_open had to compile (0 when
- * every cubin came from the cache); -1 for NULL. */
-SF_API int sf_layer_compiled_count(const sf_layer *layer);
 
 #ifdef __cplusplus
 }

@@ -1,6 +1,6 @@
 /*
- * status.c -- version, status names, buffers and SHA-256: the pieces every
- * other part of the library uses.
+ * status.c -- version, status and activation names, buffers, formatting
+ * and SHA-256: the pieces every other part of the library uses.
  */
 #include "internal.h"
 
@@ -30,6 +30,17 @@ const char *sf_status_name(int status) {
 #undef SF_STATUS_NAME_
   }
   return "SF_UNKNOWN";
+}
+
+const char *sf_activation_name(int activation) {
+  switch (activation) {
+#define SF_ACTIVATION_WORD_(name, value, word) \
+  case value:                                  \
+    return word;
+    SF_ACTIVATION_TABLE(SF_ACTIVATION_WORD_)
+#undef SF_ACTIVATION_WORD_
+  }
+  return NULL;
 }
 
 void sf_free_buffer(void *buffer) { free(buffer); }

@@ -1,11 +1,13 @@
-/* check.h -- the few assertion macros the C tests use. */
+/* check.h -- the few assertion macros the C tests use.  It needs only the
+ * driver-only runtime, so tests linked with libsparseforge_rt alone use it
+ * too. */
 #ifndef SF_TEST_CHECK_H
 #define SF_TEST_CHECK_H
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
-#include "sparseforge.h"
+#include "sparseforge_runtime.h"
 
 static int check_failures_ = 0;
 
@@ -24,6 +26,17 @@ static int check_failures_ = 0;
     if (e_ != a_) {                                                        \
       fprintf(stderr, "%s:%d: expected %s == %lld, got %lld\n", __FILE__,  \
               __LINE__, #actual, e_, a_);                                  \
+      check_failures_++;                                                   \
+    }                                                                      \
+  } while (0)
+
+/* The string must be `expected`, exactly. */
+#define CHECK_STREQ(expected, actual)                                      \
+  do {                                                                     \
+    const char *e_ = (expected), *a_ = (actual);                           \
+    if (!a_ || strcmp(e_, a_) != 0) {                                      \
+      fprintf(stderr, "%s:%d: expected %s ==\n  \"%s\"\n  got \"%s\"\n",     \
+              __FILE__, __LINE__, #actual, e_, a_ ? a_ : "(null)");        \
       check_failures_++;                                                   \
     }                                                                      \
   } while (0)

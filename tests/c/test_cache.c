@@ -3,13 +3,11 @@
  * blobs, merge, export, read-only opens and NULL arguments.
  *
  * The test edits database files behind the library's back with SQLite
- * itself.  libsparseforge already loads libsqlite3, so the few SQLite
- * functions needed are looked up with dlsym: the test needs neither
- * sqlite3.h nor a link line of its own. */
+ * itself (raw_sql.h). */
 #include "check.h"
+#include "raw_sql.h"
 #include "sparseforge.h"
 
-#include <dlfcn.h>
 #include <errno.h>
 #include <math.h>
 #include <stdint.h>
@@ -79,54 +77,6 @@ static int same_as(const snapshot *a, const char *path) {
   return same;
 }
 
-/* ---- SQLite, reached through the library's own copy ------------------- */
-
-typedef struct sqlite3 sqlite3;
-typedef int (*row_cb)(void *, int, char **, char **);
-static int (*db_open)(const char *, sqlite3 **, int, const char *);
-static int (*db_exec)(sqlite3 *, const char *, row_cb, void *, char **);
-static int (*db_close)(sqlite3 *);
-static const char *(*db_errmsg)(sqlite3 *);
-#define DB_OPEN_READWRITE 0x2
-#define DB_OPEN_CREATE 0x4
-
-static int load_sqlite(void) {
-  db_open = (int (*)(const char *, sqlite3 **, int, const char *))dlsym(
-      RTLD_DEFAULT, "sqlite3_open_v2");
-  db_exec = (int (*)(sqlite3 *, const char *, row_cb, void *, char **))dlsym(
-      RTLD_DEFAULT, "sqlite3_exec");
-  db_close = (int (*)(sqlite3 *))dlsym(RTLD_DEFAULT, "sqlite3_close");
-  db_errmsg = (const char *(*)(sqlite3 *))dlsym(RTLD_DEFAULT, "sqlite3_errmsg");
-  return db_open && db_exec && db_close && db_errmsg;
-}
-
-static int first_int_cb(void *user, int n, char **vals, char **names) {
-  (void)names;
-  if (n > 0 && vals[0]) *(long long *)user = atoll(vals[0]);
-  return 0;
-}
-
-/* Runs SQL on `path` with plain SQLite; returns the first column of the
- * last row as an integer (or -1). */
-static long long sql(const char *path, const char *text) {
-  sqlite3 *db = NULL;
-  long long v = -1;
-  if (db_open(path, &db, DB_OPEN_READWRITE | DB_OPEN_CREATE, NULL) != 0) {
-    fprintf(stderr, "cannot open %s\n", path);
-    check_failures_++;
-    db_close(db);
-    return -1;
-  }
-  char *err = NULL;
-  if (db_exec(db, text, first_int_cb, &v, &err) != 0) {
-    fprintf(stderr, "SQL failed on %s: %s: %s\n", path, text,
-            err ? err : db_errmsg(db));
-    check_failures_++;
-  }
-  db_close(db);
-  return v;
-}
-
 /* ---- fixtures ---------------------------------------------------------- */
 
 static sf_cache *open_new(const char *name) {
@@ -164,12 +114,8 @@ static sf_layer_record layer_fixture(sf_layer_variant v[2], const char *name,
   v[0].kernel_name = "k16";
   v[0].options = "";
   v[0].generator_version = "0.1.0";
-  v[0].grid[0] = 96; v[0].grid[1] = 1; v[0].grid[2] = 1;
-  v[0].n_axis = 1;
-  v[0].n_tile = 16;
-  v[0].block[0] = 128; v[0].block[1] = 1; v[0].block[2] = 1;
-  v[0].shared_bytes = 4096;
-  v[0].zero_output = 0;
+  /* grid, n_axis, n_tile, block, shared_bytes, zero_output */
+  v[0].launch = (sf_launch_record){{96, 1, 1}, 1, 16, {128, 1, 1}, 4096, 0};
   v[0].packed = PACKED_A;
   v[0].packed_size = sizeof PACKED_A;
   v[0].config = tag;
@@ -178,12 +124,7 @@ static sf_layer_record layer_fixture(sf_layer_variant v[2], const char *name,
   v[1].source = "extern \"C\" __global__ void k256(const void*, const void*, void*, int) {}";
   v[1].kernel_name = "k256";
   v[1].options = "-DSPLIT_K=2\n-DSTAGES=3";
-  v[1].grid[0] = 48; v[1].grid[1] = 2; v[1].grid[2] = 3;
-  v[1].n_axis = -1;
-  v[1].n_tile = 0;
-  v[1].block[0] = 256; v[1].block[1] = 2; v[1].block[2] = 1;
-  v[1].shared_bytes = 98304;
-  v[1].zero_output = 1;
+  v[1].launch = (sf_launch_record){{48, 2, 3}, -1, 0, {256, 2, 1}, 98304, 1};
   v[1].packed = PACKED_B;
   v[1].packed_size = sizeof PACKED_B;
   sf_layer_record r = {name, gpu, "fp-matrix-1", "shflbw64.fp16.fm.bias_gelu",
@@ -198,7 +139,10 @@ typedef struct {
   char gpus[8][64];
   int n_variants[8];
   int ok[8];          /* every field matched the fixture */
+  char problem[8][256]; /* "" when none */
+  int unusable[8];    /* a problem, no variants and NULL variants */
   int stop_after;
+  const sf_layer_variant *want; /* NULL: the fixture's variants */
 } layer_seen;
 
 static int variant_matches(const sf_layer_variant *a, const sf_layer_variant *b) {
@@ -206,11 +150,7 @@ static int variant_matches(const sf_layer_variant *a, const sf_layer_variant *b)
          strcmp(a->kernel_name, b->kernel_name) == 0 &&
          strcmp(a->options, b->options) == 0 &&
          strcmp(a->generator_version, b->generator_version) == 0 &&
-         memcmp(a->grid, b->grid, sizeof a->grid) == 0 &&
-         a->n_axis == b->n_axis && a->n_tile == b->n_tile &&
-         memcmp(a->block, b->block, sizeof a->block) == 0 &&
-         a->shared_bytes == b->shared_bytes &&
-         (a->zero_output != 0) == (b->zero_output != 0) &&
+         memcmp(&a->launch, &b->launch, sizeof a->launch) == 0 &&
          a->packed_size == b->packed_size &&
          memcmp(a->packed, b->packed, a->packed_size) == 0 &&
          ((!a->config && !b->config) ||
@@ -224,10 +164,14 @@ static int layer_cb(const sf_layer_record *r, void *user) {
   snprintf(s->names[i], sizeof s->names[i], "%s", r->name);
   snprintf(s->gpus[i], sizeof s->gpus[i], "%s", r->gpu_name);
   s->n_variants[i] = r->n_variants;
-  sf_layer_variant v[2];
-  sf_layer_record want = layer_fixture(v, r->name, r->gpu_name,
+  snprintf(s->problem[i], sizeof s->problem[i], "%s", r->problem ? r->problem : "");
+  s->unusable[i] = r->problem && r->n_variants == 0 && r->variants == NULL;
+  sf_layer_variant fixture[2];
+  sf_layer_record want = layer_fixture(fixture, r->name, r->gpu_name,
                                        r->n_variants ? r->variants[0].config : NULL);
-  s->ok[i] = r->n_variants == 2 && strcmp(r->matrix_fp, want.matrix_fp) == 0 &&
+  const sf_layer_variant *v = s->want ? s->want : fixture;
+  s->ok[i] = !r->problem && r->n_variants == 2 &&
+             strcmp(r->matrix_fp, want.matrix_fp) == 0 &&
              strcmp(r->op, want.op) == 0 && r->rows == want.rows &&
              r->cols == want.cols && r->x_elem_size == 2 &&
              r->y_elem_size == 2 && variant_matches(&r->variants[0], &v[0]) &&
@@ -573,7 +517,8 @@ static void test_roundtrip(void) {
   sf_layer_record bad = layer_fixture(v, "bert.l0.ffn1", "NVIDIA H100", "x");
   v[1].n_bucket = 16;
   CHECK_EQ_INT(SF_ERR_INVALID_ARG, sf_cache_put_layer(c, &bad));
-  CHECK_CONTAINS(sf_cache_errmsg(c), "layer bert.l0.ffn1: variants 0 and 1 both have n_bucket 16");
+  CHECK_CONTAINS(sf_cache_errmsg(c),
+                 "sf_cache_put_layer: layer \"bert.l0.ffn1\": variants 0 and 1 both have n_bucket 16");
   memset(&ls, 0, sizeof ls);
   CHECK_EQ_INT(SF_OK, sf_cache_layers(c, "bert.l0.ffn1", layer_cb, &ls));
   CHECK(ls.calls == 2 && ls.ok[0] && ls.ok[1]);
@@ -712,6 +657,58 @@ static void test_refused(void) {
   sf_cache_close(c);
 }
 
+/* Appends each row's column `name` ("name TYPE notnull") to a string. */
+typedef struct {
+  char text[2048];
+} column_list;
+
+static int column_cb(void *user, int n, char **vals, char **names) {
+  (void)names;
+  column_list *l = user;
+  size_t len = strlen(l->text);
+  if (n >= 4)
+    snprintf(l->text + len, sizeof l->text - len, "%s%s %s %s",
+             len ? ", " : "", vals[1] ? vals[1] : "?", vals[2] ? vals[2] : "?",
+             vals[3] ? vals[3] : "?");
+  return 0;
+}
+
+/* The schema's layer_variants columns are those of version 1, and its
+ * launch columns are SF_LAUNCH_RECORD_FIELDS': grid[3] as grid0..grid2, a
+ * scalar by its name, each INTEGER NOT NULL. */
+static void test_schema(void) {
+  sf_cache_close(open_new("schema.db"));
+  const char *path = tmp_path("schema.db");
+  sqlite3 *db = NULL;
+  column_list got = {""};
+  CHECK_EQ_INT(0, db_open(path, &db, DB_OPEN_READWRITE, NULL));
+  CHECK_EQ_INT(0, db_exec(db, "PRAGMA table_info(layer_variants)", column_cb,
+                          &got, NULL));
+  db_close(db);
+  const char *v1 =
+      "layer_name TEXT 1, gpu_name TEXT 1, n_bucket INTEGER 1, source TEXT 1, "
+      "source_sha256 TEXT 1, kernel_name TEXT 1, options TEXT 1, "
+      "generator_version TEXT 1, grid0 INTEGER 1, grid1 INTEGER 1, "
+      "grid2 INTEGER 1, n_axis INTEGER 1, n_tile INTEGER 1, block0 INTEGER 1, "
+      "block1 INTEGER 1, block2 INTEGER 1, shared_bytes INTEGER 1, "
+      "zero_output INTEGER 1, packed_sha256 TEXT 1, packed_size INTEGER 1, "
+      "config TEXT 0";
+  CHECK_STREQ(v1, got.text);
+  column_list table = {""};
+  size_t len = 0;
+#define TEST_SCALAR_(type, field, doc)                                     \
+  len += (size_t)snprintf(table.text + len, sizeof table.text - len,        \
+                          "%s" #field " INTEGER 1", len ? ", " : "");
+#define TEST_ARRAY_(type, field, count, doc)                               \
+  for (int k = 0; k < (count); k++)                                         \
+    len += (size_t)snprintf(table.text + len, sizeof table.text - len,      \
+                            "%s" #field "%d INTEGER 1", len ? ", " : "", k);
+  SF_LAUNCH_RECORD_FIELDS(TEST_SCALAR_, TEST_ARRAY_)
+#undef TEST_SCALAR_
+#undef TEST_ARRAY_
+  CHECK_CONTAINS(got.text, table.text);
+}
+
 static void test_readonly(void) {
   sf_cache *c = open_new("ro.db");
   if (!c) return;
@@ -770,18 +767,37 @@ static void test_corrupt(void) {
   CHECK_CONTAINS(sf_cache_errmsg(c), hex);
   CHECK_CONTAINS(sf_cache_errmsg(c), "is corrupt");
   CHECK_CONTAINS(sf_cache_errmsg(c), "not used");
+  /* The walk hands out both layers: the damaged one as unusable, with a
+   * problem naming its variant and no variants, the other whole. */
+  unsigned char flipped[sizeof PACKED_B];
+  memcpy(flipped, PACKED_B, sizeof flipped);
+  flipped[17] = 'C';
+  char want_sha[65], got_sha[65], problem[512];
+  sf_sha256_hex(PACKED_B, sizeof PACKED_B, want_sha);
+  sf_sha256_hex(flipped, sizeof flipped, got_sha);
+  snprintf(problem, sizeof problem,
+           "the packed weights of variant 1 (n_bucket 256) failed their "
+           "sha256: 23 bytes hash to %s, not the stored %s",
+           got_sha, want_sha);
   layer_seen ls;
   memset(&ls, 0, sizeof ls);
-  CHECK_EQ_INT(SF_ERR_CORRUPT, sf_cache_layers(c, "bad.layer", layer_cb, &ls));
-  CHECK_EQ_INT(0, ls.calls);
-  CHECK_CONTAINS(sf_cache_errmsg(c), "layer bad.layer (NVIDIA H100) n_bucket 256: packed weights are corrupt");
-  /* the walk over all layers stops at the bad one (first by name) */
+  CHECK_EQ_INT(SF_OK, sf_cache_layers(c, "bad.layer", layer_cb, &ls));
+  CHECK_EQ_INT(1, ls.calls);
+  CHECK(ls.unusable[0]);
+  CHECK_STREQ(problem, ls.problem[0]);
   memset(&ls, 0, sizeof ls);
-  CHECK_EQ_INT(SF_ERR_CORRUPT, sf_cache_layers(c, NULL, layer_cb, &ls));
-  CHECK_EQ_INT(0, ls.calls);
-  /* the undamaged layer is still readable on its own */
+  ls.want = v; /* good.layer's variants */
+  CHECK_EQ_INT(SF_OK, sf_cache_layers(c, NULL, layer_cb, &ls));
+  CHECK_EQ_INT(2, ls.calls);
+  CHECK(strcmp(ls.names[0], "bad.layer") == 0 && ls.unusable[0]);
+  CHECK_STREQ(problem, ls.problem[0]);
+  CHECK(strcmp(ls.names[1], "good.layer") == 0 && ls.ok[1]);
+  CHECK_STREQ("", ls.problem[1]);
+  CHECK_EQ_INT(2, ls.n_variants[1]);
+  /* the walk still stops when asked to, at the damaged layer */
   memset(&ls, 0, sizeof ls);
-  CHECK_EQ_INT(SF_OK, sf_cache_layers(c, "good.layer", layer_cb, &ls));
+  ls.stop_after = 1;
+  CHECK_EQ_INT(SF_OK, sf_cache_layers(c, NULL, layer_cb, &ls));
   CHECK_EQ_INT(1, ls.calls);
 
   /* merging from the damaged file copies nothing */
@@ -809,8 +825,23 @@ static void test_corrupt(void) {
   sql(path, "DELETE FROM blobs WHERE size = 4");
   CHECK_EQ_INT(SF_OK, sf_cache_open(path, 0, &c));
   memset(&ls, 0, sizeof ls);
-  CHECK_EQ_INT(SF_ERR_CORRUPT, sf_cache_layers(c, "good.layer", layer_cb, &ls));
-  CHECK_CONTAINS(sf_cache_errmsg(c), "are missing; layer not used");
+  CHECK_EQ_INT(SF_OK, sf_cache_layers(c, "good.layer", layer_cb, &ls));
+  CHECK_EQ_INT(1, ls.calls);
+  CHECK(ls.unusable[0]);
+  sf_sha256_hex("fine", 4, want_sha);
+  snprintf(problem, sizeof problem,
+           "the packed weights of variant 0 (n_bucket 16) are missing "
+           "(sha256 %s)", want_sha);
+  CHECK_STREQ(problem, ls.problem[0]);
+  /* a layer row whose variants are gone */
+  sf_cache_close(c);
+  sql(path, "DELETE FROM layer_variants WHERE layer_name = 'good.layer'");
+  CHECK_EQ_INT(SF_OK, sf_cache_open(path, 0, &c));
+  memset(&ls, 0, sizeof ls);
+  CHECK_EQ_INT(SF_OK, sf_cache_layers(c, NULL, layer_cb, &ls));
+  CHECK_EQ_INT(2, ls.calls);
+  CHECK(ls.ok[0] && ls.unusable[1]);
+  CHECK_STREQ("it has no variants", ls.problem[1]);
   sf_cache_close(c);
   sf_binary_free(bin);
 }
@@ -1047,21 +1078,48 @@ static void test_null_args(void) {
   EXPECT_INVALID(sf_cache_put_layer(c, &rb), "sf_cache_put_layer: rec->gpu_name is NULL");
   rb = r;
   rb.variants = NULL;
-  EXPECT_INVALID(sf_cache_put_layer(c, &rb), "layer L: no variants");
+  EXPECT_INVALID(sf_cache_put_layer(c, &rb),
+                 "sf_cache_put_layer: layer \"L\": no variants (n_variants 2, variants NULL)");
+  rb = r;
+  rb.n_variants = 0;
+  EXPECT_INVALID(sf_cache_put_layer(c, &rb),
+                 "sf_cache_put_layer: layer \"L\": no variants (n_variants 0)");
   rb = r;
   rb.rows = 0;
-  EXPECT_INVALID(sf_cache_put_layer(c, &rb), "layer L: rows 0, cols 768");
+  EXPECT_INVALID(sf_cache_put_layer(c, &rb),
+                 "sf_cache_put_layer: layer \"L\": rows 0, cols 768, x_elem_size 2, "
+                 "y_elem_size 2 must all be positive");
   v[1].source = NULL;
-  EXPECT_INVALID(sf_cache_put_layer(c, &r), "layer L variant 1: NULL or empty source");
+  EXPECT_INVALID(sf_cache_put_layer(c, &r),
+                 "sf_cache_put_layer: layer \"L\" variant 1 (n_bucket 256): NULL or empty source");
   r = layer_fixture(v, "L", "G", NULL);
-  v[0].block[2] = 0;
-  EXPECT_INVALID(sf_cache_put_layer(c, &r), "layer L variant 0: grid (96,1,1) and block (128,1,0)");
+  v[1].kernel_name = "";
+  EXPECT_INVALID(sf_cache_put_layer(c, &r),
+                 "sf_cache_put_layer: layer \"L\" variant 1 (n_bucket 256): no kernel name");
   r = layer_fixture(v, "L", "G", NULL);
-  v[0].n_axis = 3;
-  EXPECT_INVALID(sf_cache_put_layer(c, &r), "layer L variant 0: n_axis 3 with n_tile 16");
+  v[0].n_bucket = 0;
+  EXPECT_INVALID(sf_cache_put_layer(c, &r),
+                 "sf_cache_put_layer: layer \"L\" variant 0 (n_bucket 0): n_bucket is below 1");
+  /* the launch record: sf_launch_record_problem's words and the record */
+  r = layer_fixture(v, "L", "G", NULL);
+  v[0].launch.block[2] = 0;
+  EXPECT_INVALID(sf_cache_put_layer(c, &r),
+                 "sf_cache_put_layer: layer \"L\" variant 0 (n_bucket 16): a grid or "
+                 "block dimension is 0 (grid 96 x 1 x 1, block 128 x 1 x 0, "
+                 "n_axis 1, n_tile 16, 4096 bytes shared memory)");
+  r = layer_fixture(v, "L", "G", NULL);
+  v[0].launch.n_axis = 3;
+  EXPECT_INVALID(sf_cache_put_layer(c, &r),
+                 "layer \"L\" variant 0 (n_bucket 16): n_axis is outside -1..2 (grid 96");
+  r = layer_fixture(v, "L", "G", NULL);
+  v[0].launch.n_tile = 0;
+  EXPECT_INVALID(sf_cache_put_layer(c, &r),
+                 "layer \"L\" variant 0 (n_bucket 16): n_tile is below 1 while n_axis "
+                 "names an axis (grid 96");
   r = layer_fixture(v, "L", "G", NULL);
   v[1].packed = NULL;
-  EXPECT_INVALID(sf_cache_put_layer(c, &r), "layer L variant 1: NULL packed with packed_size 23");
+  EXPECT_INVALID(sf_cache_put_layer(c, &r),
+                 "layer \"L\" variant 1 (n_bucket 256): NULL packed with packed_size 23");
   EXPECT_INVALID(sf_cache_layers(c, NULL, NULL, NULL), "sf_cache_layers: cb is NULL");
   EXPECT_INVALID(sf_cache_delete_layer(c, NULL), "sf_cache_delete_layer: name is NULL");
   EXPECT_INVALID(sf_cache_merge(c, NULL, &added), "sf_cache_merge: other_path is NULL");
@@ -1091,6 +1149,7 @@ int main(void) {
   test_binary_keys();
   test_roundtrip();
   test_refused();
+  test_schema();
   test_readonly();
   test_corrupt();
   test_merge_export();

@@ -32,9 +32,7 @@ static void put_layer(sf_cache *c, int writer, int round, int *fails) {
     v[i].kernel_name = i == 1 ? "k1" : "k0";
     v[i].options = "";
     v[i].generator_version = "0.1.0";
-    v[i].grid[0] = v[i].grid[1] = v[i].grid[2] = 1;
-    v[i].block[0] = v[i].block[1] = v[i].block[2] = 1;
-    v[i].n_axis = -1;
+    v[i].launch = (sf_launch_record){{1, 1, 1}, -1, 0, {1, 1, 1}, 0, 0};
     v[i].packed = packed[writer];
     v[i].packed_size = sizeof packed[writer];
     v[i].config = tag;

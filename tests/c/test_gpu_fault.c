@@ -1,8 +1,8 @@
 /* test_gpu_fault.c -- a kernel that faults: the launch succeeds, the fault
- * surfaces at sf_synchronize as SF_ERR_CUDA with the driver's error name,
- * and the calls after it report the same.  Kept apart from the other GPU
- * tests because a fault spoils the process's CUDA context.  Skipped
- * without a GPU. */
+ * surfaces at sf_synchronize as SF_ERR_FAULT with the driver's error name,
+ * and every GPU call after it gives SF_ERR_FAULT naming the same fault.
+ * Kept apart from the other GPU tests because a fault spoils the process's
+ * CUDA context.  Skipped without a GPU. */
 #include "check.h"
 #include "sparseforge.h"
 
@@ -28,15 +28,27 @@ int main(void) {
   void *args[] = {&wild};
   sf_launch_config cfg = {{1, 1, 1}, {32, 1, 1}, 0, NULL};
   CHECK_EQ_INT(SF_OK, sf_launch(ctx, k, &cfg, args));
-  CHECK_EQ_INT(SF_ERR_CUDA, sf_synchronize(ctx));
+  CHECK_EQ_INT(SF_ERR_FAULT, sf_synchronize(ctx));
+  CHECK_EQ_INT(SF_ERR_FAULT, sf_errcode(ctx));
   CHECK_CONTAINS(sf_errmsg(ctx), "cuCtxSynchronize failed: CUDA_ERROR_ILLEGAL_ADDRESS");
-  /* the context is spoiled: later calls say so instead of hanging */
+  /* the context is spoiled: later GPU calls say so instead of hanging */
+  const char *spoiled = "the context faulted earlier (CUDA_ERROR_ILLEGAL_ADDRESS";
   sf_devptr p = 0;
-  sf_status st = sf_mem_alloc(ctx, 1024, &p);
-  CHECK(st == SF_ERR_CUDA);
-  CHECK_CONTAINS(sf_errmsg(ctx), "CUDA_ERROR_ILLEGAL_ADDRESS");
-  st = sf_launch(ctx, k, &cfg, args);
-  CHECK_EQ_INT(SF_ERR_CUDA, st); /* sticky errors are CUDA errors, not launch refusals */
+  CHECK_EQ_INT(SF_ERR_FAULT, sf_mem_alloc(ctx, 1024, &p));
+  CHECK_CONTAINS(sf_errmsg(ctx), spoiled);
+  CHECK_CONTAINS(sf_errmsg(ctx), "it is unusable; destroy it");
+  CHECK_EQ_INT(SF_ERR_FAULT, sf_launch(ctx, k, &cfg, args));
+  CHECK_CONTAINS(sf_errmsg(ctx), spoiled);
+  CHECK_EQ_INT(SF_ERR_FAULT, sf_synchronize(ctx));
+  CHECK_EQ_INT(SF_ERR_FAULT, sf_device_info_get(ctx, &info));
+  sf_timing t;
+  CHECK_EQ_INT(SF_ERR_FAULT, sf_time_kernel(ctx, k, &cfg, args, NULL, &t));
+  /* what needs no GPU still works */
+  sf_launch_record rec = {{2, 1, 1}, 0, 64, {64, 1, 1}, 0, 0};
+  sf_launch_config got;
+  CHECK_EQ_INT(SF_OK, sf_launch_config_for(ctx, &rec, 1000, NULL, &got));
+  CHECK_EQ_INT(32, got.grid[0]);
+  /* (the module is released by sf_context_destroy, fault or not) */
   sf_context_destroy(ctx);
   CHECK_DONE();
 }

@@ -52,10 +52,8 @@ static sf_layer_variant variant_rowcol(void) {
   v.kernel_name = "dense_rowcol";
   v.options = "";
   v.generator_version = "test-1";
-  v.grid[0] = 1; v.grid[1] = M; v.grid[2] = 1;
-  v.n_axis = 0;
-  v.n_tile = 32;
-  v.block[0] = 32; v.block[1] = 1; v.block[2] = 1;
+  /* grid, n_axis, n_tile, block, shared_bytes, zero_output */
+  v.launch = (sf_launch_record){{1, M, 1}, 0, 32, {32, 1, 1}, 0, 0};
   v.packed = W;
   v.packed_size = sizeof W;
   v.config = "{\"kind\": \"rowcol\"}";
@@ -68,10 +66,10 @@ static sf_layer_variant variant_splitk(void) {
   v.source = kSplitK;
   v.kernel_name = "dense_splitk";
   v.options = "-DSPLITS=2\n\n-lineinfo\n";
-  v.grid[2] = 2;
-  v.n_tile = 64;
-  v.block[0] = 64;
-  v.zero_output = 1;
+  v.launch.grid[2] = 2;
+  v.launch.n_tile = 64;
+  v.launch.block[0] = 64;
+  v.launch.zero_output = 1;
   v.config = "{\"kind\": \"splitk\"}";
   return v;
 }
