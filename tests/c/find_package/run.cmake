@@ -26,9 +26,11 @@ file(REMOVE_RECURSE "${SF_WORK_DIR}")
 set(prefix "${SF_WORK_DIR}/prefix")
 run_step("cmake --install" ${CMAKE_COMMAND} --install "${SF_BUILD_DIR}"
          --prefix "${prefix}")
-if(NOT EXISTS "${prefix}/include/sparseforge.h")
-  message(FATAL_ERROR "the install put no sparseforge.h under ${prefix}/include")
-endif()
+foreach(header sparseforge.h sparseforge_runtime.h)
+  if(NOT EXISTS "${prefix}/include/${header}")
+    message(FATAL_ERROR "the install put no ${header} under ${prefix}/include")
+  endif()
+endforeach()
 set(config_args -S "${SF_SOURCE_DIR}" -B "${SF_WORK_DIR}/build"
     "-DCMAKE_PREFIX_PATH=${prefix}")
 if(SF_CUDA_ROOT)
@@ -40,11 +42,20 @@ endif()
 run_step("configuring the outside project" ${CMAKE_COMMAND} ${config_args})
 run_step("building the outside project" ${CMAKE_COMMAND} --build
          "${SF_WORK_DIR}/build")
-set(exe "${SF_WORK_DIR}/build/sf_consumer")
-run_step("running the outside program" ${CMAKE_COMMAND} -E env
-         "LD_LIBRARY_PATH=${prefix}/lib:${prefix}/lib64:${SF_CUDA_LIBDIR}:$ENV{LD_LIBRARY_PATH}"
-         "${exe}")
-if(NOT step_output MATCHES "sparseforge [0-9]+\\.[0-9]+\\.[0-9]+")
-  message(FATAL_ERROR "unexpected output: ${step_output}")
-endif()
-message(STATUS "find_package test: ${step_output}")
+# Runs a program the outside project built, with `libdirs` to find the
+# libraries, and checks its output matches `pattern`.
+function(run_program exe libdirs pattern)
+  run_step("running the outside program ${exe}" ${CMAKE_COMMAND} -E env
+           "LD_LIBRARY_PATH=${libdirs}:$ENV{LD_LIBRARY_PATH}"
+           "${SF_WORK_DIR}/build/${exe}")
+  if(NOT step_output MATCHES "${pattern}")
+    message(FATAL_ERROR "unexpected output of ${exe}: ${step_output}")
+  endif()
+  message(STATUS "find_package test: ${step_output}")
+endfunction()
+
+run_program(sf_consumer "${prefix}/lib:${prefix}/lib64:${SF_CUDA_LIBDIR}"
+            "sparseforge [0-9]+\\.[0-9]+\\.[0-9]+")
+# The driver-only program needs no CUDA library folder to run.
+run_program(sf_rt_consumer "${prefix}/lib:${prefix}/lib64"
+            "sparseforge_rt [0-9]+\\.[0-9]+\\.[0-9]+ grid 96 x 256 x 1")
