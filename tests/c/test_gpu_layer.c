@@ -2,47 +2,17 @@
  * cubins: opening it compiles every variant and stores the cubins, runs
  * give the right answer for each N bucket (split-K with zeroed output
  * included), and opening it again compiles nothing.  Also: missing layers,
- * sources that do not compile, and the preference for records tuned on
- * this GPU.  Skipped without a GPU. */
+ * sources that do not compile, the preference for records tuned on this
+ * GPU, and records whose packed weights were damaged in the file
+ * (sf_layer_record.problem).  Skipped without a GPU. */
 #include <stdint.h>
 #include <unistd.h>
 
 #include "check.h"
+#include "raw_sql.h"
 #include "sparseforge.h"
 
-#define M 64
-#define K 32
-
-/* Y (M x N) = W (M x K) X (K x N), fp32, feature-major X. */
-static const char *kRowCol =
-    "#define M 64\n#define K 32\n"
-    "extern \"C\" __global__ void dense_rowcol(const void *packed,\n"
-    "    const void *X, void *Y, int N) {\n"
-    "  const float *w = (const float *)packed, *x = (const float *)X;\n"
-    "  int n = blockIdx.x * blockDim.x + threadIdx.x, m = blockIdx.y;\n"
-    "  if (n >= N) return;\n"
-    "  float acc = 0.0f;\n"
-    "  for (int k = 0; k < K; k++) acc += w[m * K + k] * x[k * N + n];\n"
-    "  ((float *)Y)[m * N + n] = acc;\n"
-    "}\n";
-
-/* Split along K over gridDim.z; partial sums are added into Y, which the
- * runtime zeroes first (zero_output). */
-static const char *kSplitK =
-    "#define M 64\n#define K 32\n"
-    "#ifndef SPLITS\n#error SPLITS comes from the variant's options\n#endif\n"
-    "extern \"C\" __global__ void dense_splitk(const void *packed,\n"
-    "    const void *X, void *Y, int N) {\n"
-    "  const float *w = (const float *)packed, *x = (const float *)X;\n"
-    "  int n = blockIdx.x * blockDim.x + threadIdx.x, m = blockIdx.y;\n"
-    "  if (n >= N) return;\n"
-    "  int k0 = blockIdx.z * (K / SPLITS);\n"
-    "  float acc = 0.0f;\n"
-    "  for (int k = k0; k < k0 + K / SPLITS; k++) acc += w[m * K + k] * x[k * N + n];\n"
-    "  atomicAdd(&((float *)Y)[m * N + n], acc);\n"
-    "}\n";
-
-static float W[M * K];
+#include "dense_layer.h"
 
 static sf_layer_variant variant_rowcol(void) {
   sf_layer_variant v;
@@ -52,8 +22,7 @@ static sf_layer_variant variant_rowcol(void) {
   v.kernel_name = "dense_rowcol";
   v.options = "";
   v.generator_version = "test-1";
-  /* grid, n_axis, n_tile, block, shared_bytes, zero_output */
-  v.launch = (sf_launch_record){{1, M, 1}, 0, 32, {32, 1, 1}, 0, 0};
+  v.launch = kRowColLaunch;
   v.packed = W;
   v.packed_size = sizeof W;
   v.config = "{\"kind\": \"rowcol\"}";
@@ -66,10 +35,7 @@ static sf_layer_variant variant_splitk(void) {
   v.source = kSplitK;
   v.kernel_name = "dense_splitk";
   v.options = "-DSPLITS=2\n\n-lineinfo\n";
-  v.launch.grid[2] = 2;
-  v.launch.n_tile = 64;
-  v.launch.block[0] = 64;
-  v.launch.zero_output = 1;
+  v.launch = kSplitKLaunch;
   v.config = "{\"kind\": \"splitk\"}";
   return v;
 }
@@ -91,43 +57,12 @@ static sf_layer_record record(const char *name, const char *gpu,
   return r;
 }
 
-/* Runs the layer for n columns into a poisoned Y and checks it exactly
- * (the values are small multiples of 1/8, so fp32 sums are exact). */
-static void check_run(sf_context *ctx, sf_layer *layer, int n) {
-  size_t xs = (size_t)K * n, ys = (size_t)M * n;
-  float *x = malloc(xs * sizeof *x), *y = malloc(ys * sizeof *y);
-  for (int k = 0; k < K; k++)
-    for (int j = 0; j < n; j++) x[k * n + j] = (float)((k + 2 * j) % 5 - 2) * 0.5f;
-  sf_devptr dx = 0, dy = 0;
-  CHECK_EQ_INT(SF_OK, sf_mem_alloc(ctx, xs * sizeof *x, &dx));
-  CHECK_EQ_INT(SF_OK, sf_mem_alloc(ctx, ys * sizeof *y, &dy));
-  CHECK_EQ_INT(SF_OK, sf_memcpy_htod(ctx, dx, x, xs * sizeof *x));
-  CHECK_EQ_INT(SF_OK, sf_memset_d8(ctx, dy, 0xff, ys * sizeof *y)); /* NaN */
-  CHECK_EQ_INT(SF_OK, sf_layer_run(ctx, layer, dx, dy, n, NULL));
-  CHECK_EQ_INT(SF_OK, sf_synchronize(ctx));
-  CHECK_EQ_INT(SF_OK, sf_memcpy_dtoh(ctx, y, dy, ys * sizeof *y));
-  int bad = 0;
-  for (int m = 0; m < M; m++)
-    for (int j = 0; j < n; j++) {
-      float acc = 0.0f;
-      for (int k = 0; k < K; k++) acc += W[m * K + k] * x[k * n + j];
-      if (y[m * n + j] != acc) bad++;
-    }
-  if (bad) fprintf(stderr, "N=%d: %d wrong values\n", n, bad);
-  CHECK_EQ_INT(0, bad);
-  sf_mem_free(ctx, dx);
-  sf_mem_free(ctx, dy);
-  free(x);
-  free(y);
-}
-
 int main(void) {
   sf_context *ctx = NULL;
   sf_device_info info;
   static char reason[1024];
   if (!open_gpu(&ctx, &info, reason, sizeof reason)) SKIP(reason);
-  for (int m = 0; m < M; m++)
-    for (int k = 0; k < K; k++) W[m * K + k] = (float)((m * 3 + k * 5) % 7 - 3) * 0.25f;
+  fill_weights();
 
   const char *tmp = getenv("SF_TEST_TMPDIR");
   char path[1024], side[1100];
@@ -222,6 +157,55 @@ int main(void) {
   CHECK_EQ_INT(SF_OK, sf_cache_put_layer(cache, &rec));
   CHECK_EQ_INT(SF_ERR_NOT_FOUND, sf_layer_open(ctx, cache, "test.wrong_kernel", &none));
   CHECK_CONTAINS(sf_errmsg(ctx), "no kernel named \"not_in_the_source\"");
+
+  /* Damaged packed weights: the record comes with a problem.  This GPU's
+   * record is never passed over because of one; another GPU's is, for a
+   * usable record. */
+  static float W2[M * K];
+  memcpy(W2, W, sizeof W);
+  W2[0] += 1.0f; /* bytes of their own: damaging them spoils no other layer */
+  sf_layer_variant damaged = variant_rowcol();
+  damaged.packed = W2;
+  rec = record("test.damaged", info.name, &damaged, 1);
+  CHECK_EQ_INT(SF_OK, sf_cache_put_layer(cache, &rec));
+  rec = record("test.fallback", "AAA Other GPU", &damaged, 1);
+  CHECK_EQ_INT(SF_OK, sf_cache_put_layer(cache, &rec));
+  rec = record("test.fallback", "BBB Other GPU", &good, 1);
+  CHECK_EQ_INT(SF_OK, sf_cache_put_layer(cache, &rec));
+  rec = record("test.no_fallback", "AAA Other GPU", &good, 1);
+  CHECK_EQ_INT(SF_OK, sf_cache_put_layer(cache, &rec));
+  rec = record("test.no_fallback", info.name, &damaged, 1);
+  CHECK_EQ_INT(SF_OK, sf_cache_put_layer(cache, &rec));
+  char sha[65], update[256];
+  sf_sha256_hex(W2, sizeof W2, sha);
+  snprintf(update, sizeof update,
+           "UPDATE blobs SET data = zeroblob(size) WHERE sha256 = '%s'", sha);
+  if (load_sqlite()) {
+    sql(path, update);
+    char want[512];
+    snprintf(want, sizeof want,
+             "layer \"test.damaged\" (tuned on %s) cannot be used: the packed "
+             "weights of variant 0 (n_bucket 16) failed their sha256: %zu "
+             "bytes hash to ",
+             info.name, sizeof W2);
+    none = (sf_layer *)1;
+    CHECK_EQ_INT(SF_ERR_CORRUPT, sf_layer_open(ctx, cache, "test.damaged", &none));
+    CHECK(none == NULL);
+    CHECK_CONTAINS(sf_errmsg(ctx), want);
+    CHECK_CONTAINS(sf_errmsg(ctx), sha);
+    pref = NULL;
+    CHECK_EQ_INT(SF_OK, sf_layer_open(ctx, cache, "test.fallback", &pref));
+    if (pref) {
+      check_run(ctx, pref, 40);
+      sf_layer_close(pref);
+    }
+    CHECK_EQ_INT(SF_ERR_CORRUPT, sf_layer_open(ctx, cache, "test.no_fallback", &none));
+    CHECK_CONTAINS(sf_errmsg(ctx), "layer \"test.no_fallback\" (tuned on ");
+    CHECK_CONTAINS(sf_errmsg(ctx), "failed their sha256");
+  } else {
+    fprintf(stderr, "SQLite functions not found in the process\n");
+    check_failures_++;
+  }
 
   sf_context_destroy(ctx); /* closes the layers still open */
   sf_cache_close(cache);
