@@ -1,5 +1,10 @@
 """Builds libsparseforge with CMake during `pip install .` and ships it inside
-the package (sparseforge/lib/), so that the ctypes binding finds it."""
+the package (sparseforge/lib/), so that the ctypes binding finds it.
+
+The Python parts live in the folders the design names (generator/, tuner/,
+templates/) and install as subpackages of `sparseforge`; every folder with
+an __init__.py under them is a package, so a new family's package
+(generator/families/<name>/) is installed without a line here."""
 import os
 import shutil
 import subprocess
@@ -28,4 +33,14 @@ class BuildWithCMake(build_py):
             shutil.copy2(so, dest / "libsparseforge.so")
 
 
-setup(cmdclass={"build_py": BuildWithCMake})
+def packages() -> dict[str, str]:
+    """package name -> folder, for sparseforge and its subpackages."""
+    out = {"sparseforge": "sparseforge", "sparseforge.templates": "templates"}
+    for top in ("generator", "tuner"):
+        for init in sorted((ROOT / top).rglob("__init__.py")):
+            rel = init.parent.relative_to(ROOT)
+            out["sparseforge." + ".".join(rel.parts)] = rel.as_posix()
+    return out
+
+
+setup(cmdclass={"build_py": BuildWithCMake}, packages=list(packages()), package_dir=packages())

@@ -8,7 +8,7 @@ database), the winner's median time against cuBLAS's median (its best
 layout) in the same run, and the winner's fraction of the roofline floor:
 max(nonzero FLOPs / measured dense peak, bytes / measured copy bandwidth).
 For bsr patterns of square blocks, cuSPARSE's Blocked-ELL SpMM on the same
-pattern is timed too (same protocol, feature-major; --no-ell skips it).
+pattern is timed too (same protocol, feature-major; --no-peer skips it).
 
     python3 bench/s1.py --db /tmp/s1.db --families shflbw:64,bsr:64x64 \
         --densities 0.25,0.1 --budget 24 --results bench/RESULTS.md
@@ -82,14 +82,6 @@ def measure_l2_bandwidth(ctx, nbytes=16 << 20, reps=32) -> float:
     return reps * nbytes / (t["median_ms"] * 1e-3)
 
 
-def gather_bytes(pattern_params, nnz, n, bn, elem=2):
-    """What a row-group kernel reads out of L2: each group's gathered rows
-    of X once per group (nnz / group rows of them, N wide) and its weights
-    once per tile of N."""
-    rows = pattern_params.get("v") or pattern_params.get("br") or 1
-    return nnz / rows * n * elem + nnz * elem * math.ceil(n / bn)
-
-
 def measure_dense_peak(ctx) -> float:
     t = ctx.time_gemm("fp16", 8192, 8192, 8192, layout="best", min_reps=10, min_total_ms=50)
     return 2 * 8192 ** 3 / (t["median_ms"] * 1e-3)
@@ -134,13 +126,14 @@ def main(argv=None) -> int:
     ap.add_argument("--label", default="", help="a note for the results heading")
     ap.add_argument("--no-variants", action="store_true",
                     help="skip the winner's bf16 and fused-epilogue (bias + GELU) measurements")
-    ap.add_argument("--no-ell", action="store_true",
-                    help="skip the cuSPARSE Blocked-ELL peer of the bsr rows")
+    ap.add_argument("--no-peer", action="store_true",
+                    help="skip each family's own peer (cuSPARSE Blocked-ELL for bsr)")
     args = ap.parse_args(argv)
 
     from sparseforge import native
     from sparseforge.cache import Cache
-    from sparseforge.generator.kernel import Epilogue, Operation, parse_pattern
+    from sparseforge.generator.families import family_of
+    from sparseforge.generator.kernel import Epilogue, Operation
     from sparseforge.generator.synth import random_matrix
     from sparseforge.tuner.driver import QUICK_TIMING, Tuner
     from sparseforge.tuner.model import Progress
@@ -165,8 +158,9 @@ def main(argv=None) -> int:
                       progress=Progress(), seed=1)
         try:
             for pattern in args.families.split(","):
-                fam, params = parse_pattern(pattern)
-                for d in ([0.5] if fam == "nm24" else densities):
+                family, params = family_of(pattern)
+                fam = family.name
+                for d in family.densities(params, densities):
                     for (m, k, n) in shapes:
                         mat = random_matrix(pattern, m, k, d, args.dtype, seed=0)
                         op = Operation(args.dtype, "fm", Epilogue(activation=args.activation))
@@ -180,14 +174,15 @@ def main(argv=None) -> int:
                                    err=nr.max_error, trials=nr.trials, failed=nr.failed,
                                    config=nr.config, bf16=math.nan, epi=math.nan, l2=math.nan,
                                    ell=math.nan, vs_ell=math.nan)
-                        if nr.config and fam in ("bsr", "shflbw") and nr.median_ms == nr.median_ms:
-                            row["l2"] = (gather_bytes(params, mat.nnz, n, nr.config["bn"]) / l2
-                                         / (nr.median_ms * 1e-3))
+                        gathered = (family.gather_bytes(mat, params, n, nr.config)
+                                    if nr.config else None)
+                        if gathered is not None and nr.median_ms == nr.median_ms:
+                            row["l2"] = gathered / l2 / (nr.median_ms * 1e-3)
                         if not args.no_variants and nr.config and args.dtype == "fp16":
                             row["bf16"], row["epi"] = measure_variants(tuner, pattern, fam, params, d,
                                                                        (m, k, n), nr.config)
-                        if not args.no_ell and fam == "bsr":
-                            row["ell"] = time_ell_peer(ctx, mat, params, args.dtype, n)
+                        if not args.no_peer and family.peer:
+                            row["ell"] = time_peer(ctx, family, mat, params, op, n)
                             row["vs_ell"] = row["ell"] / nr.median_ms
                         rows.append(row)
                         print(f"  {pattern:10s} d={d:<5g} {m}x{k}x{n}: {nr.median_ms:.4f} ms, cuBLAS "
@@ -207,23 +202,17 @@ def main(argv=None) -> int:
     return 0
 
 
-def time_ell_peer(ctx, mat, params, dtype, n) -> float:
-    """cuSPARSE's Blocked-ELL SpMM on `mat`'s bsr pattern (blocks of
-    params br x bc), feature-major, timed like the tuner's peer: its median
-    ms, or NaN (with the reason printed) where the blocks are not square or
-    cuSPARSE is missing or refuses."""
+def time_peer(ctx, family, mat, params, op, n) -> float:
+    """The family's own peer (Family.time_peer: cuSPARSE Blocked-ELL for
+    bsr) on `mat`, timed like the tuner's peer: its median ms, or NaN (with
+    the reason printed) where it cannot run it."""
     from sparseforge import native
-    from sparseforge.generator.analysis import blocked_ell_columns
     from sparseforge.tuner.driver import QUICK_TIMING
     m, k = mat.shape
-    block = params["br"]
     try:
-        if params["bc"] != block:
-            raise ValueError(f"needs square blocks, not {block}x{params['bc']}")
-        cols = blocked_ell_columns(mat, block)
-        t = ctx.time_blocked_ell(dtype, m, k, n, block, cols, layout="fm", **QUICK_TIMING)
+        t = family.time_peer(ctx, mat, params, op, n, QUICK_TIMING)
     except (native.SFError, ValueError) as e:
-        print(f"    cuSPARSE Blocked-ELL on {m}x{k}x{n}: {e}", flush=True)
+        print(f"    {family.peer} on {m}x{k}x{n}: {e}", flush=True)
         return math.nan
     return t["median_ms"]
 

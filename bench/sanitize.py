@@ -7,7 +7,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from sparseforge.generator.kernel import Epilogue, Operation, get_family, parse_pattern  # noqa: E402
+from sparseforge.generator.families import family_of  # noqa: E402
+from sparseforge.generator.kernel import Epilogue, Operation  # noqa: E402
 from sparseforge.generator.synth import random_matrix  # noqa: E402
 from sparseforge.tuner.execute import default_context, verify  # noqa: E402
 
@@ -18,8 +19,7 @@ CASES = [("csr", "fp32", "fm"), ("csr", "fp32", "tm"), ("bsr:32x32", "fp16", "fm
          ("nm24", "fp16", "fm"), ("nm24", "bf16", "tm")]
 bad = 0
 for pattern, dtype, layout in CASES:
-    fam_name, params = parse_pattern(pattern)
-    fam = get_family(fam_name)
+    fam, params = family_of(pattern)
     if layout not in fam.layouts:
         continue
     m, k, n = (200, 264, 72) if not small else (130, 136, 72)  # 72: two tiles of 64 (tn)

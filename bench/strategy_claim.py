@@ -54,7 +54,8 @@ def main(argv=None) -> int:
     ap.add_argument("--results")
     args = ap.parse_args(argv)
     from sparseforge.cache import Cache
-    from sparseforge.generator.kernel import Operation, get_family, parse_pattern
+    from sparseforge.generator.families import get_family, parse_pattern
+    from sparseforge.generator.kernel import Operation
     from sparseforge.generator.synth import random_matrix
     from sparseforge.tuner.driver import QUICK_TIMING, Tuner
     from sparseforge.tuner.model import Progress

@@ -1,21 +1,21 @@
-"""What every kernel family gives the tuner, and the pieces they share:
-the operation (dtype, layout, epilogue), the generated kernel, rendering of
-Jinja2 templates into one self-contained source, and the reference.
+"""The vocabulary every kernel family shares: the operation (dtype, layout,
+epilogue), the generated kernel and its launch record, rendering of Jinja2
+templates into one self-contained source, and the float64 reference.
 
-A family module (generator/families/<name>.py) defines one `Family`
-subclass and registers it.  Its kernels all take the same four parameters:
+Every generated kernel takes the same four parameters:
 
     extern "C" __global__ void NAME(const unsigned char* packed,
                                     const void* X, void* Y, int N)
 
 `packed` is one device buffer (weights, index tables, bias) built once by
 the family's `plan`.  Layouts: "fm" (feature-major: X is K x N, Y is M x N,
-row-major) and "tm" (token-major: X is N x K, Y is N x M, row-major).
+row-major) and "tm" (token-major: X is N x K, Y is N x M, row-major).  The
+Family protocol is generator/family.py, the registry
+generator/families/__init__.py.
 """
 from __future__ import annotations
 
 import json
-import math
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -23,14 +23,18 @@ from typing import Any, Optional
 
 import numpy as np
 
+from .. import _abi
 from .matrix import SparseMatrix, round_to_dtype
+from .space import ConfigError  # noqa: F401  (raised by every family; defined with the tables)
 
 # In a checkout generator/ and templates/ are siblings; installed, they are
 # sparseforge/generator and sparseforge/templates: siblings too.
 TEMPLATE_DIR = Path(__file__).resolve().parent.parent / "templates"
 INCLUDE_DIR = TEMPLATE_DIR / "include"
 
-ACTIVATIONS = ("none", "relu", "gelu")
+# the activation words, by code (the header's SF_ACTIVATION_TABLE)
+ACTIVATIONS = tuple(word for _, _, word in sorted(_abi.ACTIVATIONS, key=lambda a: a[1]))
+ACT_CODES = {word: code for _, code, word in _abi.ACTIVATIONS}
 LAYOUTS = ("fm", "tm")
 
 
@@ -76,8 +80,10 @@ class Operation:
     def elem_size(self) -> int:
         return 4 if self.dtype == "fp32" else 2
 
-
-GRID_LIMITS = (2**31 - 1, 65535, 65535)  # blocks along x, y, z
+    @property
+    def act_code(self) -> int:
+        """The epilogue's activation as the kernels' code."""
+        return ACT_CODES[self.epilogue.activation]
 
 
 @dataclass
@@ -86,29 +92,27 @@ class Kernel:
     name: str                  # derived from the configuration
     source: str                # self-contained CUDA C++ (no project includes)
     packed: bytes              # the device buffer its first parameter points to
-    block: tuple[int, int, int]
-    grid: tuple[int, int, int]  # for N = n_tile (one tile of N)
-    n_axis: int                # grid axis multiplied by ceil(N / n_tile); -1 none
-    n_tile: int
-    shared_bytes: int = 0
-    zero_output: bool = False  # Y must be zeroed before each launch
+    launch: dict               # the launch record (runtime/sparseforge_runtime.h,
+                               # SF_LAUNCH_RECORD_FIELDS): grid for one tile of N,
+                               # n_axis, n_tile, block, shared_bytes, zero_output
     options: tuple[str, ...] = ()
     config: dict = field(default_factory=dict)
 
-    def grid_for(self, n: int) -> tuple[int, int, int]:
-        """The launch grid for N columns; ValueError past CUDA's limits."""
-        g = list(self.grid)
-        if self.n_axis >= 0:
-            g[self.n_axis] *= max(1, math.ceil(n / self.n_tile))
-        for axis, (blocks, limit) in enumerate(zip(g, GRID_LIMITS)):
-            if blocks > limit:
-                raise ValueError(f"{self.name}: N = {n} needs {blocks} blocks along grid axis "
-                                 f"{axis}, past CUDA's {limit}")
-        return tuple(g)
+    def launch_config(self, n: int) -> dict:
+        """grid, block and shared_bytes for N columns, by the C library's
+        one grid rule (ValueError past CUDA's limits)."""
+        from ..native import launch_config
+        return launch_config(self.launch, n)
 
 
-class ConfigError(ValueError):
-    """A configuration that breaks a family's constraints."""
+def make_launch(grid, block, n_axis: int = -1, n_tile: int = 0, shared_bytes: int = 0,
+                zero_output: bool = False) -> dict:
+    """A launch record (the header's SF_LAUNCH_RECORD_FIELDS) from its
+    values; grid and block pad to three dimensions with 1."""
+    return {"grid": tuple(grid) + (1,) * (3 - len(grid)),
+            "block": tuple(block) + (1,) * (3 - len(block)),
+            "n_axis": n_axis, "n_tile": n_tile, "shared_bytes": shared_bytes,
+            "zero_output": int(bool(zero_output))}
 
 
 def smem_limit(device: Optional[dict]) -> int:
@@ -125,95 +129,6 @@ def smem_limit(device: Optional[dict]) -> int:
         if major < 8:
             return 48 * 1024
     return 227 * 1024
-
-
-class Family:
-    """One kernel family.  Subclasses set `name` and implement the methods."""
-    name: str = ""
-    dtypes: tuple[str, ...] = ()
-    layouts: tuple[str, ...] = ("fm",)
-
-    def tag(self, params: dict) -> str:
-        """Family tag with its pattern parameters, e.g. 'shflbw64', 'bsr32x32'."""
-        return self.name
-
-    def fits(self, matrix: SparseMatrix, params: dict) -> bool:
-        """Whether `matrix` has this family's pattern exactly (with params)."""
-        raise NotImplementedError
-
-    def search_space(self, matrix: SparseMatrix, op: Operation, params: dict,
-                     device: Optional[dict] = None) -> list[dict]:
-        """Every valid configuration (constraints checked against `device`,
-        a dict of sf_device_info fields, where given)."""
-        raise NotImplementedError
-
-    def check_config(self, config: dict, matrix: SparseMatrix, op: Operation,
-                     params: dict, device: Optional[dict] = None) -> None:
-        """Raises ConfigError naming the broken constraint."""
-        raise NotImplementedError
-
-    def default_config(self, matrix: SparseMatrix, op: Operation, params: dict,
-                       device: Optional[dict] = None) -> dict:
-        """The configuration used without tuning: the first of the space
-        unless a family knows better."""
-        space = self.search_space(matrix, op, params, device)
-        if not space:
-            raise ConfigError(f"{self.tag(params)}: no valid configuration")
-        return space[0]
-
-    def hint_configs(self, matrix: SparseMatrix, op: Operation, params: dict,
-                     device: Optional[dict] = None) -> list[dict]:
-        """Configurations a budgeted search should measure first, best
-        expected first: the default one unless a family knows more."""
-        try:
-            return [self.default_config(matrix, op, params, device)]
-        except ConfigError:
-            return []
-
-    def generate(self, matrix: SparseMatrix, op: Operation, params: dict,
-                 config: dict, bias: Optional[np.ndarray] = None) -> Kernel:
-        """Plan (pack) and render one kernel for `config`."""
-        raise NotImplementedError
-
-
-_FAMILIES: dict[str, Family] = {}
-
-
-def register(family: Family) -> Family:
-    _FAMILIES[family.name] = family
-    return family
-
-
-def families() -> dict[str, Family]:
-    from . import families as _f  # noqa: F401  (registers every family)
-    return dict(_FAMILIES)
-
-
-def get_family(name: str) -> Family:
-    fam = families()
-    if name not in fam:
-        raise KeyError(f"unknown family {name!r}; known: {', '.join(sorted(fam))}")
-    return fam[name]
-
-
-def parse_pattern(spec: str) -> tuple[str, dict]:
-    """'csr', 'bsr:32x32', 'bsr:32', 'shflbw:64', 'nm24' -> (family, params)."""
-    name, _, arg = spec.partition(":")
-    name = name.strip().lower()
-    if name == "bsr":
-        if not arg:
-            raise ValueError("bsr needs a block size, e.g. bsr:32x32")
-        br, _, bc = arg.lower().partition("x")
-        return name, {"br": int(br), "bc": int(bc or br)}
-    if name == "shflbw":
-        if not arg:
-            raise ValueError("shflbw needs a group size V, e.g. shflbw:64")
-        return name, {"v": int(arg)}
-    if name in ("csr", "nm24"):
-        if arg:
-            raise ValueError(f"{name} takes no parameter (got {arg!r})")
-        return name, {}
-    raise ValueError(f"unknown pattern {spec!r}; expected csr, bsr:RxC, shflbw:V or nm24")
 
 
 def config_name(family_tag: str, config: dict, op: Operation) -> str:

@@ -29,13 +29,16 @@ import json
 import math
 import os
 import threading
-from ctypes import (CFUNCTYPE, POINTER, Structure, byref, c_char, c_char_p, c_double, c_int,
-                    c_int64, c_size_t, c_uint, c_void_p)
+from ctypes import byref, c_char, c_char_p, c_int64, c_size_t, c_void_p
 from pathlib import Path
 from typing import Any, Iterable, Optional, Sequence
 
-from ._lib import SFError, load
-from .native import CorruptError, InvalidArgumentError, NotFoundError, sf_device_info
+from . import _abi
+from ._abi import (sf_binary_key, sf_cache_counts, sf_device_info, sf_layer_record,
+                   sf_layer_variant, sf_matrix_record, sf_trial, sf_trial_filter)
+from ._lib import STATUS, SFError, error_for, load, raises
+from .native import (CorruptError, InvalidArgumentError, NotFoundError, launch_dict,
+                     launch_record)
 
 __all__ = [
     "Cache", "default_path", "binary_key_hex", "SFError", "NotADatabaseError",
@@ -43,208 +46,39 @@ __all__ = [
     "DatabaseError", "TRIAL_STATUSES", "SCHEMA_VERSION",
 ]
 
-SCHEMA_VERSION = 1  # SF_CACHE_SCHEMA_VERSION
+SCHEMA_VERSION = _abi.CONSTANTS["SF_CACHE_SCHEMA_VERSION"]
+_SF_ERR_NOT_FOUND = STATUS["SF_ERR_NOT_FOUND"]
+_SF_CACHE_READONLY = _abi.CONSTANTS["SF_CACHE_READONLY"]
+_SF_CACHE_CREATE = _abi.CONSTANTS["SF_CACHE_CREATE"]
 
-_SF_ERR_INVALID_ARG = 1
-_SF_ERR_NOT_FOUND = 9
-_SF_ERR_DB = 10
-_SF_ERR_NOT_A_DB = 11
-_SF_ERR_DB_VERSION = 12
-_SF_ERR_CORRUPT = 13
-_SF_ERR_BUSY = 16
-
-_SF_CACHE_READONLY = 1
-_SF_CACHE_CREATE = 2
-
-# sf_trial_status, in the header's order
-TRIAL_STATUSES = ("ok", "compile_fail", "launch_fail", "wrong", "timeout")
+# sf_trial_status, by value: "ok", "compile_fail", ...
+TRIAL_STATUSES = tuple(name.removeprefix("SF_TRIAL_").lower() for name, _ in sorted(
+    ((n, v) for n, v in _abi.CONSTANTS.items() if n.startswith("SF_TRIAL_")), key=lambda t: t[1]))
 
 
+@raises("SF_ERR_NOT_A_DB")
 class NotADatabaseError(SFError):
     """SF_ERR_NOT_A_DB: the file is not a sparseforge cache (not SQLite, or
     another program's SQLite database).  It was not modified."""
 
 
+@raises("SF_ERR_DB_VERSION")
 class NewerDatabaseError(SFError):
     """SF_ERR_DB_VERSION: the cache was written by a newer sparseforge."""
 
 
+@raises("SF_ERR_BUSY")
 class BusyError(SFError):
     """SF_ERR_BUSY: another process kept the database locked too long."""
 
 
+@raises("SF_ERR_DB")
 class DatabaseError(SFError):
     """SF_ERR_DB: SQLite failed (or a write on a read-only cache)."""
 
 
-_ERRORS = {
-    _SF_ERR_INVALID_ARG: InvalidArgumentError,
-    _SF_ERR_NOT_FOUND: NotFoundError,
-    _SF_ERR_DB: DatabaseError,
-    _SF_ERR_NOT_A_DB: NotADatabaseError,
-    _SF_ERR_DB_VERSION: NewerDatabaseError,
-    _SF_ERR_CORRUPT: CorruptError,
-    _SF_ERR_BUSY: BusyError,
-}
-
-
-# ---------------------------------------------------------------------------
-# Structures, as in the header
-# ---------------------------------------------------------------------------
-class sf_binary_key(Structure):
-    _fields_ = [
-        ("source", c_char_p),
-        ("options", c_char_p),
-        ("arch", c_char_p),
-        ("nvrtc_version", c_char_p),
-        ("generator_version", c_char_p),
-        ("kind", c_int),
-    ]
-
-
-class sf_matrix_record(Structure):
-    _fields_ = [
-        ("fingerprint", c_char_p),
-        ("rows", c_int64),
-        ("cols", c_int64),
-        ("nnz", c_int64),
-        ("dtype", c_char_p),
-        ("info", c_char_p),
-    ]
-
-
-class sf_trial(Structure):
-    _fields_ = [
-        ("env_key", c_char_p),
-        ("matrix_fp", c_char_p),
-        ("op", c_char_p),
-        ("n", c_int64),
-        ("config", c_char_p),
-        ("status", c_int),
-        ("median_ms", c_double),
-        ("p20_ms", c_double),
-        ("p80_ms", c_double),
-        ("min_ms", c_double),
-        ("reps", c_int),
-        ("max_error", c_double),
-        ("binary_key", c_char_p),
-        ("message", c_char_p),
-        ("created", c_double),
-    ]
-
-
-class sf_trial_filter(Structure):
-    _fields_ = [
-        ("env_key", c_char_p),
-        ("matrix_fp", c_char_p),
-        ("op", c_char_p),
-        ("n", c_int64),
-    ]
-
-
-class sf_layer_variant(Structure):
-    _fields_ = [
-        ("n_bucket", c_int64),
-        ("source", c_char_p),
-        ("kernel_name", c_char_p),
-        ("options", c_char_p),
-        ("generator_version", c_char_p),
-        ("grid", c_uint * 3),
-        ("n_axis", c_int),
-        ("n_tile", c_int),
-        ("block", c_uint * 3),
-        ("shared_bytes", c_uint),
-        ("zero_output", c_int),
-        ("packed", c_void_p),
-        ("packed_size", c_size_t),
-        ("config", c_char_p),
-    ]
-
-
-class sf_layer_record(Structure):
-    _fields_ = [
-        ("name", c_char_p),
-        ("gpu_name", c_char_p),
-        ("matrix_fp", c_char_p),
-        ("op", c_char_p),
-        ("rows", c_int64),
-        ("cols", c_int64),
-        ("x_elem_size", c_int),
-        ("y_elem_size", c_int),
-        ("n_variants", c_int),
-        ("variants", POINTER(sf_layer_variant)),
-    ]
-
-
-class sf_cache_counts(Structure):
-    _fields_ = [(name, c_int64) for name in (
-        "binaries", "envs", "matrices", "trials", "winners", "layers", "layer_variants",
-        "blobs", "blob_bytes")]
-
-
-_TRIAL_CB = CFUNCTYPE(c_int, POINTER(sf_trial), c_void_p)
-_LAYER_CB = CFUNCTYPE(c_int, POINTER(sf_layer_record), c_void_p)
-_ENV_CB = CFUNCTYPE(c_int, c_char_p, POINTER(sf_device_info), c_void_p)
-_MATRIX_CB = CFUNCTYPE(c_int, POINTER(sf_matrix_record), c_void_p)
-
-_setup_lock = threading.Lock()
-_ready = None
-
-
-class _Functions:
-    """The cache's C functions, each with its signature."""
-
-
-def _clib():
-    """The cache's C functions with their signatures set (once).  They are
-    private function objects (lib[name], not lib.name), so that signatures
-    other modules set on the shared library object never clash with
-    these."""
-    global _ready
-    if _ready is not None:
-        return _ready
-    with _setup_lock:
-        if _ready is not None:
-            return _ready
-        lib = load()
-        P = c_void_p
-        sigs = {
-            "sf_cache_open": (c_int, [c_char_p, c_int, POINTER(c_void_p)]),
-            "sf_cache_close": (None, [P]),
-            "sf_cache_errmsg": (c_char_p, [P]),
-            "sf_binary_key_hex": (c_int, [POINTER(sf_binary_key), c_char * 65]),
-            "sf_cache_put_binary": (c_int, [P, POINTER(sf_binary_key), P]),
-            "sf_cache_get_binary": (c_int, [P, POINTER(sf_binary_key), POINTER(c_void_p)]),
-            "sf_binary_from_memory": (c_int, [c_void_p, c_size_t, c_int, POINTER(c_void_p)]),
-            "sf_binary_data": (c_void_p, [P, POINTER(c_size_t)]),
-            "sf_binary_free": (None, [P]),
-            "sf_cache_put_env": (c_int, [P, POINTER(sf_device_info), c_char * 65]),
-            "sf_cache_envs": (c_int, [P, _ENV_CB, c_void_p]),
-            "sf_cache_put_matrix": (c_int, [P, POINTER(sf_matrix_record)]),
-            "sf_cache_matrices": (c_int, [P, c_char_p, _MATRIX_CB, c_void_p]),
-            "sf_cache_put_trial": (c_int, [P, POINTER(sf_trial)]),
-            "sf_cache_trials": (c_int, [P, POINTER(sf_trial_filter), _TRIAL_CB, c_void_p]),
-            "sf_cache_put_layer": (c_int, [P, POINTER(sf_layer_record)]),
-            "sf_cache_layers": (c_int, [P, c_char_p, _LAYER_CB, c_void_p]),
-            "sf_cache_delete_layer": (c_int, [P, c_char_p]),
-            "sf_cache_merge": (c_int, [P, c_char_p, POINTER(c_int64)]),
-            "sf_cache_export": (c_int, [P, c_char_p, POINTER(c_char_p), POINTER(c_int64)]),
-            "sf_cache_count": (c_int, [P, POINTER(sf_cache_counts)]),
-            "sf_status_name": (c_char_p, [c_int]),
-        }
-        fns = _Functions()
-        for name, (res, args) in sigs.items():
-            fn = lib[name]
-            fn.restype = res
-            fn.argtypes = args
-            setattr(fns, name, fn)
-        _ready = fns
-        return fns
-
-
-def _error(status: int, message: str) -> SFError:
-    name = _clib().sf_status_name(status).decode()
-    return _ERRORS.get(status, SFError)(status, name, message)
+_clib = load   # every prototype is declared by the loader
+_error = error_for
 
 
 # ---------------------------------------------------------------------------
@@ -322,26 +156,9 @@ def _key_struct(key: dict) -> tuple[sf_binary_key, list]:
     return k, vals
 
 
-def _triple(value, what: str) -> tuple[int, int, int]:
-    if isinstance(value, int) and not isinstance(value, bool):
-        value = (value,)
-    try:
-        vals = [int(v) for v in value]
-    except TypeError:
-        raise TypeError(f"{what} must be a sequence of 1 to 3 ints, got "
-                        f"{type(value).__name__}") from None
-    if not 1 <= len(vals) <= 3:
-        raise ValueError(f"{what} must have 1 to 3 dimensions, got {len(vals)}")
-    vals += [1] * (3 - len(vals))
-    if any(v < 1 or v > 0xFFFFFFFF for v in vals):
-        raise ValueError(f"{what} dimensions must be in 1..2^32-1, got {tuple(vals)}")
-    return tuple(vals)
-
-
-_VARIANT_FIELDS = ("n_bucket", "source", "kernel_name", "options", "generator_version", "grid",
-                   "n_axis", "n_tile", "block", "shared_bytes", "zero_output", "packed",
-                   "config")
-_VARIANT_REQUIRED = ("n_bucket", "source", "kernel_name", "grid", "block", "packed")
+# a variant dict's keys: the C record's fields (packed_size is len(packed))
+_VARIANT_FIELDS = tuple(n for n, _ in sf_layer_variant._fields_ if n != "packed_size")
+_VARIANT_REQUIRED = ("n_bucket", "source", "kernel_name", "launch", "packed")
 
 
 def _trial_dict(t: sf_trial) -> dict:
@@ -364,16 +181,14 @@ def _layer_dict(r: sf_layer_record) -> dict:
             "n_bucket": v.n_bucket, "source": _str_out(v.source),
             "kernel_name": _str_out(v.kernel_name), "options": _str_out(v.options) or "",
             "generator_version": _str_out(v.generator_version) or "",
-            "grid": tuple(v.grid), "n_axis": v.n_axis, "n_tile": v.n_tile,
-            "block": tuple(v.block), "shared_bytes": v.shared_bytes,
-            "zero_output": bool(v.zero_output),
+            "launch": launch_dict(v.launch),
             "packed": ctypes.string_at(v.packed, v.packed_size) if v.packed_size else b"",
             "config": _str_out(v.config),
         })
     return {"name": _str_out(r.name), "gpu_name": _str_out(r.gpu_name),
             "matrix_fp": _str_out(r.matrix_fp), "op": _str_out(r.op), "rows": r.rows,
             "cols": r.cols, "x_elem_size": r.x_elem_size, "y_elem_size": r.y_elem_size,
-            "variants": variants}
+            "variants": variants, "problem": _str_out(r.problem)}
 
 
 # ---------------------------------------------------------------------------
@@ -538,7 +353,7 @@ class Cache:
             out.append(d)
             return 0
 
-        self._walk("sf_cache_envs", _ENV_CB, cb)
+        self._walk("sf_cache_envs", _abi.sf_env_cb, cb)
         return out
 
     def put_matrix(self, fingerprint: str, rows: int, cols: int, nnz: int, dtype: str,
@@ -563,7 +378,7 @@ class Cache:
                         "nnz": r.nnz, "dtype": _str_out(r.dtype), "info": _str_out(r.info)})
             return 0
 
-        self._walk("sf_cache_matrices", _MATRIX_CB, cb,
+        self._walk("sf_cache_matrices", _abi.sf_matrix_cb, cb,
                    _text(fingerprint, "fingerprint", optional=True))
         return out
 
@@ -609,7 +424,7 @@ class Cache:
             out.append(_trial_dict(t.contents))
             return 0
 
-        self._walk("sf_cache_trials", _TRIAL_CB, cb, byref(f))
+        self._walk("sf_cache_trials", _abi.sf_trial_cb, cb, byref(f))
         return out
 
     # ---- layers -----------------------------------------------------------
@@ -618,9 +433,8 @@ class Cache:
                   variants: Sequence[dict]) -> None:
         """Stores (replaces) layer `name` tuned on `gpu_name`, atomically.
         Each variant is a dict with n_bucket, source, kernel_name, options
-        (str, one per line), generator_version, grid (3-tuple), n_axis,
-        n_tile, block (3-tuple), shared_bytes, zero_output (bool), packed
-        (bytes) and config (str)."""
+        (str, one per line), generator_version, launch (the launch record as
+        a dict: native.launch_record), packed (bytes) and config (str)."""
         if isinstance(variants, dict) or not isinstance(variants, Iterable):
             raise TypeError("variants must be a list of dicts")
         variants = list(variants)
@@ -649,34 +463,30 @@ class Cache:
             a = arr[i]
             a.n_bucket = _int(v["n_bucket"], f"{w} n_bucket", 1)
             a.source, a.kernel_name, a.options, a.generator_version, a.config = strs
-            a.grid[:] = _triple(v["grid"], f"{w} grid")
-            a.block[:] = _triple(v["block"], f"{w} block")
-            a.n_axis = _int(v.get("n_axis", -1), f"{w} n_axis", -1)
-            a.n_tile = _int(v.get("n_tile", 0), f"{w} n_tile", 0)
-            a.shared_bytes = _int(v.get("shared_bytes", 0), f"{w} shared_bytes", 0)
-            a.zero_output = 1 if v.get("zero_output", False) else 0
+            a.launch = launch_record(v["launch"], f"layer {name!r} {w} launch")
             a.packed = ctypes.cast(buf, c_void_p) if buf is not None else None
             a.packed_size = len(packed)
         strs = [_text(name, "name"), _text(gpu_name, "gpu_name"), _text(matrix_fp, "matrix_fp"),
                 _text(op, "op")]
         rec = sf_layer_record(strs[0], strs[1], strs[2], strs[3], _int(rows, "rows", 1),
                               _int(cols, "cols", 1), _int(x_elem_size, "x_elem_size", 1),
-                              _int(y_elem_size, "y_elem_size", 1), len(variants), arr)
+                              _int(y_elem_size, "y_elem_size", 1), len(variants), arr, None)
         with self._lock:
             self._check(_clib().sf_cache_put_layer(self._h(), byref(rec)))
 
     def layers(self, name: Optional[str] = None) -> list[dict]:
         """Stored layers (all, or those named `name`, one per GPU), ordered by
-        name and GPU, each a dict with the put_layer fields and "variants"
-        (ordered by n_bucket).  Raises CorruptError when packed bytes fail
-        their sha256."""
+        name and GPU, each a dict with the put_layer fields, "variants"
+        (ordered by n_bucket) and "problem": None, or why the record cannot
+        be used (packed bytes that failed their sha256; its variants are
+        then empty)."""
         out: list[dict] = []
 
         def cb(r, user):
             out.append(_layer_dict(r.contents))
             return 0
 
-        self._walk("sf_cache_layers", _LAYER_CB, cb, _text(name, "name", optional=True))
+        self._walk("sf_cache_layers", _abi.sf_layer_cb, cb, _text(name, "name", optional=True))
         return out
 
     def delete_layer(self, name: str) -> None:

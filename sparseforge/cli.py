@@ -53,7 +53,6 @@ def cmd_inspect(args) -> int:
 
 
 def cmd_prune(args) -> int:
-    import numpy as np
     from .generator import io, prune
     mats = _load(args.file, args.name, args.dtype)
     out = []
@@ -65,22 +64,21 @@ def cmd_prune(args) -> int:
         out.append((name, pruned))
     io.save(args.output, out)
     print(f"wrote {args.output}")
-    _ = np
     return EXIT_OK
 
 
 def cmd_generate(args) -> int:
     from . import native
-    from .generator.kernel import ConfigError, Epilogue, Operation, get_family, parse_pattern
+    from .generator.families import family_of
+    from .generator.kernel import ConfigError, Epilogue, Operation
     from .tuner.driver import target_of_arch
     from .tuner.model import op_for
-    fam_name, params = parse_pattern(args.pattern)
-    fam = get_family(fam_name)
+    fam, params = family_of(args.pattern)
     outdir = Path(args.output)
     outdir.mkdir(parents=True, exist_ok=True)
     ctx = native.Context(0)
     for name, m in _load(args.file, args.name, args.dtype):
-        op = op_for(fam_name, m, args.activation, args.layout)
+        op = op_for(args.pattern, m, args.activation, args.layout)
         if args.bias:
             op = Operation(op.dtype, op.layout, Epilogue(True, args.activation))
         target = target_of_arch(args.arch)
@@ -101,9 +99,8 @@ def cmd_generate(args) -> int:
                              options=kernel.options)
         stem.with_suffix(".cubin").write_bytes(binary.data)
         stem.with_suffix(".packed").write_bytes(kernel.packed)
-        meta = {"kernel": kernel.name, "arch": args.arch, "grid": kernel.grid, "n_axis": kernel.n_axis,
-                "n_tile": kernel.n_tile, "block": kernel.block, "shared_bytes": kernel.shared_bytes,
-                "zero_output": kernel.zero_output, "config": kernel.config, "op": op.tag(fam.tag(params)),
+        meta = {"kernel": kernel.name, "arch": args.arch, "launch": kernel.launch,
+                "config": kernel.config, "op": op.tag(fam.tag(params)),
                 "rows": m.rows, "cols": m.cols,
                 "params": "(const unsigned char* packed, const void* X, void* Y, int N)"}
         stem.with_suffix(".json").write_text(json.dumps(meta, indent=2))
@@ -224,6 +221,8 @@ def build_parser() -> argparse.ArgumentParser:
         description="Generate, tune and cache sparse GPU kernels for pruned weight matrices.")
     p.add_argument("--version", action="version", version=f"sparseforge {_version()}")
     sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    from .generator.families import pattern_syntax
+    patterns = pattern_syntax()
 
     def add_file(sp):
         sp.add_argument("file", help="weights: .npy .npz .safetensors .mtx .smtx")
@@ -238,7 +237,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     sp = sub.add_parser("prune", help="magnitude-prune dense weights to a pattern")
     add_file(sp)
-    sp.add_argument("--pattern", required=True, help="csr | bsr:RxC | shflbw:V | nm24")
+    sp.add_argument("--pattern", required=True, help=patterns)
     sp.add_argument("--sparsity", required=True, type=float, help="fraction of zeros, e.g. 0.75")
     sp.add_argument("-o", "--output", required=True, help="output file (.npz .safetensors .mtx)")
     sp.add_argument("--seed", type=int, default=0)
@@ -246,7 +245,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     sp = sub.add_parser("generate", help="write the specialized .cu and its cubin (no GPU needed)")
     add_file(sp)
-    sp.add_argument("--pattern", required=True, help="csr | bsr:RxC | shflbw:V | nm24")
+    sp.add_argument("--pattern", required=True, help=patterns)
     sp.add_argument("--arch", required=True, help="e.g. sm_80, sm_90a")
     sp.add_argument("-o", "--output", required=True, help="output directory")
     sp.add_argument("--config", help="configuration as JSON (default: the first valid one)")

@@ -27,62 +27,61 @@ from __future__ import annotations
 
 import ctypes
 import threading
-from ctypes import (POINTER, Structure, byref, c_char, c_char_p, c_double, c_int,
-                    c_int64, c_size_t, c_uint, c_uint64, c_void_p)
+from ctypes import POINTER, byref, c_char, c_char_p, c_int, c_int64, c_size_t, c_uint64, c_void_p
 from typing import Any, Optional, Sequence
 
-from ._lib import SFError, load
+from . import _abi
+from ._abi import (sf_blocked_ell_desc, sf_compile_options, sf_device_info, sf_gemm_desc,
+                   sf_gemm_timing, sf_kernel_attrs, sf_launch_config, sf_launch_record, sf_timing,
+                   sf_timing_options)
+from ._lib import STATUS, SFError, error_for, load, raises
 
 __all__ = [
-    "SFError", "InvalidArgumentError", "NoDriverError", "NoDeviceError", "CudaError",
+    "SFError", "InvalidArgumentError", "NoDriverError", "NoDeviceError", "CudaError", "FaultError",
     "CompileError", "NvrtcError", "NotFoundError", "LaunchError", "NoBinaryError",
     "CorruptError", "gpu_available", "nvrtc_version", "version", "Context", "Binary",
     "Module", "KernelFn", "DeviceBuffer", "Layer",
 ]
 
 # ---------------------------------------------------------------------------
-# Status codes (the header's SF_STATUS_TABLE) and their exceptions
+# Status codes (the header's SF_STATUS_TABLE, through _abi) and exceptions
 # ---------------------------------------------------------------------------
-SF_OK = 0
-SF_ERR_INVALID_ARG = 1
-SF_ERR_NOMEM = 2
-SF_ERR_IO = 3
-SF_ERR_NO_DRIVER = 4
-SF_ERR_NO_DEVICE = 5
-SF_ERR_CUDA = 6
-SF_ERR_COMPILE = 7
-SF_ERR_NVRTC = 8
-SF_ERR_NOT_FOUND = 9
-SF_ERR_DB = 10
-SF_ERR_NOT_A_DB = 11
-SF_ERR_DB_VERSION = 12
-SF_ERR_CORRUPT = 13
-SF_ERR_LAUNCH = 14
-SF_ERR_NO_BINARY = 15
-SF_ERR_BUSY = 16
-
-SF_BINARY_CUBIN = 0
-SF_BINARY_PTX = 1
+# every status code by name (SF_OK, SF_ERR_INVALID_ARG, ...), from the header's table
+globals().update(STATUS)
+SF_OK = STATUS["SF_OK"]
+SF_BINARY_CUBIN = _abi.CONSTANTS["SF_BINARY_CUBIN"]
+SF_BINARY_PTX = _abi.CONSTANTS["SF_BINARY_PTX"]
 
 
+@raises("SF_ERR_INVALID_ARG")
 class InvalidArgumentError(SFError, ValueError):
     """SF_ERR_INVALID_ARG: the library refused an argument."""
 
 
+@raises("SF_ERR_NO_DRIVER")
 class NoDriverError(SFError):
     """SF_ERR_NO_DRIVER: libcuda could not be loaded."""
 
 
+@raises("SF_ERR_NO_DEVICE")
 class NoDeviceError(SFError):
     """SF_ERR_NO_DEVICE: a driver but no (such) GPU."""
 
 
+@raises("SF_ERR_CUDA")
 class CudaError(SFError):
-    """SF_ERR_CUDA: a CUDA driver call failed (the message names the error,
-    e.g. CUDA_ERROR_ILLEGAL_ADDRESS; after a kernel fault the context is
-    unusable and must be closed)."""
+    """SF_ERR_CUDA: a CUDA driver call failed (the message names the
+    error)."""
 
 
+@raises("SF_ERR_FAULT")
+class FaultError(CudaError):
+    """SF_ERR_FAULT: a kernel faulted (e.g. CUDA_ERROR_ILLEGAL_ADDRESS); the
+    context is unusable and must be closed, and every later GPU call on it
+    fails the same way."""
+
+
+@raises("SF_ERR_COMPILE")
 class CompileError(SFError):
     """SF_ERR_COMPILE: NVRTC rejected the source.  `log` is the compiler's
     log (the message holds it too)."""
@@ -92,40 +91,31 @@ class CompileError(SFError):
         self.log = _log_from_message(message)
 
 
+@raises("SF_ERR_NVRTC")
 class NvrtcError(SFError):
     """SF_ERR_NVRTC: NVRTC failed for another reason (e.g. an unknown
     option)."""
 
 
+@raises("SF_ERR_NOT_FOUND")
 class NotFoundError(SFError, LookupError):
     """SF_ERR_NOT_FOUND: no such kernel, layer, ..."""
 
 
+@raises("SF_ERR_LAUNCH")
 class LaunchError(SFError):
     """SF_ERR_LAUNCH: the driver refused a launch (configuration, shared
     memory, ...)."""
 
 
+@raises("SF_ERR_NO_BINARY")
 class NoBinaryError(SFError):
     """SF_ERR_NO_BINARY: no cubin for this GPU and compiling failed."""
 
 
+@raises("SF_ERR_CORRUPT")
 class CorruptError(SFError):
     """SF_ERR_CORRUPT: stored data failed its checksum."""
-
-
-_ERRORS = {
-    SF_ERR_INVALID_ARG: InvalidArgumentError,
-    SF_ERR_NO_DRIVER: NoDriverError,
-    SF_ERR_NO_DEVICE: NoDeviceError,
-    SF_ERR_CUDA: CudaError,
-    SF_ERR_COMPILE: CompileError,
-    SF_ERR_NVRTC: NvrtcError,
-    SF_ERR_NOT_FOUND: NotFoundError,
-    SF_ERR_LAUNCH: LaunchError,
-    SF_ERR_NO_BINARY: NoBinaryError,
-    SF_ERR_CORRUPT: CorruptError,
-}
 
 
 def _log_from_message(message: str) -> str:
@@ -140,164 +130,8 @@ def _log_from_message(message: str) -> str:
     return log
 
 
-def error_for(status: int, message: str) -> SFError:
-    """The exception for a status code and message."""
-    lib = load()
-    name = lib.sf_status_name(status).decode()
-    return _ERRORS.get(status, SFError)(status, name, message)
-
-
-# ---------------------------------------------------------------------------
-# Structures, in the header's order
-# ---------------------------------------------------------------------------
-class sf_device_info(Structure):
-    _fields_ = [
-        ("name", c_char * 256),
-        ("cc_major", c_int),
-        ("cc_minor", c_int),
-        ("arch", c_char * 16),
-        ("sm_count", c_int),
-        ("l2_bytes", c_int),
-        ("smem_per_block_optin", c_int),
-        ("smem_per_sm", c_int),
-        ("regs_per_block", c_int),
-        ("max_threads_per_block", c_int),
-        ("clock_khz", c_int),
-        ("driver_version", c_int),
-        ("total_mem_bytes", c_uint64),
-    ]
-
-
-class sf_compile_options(Structure):
-    _fields_ = [
-        ("arch", c_char_p),
-        ("kind", c_int),
-        ("include_dirs", POINTER(c_char_p)),
-        ("extra_options", POINTER(c_char_p)),
-        ("cuda_include_dir", c_char_p),
-    ]
-
-
-class sf_kernel_attrs(Structure):
-    _fields_ = [
-        ("num_regs", c_int),
-        ("shared_bytes", c_int),
-        ("local_bytes", c_int),
-        ("max_threads", c_int),
-    ]
-
-
-class sf_launch_config(Structure):
-    _fields_ = [
-        ("grid", c_uint * 3),
-        ("block", c_uint * 3),
-        ("shared_bytes", c_uint),
-        ("stream", c_void_p),
-    ]
-
-
-class sf_timing_options(Structure):
-    _fields_ = [
-        ("warmup", c_int),
-        ("min_reps", c_int),
-        ("max_reps", c_int),
-        ("min_total_ms", c_double),
-        ("flush_l2", c_int),
-        ("graph_batch", c_int),
-    ]
-
-
-class sf_gemm_desc(Structure):
-    _fields_ = [("dtype", c_int), ("m", c_int64), ("n", c_int64), ("k", c_int64),
-                ("layout", c_int)]
-
-
-class sf_blocked_ell_desc(Structure):
-    _fields_ = [("dtype", c_int), ("m", c_int64), ("n", c_int64), ("k", c_int64),
-                ("block", c_int64), ("ell_cols", c_int64), ("col_ind", POINTER(ctypes.c_int32)),
-                ("layout", c_int)]
-
-
-class sf_timing(Structure):
-    _fields_ = [
-        ("median_ms", c_double),
-        ("p20_ms", c_double),
-        ("p80_ms", c_double),
-        ("min_ms", c_double),
-        ("mean_ms", c_double),
-        ("reps", c_int),
-    ]
-
-
-class sf_gemm_timing(Structure):
-    _fields_ = [("timing", sf_timing), ("layout_used", c_int)]
-
-
-# ---------------------------------------------------------------------------
-# Prototypes
-# ---------------------------------------------------------------------------
-_P = c_void_p
-_PROTOTYPES = {
-    "sf_version": (c_char_p, []),
-    "sf_errstr": (c_char_p, [c_int]),
-    "sf_status_name": (c_char_p, [c_int]),
-    "sf_free_buffer": (None, [c_void_p]),
-    "sf_context_create": (c_int, [c_int, POINTER(_P)]),
-    "sf_context_destroy": (None, [_P]),
-    "sf_errmsg": (c_char_p, [_P]),
-    "sf_errcode": (c_int, [_P]),
-    "sf_device_info_get": (c_int, [_P, POINTER(sf_device_info)]),
-    "sf_device_count": (c_int, [_P, POINTER(c_int)]),
-    "sf_compile": (c_int, [_P, c_char_p, c_char_p, POINTER(sf_compile_options), POINTER(_P)]),
-    "sf_compile_canonical_options": (c_int, [_P, POINTER(sf_compile_options), POINTER(c_void_p)]),
-    "sf_binary_from_memory": (c_int, [c_void_p, c_size_t, c_int, POINTER(_P)]),
-    "sf_binary_data": (c_void_p, [_P, POINTER(c_size_t)]),
-    "sf_binary_get_kind": (c_int, [_P]),
-    "sf_binary_log": (c_char_p, [_P]),
-    "sf_binary_free": (None, [_P]),
-    "sf_nvrtc_version": (c_int, [POINTER(c_int), POINTER(c_int)]),
-    "sf_module_load": (c_int, [_P, _P, POINTER(_P)]),
-    "sf_module_unload": (None, [_P]),
-    "sf_kernel_get": (c_int, [_P, _P, c_char_p, POINTER(_P)]),
-    "sf_kernel_attributes": (c_int, [_P, _P, POINTER(sf_kernel_attrs)]),
-    "sf_launch": (c_int, [_P, _P, POINTER(sf_launch_config), POINTER(c_void_p)]),
-    "sf_synchronize": (c_int, [_P]),
-    "sf_time_kernel": (c_int, [_P, _P, POINTER(sf_launch_config), POINTER(c_void_p),
-                               POINTER(sf_timing_options), POINTER(sf_timing)]),
-    "sf_time_dense_gemm": (c_int, [_P, POINTER(sf_gemm_desc), POINTER(sf_timing_options),
-                                   POINTER(sf_gemm_timing)]),
-    "sf_time_blocked_ell": (c_int, [_P, POINTER(sf_blocked_ell_desc), POINTER(sf_timing_options),
-                                    POINTER(sf_timing)]),
-    "sf_mem_alloc": (c_int, [_P, c_size_t, POINTER(c_uint64)]),
-    "sf_mem_free": (c_int, [_P, c_uint64]),
-    "sf_memcpy_htod": (c_int, [_P, c_uint64, c_void_p, c_size_t]),
-    "sf_memcpy_dtoh": (c_int, [_P, c_void_p, c_uint64, c_size_t]),
-    "sf_memset_d8": (c_int, [_P, c_uint64, ctypes.c_ubyte, c_size_t]),
-    "sf_layer_open": (c_int, [_P, _P, c_char_p, POINTER(_P)]),
-    "sf_layer_close": (None, [_P]),
-    "sf_layer_run": (c_int, [_P, _P, c_uint64, c_uint64, c_int64, c_void_p]),
-    "sf_layer_shape": (c_int, [_P, POINTER(c_int64), POINTER(c_int64), POINTER(c_int)]),
-    "sf_layer_compiled_count": (c_int, [_P]),
-}
-
-_lib_lock = threading.Lock()
-_lib_ready = None
-
-
-def _clib() -> ctypes.CDLL:
-    """The library with every runtime prototype declared (once)."""
-    global _lib_ready
-    if _lib_ready is not None:
-        return _lib_ready
-    with _lib_lock:
-        if _lib_ready is None:
-            lib = load()
-            for name, (restype, argtypes) in _PROTOTYPES.items():
-                fn = getattr(lib, name)
-                fn.restype = restype
-                fn.argtypes = argtypes
-            _lib_ready = lib
-    return _lib_ready
+_clib = load   # every prototype is declared by the loader
+_local = threading.local()
 
 
 def _timing_options(warmup, min_reps, max_reps, min_total_ms, flush_l2, graph_batch):
@@ -326,14 +160,13 @@ def _timing_dict(t: sf_timing) -> dict:
 
 
 def _check(status: int, ctx_handle: Optional[c_void_p] = None) -> None:
+    """Raises the exception for a failed call, with the message kept on the
+    context (else the status's description)."""
     if status == SF_OK:
         return
     lib = _clib()
-    if ctx_handle is not None:
-        message = lib.sf_errmsg(ctx_handle).decode("utf-8", "replace")
-    else:
-        message = lib.sf_errstr(status).decode()
-    raise error_for(status, message)
+    message = lib.sf_errmsg(ctx_handle).decode("utf-8", "replace") if ctx_handle else ""
+    raise error_for(status, message or lib.sf_errstr(status).decode())
 
 
 def _bytes(s: str, what: str) -> bytes:
@@ -356,6 +189,62 @@ def _str_array(items: Sequence[str], what: str):
         arr[i] = _bytes(s, f"{what}[{i}]")
     arr[len(items)] = None
     return arr
+
+
+# ---------------------------------------------------------------------------
+# The launch record (SF_LAUNCH_RECORD_FIELDS), as a dict on the Python side
+# ---------------------------------------------------------------------------
+LAUNCH_FIELDS = tuple(name for name, _, _, _ in _abi.LAUNCH_RECORD_FIELDS)
+
+
+def launch_record(launch: dict, what: str = "launch") -> sf_launch_record:
+    """The C record of a launch dict: every field of the header's table,
+    arrays as sequences of their length, integers (a bool is 0 or 1)."""
+    if not isinstance(launch, dict):
+        raise TypeError(f"{what} must be a dict with {', '.join(LAUNCH_FIELDS)}, "
+                        f"not {type(launch).__name__}")
+    missing = [f for f in LAUNCH_FIELDS if f not in launch]
+    unknown = sorted(set(launch) - set(LAUNCH_FIELDS))
+    if missing or unknown:
+        raise ValueError(f"{what}: the launch record has exactly {', '.join(LAUNCH_FIELDS)}; "
+                         f"missing {missing}, unknown {unknown}")
+    rec = sf_launch_record()
+    for name, ctype, count, _ in _abi.LAUNCH_RECORD_FIELDS:
+        value = launch[name]
+        lo, hi = (0, 2 ** 32 - 1) if ctype.startswith("unsigned") else (-2 ** 31, 2 ** 31 - 1)
+        values = list(value) if count else [value]
+        if count and (isinstance(value, (str, bytes)) or len(values) != count):
+            raise ValueError(f"{what}.{name} must be {count} integers, got {value!r}")
+        for v in values:
+            if isinstance(v, bool):
+                v = int(v)
+            if not hasattr(v, "__index__") or not lo <= v.__index__() <= hi:
+                raise ValueError(f"{what}.{name}: {v!r} is not a {ctype} value")
+        if count:
+            getattr(rec, name)[:] = [int(v) for v in values]
+        else:
+            setattr(rec, name, int(values[0]))
+    return rec
+
+
+def launch_dict(rec: sf_launch_record) -> dict:
+    """The launch dict of a C record (arrays as tuples)."""
+    return {name: (tuple(getattr(rec, name)) if count else getattr(rec, name))
+            for name, _, count, _ in _abi.LAUNCH_RECORD_FIELDS}
+
+
+def launch_config(launch: dict, n: int, ctx: Optional["Context"] = None) -> dict:
+    """grid, block and shared_bytes of `launch` for N columns, by the C
+    library's one grid rule (sf_launch_config_for).  ValueError
+    (InvalidArgumentError) naming N and the axis past CUDA's limits."""
+    rec = launch_record(launch)
+    cfg = sf_launch_config()
+    if ctx is None:   # a context only to hold the message (it never touches a GPU here)
+        ctx = getattr(_local, "ctx", None) or Context(0)
+        _local.ctx = ctx
+    h = ctx._live_handle()
+    _check(_clib().sf_launch_config_for(h, byref(rec), _as_int(n, "n"), None, byref(cfg)), h)
+    return {"grid": tuple(cfg.grid), "block": tuple(cfg.block), "shared_bytes": cfg.shared_bytes}
 
 
 # ---------------------------------------------------------------------------

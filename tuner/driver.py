@@ -21,15 +21,13 @@ from typing import Callable, Optional
 import numpy as np
 
 from .. import GENERATOR_VERSION
-from ..generator.kernel import (ConfigError, Kernel, Operation, canonical_config, get_family,
-                                reference)
+from ..generator.families import get_family
+from ..generator.kernel import ConfigError, Kernel, Operation, canonical_config, reference
 from ..generator.matrix import SparseMatrix, to_device_bytes
 from .execute import random_input
 from .strategies import Budget, config_key, get_strategy
 from .worker import PeerJob, Setup, Trial, Worker
 
-# Sizes of N that the runtime keeps winners for (DESIGN: N buckets).
-N_BUCKETS = (16, 64, 256, 1024, 4096, 16384)
 # Y elements verified in full below this; above it, CHECK_COLUMNS random columns.
 FULL_CHECK_LIMIT = 1 << 21
 CHECK_COLUMNS = 32
@@ -124,9 +122,6 @@ class Tuner:
         self.nvrtc = "%d.%d" % native.nvrtc_version()
         self._local = threading.local()
         self.compiled = 0
-        # test hook: the candidate with this kernel name gets a planted fault
-        # (Trial.fault) to show that a faulting candidate does not end the run
-        self.plant_fault_in: Optional[str] = None
 
     def close(self):
         if self.worker is not None:
@@ -204,39 +199,43 @@ class Tuner:
             result.compiled = self.compiled - compiled_before
             return result
 
-        existing = None if force else self._existing_layer(name, fp, op_tag, ns)
-        variants = []
+        # N buckets: those the stored layer has are re-timed from it (unless
+        # forced), the others tuned and added beside them
+        existing = self._existing_layer(name, fp, op_tag)
+        have = {v["n_bucket"]: v for v in existing["variants"]} if existing else {}
+        fresh = {}
         for n in ns:
-            if existing is not None:
-                nres, kernel = self._from_layer(existing, n, fam, matrix, op, params, bias, fp, op_tag)
+            if n in have and not force:
+                nres, kernel = self._from_layer(have[n], n, matrix, op, bias, fp, op_tag)
                 result.from_cache = True
             else:
                 nres, kernel = self._tune_n(fam, matrix, op, params, n, bias, space, fp, op_tag, name)
+                if kernel is not None:
+                    fresh[n] = self._variant(kernel, n)
             if self.peer:
                 self._time_peer(nres, matrix, op)
             result.per_n[n] = nres
-            if kernel is not None:
-                variants.append(self._variant(kernel, n))
-        if variants and existing is None:
+        if fresh:
+            kept = [v for b, v in have.items() if b not in fresh]
+            variants = sorted(kept + list(fresh.values()), key=lambda v: v["n_bucket"])
             self.cache.put_layer(name, self.device["name"], fp, op_tag, matrix.rows, matrix.cols,
                                  op.elem_size, op.elem_size, variants)
         result.compiled = self.compiled - compiled_before
         return result
 
-    def _existing_layer(self, name, fp, op_tag, ns):
+    def _existing_layer(self, name, fp, op_tag):
+        """The stored layer `name` of this GPU, matrix and operation, or None
+        (a layer of another matrix or operation is replaced, not extended)."""
         for rec in self.cache.layers(name):
             if (rec["gpu_name"] == self.device["name"] and rec["matrix_fp"] == fp
-                    and rec["op"] == op_tag
-                    and sorted(v["n_bucket"] for v in rec["variants"]) == sorted(ns)):
+                    and rec["op"] == op_tag and not rec.get("problem")):
                 return rec
         return None
 
     def _variant(self, kernel: Kernel, n: int) -> dict:
         return {"n_bucket": n, "source": kernel.source, "kernel_name": kernel.name,
                 "options": "\n".join(kernel.options), "generator_version": GENERATOR_VERSION,
-                "grid": tuple(kernel.grid), "n_axis": kernel.n_axis, "n_tile": kernel.n_tile,
-                "block": tuple(kernel.block), "shared_bytes": kernel.shared_bytes,
-                "zero_output": kernel.zero_output, "packed": kernel.packed,
+                "launch": kernel.launch, "packed": kernel.packed,
                 "config": canonical_config(kernel.config)}
 
     def measure(self, matrix: SparseMatrix, pattern: str, params: dict, op: Operation, n: int,
@@ -269,9 +268,9 @@ class Tuner:
                                 to_device_bytes(x, op.dtype), cols, ref, self.timing))
 
     def _measure(self, kernel: Kernel, cubin: bytes):
-        t = Trial(kernel.name, cubin, False, kernel.grid_for(self._n), kernel.block,
-                  kernel.shared_bytes, kernel.packed, kernel.zero_output,
-                  fault="illegal_address" if kernel.name == self.plant_fault_in else None)
+        cfg = kernel.launch_config(self._n)
+        t = Trial(kernel.name, cubin, False, cfg["grid"], cfg["block"], cfg["shared_bytes"],
+                  kernel.packed, bool(kernel.launch["zero_output"]))
         return self.worker.trial(t)
 
     def _record(self, fp, op_tag, n, config, status, info=None, binary_key=None, message=None):
@@ -362,13 +361,11 @@ class Tuner:
         nres.max_error = best["max_error"]
         return nres, kernel
 
-    def _from_layer(self, rec, n, fam, matrix, op, params, bias, fp, op_tag):
-        """Re-times a stored winner (its cubin from the cache) for the table."""
-        v = next(v for v in rec["variants"] if v["n_bucket"] == n)
+    def _from_layer(self, v, n, matrix, op, bias, fp, op_tag):
+        """Re-times a stored winner `v` (its cubin from the cache) for the table."""
         cfg = json.loads(v["config"])
-        kernel = Kernel(v["kernel_name"], v["source"], v["packed"], tuple(v["block"]),
-                        tuple(v["grid"]), v["n_axis"], v["n_tile"], v["shared_bytes"],
-                        bool(v["zero_output"]), tuple(o for o in v["options"].split("\n") if o), cfg)
+        kernel = Kernel(v["kernel_name"], v["source"], v["packed"], v["launch"],
+                        tuple(o for o in v["options"].split("\n") if o), cfg)
         nres = NResult(n, cfg, kernel.name)
         cubin, _, err = self.compile_all([kernel])[0]
         if cubin is None:

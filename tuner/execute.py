@@ -12,7 +12,8 @@ from typing import Optional
 
 import numpy as np
 
-from ..generator.kernel import Kernel, Operation, reference, get_family
+from ..generator.families import get_family
+from ..generator.kernel import Kernel, Operation, reference
 from ..generator.matrix import SparseMatrix, from_device_bytes, round_to_dtype, to_device_bytes
 
 # Normwise relative error allowed per dtype of X, W and Y (fp32 accumulate).
@@ -69,9 +70,10 @@ def run_kernel(kernel: Kernel, op: Operation, x: np.ndarray, n: int, rows: int,
         count = rows * n
         yb = ctx.alloc(max(1, count * op.elem_size))
         bufs.append(yb)
-        ctx.memset(yb, 0 if kernel.zero_output else POISON)
-        ctx.launch(fn, kernel.grid_for(n), kernel.block, [packed, xb, yb, n], sig="PPPi",
-                   shared=kernel.shared_bytes)
+        ctx.memset(yb, 0 if kernel.launch["zero_output"] else POISON)
+        cfg = kernel.launch_config(n)
+        ctx.launch(fn, cfg["grid"], cfg["block"], [packed, xb, yb, n], sig="PPPi",
+                   shared=cfg["shared_bytes"])
         ctx.synchronize()
         y = from_device_bytes(ctx.download(yb, count * op.elem_size), op.dtype, count)
     finally:

@@ -8,7 +8,8 @@ import time
 from dataclasses import dataclass
 from typing import Optional
 
-from ..generator.kernel import Epilogue, Operation, parse_pattern
+from ..generator.families import auto_pattern, family_of, parse_pattern
+from ..generator.kernel import Epilogue, Operation
 from ..generator.matrix import SparseMatrix
 from .driver import LayerResult, Tuner
 
@@ -16,36 +17,13 @@ from .driver import LayerResult, Tuner
 SPARSE_DENSITY_LIMIT = 0.75
 
 
-def auto_pattern(matrix: SparseMatrix) -> str:
-    """The family a matrix fits exactly, most structured first; `csr` else."""
-    from ..generator import analysis
-    if matrix.dtype in ("fp16", "bf16"):
-        if analysis.fits_nm24(matrix):
-            return "nm24"
-        # blocks first: a block pattern also fits shflbw, but bsr's
-        # contiguous column runs gather faster
-        for b in (64, 32, 16):
-            bp, bcols = analysis.block_structure(matrix, b, b)
-            if bcols.size and matrix.nnz == bcols.size * b * b:
-                return f"bsr:{b}x{b}"
-        for v in (128, 64, 32, 16):
-            if matrix.rows >= v and _shflbw_exact(matrix, v):
-                return f"shflbw:{v}"
-    return "csr"
-
-
-def _shflbw_exact(matrix: SparseMatrix, v: int) -> bool:
-    from ..generator import analysis
-    perm, supports = analysis.shflbw_groups(matrix, v)
-    stored = sum(len(s) * v for s in supports)
-    full_groups = matrix.rows // v * v == matrix.rows
-    return full_groups and stored == matrix.nnz
-
-
 def op_for(pattern: str, matrix: SparseMatrix, activation: str = "none",
            layout: str = "fm") -> Operation:
-    dtype = "fp32" if pattern == "csr" else (matrix.dtype if matrix.dtype != "fp32" else "fp16")
-    return Operation(dtype=dtype, layout=layout, epilogue=Epilogue(activation=activation))
+    """The operation a pattern's family computes `matrix` in: the family's
+    dtype for the matrix's (fp16 for an fp32 matrix on a 16-bit family)."""
+    fam, _ = family_of(pattern)
+    return Operation(dtype=fam.dtype_for(matrix.dtype), layout=layout,
+                     epilogue=Epilogue(activation=activation))
 
 
 class Progress:
@@ -85,12 +63,16 @@ def tune_model(matrices: list[tuple[str, SparseMatrix]], tuner: Tuner, ns: list[
     rows: list[ModelRow] = []
     done: dict = {}
     for name, m in matrices:
-        if m.density >= SPARSE_DENSITY_LIMIT:
+        if pattern is None and m.density >= SPARSE_DENSITY_LIMIT:
             rows.append(ModelRow(name, None, f"dense (density {m.density:.2f})"))
             continue
         pat = pattern or auto_pattern(m)
         fam, params = parse_pattern(pat)
-        op = op_for(fam, m, activation, layout)
+        op = op_for(pat, m, activation, layout)
+        if pattern is not None and not family_of(pat)[0].fits(m, params):
+            print(f"note: {name} ({m.rows}x{m.cols}, density {m.density:.2f}) does not fit "
+                  f"{pat} exactly; tuning it as {pat} as asked (the family stores what it "
+                  f"must, or refuses the matrix)", file=log)
         key = (m.fingerprint(), pat, op)
         if key in done:
             # identical matrix: tuned once, stored again under this name

@@ -6,7 +6,7 @@ TOML spec; every trial goes into the cache.
     densities = [0.25, 0.10]          # nm24 is always 0.5
     shapes    = [[1024, 1024]]        # M, K
     n         = [256]
-    dtype     = "fp16"                # tensor-core families; csr runs fp32
+    dtype     = "fp16"                # each family computes in the dtype it takes (csr: fp32)
     seed      = 0                     # of the random patterns and values
     activation = "none"
 """
@@ -15,7 +15,8 @@ from __future__ import annotations
 import sys
 import tomllib
 
-from ..generator.kernel import Epilogue, Operation, parse_pattern
+from ..generator.families import family_of
+from ..generator.kernel import Epilogue, Operation
 
 SPEC_KEYS = {"families", "densities", "shapes", "n", "dtype", "seed", "activation", "layout"}
 
@@ -33,7 +34,7 @@ def load_spec(path: str) -> dict:
         if key not in spec:
             raise ValueError(f"{path}: missing '{key}'")
     for fam in spec["families"]:
-        parse_pattern(fam)
+        family_of(fam)
     for shape in spec["shapes"]:
         if len(shape) != 2 or min(shape) < 1:
             raise ValueError(f"{path}: a shape is [M, K] with positive sizes, got {shape}")
@@ -51,11 +52,10 @@ def sweep_matrices(spec: dict):
     from ..generator.synth import random_matrix
     for m, k in spec["shapes"]:
         for pattern in spec["families"]:
-            fam, _ = parse_pattern(pattern)
-            densities = [0.5] if fam == "nm24" else spec["densities"]
-            for d in densities:
-                dtype = "fp32" if fam == "csr" else spec["dtype"]
-                mat = random_matrix(pattern, m, k, d, dtype, seed=spec["seed"])
+            fam, params = family_of(pattern)
+            for d in fam.densities(params, spec["densities"]):
+                mat = random_matrix(pattern, m, k, d, fam.dtype_for(spec["dtype"]),
+                                    seed=spec["seed"])
                 yield f"sweep/{pattern}/d{d:g}/{m}x{k}", pattern, mat
 
 
@@ -63,10 +63,9 @@ def run_sweep(spec: dict, tuner, log=sys.stderr):
     from .model import format_table, ModelRow
     rows = []
     for name, pattern, mat in sweep_matrices(spec):
-        fam, params = parse_pattern(pattern)
-        dtype = "fp32" if fam == "csr" else spec["dtype"]
-        op = Operation(dtype, spec["layout"], Epilogue(activation=spec["activation"]))
+        fam, params = family_of(pattern)
+        op = Operation(mat.dtype, spec["layout"], Epilogue(activation=spec["activation"]))
         print(f"sweep: {name} ({mat.nnz} nonzeros)", file=log)
-        rows.append(ModelRow(name, tuner.tune(mat, fam, params, op, spec["n"], name)))
+        rows.append(ModelRow(name, tuner.tune(mat, fam.name, params, op, spec["n"], name)))
     print(format_table(rows, tuner.device["name"] if tuner.device else f"none ({tuner.arch})"))
     return rows

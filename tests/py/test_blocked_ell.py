@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 
 from sparseforge import native
-from sparseforge.generator.analysis import blocked_ell_columns
+from sparseforge.generator.families.bsr import blocked_ell_columns
 from sparseforge.generator.matrix import SparseMatrix
 from sparseforge.generator.synth import random_matrix
 

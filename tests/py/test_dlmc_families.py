@@ -5,7 +5,8 @@ zeros their blocks and groups need (fp16), nm24 after 2:4 magnitude pruning
 import pytest
 
 from sparseforge.generator import io
-from sparseforge.generator.kernel import Operation, get_family, parse_pattern
+from sparseforge.generator.families import get_family, parse_pattern
+from sparseforge.generator.kernel import Operation
 from sparseforge.generator.prune import prune
 from sparseforge.tuner.execute import verify
 

@@ -13,7 +13,8 @@ import numpy as np
 import pytest
 
 from sparseforge.generator.families import csr as csr_mod
-from sparseforge.generator.kernel import (ConfigError, Epilogue, Operation, get_family)
+from sparseforge.generator.families import get_family
+from sparseforge.generator.kernel import ConfigError, Epilogue, Operation
 from sparseforge.generator.matrix import SparseMatrix, round_to_dtype
 
 FAM = get_family("csr")
@@ -124,9 +125,9 @@ def test_search_space_large_matrix_is_global_only():
     assert m.nnz > csr_mod.IMM_MAX_NNZ
     space = FAM.search_space(m, FM, {})
     assert space and {c["tables"] for c in space} == {"global"}
-    with pytest.raises(ConfigError, match="imm.*nnz <= 8192"):
+    with pytest.raises(ConfigError, match="nnz <= 8192: straight-line code compiles"):
         FAM.check_config(cfg("imm", 2), m, FM, {})
-    with pytest.raises(ConfigError, match="__constant__"):
+    with pytest.raises(ConfigError, match="the tables fit the 64 KB constant bank"):
         FAM.check_config(cfg("const"), m, FM, {})
 
 
@@ -134,20 +135,20 @@ def test_search_space_respects_device_thread_limit():
     m = random_matrix(37, 53, 0.3)
     space = FAM.search_space(m, FM, {}, device={"max_threads_per_block": 128})
     assert space and max(c["rows"] * c["split"] for c in space) == 4
-    with pytest.raises(ConfigError, match="exceed the device's 128"):
+    with pytest.raises(ConfigError, match="threads <= max_threads: the block fits the GPU"):
         FAM.check_config(cfg(rows=2, split=4), m, FM, {}, device={"max_threads_per_block": 128})
 
 
 @pytest.mark.parametrize("bad,match", [
-    ({"vec": 3}, "vec must be one of"),
-    ({"rows": 0}, "rows and split must be >= 1"),
-    ({"rows": 33}, "rows . split .warps per block. <= 32"),
-    ({"rows": 8, "split": 8}, "rows . split .warps per block. <= 32"),
-    ({"split": 0}, "rows and split must be >= 1"),
-    ({"tables": "imm", "unroll": 1, "vec": 4}, "vec must be one of .1, 2. with tables 'imm'"),
-    ({"unroll": 3}, "unroll must divide 32"),
-    ({"tables": "shared"}, "tables must be one of"),
-    ({"tables": "imm", "unroll": 4}, "unroll must be 1 with tables 'imm'"),
+    ({"vec": 3}, r"vec in \(1, 2, 4\)"),
+    ({"rows": 0}, "rows and split are >= 1"),
+    ({"rows": 33}, "with at most 32 warps a block"),
+    ({"rows": 8, "split": 8}, "with at most 32 warps a block"),
+    ({"split": 0}, "rows and split are >= 1"),
+    ({"tables": "imm", "unroll": 1, "vec": 4}, "wider loads spill in straight-line code"),
+    ({"unroll": 3}, "unroll divides the warp's staged chunk of 32 nonzeros"),
+    ({"tables": "shared"}, "tables: must be one of"),
+    ({"tables": "imm", "unroll": 4}, "straight-line code is fully unrolled"),
     ({"vec": "4"}, "vec must be an integer"),
 ])
 def test_invalid_configs_name_the_constraint(bad, match):
@@ -160,7 +161,7 @@ def test_invalid_configs_name_the_constraint(bad, match):
 
 def test_invalid_operation_and_keys():
     m = random_matrix(8, 8, 0.5)
-    with pytest.raises(ConfigError, match="fp32 only"):
+    with pytest.raises(ConfigError, match="dtype: csr computes in fp32, not fp16"):
         FAM.check_config(cfg(), m, Operation(dtype="fp16"), {})
     with pytest.raises(ConfigError, match="missing \\['unroll'\\]"):
         FAM.check_config({"tables": "global", "vec": 1, "rows": 4, "split": 1}, m, FM, {})
@@ -204,8 +205,8 @@ def test_imm_source_holds_every_nonzero_exactly(split):
     np.testing.assert_array_equal(dense.view(np.uint32), m.to_dense().view(np.uint32))
     np.testing.assert_array_equal(got_bias, bias)
     assert k.name == f"sf_csr_fp32_fm_bias_relu_rows{4 // split}_split{split}_tablesimm_unroll1_vec2"
-    assert k.grid == (-(-37 // (4 // split)), 1, 1) and k.block == (128, 1, 1)
-    assert k.n_axis == 1 and k.n_tile == 64
+    assert k.launch["grid"] == (-(-37 // (4 // split)), 1, 1) and k.launch["block"] == (128, 1, 1)
+    assert k.launch["n_axis"] == 1 and k.launch["n_tile"] == 64
 
 
 def test_const_source_holds_the_tables():
@@ -221,7 +222,7 @@ def test_const_source_holds_the_tables():
     assert [int(v) for v in arr("c_col")] == p.col.tolist()
     np.testing.assert_array_equal(np.array([np.float32(v[:-1]) for v in arr("c_val")]), p.val)
     assert "unsigned short c_col" in k.source
-    assert k.n_tile == 64
+    assert k.launch["n_tile"] == 64
 
 
 def test_name_is_the_configuration():
@@ -229,7 +230,7 @@ def test_name_is_the_configuration():
     op = Operation(dtype="fp32", layout="tm", epilogue=Epilogue(activation="gelu", scale=0.5))
     k = FAM.generate(m, op, {}, cfg("global", vec=2, rows=2, unroll=8, split=4))
     assert k.name == "sf_csr_fp32_tm_s0_5_gelu_rows2_split4_tablesglobal_unroll8_vec2"
-    assert k.block == (256, 1, 1) and k.grid == (5, 1, 1)
+    assert k.launch["block"] == (256, 1, 1) and k.launch["grid"] == (5, 1, 1)
     assert f"void __launch_bounds__(Cfg::THREADS, Cfg::MIN_BLOCKS)\n{k.name}(" in k.source
     assert '#include "sf/' not in k.source
 

@@ -9,7 +9,9 @@ import numpy as np
 import pytest
 
 from sparseforge.generator.families import nm24 as nm24_mod
-from sparseforge.generator.kernel import ConfigError, Epilogue, Operation, get_family, smem_limit
+from sparseforge.generator.families.nm24 import pack as nm24_pack
+from sparseforge.generator.families import get_family
+from sparseforge.generator.kernel import ConfigError, Epilogue, Operation, smem_limit
 from sparseforge.generator.matrix import SparseMatrix, round_to_dtype
 
 FAM = get_family("nm24")
@@ -118,13 +120,13 @@ def test_compress_index_choice():
     """Groups with 2 entries keep them in order; 1 entry pairs with a valid
     neighbour; an empty group is (0, 1); every nibble is an ordered pair."""
     d = np.array([[0, 5, 0, 6, 0, 0, 0, 7, 0, 0, 0, 0, 8, 0, 0, 0]], np.float32)
-    vals, nib = nm24_mod.compress_rows(d, d != 0)
+    vals, nib = nm24_pack.compress_rows(d, d != 0)
     assert vals.tolist() == [[5, 6, 0, 7, 0, 0, 8, 0]]
     pairs = [(int(x) & 3, int(x) >> 2) for x in nib[0]]
     assert pairs == [(1, 3), (2, 3), (0, 1), (0, 1)]
-    vals, nib = nm24_mod.compress_rows(np.zeros((1, 4), np.float32), np.zeros((1, 4), bool))
+    vals, nib = nm24_pack.compress_rows(np.zeros((1, 4), np.float32), np.zeros((1, 4), bool))
     with pytest.raises(ValueError):
-        nm24_mod.compress_rows(np.ones((1, 4), np.float32), np.ones((1, 4), bool))
+        nm24_pack.compress_rows(np.ones((1, 4), np.float32), np.ones((1, 4), bool))
 
 
 def test_fragment_order_matches_mma_sp_layout():
@@ -133,7 +135,7 @@ def test_fragment_order_matches_mma_sp_layout():
     bits 0-15 and row g + 8 in bits 16-31, chunks 4h .. 4h + 3."""
     r, kh = 32, 32                        # two 16-row tiles, two K steps
     vals = np.arange(r * kh, dtype=np.float32).reshape(r, kh)
-    flat = nm24_mod.pack_values(vals).reshape(2, 2, 32, 4, 2)   # mt s lane reg half
+    flat = nm24_pack.pack_values(vals).reshape(2, 2, 32, 4, 2)   # mt s lane reg half
     for mt in range(2):
         for s in range(2):
             for lane in range(32):
@@ -143,9 +145,9 @@ def test_fragment_order_matches_mma_sp_layout():
                     chunk = t + 4 * (reg >> 1)
                     for h in range(2):
                         assert flat[mt, s, lane, reg, h] == vals[row, s * 16 + chunk * 2 + h]
-    np.testing.assert_array_equal(nm24_mod.unpack_values(nm24_mod.pack_values(vals), r, kh), vals)
+    np.testing.assert_array_equal(nm24_pack.unpack_values(nm24_pack.pack_values(vals), r, kh), vals)
     nib = np.random.default_rng(0).integers(0, 16, size=(r, 16)).astype(np.uint8)
-    words = nm24_mod.pack_meta(nib).reshape(2, 2, 8, 2)              # mt s g h
+    words = nm24_pack.pack_meta(nib).reshape(2, 2, 8, 2)              # mt s g h
     for mt in range(2):
         for s in range(2):
             for g in range(8):
@@ -154,7 +156,7 @@ def test_fragment_order_matches_mma_sp_layout():
                     for j in range(4):
                         assert (w >> (4 * j)) & 15 == nib[mt * 16 + g, s * 8 + 4 * h + j]
                         assert (w >> (16 + 4 * j)) & 15 == nib[mt * 16 + g + 8, s * 8 + 4 * h + j]
-    np.testing.assert_array_equal(nm24_mod.unpack_meta(nm24_mod.pack_meta(nib), r, 16), nib)
+    np.testing.assert_array_equal(nm24_pack.unpack_meta(nm24_pack.pack_meta(nib), r, 16), nib)
 
 
 # ---- search space --------------------------------------------------------------------
@@ -177,14 +179,15 @@ def test_search_space_valid(device, layout):
 
 
 @pytest.mark.parametrize("bad,what", [
-    (dict(bm=96), "bm"),
-    (dict(bn=32), "bn"),
-    (dict(bk=128), "bk"),
-    (dict(stages=5), "stages"),
-    (dict(wm=3, wn=1), "warp layout"),
-    (dict(bm=128, bn=256, wm=1, wn=4), "accumulators"),
-    (dict(bm=128, bn=256, wm=2, wn=2), "accumulators"),
-    (dict(bm=128, bn=256, bk=64, wm=2, wn=4, stages=4), "shared memory"),
+    (dict(bm=96), r"bm in \(64, 128\): BM of a CTA tile"),
+    (dict(bn=32), r"bn in \(64, 128, 256\): BN of a CTA tile"),
+    (dict(bk=128), r"bk in \(32, 64\)"),
+    (dict(stages=5), r"stages in \(2, 3, 4\): pipeline depth"),
+    (dict(wm=3, wn=1), "a warp's rows are whole m16 tiles"),
+    (dict(bm=64, bn=64, wm=1, wn=2), "4 or 8 warps as 2x2, 1x4, 4x1, 2x4 or 4x2"),
+    (dict(bm=128, bn=256, wm=1, wn=4), "at most 128 fp32 accumulators"),
+    (dict(bm=128, bn=256, wm=2, wn=2), "at most 128 fp32 accumulators"),
+    (dict(bm=128, bn=256, bk=64, wm=2, wn=4, stages=4), "smem <= smem_limit: the shared memory"),
 ])
 def test_check_config_refusals(bad, what):
     m = random_24(64, 64, seed=8)
@@ -220,9 +223,9 @@ def test_render_names_and_self_contained():
     assert '#include "sf/' not in k.source
     assert "mma.sp::ordered_metadata" in k.source
     assert "SCALE = 0x1.0000000000000p-1f" in k.source
-    assert k.block == (128, 1, 1) and k.n_axis == 0 and k.n_tile == 128
-    assert k.grid_for(1000) == (8, 1, 1)
-    assert k.shared_bytes == nm24_mod.smem_bytes(BASE, "tm")
+    assert k.launch["block"] == (128, 1, 1) and k.launch["n_axis"] == 0 and k.launch["n_tile"] == 128
+    assert k.launch_config(1000)["grid"] == (8, 1, 1)
+    assert k.launch["shared_bytes"] == nm24_mod.smem_bytes(BASE, "tm")
 
 
 # ---- NVRTC compiles -----------------------------------------------------------------

@@ -7,9 +7,11 @@ import re
 import numpy as np
 import pytest
 
-from sparseforge.generator.kernel import ConfigError, Epilogue, Operation, get_family, reference
+from sparseforge.generator.families import get_family
+from sparseforge.generator.kernel import ConfigError, Epilogue, Operation, reference
 from sparseforge.generator.matrix import SparseMatrix, round_to_dtype
 from sparseforge.generator.families import rowgroup
+from sparseforge.generator.families.rowgroup import plan as plan_mod
 
 FP16 = Operation("fp16", "fm")
 
@@ -202,7 +204,7 @@ def test_shared_gather_round_trip_and_emulation(rng, family, params, kind, shape
     mat = _gpu_matrix(kind, shape, params, "fp16", rng)
     fam = get_family(family)
     cfg = dict(XS_CFG, bk=bk, xr=xr, xu=xu, wm=xr, wn=1)
-    plan = rowgroup.build_shared_plan(mat, FP16, fam.grouping(mat, params), bk, xr, xu,
+    plan = plan_mod.build_shared_plan(mat, FP16, fam.grouping(mat, params), bk, xr, xu,
                                       family=family, tag=fam.tag(params))
     assert plan.xr == xr and plan.xu == xu
     assert_round_trip(fam, mat, plan)
@@ -211,12 +213,12 @@ def test_shared_gather_round_trip_and_emulation(rng, family, params, kind, shape
     try:
         fam.check_config(cfg, mat, FP16, params)
     except ConfigError as e:  # 16 groups of 64 rows: too many registers for a kernel
-        assert "registers" in str(e) and plan.bm * xr >= 1024, e
+        assert "register file" in str(e) and plan.bm * xr >= 1024, e
         return
     k = fam.generate(mat, FP16, params, cfg)
-    assert k.grid == (plan.num_slots, 1, 1) and k.n_axis == 1 and plan.num_slots == -(-len(
+    assert k.launch["grid"] == (plan.num_slots, 1, 1) and k.launch["n_axis"] == 1 and plan.num_slots == -(-len(
         fam.grouping(mat, params).supports) // xr)
-    assert k.shared_bytes == rowgroup.smem_bytes(plan.bm, cfg)
+    assert k.launch["shared_bytes"] == rowgroup.smem_bytes(plan.bm, cfg)
 
 
 def _octet_residues(plan):
@@ -248,13 +250,13 @@ def test_shared_gather_saves_traffic_and_avoids_bank_conflicts():
 
 
 @pytest.mark.parametrize("change,constraint", [
-    ({"wm": 2}, "wm: the shared gather has one warp row per group"),
-    ({"xr": 3, "wm": 3}, "xr: groups per CTA"),
-    ({"xu": 24}, "xu: rows of X per chunk"),
-    ({"xu": 80}, "xu: rows of X per chunk"),
-    ({"bk": 64, "xu": 64}, "bk: the shared gather takes"),
-    ({"bn": 32, "wn": 1}, "bn: the shared gather takes"),
-    ({"bn": 256, "wn": 1}, "accumulators"),
+    ({"wm": 2}, "wm == xr: one warp row per group"),
+    ({"xr": 3, "wm": 3}, r"xr in \(4, 8, 16\): groups per CTA"),
+    ({"xu": 24}, "rows of X per chunk: a multiple of 16"),
+    ({"xu": 80}, "rows of X per chunk: a multiple of 16"),
+    ({"bk": 64, "xu": 64}, r"bk in \(16, 32\): BK of the shared gather"),
+    ({"bn": 32, "wn": 1}, r"bn in \(64, 128, 256\): BN of the shared gather"),
+    ({"bn": 256, "wn": 1}, "acc <= 128: at most 128 fp32 accumulators"),
 ])
 def test_invalid_shared_gather_configs_name_their_constraint(rng, change, constraint):
     mat = make_shflbw(256, 128, 32, 0.3, rng)
@@ -287,7 +289,7 @@ def test_all_zero_and_empty_shapes(family, params):
         assert plan.num_slots == -(-shape[0] // plan.group_rows)
         assert fam.unpack(plan).nnz == 0
         k = fam.render(plan, FP16, dict(CFG, wm=1))
-        assert k.grid == (max(1, plan.num_slots), 1, 1)
+        assert k.launch["grid"] == (max(1, plan.num_slots), 1, 1)
 
 
 def test_schedule_longest_first_and_sections_aligned(rng):
@@ -388,16 +390,16 @@ def test_hopper_space_is_wgmma_where_groups_fill_warpgroups(rng, family, params,
 
 
 @pytest.mark.parametrize("change,constraint", [
-    ({"wm": 2}, "wm: the wgmma path tiles 64 rows"),
-    ({"stages": 2}, "stages: the wgmma path takes"),
-    ({"stages": 7}, "stages: the wgmma path takes"),
-    ({"bn": 1024, "wn": 4}, "bn: the wgmma path takes"),
-    ({"bn": 64, "wn": 2}, "each warpgroup's N"),
-    ({"wg": 2}, "wg: 1 selects"),
-    ({"bk": 64, "bn": 512, "wn": 2, "stages": 4}, "shared memory"),
-    ({"tn": 3}, "tn: tiles of N per CTA must be one of"),
-    ({"tn": 1}, "tn: tiles of N per CTA must be one of"),
-    ({"tn": 2, "bk": 16}, r"tn: half the output tile \(16896 bytes\) must fit one stage \(10240 bytes"),
+    ({"wm": 2}, "wm == tile // 16: 4 warps per 64 rows of the wgmma tile"),
+    ({"stages": 2}, "pipeline depth of the wgmma path"),
+    ({"stages": 7}, "pipeline depth of the wgmma path"),
+    ({"bn": 1024, "wn": 4}, r"bn in \(64, 128, 256, 512\): BN of the wgmma path"),
+    ({"bn": 64, "wn": 2}, "each warpgroup's N is one of the wgmma wrappers'"),
+    ({"wg": 2}, "wg == 1: wg = 1 selects the wgmma path"),
+    ({"bk": 64, "bn": 512, "wn": 2, "stages": 4}, "smem <= smem_limit: the shared memory fits"),
+    ({"tn": 3}, r"tn in \(1, 2, 4\): tiles of N per CTA"),
+    ({"tn": 1}, "tn: omit the key for one tile"),
+    ({"tn": 2, "bk": 16}, "streamed tiles: half the output tile fits one stage"),
 ])
 def test_invalid_wgmma_configs_name_their_constraint(rng, change, constraint):
     mat = make_shflbw(128, 64, 64, 0.5, rng)
@@ -405,12 +407,12 @@ def test_invalid_wgmma_configs_name_their_constraint(rng, change, constraint):
     with pytest.raises(ConfigError, match=constraint):
         fam.check_config(dict(WG_CFG, **change), mat, FP16, {"v": 64}, HOPPER)
     fam.check_config(WG_CFG, mat, FP16, {"v": 64}, HOPPER)
-    with pytest.raises(ConfigError, match="registers"):   # 4 warpgroups x 128 accumulators
+    with pytest.raises(ConfigError, match="register file"):   # 4 warpgroups x 128 accumulators
         fam.check_config(dict(WG_CFG, bn=512, wm=8), make_shflbw(128, 64, 128, 0.5, rng), FP16,
                          {"v": 128}, HOPPER)
     with pytest.raises(ConfigError, match="needs sm_90a"):
         fam.check_config(WG_CFG, mat, FP16, {"v": 64}, AMPERE)
-    with pytest.raises(ConfigError, match="feature-major only"):
+    with pytest.raises(ConfigError, match="not tm: the wgmma path is feature-major"):
         get_family("bsr").check_config(WG_CFG, make_bsr(64, 64, 64, 16, 0.5, rng),
                                        Operation("fp16", "tm"), {"br": 64, "bc": 16}, HOPPER)
     with pytest.raises(ConfigError, match="keys"):   # streamed tiles are the wgmma path's
@@ -427,9 +429,9 @@ def test_streamed_tiles_kernel(rng):
     k = fam.generate(mat, FP16, {"v": 64}, cfg)
     one = fam.generate(mat, FP16, {"v": 64}, dict(WG_CFG, bn=128, wn=1))
     assert k.name == one.name.replace("_stages4_wg1", "_stages4_tn4_wg1") != one.name
-    assert k.n_tile == 512 and one.n_tile == 128
-    assert k.grid_for(1000) == (2, 2, 1) and one.grid_for(1000) == (2, 8, 1)
-    assert k.shared_bytes == one.shared_bytes
+    assert k.launch["n_tile"] == 512 and one.launch["n_tile"] == 128
+    assert k.launch_config(1000)["grid"] == (2, 2, 1) and one.launch_config(1000)["grid"] == (2, 8, 1)
+    assert k.launch["shared_bytes"] == one.launch["shared_bytes"]
     assert "Config<__half, 64, 128, 32, 4, 1, 4, false, true, 64, 0, 0, 4>" in k.source
     space = fam.search_space(mat, FP16, {"v": 64}, HOPPER)
     assert {c.get("tn", 1) for c in space} == {1, 2, 4}
@@ -444,7 +446,7 @@ def test_tile_spans(chunks, tn):
     (powers of two dividing tn), never more per CTA than tn x the mean group
     or the longest group once, and never more than a shorter group."""
     c = np.array(chunks, dtype=np.int64)
-    span = rowgroup.tile_spans(c, tn)
+    span = plan_mod.tile_spans(c, tn)
     assert span.shape == c.shape and np.all(tn % span == 0) and np.all(span & (span - 1) == 0)
     if c.size == 0:
         return
@@ -468,7 +470,7 @@ def test_streamed_tile_spans_plan(rng):
     plan = fam.plan(mat, FP16, params, cfg)
     one = fam.plan(mat, FP16, params, dict(WG_CFG, bn=128, wn=1))
     chunks = -(-np.array([sp.size for sp in fam.grouping(mat, params).supports]) // plan.bk)
-    span = rowgroup.tile_spans(chunks, 4)
+    span = plan_mod.tile_spans(chunks, 4)
     assert span.min() < 4 == span.max()
     code = plan.slots[:, 3] >> 16
     got_span, got_tile = 4 >> (code & 15), code >> 4
@@ -483,9 +485,9 @@ def test_streamed_tile_spans_plan(rng):
     np.testing.assert_array_equal(plan.first_spans, got_tile == 0)
     np.testing.assert_array_equal(fam.unpack(plan).to_dense(), mat.to_dense())
     k = fam.render(plan, FP16, cfg)
-    assert k.grid == (plan.num_slots, 1, 1) and k.n_tile == 512
+    assert k.launch["grid"] == (plan.num_slots, 1, 1) and k.launch["n_tile"] == 512
     # the tail's cost classes: runs of equal span x chunks, in the kernel
-    ends = rowgroup.cost_classes(plan, 4)
+    ends = plan_mod.cost_classes(plan, 4)
     assert ends[-1] == plan.num_slots and np.all(np.diff([0] + ends) > 0)
     for c0, c1 in zip([0] + ends[:-1], ends):
         assert len(set(work[c0:c1])) == 1
@@ -501,23 +503,23 @@ def test_cost_classes_merge_the_shortest_past_the_limit(rng):
     mat = SparseMatrix.from_dense(dense)
     fam = get_family("bsr")
     plan = fam.plan(mat, FP16, {"br": 64, "bc": 64}, dict(WG_CFG, bk=64, bn=128, wn=1))
-    ends = rowgroup.cost_classes(plan)
-    assert len(ends) == rowgroup.MAX_COST_CLASSES and ends[-1] == plan.num_slots == 40
-    assert ends[:-1] == list(range(1, rowgroup.MAX_COST_CLASSES))
-    assert rowgroup.cost_classes(fam.plan(SparseMatrix.from_dense(np.zeros((64, 64), np.float32)),
+    ends = plan_mod.cost_classes(plan)
+    assert len(ends) == plan_mod.MAX_COST_CLASSES and ends[-1] == plan.num_slots == 40
+    assert ends[:-1] == list(range(1, plan_mod.MAX_COST_CLASSES))
+    assert plan_mod.cost_classes(fam.plan(SparseMatrix.from_dense(np.zeros((64, 64), np.float32)),
                                           FP16, {"br": 64, "bc": 64}, dict(WG_CFG, bn=128, wn=1))) \
         in ([0], [1])
 
 
 @pytest.mark.parametrize("change,constraint", [
-    ({"wm": 4}, r"bm % \(16\*wm\)"),
-    ({"bn": 48}, "bn: must be one of"),
-    ({"bk": 128}, "bk: must be one of"),
-    ({"stages": 5}, "stages"),
-    ({"wn": 8}, r"bn % \(16\*wn\)"),
-    ({"wm": 1, "wn": 1, "bn": 256}, "accumulators"),
-    ({"wm": 4, "wn": 4}, "warps"),
-    ({"wm": 1, "wn": 1, "bn": 64, "bk": 64}, "loads per thread"),
+    ({"wm": 4}, r"bm % \(16 \* wm\) == 0: BM is a multiple of 16 x WM"),
+    ({"bn": 48}, "BN of the mma.sync path"),
+    ({"bk": 128}, "BK of the mma.sync path"),
+    ({"stages": 5}, "pipeline depth of the mma.sync paths"),
+    ({"wn": 8}, r"bn % \(16 \* wn\) == 0: BN is a multiple of 16 x WN"),
+    ({"wm": 1, "wn": 1, "bn": 256}, "at most 128 fp32 accumulators"),
+    ({"wm": 4, "wn": 4}, "at most 8 warps"),
+    ({"wm": 1, "wn": 1, "bn": 64, "bk": 64}, "at most 8 16-byte loads per thread"),
 ])
 def test_invalid_configs_name_their_constraint(rng, change, constraint):
     mat = make_shflbw(64, 64, 32, 0.5, rng)
@@ -550,9 +552,9 @@ def test_wgmma_kernel_shape_and_shared_memory(rng):
     cfg = dict(WG_CFG, bn=128, wn=1)
     k = fam.generate(mat, FP16, {"br": 32, "bc": 32}, cfg)
     assert k.name == "sf_bsr32x32_fp16_fm_plain_bk32_bn128_stages4_wg1_wm4_wn1"
-    assert k.block == (128, 1, 1) and k.config == cfg and k.n_tile == 128
+    assert k.launch["block"] == (128, 1, 1) and k.config == cfg and k.launch["n_tile"] == 128
     # a 64-row tile over 32-row groups, 1 KB for alignment
-    assert k.shared_bytes == rowgroup.smem_bytes(32, cfg) == 4 * (64 * 32 * 2 + 32 * 128 * 2) + 64 * 8 + 1024
+    assert k.launch["shared_bytes"] == rowgroup.smem_bytes(32, cfg) == 4 * (64 * 32 * 2 + 32 * 128 * 2) + 64 * 8 + 1024
     assert "Config<__half, 64, 128, 32, 4, 1, 4, false, true, 32, 0, 0>" in k.source
     assert "compile it for sm_90a" in k.source
 
@@ -563,12 +565,12 @@ def test_kernel_name_is_the_configuration(rng):
     op = Operation("bf16", "fm", Epilogue(bias=True, activation="gelu"))
     k = fam.generate(mat, op, {"br": 32, "bc": 32}, CFG, bias=np.ones(96, np.float32))
     assert k.name == "sf_bsr32x32_bf16_fm_bias_gelu_bk32_bn64_stages3_wm1_wn2"
-    assert k.block == (64, 1, 1) and k.n_axis == 1 and k.n_tile == 64
-    assert k.grid == (3, 1, 1) and k.grid_for(130) == (3, 3, 1)  # groups fastest
-    assert k.grid_for(65535 * 64)[1] == 65535
+    assert k.launch["block"] == (64, 1, 1) and k.launch["n_axis"] == 1 and k.launch["n_tile"] == 64
+    assert k.launch["grid"] == (3, 1, 1) and k.launch_config(130)["grid"] == (3, 3, 1)  # groups fastest
+    assert k.launch_config(65535 * 64)["grid"][1] == 65535
     with pytest.raises(ValueError, match="65536 blocks along grid axis 1"):
-        k.grid_for(65535 * 64 + 1)
-    assert k.shared_bytes == rowgroup.smem_bytes(32, CFG)
+        k.launch_config(65535 * 64 + 1)
+    assert k.launch["shared_bytes"] == rowgroup.smem_bytes(32, CFG)
     assert f"{k.name}(" in k.source and '#include "sf/' not in k.source
 
 

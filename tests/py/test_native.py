@@ -289,32 +289,6 @@ def test_time(ctx):
         ctx.time(fn, 1, 1, args, sig="PPffi", min_reps=10, max_reps=5)
 
 
-# A layer stored through the cache's C API directly (the structs as in the
-# header), so that this test needs only libsparseforge.
-class _Variant(ctypes.Structure):
-    _fields_ = [("n_bucket", ctypes.c_int64), ("source", ctypes.c_char_p),
-                ("kernel_name", ctypes.c_char_p), ("options", ctypes.c_char_p),
-                ("generator_version", ctypes.c_char_p), ("grid", ctypes.c_uint * 3),
-                ("n_axis", ctypes.c_int), ("n_tile", ctypes.c_int),
-                ("block", ctypes.c_uint * 3), ("shared_bytes", ctypes.c_uint),
-                ("zero_output", ctypes.c_int), ("packed", ctypes.c_void_p),
-                ("packed_size", ctypes.c_size_t), ("config", ctypes.c_char_p)]
-
-
-class _Record(ctypes.Structure):
-    _fields_ = [("name", ctypes.c_char_p), ("gpu_name", ctypes.c_char_p),
-                ("matrix_fp", ctypes.c_char_p), ("op", ctypes.c_char_p),
-                ("rows", ctypes.c_int64), ("cols", ctypes.c_int64),
-                ("x_elem_size", ctypes.c_int), ("y_elem_size", ctypes.c_int),
-                ("n_variants", ctypes.c_int), ("variants", ctypes.POINTER(_Variant))]
-
-
-class _Matrix(ctypes.Structure):
-    _fields_ = [("fingerprint", ctypes.c_char_p), ("rows", ctypes.c_int64),
-                ("cols", ctypes.c_int64), ("nnz", ctypes.c_int64),
-                ("dtype", ctypes.c_char_p), ("info", ctypes.c_char_p)]
-
-
 LAYER_SOURCE = r"""
 #define M 16
 #define K 8
@@ -331,39 +305,22 @@ extern "C" __global__ void dense(const void *packed, const void *X, void *Y, int
 
 @pytest.mark.gpu
 def test_open_layer(ctx, tmp_path):
-    lib = native.load()
-    lib.sf_cache_open.argtypes = [ctypes.c_char_p, ctypes.c_int, ctypes.POINTER(ctypes.c_void_p)]
-    lib.sf_cache_open.restype = ctypes.c_int
-    lib.sf_cache_close.argtypes = [ctypes.c_void_p]
-    lib.sf_cache_put_layer.argtypes = [ctypes.c_void_p, ctypes.POINTER(_Record)]
-    lib.sf_cache_put_layer.restype = ctypes.c_int
-    lib.sf_cache_put_matrix.argtypes = [ctypes.c_void_p, ctypes.POINTER(_Matrix)]
-    lib.sf_cache_put_matrix.restype = ctypes.c_int
-    cache = ctypes.c_void_p()
-    assert lib.sf_cache_open(str(tmp_path / "layer.db").encode(), 2, ctypes.byref(cache)) == 0
-    try:
-        rows, cols = 16, 8
-        w = ((np.arange(rows * cols) % 7) - 3).astype(np.float32) * 0.25
-        wbytes = w.tobytes()
-        v = _Variant(n_bucket=64, source=LAYER_SOURCE.encode(), kernel_name=b"dense",
-                     options=b"", generator_version=b"test", n_axis=0, n_tile=32,
-                     shared_bytes=0, zero_output=0,
-                     packed=ctypes.cast(ctypes.c_char_p(wbytes), ctypes.c_void_p),
-                     packed_size=len(wbytes), config=b"{}")
-        v.grid[:] = (1, rows, 1)
-        v.block[:] = (32, 1, 1)
-        assert lib.sf_cache_put_matrix(cache, ctypes.byref(
-            _Matrix(b"py-dense", rows, cols, rows * cols, b"fp32", b"{}"))) == 0
-        rec = _Record(name=b"py.dense", gpu_name=ctx.device_info()["name"].encode(),
-                      matrix_fp=b"py-dense", op=b"dense.fp32.fm", rows=rows, cols=cols,
-                      x_elem_size=4, y_elem_size=4, n_variants=1,
-                      variants=ctypes.pointer(v))
-        assert lib.sf_cache_put_layer(cache, ctypes.byref(rec)) == 0
+    from sparseforge.cache import Cache
+    from sparseforge.generator.kernel import make_launch
+    rows, cols = 16, 8
+    w = ((np.arange(rows * cols) % 7) - 3).astype(np.float32) * 0.25
+    variant = {"n_bucket": 64, "source": LAYER_SOURCE, "kernel_name": "dense", "options": "",
+               "generator_version": "test", "packed": w.tobytes(), "config": "{}",
+               "launch": make_launch(grid=(1, rows), block=(32,), n_axis=0, n_tile=32)}
+    with Cache(tmp_path / "layer.db") as cache:
+        cache.put_matrix("py-dense", rows, cols, rows * cols, "fp32")
+        cache.put_layer("py.dense", ctx.device_info()["name"], "py-dense", "dense.fp32.fm",
+                        rows, cols, 4, 4, [variant])
         n = 50
         x = (np.arange(cols * n) % 5 - 2).astype(np.float32).reshape(cols, n)
         xb, yb = ctx.upload(x), ctx.alloc(4 * rows * n)
         for expect_compiled in (1, 0):
-            layer = ctx.open_layer(cache.value, "py.dense")
+            layer = ctx.open_layer(cache, "py.dense")
             assert layer.shape == (rows, cols, 1)
             assert layer.compiled_count == expect_compiled
             ctx.memset(yb, 0xFF)
@@ -374,5 +331,3 @@ def test_open_layer(ctx, tmp_path):
             layer.close()
         with pytest.raises(native.NotFoundError, match='no layer named "py.missing"'):
             ctx.open_layer(cache, "py.missing")
-    finally:
-        lib.sf_cache_close(cache)

@@ -3,7 +3,8 @@ the Shfl-BW permutation search, and errors."""
 import numpy as np
 import pytest
 
-from sparseforge.generator import analysis, io
+from sparseforge.generator import io
+from sparseforge.generator.families import bsr, nm24, shflbw
 from sparseforge.generator.prune import PruneStats, prune
 
 
@@ -51,7 +52,7 @@ def test_bsr(w, br, bc, sparsity):
     m, st = prune(w, f"bsr:{br}x{bc}", sparsity)
     target = (1 - sparsity) * w.size
     assert abs(m.nnz - target) <= br * bc / 2 + 1e-9       # within half a block
-    indptr, cols = analysis.block_structure(m, br, bc)
+    indptr, cols = bsr.block_structure(m, br, bc)
     nb = int(indptr[-1])
     # whole blocks (edge blocks clipped to the matrix) and nothing else
     mask = np.kron(np.zeros((-(-128 // br), -(-96 // bc)), bool), np.ones((br, bc), bool))
@@ -60,7 +61,7 @@ def test_bsr(w, br, bc, sparsity):
         mask[r * br:(r + 1) * br, c * bc:(c + 1) * bc] = True
     np.testing.assert_array_equal(m.mask(), mask[:128, :96])
     if 128 % br == 0 and 96 % bc == 0:
-        assert analysis.fits_bsr(m, br, bc)
+        assert bsr.fits_bsr(m, br, bc)
         assert nb == round(target / (br * bc))
     # the kept blocks have the largest Frobenius norms
     e = np.zeros((-(-128 // br), -(-96 // bc)))
@@ -78,8 +79,8 @@ def test_shflbw_fits_and_target(w, v, sparsity):
     m, st = prune(w, f"shflbw:{v}", sparsity)
     assert abs(m.nnz - (1 - sparsity) * w.size) <= v / 2 + 1e-9   # within half a vector
     assert m.perm is not None and sorted(m.perm.tolist()) == list(range(128))
-    assert analysis.fits_shflbw(m, v)
-    perm, sup = analysis.shflbw_groups(m, v)
+    assert shflbw.fits_shflbw(m, v)
+    perm, sup = shflbw.shflbw_groups(m, v)
     np.testing.assert_array_equal(perm, m.perm)   # the pruner's own order is kept
     mask = m.mask()
     for g, cols in enumerate(sup):
@@ -92,7 +93,7 @@ def test_shflbw_fits_and_target(w, v, sparsity):
 def test_shflbw_permutation_beats_identity(rng):
     d, order = shuffled_structure(rng)
     m, st = prune(d, "shflbw:16", 1 - 16 / 128)
-    assert st.permuted and analysis.fits_shflbw(m, 16)
+    assert st.permuted and shflbw.fits_shflbw(m, 16)
     assert st.kept_l2 > st.identity_kept_l2 + 0.2
     # the planted structure is found: as much as identity keeps on the unshuffled rows
     _, unshuffled = prune(d[np.argsort(order)], "shflbw:16", 1 - 16 / 128)
@@ -113,7 +114,7 @@ def test_shflbw_identity_when_no_structure(rng):
 def test_nm24(rng, k):
     w = rng.standard_normal((32, k)).astype(np.float32)
     m, st = prune(w, "nm24", 0.5)
-    assert analysis.fits_nm24(m)
+    assert nm24.fits_nm24(m)
     mask = m.mask()
     full = k // 4 * 4
     g = mask[:, :full].reshape(32, -1, 4)
@@ -159,10 +160,11 @@ def test_seed_breaks_ties():
 @pytest.mark.parametrize("args,match", [
     ((np.ones((2, 2, 2)), "csr", 0.5), "expected a 2-D matrix"),
     ((np.ones((4, 4)), "csr", 1.5), "sparsity must be in \\[0, 1\\]"),
-    ((np.ones((4, 4)), "coo", 0.5), "bad pattern 'coo'"),
-    ((np.ones((4, 4)), "bsr:ax2", 0.5), "bad pattern 'bsr:ax2'"),
+    ((np.ones((4, 4)), "coo", 0.5), "unknown pattern 'coo'; expected one of: bsr:RxC"),
+    ((np.ones((4, 4)), "bsr:ax2", 0.5),
+     "pattern 'bsr:ax2': the block's rows must be a whole number from 1 to 256, got 'a'"),
     ((np.ones((4, 4)), "shflbw", 0.5), "shflbw needs a group size"),
-    ((np.ones((4, 4)), "shflbw:0", 0.5), "group size V must be positive"),
+    ((np.ones((4, 4)), "shflbw:0", 0.5), "the group size V must be from 1 to 256, got 0"),
     ((np.array([[1, np.nan], [0, 1]]), "csr", 0.5), "NaN or infinity \\(first at row 0, col 1\\)"),
     ((np.array([["a"]]), "csr", 0.5), "unsupported dtype"),
 ])

@@ -9,7 +9,8 @@ import numpy as np
 import pytest
 
 from sparseforge.cache import Cache
-from sparseforge.generator.kernel import Operation, get_family
+from sparseforge.generator.families import get_family
+from sparseforge.generator.kernel import Operation
 from sparseforge.generator.matrix import SparseMatrix
 from sparseforge.tuner.driver import Tuner
 

@@ -5,7 +5,8 @@ import numpy as np
 import pytest
 
 from sparseforge.cache import Cache
-from sparseforge.generator.kernel import Operation, get_family, parse_pattern, reference
+from sparseforge.generator.families import get_family, parse_pattern
+from sparseforge.generator.kernel import Operation, reference
 from sparseforge.generator.matrix import from_device_bytes, to_device_bytes
 from sparseforge.generator.synth import random_matrix
 from sparseforge.tuner.driver import QUICK_TIMING, Tuner

@@ -5,6 +5,8 @@
 #include <cuda_fp16.h>
 #include <cuda_bf16.h>
 
+#include "sf/abi.cuh"
+
 namespace sf {
 
 // ---- element types ------------------------------------------------------
@@ -32,7 +34,8 @@ template <typename T> __device__ __forceinline__ T from_float(float v) {
 }
 
 // ---- epilogue -------------------------------------------------------------
-enum Activation { ACT_NONE = 0, ACT_RELU = 1, ACT_GELU = 2 };
+// sf::Activation (ACT_NONE, ACT_RELU, ACT_GELU) is in sf/abi.cuh, made from
+// the public header's SF_ACTIVATION_TABLE.
 
 // tanh in one MUFU instruction (sm_75+; relative error about 2^-11): for
 // results that are rounded to fp16 or bf16 anyway.

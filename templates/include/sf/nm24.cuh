@@ -74,15 +74,9 @@ struct Config {
   static constexpr int C_BYTES = C_ROWS * C_LD * 2;
   static constexpr int SMEM_BYTES = cmax(STAGES * STAGE_BYTES, C_BYTES);
 
-  static_assert(BK == 32 || BK == 64, "BK must be 32 or 64");
-  static_assert(BM % 16 == 0 && BN % 8 == 0, "tile must be whole mma tiles");
-  static_assert(WTM % 16 == 0 && WTM * WM == BM, "warp tile M must be a multiple of 16");
-  static_assert(WTN % 8 == 0 && WTN * WN == BN, "warp tile N must be a multiple of 8");
-  static_assert(MI * NI * 4 <= 128, "at most 128 fp32 accumulators per thread");
-  static_assert(STAGES >= 2, "the pipeline needs at least 2 stages");
-  static_assert(B_CPR == 4 || B_CPR % 8 == 0, "B tile rows: 4 or a multiple of 8 chunks");
-  static_assert(STAGE_BYTES % 128 == 0, "stages must stay 128-byte aligned");
-  static_assert(THREADS <= 1024, "too many threads");
+  // The configuration's constraints are asserted by the generated source,
+  // from the table the search space filters with
+  // (generator/families/nm24/__init__.py).
 };
 
 // ---- PTX wrappers (the sm_80 ones shared with the row-group kernel) ---------------

@@ -135,30 +135,9 @@ struct Config {
   static constexpr int WG_N = BN / WN;    // WG: the N of each warpgroup's wgmma
 
   static_assert(sizeof(T) == 2, "tensor-core path takes 16-bit elements");
-  static_assert(BM >= 16 && BM % 16 == 0, "BM is a multiple of 16");
-  static_assert(BK == 16 || BK == 32 || BK == 64, "BK is 16, 32 or 64");
-  static_assert(BN >= 16 && BN <= (WG ? 512 : 256) && (BN & (BN - 1)) == 0,
-                "BN is a power of two in [16, 256] ([64, 512]: WG)");
-  static_assert(BM % (16 * WM) == 0, "BM is a multiple of 16 x WM");
-  static_assert(BN % (16 * WN) == 0, "BN is a multiple of 16 x WN (warps take n16 steps)");
-  static_assert(MF * NF * 4 <= 128, "at most 128 fp32 accumulators per thread");
-  static_assert(STAGES >= 2 && STAGES <= (WG ? 6 : 4), "STAGES is 2, 3 or 4 (3 to 6: WG)");
-  static_assert(THREADS <= 512, "at most 16 warps");
-  static_assert(A_ITERS <= (WG || XS ? 16 : 8) && B_ITERS <= (WG || XS ? 16 : 8),
-                "at most 8 (WG, XS: 16) 16-byte loads per thread per stage and operand");
-  static_assert(AM <= BM && AM % 16 == 0, "a packed chunk has at most BM rows");
-  static_assert(WG || AM == BM, "only the wgmma path pads the tile beyond the chunk");
-  static_assert(!WG || (!TM && BM % 64 == 0 && WM == BM / 16 && STAGES >= 3 &&
-                        (WG_N == 64 || WG_N == 128 || WG_N == 256)),
-                "wgmma: feature-major, BM a multiple of 64 with 4 warps per 64 rows, "
-                "N per warpgroup 64, 128 or 256, at least 3 stages");
-  static_assert(TN == 1 || (WG && TN <= 8 && C_HALF_BYTES <= STAGE_BYTES),
-                "streamed tiles: the wgmma path, where half the output tile fits one stage "
-                "(the two stages a tile's last chunks used hold it while the next tile loads)");
-  static_assert(!XS || (!TM && !WG && WM == XR && BN >= 64 && U % 16 == 0 && U <= 256 &&
-                        AM == BM && LOC_BYTES % 16 == 0),
-                "shared gather: feature-major mma.sync, one warp row per group, BN >= 64 "
-                "(the swizzle is by row), U a multiple of 16 up to 256");
+  // The configuration's constraints are asserted by the generated source,
+  // from the table the search space filters with
+  // (generator/families/rowgroup/space.py).
 };
 
 // ---- shared-memory swizzle --------------------------------------------------------

@@ -30,8 +30,12 @@ from typing import Optional
 
 import numpy as np
 
-from ..kernel import ConfigError, Family, Kernel, Operation, config_name, register, render
-from ..matrix import SparseMatrix, round_to_dtype
+from .. import register
+from ...family import Family, Fit, Pruned
+from ...kernel import ConfigError, Kernel, Operation, config_name, make_launch, render
+from ...matrix import SparseMatrix, round_to_dtype
+from ...prune import top_mask
+from ...space import Constraint, Space
 
 MAGIC = 0x53434653          # 'SFCS' little-endian
 ALIGN = 16                  # every packed section starts at a multiple of this
@@ -62,7 +66,37 @@ CONST_UNROLL = (8,)
 IMM_ROWS_SPLIT = ((4, 1), (1, 4))
 IMM_VEC = (1, 2)
 
-_ACT = {"none": 0, "relu": 1, "gelu": 2}
+TABLE_SOURCE = "generator/families/csr/__init__.py"
+
+# The constraint table (generator/space.py).  The problem's constants: m,
+# k, nnz, const_bytes (the __constant__ tables' size); the device's:
+# max_threads.  `tables` is a word: tables_global, tables_const, tables_imm.
+TABLE = Space(
+    choices={"tables": TABLES, "vec": VECS},
+    enums={"tables": TABLES},
+    derived={"threads": "32 * rows * split", "smem": "4 * (split - 1) * rows * vec * 32"},
+    constraints=[
+        Constraint("m >= 1 and k >= 1", "W has at least one row and one column"),
+        Constraint(f"vec in {VECS}", "columns (fm) or tokens (tm) per thread: float, float2, "
+                   "float4"),
+        Constraint(f"smem <= {SMEM_LIMIT}", "the split reduction fits static shared memory"),
+        Constraint(f"rows >= 1 and split >= 1 and threads <= {MAX_THREADS}",
+                   "rows and split are >= 1 with at most 32 warps a block"),
+        Constraint("threads <= max_threads", "the block fits the GPU's thread limit",
+                   device=True),
+        Constraint("unroll == 1", "straight-line code is fully unrolled", when="tables == tables_imm"),
+        Constraint(f"vec in {IMM_VEC}", "wider loads spill in straight-line code",
+                   when="tables == tables_imm"),
+        Constraint("unroll in (1, 2, 4, 8, 16, 32)",
+                   "unroll divides the warp's staged chunk of 32 nonzeros",
+                   when="tables != tables_imm"),
+        Constraint(f"const_bytes <= {CONST_BYTES}", "the tables fit the 64 KB constant bank",
+                   when="tables == tables_const"),
+        Constraint(f"nnz <= {IMM_MAX_NNZ}", "straight-line code compiles in seconds",
+                   when="tables == tables_imm"),
+        Constraint(f"m <= {IMM_MAX_ROWS}", "cases of the slot switch",
+                   when="tables == tables_imm"),
+    ])
 
 
 def _align(n: int) -> int:
@@ -205,12 +239,34 @@ class CsrFamily(Family):
     name = "csr"
     dtypes = ("fp32",)
     layouts = ("fm", "tm")
+    syntax = "csr"
+    summary = "unstructured: any pattern (fp32, CUDA cores)"
+    auto_rank = 90       # every matrix is a CSR: asked last
 
-    def tag(self, params: dict) -> str:
-        return "csr"
-
+    # ---- the pattern -------------------------------------------------------
     def fits(self, matrix: SparseMatrix, params: dict) -> bool:
         return matrix.rows >= 1 and matrix.cols >= 1   # any pattern is a CSR
+
+    def analyze(self, matrix: SparseMatrix) -> list[Fit]:
+        from ...analysis import stats
+        cv = stats(matrix.row_nnz())[3]
+        return [Fit("csr", "csr", True, 0.0, "0.000", f"row imbalance (cv) {cv:.3f}",
+                    {"fits": True, "cost": 0.0, "imbalance": cv})]
+
+    def detect(self, matrix: SparseMatrix) -> Optional[dict]:
+        return {}
+
+    def prune(self, w: np.ndarray, params: dict, sparsity: float,
+              rng: np.random.Generator) -> Pruned:
+        """The largest |w| (exact zeros of the input are never kept, so a
+        matrix already sparser than asked stays as it is)."""
+        a = np.abs(w)
+        keep = min(int(round((1.0 - sparsity) * w.size)), int(np.count_nonzero(a)))
+        return Pruned(top_mask(a, keep, rng))
+
+    def synth(self, params: dict, m: int, k: int, density: float,
+              rng: np.random.Generator) -> tuple[np.ndarray, Optional[np.ndarray]]:
+        return rng.random((m, k)) < density, None
 
     # ---- configurations --------------------------------------------------
     @staticmethod
@@ -224,7 +280,7 @@ class CsrFamily(Family):
 
     def search_space(self, matrix: SparseMatrix, op: Operation, params: dict,
                      device: Optional[dict] = None) -> list[dict]:
-        self._check_op(op)
+        self.check_op(op)
         space = SPACE[op.layout]
         out = []
         for tables in self.tables_allowed(matrix):
@@ -243,15 +299,14 @@ class CsrFamily(Family):
         return out
 
     @staticmethod
-    def _check_op(op: Operation) -> None:
-        if op.dtype != "fp32":
-            raise ConfigError(f"csr computes in fp32 only (op.dtype is {op.dtype!r})")
-        if op.layout not in ("fm", "tm"):
-            raise ConfigError(f"csr layout is fm or tm, got {op.layout!r}")
+    def problem(matrix: SparseMatrix) -> dict:
+        """The table's constants the matrix fixes."""
+        m, k = matrix.shape
+        return {"m": m, "k": k, "nnz": matrix.nnz, "const_bytes": const_bytes(m, k, matrix.nnz)}
 
     def check_config(self, config: dict, matrix: SparseMatrix, op: Operation, params: dict,
                      device: Optional[dict] = None) -> None:
-        self._check_op(op)
+        self.check_op(op)
         if params:
             raise ConfigError(f"csr takes no pattern parameters (got {params!r})")
         missing = [k for k in CONFIG_KEYS if k not in config]
@@ -259,49 +314,13 @@ class CsrFamily(Family):
         if missing or extra:
             raise ConfigError(f"csr config needs exactly the keys {CONFIG_KEYS}; "
                               f"missing {missing}, unknown {extra}")
-        tables, vec, rows, split, unroll = (config[k] for k in CONFIG_KEYS)
-        if tables not in TABLES:
-            raise ConfigError(f"tables must be one of {TABLES}, got {tables!r}")
         for key in ("vec", "rows", "split", "unroll"):
             if not isinstance(config[key], (int, np.integer)) or isinstance(config[key], bool):
                 raise ConfigError(f"{key} must be an integer, got {config[key]!r}")
-        if vec not in VECS:
-            raise ConfigError(f"vec must be one of {VECS}, got {vec}")
-        if rows < 1 or split < 1 or 32 * rows * split > MAX_THREADS:
-            raise ConfigError(f"rows and split must be >= 1 with rows * split (warps per block) "
-                              f"<= {MAX_THREADS // 32}, got rows {rows}, split {split}")
         limit = MAX_THREADS
         if device and device.get("max_threads_per_block"):
-            limit = min(limit, int(device["max_threads_per_block"]))
-        if 32 * rows * split > limit:
-            raise ConfigError(f"threads per block 32 * rows * split = {32 * rows * split} "
-                              f"exceed the device's {limit}")
-        smem = 4 * (split - 1) * rows * vec * 32
-        if smem > SMEM_LIMIT:
-            raise ConfigError(f"split reduction needs {smem} bytes of shared memory, "
-                              f"more than {SMEM_LIMIT}")
-        if tables == "imm":
-            if unroll != 1:
-                raise ConfigError(f"unroll must be 1 with tables 'imm' (its code is fully unrolled), got {unroll}")
-            if vec not in IMM_VEC:
-                raise ConfigError(f"vec must be one of {IMM_VEC} with tables 'imm' (wider loads "
-                                  f"spill in straight-line code), got {vec}")
-        elif unroll not in (1, 2, 4, 8, 16, 32):
-            raise ConfigError(f"unroll must divide 32 (1, 2, 4, 8, 16, 32), got {unroll}")
-        if matrix.rows < 1 or matrix.cols < 1:
-            raise ConfigError(f"csr needs at least one row and one column, got {matrix.rows} x {matrix.cols}")
-        if tables == "const":
-            need = const_bytes(matrix.rows, matrix.cols, matrix.nnz)
-            if need > CONST_BYTES:
-                raise ConfigError(f"tables 'const' need {need} bytes of __constant__ memory, "
-                                  f"more than {CONST_BYTES}")
-        if tables == "imm":
-            if matrix.nnz > IMM_MAX_NNZ:
-                raise ConfigError(f"tables 'imm' need nnz <= {IMM_MAX_NNZ} (compile time), "
-                                  f"got {matrix.nnz}")
-            if matrix.rows > IMM_MAX_ROWS:
-                raise ConfigError(f"tables 'imm' need M <= {IMM_MAX_ROWS} (cases of the slot "
-                                  f"switch), got {matrix.rows}")
+            limit = int(device["max_threads_per_block"])
+        TABLE.check(config, self.problem(matrix), {"max_threads": limit})
 
     # ---- plan, unpack, generate ----------------------------------------------
     def plan(self, matrix: SparseMatrix, op: Operation, params: dict, config: dict,
@@ -321,11 +340,6 @@ class CsrFamily(Family):
         mat.name = plan.name
         return mat
 
-    def generate(self, matrix: SparseMatrix, op: Operation, params: dict, config: dict,
-                 bias: Optional[np.ndarray] = None) -> Kernel:
-        p = self.plan(matrix, op, params, config, bias)
-        return self.render(p, op, config)
-
     def render(self, p: CsrPlan, op: Operation, config: dict) -> Kernel:
         m, k = p.shape
         tables, vec, rows, split, unroll = (int(config[k_]) if k_ != "tables" else config[k_]
@@ -334,17 +348,24 @@ class CsrFamily(Family):
         ep = op.epilogue
         values = dict(name=name, M=m, K=k, nnz=p.nnz, layout=op.layout, tables=tables,
                       vec=vec, rows=rows, split=split, unroll=unroll, epilogue_tag=ep.tag,
-                      has_bias=ep.bias, act=_ACT[ep.activation],
-                      scale=_float_literal(ep.scale), off=p.offsets)
+                      has_bias=ep.bias, act=op.act_code,
+                      scale=_float_literal(ep.scale), off=p.offsets,
+                      constraints=TABLE.static_asserts(config, self.problem_of_plan(p),
+                                                       TABLE_SOURCE))
         if tables == "const":
             values.update(self._const_tables(p))
         elif tables == "imm":
             values["imm_cases"] = self._imm_cases(p, split)
         source = render("csr.cu.j2", **values)
-        bn = 32 * vec
-        return Kernel(name=name, source=source, packed=p.packed, block=(32 * rows * split, 1, 1),
-                      grid=(-(-m // rows), 1, 1), n_axis=1, n_tile=bn,
+        launch = make_launch(grid=(-(-m // rows),), block=(32 * rows * split,), n_axis=1,
+                             n_tile=32 * vec)
+        return Kernel(name=name, source=source, packed=p.packed, launch=launch,
                       config=dict(config))
+
+    @staticmethod
+    def problem_of_plan(p: CsrPlan) -> dict:
+        m, k = p.shape
+        return {"m": m, "k": k, "nnz": p.nnz, "const_bytes": const_bytes(m, k, p.nnz)}
 
     @staticmethod
     def _const_tables(p: CsrPlan) -> dict:

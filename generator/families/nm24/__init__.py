@@ -1,0 +1,345 @@
+"""nm24: 2:4 semi-structured sparse W (in every aligned group of 4 along K,
+at most 2 nonzeros) times dense X on Sparse Tensor Cores, through
+`mma.sp::ordered_metadata` m16n8k32 (fp16 / bf16 in, fp32 accumulate).
+
+pack.py compresses and shuffles W into the order the kernel consumes it;
+the packed buffer holds the values, the metadata and the bias (fp32, MP
+entries, original row order).  M is padded to the CTA tile BM and K to the
+stage depth BK (both with zeros), so the kernel's weight loads need no
+guards.  Matrices with more than two nonzeros in some group are refused
+(pruning keeps the 2 largest |w| of every group).  Analysis: the groups
+over 2 and the fraction of |W| that 2:4 pruning would drop.  The device
+code is templates/include/sf/nm24.cuh.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass, field
+from typing import Optional
+
+import numpy as np
+
+from .. import register
+from ...family import Family, Fit, PatternError, Pruned
+from ...kernel import ConfigError, Kernel, Operation, config_name, make_launch, render, smem_limit
+from ...matrix import SparseMatrix, from_device_bytes
+from ...space import Constraint, Space
+from .pack import (FRAG_BYTES, KSTEP, META_BYTES, MTILE, first_violation, pack_matrix,
+                   unpack_meta, unpack_values)
+
+BM_CHOICES = (64, 128)
+BN_CHOICES = (64, 128, 256)
+BK_CHOICES = (32, 64)
+STAGE_CHOICES = (2, 3, 4)
+WARP_LAYOUTS = ((2, 2), (1, 4), (4, 1), (2, 4), (4, 2))
+CONFIG_KEYS = ("bm", "bn", "bk", "wm", "wn", "stages")
+TABLE_SOURCE = "generator/families/nm24/__init__.py"
+
+# The search space: choices, derived sizes (nm24.cuh's Config names) and
+# the constraint table (generator/space.py).  `tm` is 1 for token-major.
+SPACE = Space(
+    choices={"bm": BM_CHOICES, "bn": BN_CHOICES, "bk": BK_CHOICES, "stages": STAGE_CHOICES},
+    derived={
+        "threads": "32 * wm * wn",
+        "mi": "bm // wm // 16",
+        "ni": "bn // wn // 8",
+        "stage_bytes": f"bm // {MTILE} * (bk // {KSTEP}) * {FRAG_BYTES + META_BYTES} + bk * bn * 2",
+        "b_cpr": "bk // 8 if tm else bn // 8",
+        "c_bytes": "(bn if tm else bm) * ((bm if tm else bn) + 8) * 2",
+        "smem": "max(stages * stage_bytes, c_bytes)",
+    },
+    constraints=[
+        Constraint("bm % (16 * wm) == 0", "a warp's rows are whole m16 tiles"),
+        Constraint("bn % (8 * wn) == 0", "a warp's columns are whole n8 tiles"),
+        Constraint("mi * ni * 4 <= 128", "at most 128 fp32 accumulators per thread"),
+        Constraint("b_cpr == 4 or b_cpr % 8 == 0", "B tile rows: 4 or a multiple of 8 chunks"),
+        Constraint("stage_bytes % 128 == 0", "stages stay 128-byte aligned"),
+        Constraint("threads <= 1024", "at most 1024 threads"),
+        # the choices the kernel is tuned over (after the rules above, which
+        # they imply, so that a configuration off the choices breaks those first)
+        Constraint(f"bm in {BM_CHOICES}", "BM of a CTA tile"),
+        Constraint(f"bn in {BN_CHOICES}", "BN of a CTA tile"),
+        Constraint(f"bk in {BK_CHOICES}", "BK: one or two mma.sp K steps per stage"),
+        Constraint(f"stages in {STAGE_CHOICES}", "pipeline depth"),
+        Constraint("wm in (1, 2, 4) and wn in (1, 2, 4) and wm * wn in (4, 8)",
+                   "4 or 8 warps as 2x2, 1x4, 4x1, 2x4 or 4x2"),
+        Constraint("smem <= smem_limit", "the shared memory fits the GPU's per-block limit",
+                   device=True),
+    ])
+
+
+def _round_up(x: int, m: int) -> int:
+    return max(m, -(-x // m) * m)
+
+
+def _align16(x: int) -> int:
+    return -(-x // 16) * 16
+
+
+def smem_bytes(config: dict, layout: str) -> int:
+    """Dynamic shared memory of a configuration (the table's `smem`)."""
+    return SPACE.env(config, {"tm": int(layout == "tm")})["smem"]
+
+
+# ---- analysis -------------------------------------------------------------------
+
+@dataclass
+class Nm24Fit:
+    fits: bool
+    violating_groups: int      # aligned groups of 4 with more than 2 nonzeros
+    dropped_l1: float          # fraction of |W| that 2:4 pruning drops
+    dropped_nnz: float         # fraction of the nonzeros it drops
+    k_multiple_of_4: bool
+
+
+def _group_ids(matrix: SparseMatrix) -> np.ndarray:
+    """Group id of every nonzero (non-decreasing in CSR order)."""
+    return matrix.row_ids() * -(-matrix.cols // 4) + matrix.indices // 4
+
+
+def fits_nm24(matrix: SparseMatrix) -> bool:
+    """True when every row has at most 2 nonzeros in every aligned group of
+    4 along K (a partial last group of K % 4 columns included)."""
+    return first_violation(matrix) is None
+
+
+def nm24_fit(matrix: SparseMatrix) -> Nm24Fit:
+    gid = _group_ids(matrix)
+    nnz = gid.size
+    k4 = matrix.cols % 4 == 0
+    if nnz == 0:
+        return Nm24Fit(True, 0, 0.0, 0.0, k4)
+    a = np.abs(matrix.values.astype(np.float64))
+    total = a.sum()
+    # only groups with more than 2 nonzeros drop anything
+    over = np.zeros(nnz, dtype=bool)
+    if nnz > 2:
+        third = np.flatnonzero(gid[2:] == gid[:-2])   # entry i + 2 shares i's group
+        over[np.isin(gid, gid[third + 2])] = True
+    sel = np.flatnonzero(over)
+    gs, av = gid[sel], a[sel]
+    order = np.lexsort((-av, gs))
+    gs, av = gs[order], av[order]
+    start = np.concatenate([[True], gs[1:] != gs[:-1]]) if gs.size else np.zeros(0, bool)
+    run_start = np.maximum.accumulate(np.where(start, np.arange(gs.size), 0)) if gs.size else start
+    drop = (np.arange(gs.size) - run_start) >= 2
+    violating = int(start.sum())
+    return Nm24Fit(violating == 0, violating,
+                   float(av[drop].sum() / total) if total > 0 else 0.0,
+                   float(drop.sum() / nnz), k4)
+
+
+# ---- plan -------------------------------------------------------------------------
+
+@dataclass
+class Nm24Plan:
+    """Everything the template needs for one matrix and configuration."""
+    name: str
+    dtype: str
+    layout: str
+    m: int
+    k: int
+    mp: int                  # M padded to BM
+    kp: int                  # K padded to BK
+    config: dict
+    packed: bytes
+    values_offset: int
+    meta_offset: int
+    bias_offset: int         # 0 when there is no bias
+    has_bias: bool
+    smem_bytes: int
+    threads: int
+    grid: tuple[int, int, int]   # for one N tile of BN
+    perm: Optional[np.ndarray] = None
+    epilogue: dict = field(default_factory=dict)
+
+
+class Nm24Family(Family):
+    name = "nm24"
+    syntax = "nm24"
+    summary = "2:4 semi-structured: at most 2 nonzeros in every aligned 4 along K"
+    dtypes = ("fp16", "bf16")
+    layouts = ("fm", "tm")
+    auto_rank = 10
+
+    # ---- the pattern --------------------------------------------------------
+    def fits(self, matrix: SparseMatrix, params: dict) -> bool:
+        return fits_nm24(matrix)
+
+    def analyze(self, matrix: SparseMatrix) -> list[Fit]:
+        n = nm24_fit(matrix)
+        detail = ("every group of 4 has at most 2 nonzeros" if n.fits else
+                  f"{n.violating_groups} groups over 2; 2:4 pruning drops "
+                  f"{100 * n.dropped_l1:.1f}% of |W| ({100 * n.dropped_nnz:.1f}% of nonzeros)")
+        if not n.k_multiple_of_4:
+            detail += "; K is not a multiple of 4"
+        return [Fit("nm24", "nm24", n.fits, n.dropped_l1, f"{n.dropped_l1:.3f} (|W| dropped)",
+                    detail, asdict(n))]
+
+    def detect(self, matrix: SparseMatrix) -> Optional[dict]:
+        return {} if matrix.dtype in self.dtypes and fits_nm24(matrix) else None
+
+    def prune(self, w: np.ndarray, params: dict, sparsity: float,
+              rng: np.random.Generator) -> Pruned:
+        """The 2 largest |w| of every aligned 4 along K (a partial last
+        group of K % 4 columns keeps at most 2)."""
+        if abs(sparsity - 0.5) > 1e-9:
+            raise PatternError(f"nm24 keeps 2 of every 4 weights: sparsity must be 0.5, "
+                               f"got {sparsity}")
+        m, k = w.shape
+        a = np.abs(w)
+        mask = np.zeros((m, k), dtype=bool)
+        full = k // 4 * 4
+        for lo, hi in ((0, full), (full, k)):
+            if hi == lo:
+                continue
+            g = a[:, lo:hi].reshape(m, -1, min(4, hi - lo))
+            top = np.argsort(-g, axis=2, kind="stable")[:, :, :2]
+            gm = np.zeros(g.shape, dtype=bool)
+            np.put_along_axis(gm, top, True, axis=2)
+            mask[:, lo:hi] = gm.reshape(m, hi - lo)
+        return Pruned(mask)
+
+    def synth(self, params: dict, m: int, k: int, density: float,
+              rng: np.random.Generator) -> tuple[np.ndarray, Optional[np.ndarray]]:
+        if k % 4:
+            raise PatternError(f"nm24 needs K divisible by 4, got {k}")
+        order = np.argsort(rng.random((m, k // 4, 4)), axis=2)
+        mask = np.zeros((m, k // 4, 4), dtype=bool)
+        np.put_along_axis(mask, order[:, :, :2], True, axis=2)
+        return mask.reshape(m, k), None
+
+    def densities(self, params: dict, asked: list) -> list:
+        return [0.5]
+
+    def dtype_for(self, dtype: str) -> str:
+        return dtype if dtype in self.dtypes else "fp16"
+
+    # ---- configurations -------------------------------------------------------
+    def check_config(self, config: dict, matrix: SparseMatrix, op: Operation,
+                     params: dict, device: Optional[dict] = None) -> None:
+        missing = [k for k in CONFIG_KEYS if k not in config]
+        if missing:
+            raise ConfigError(f"nm24 config lacks {', '.join(missing)} (needs {', '.join(CONFIG_KEYS)})")
+        extra = sorted(set(config) - set(CONFIG_KEYS))
+        if extra:
+            raise ConfigError(f"nm24 config has unknown keys {', '.join(extra)}")
+        for k_ in CONFIG_KEYS:
+            if not isinstance(config[k_], (int, np.integer)) or isinstance(config[k_], bool):
+                raise ConfigError(f"{k_}: must be an integer, got {config[k_]!r}")
+        self.check_op(op)
+        SPACE.check(config, {"tm": int(op.layout == "tm")}, {"smem_limit": smem_limit(device)})
+
+    def search_space(self, matrix: SparseMatrix, op: Operation, params: dict,
+                     device: Optional[dict] = None) -> list[dict]:
+        out = []
+        for c in SPACE.enumerate(("bm", "bn", "bk")):
+            for wm, wn in WARP_LAYOUTS:
+                for stages in STAGE_CHOICES:
+                    cfg = dict(c, wm=wm, wn=wn, stages=stages)
+                    try:
+                        self.check_config(cfg, matrix, op, params, device)
+                    except ConfigError:
+                        continue
+                    out.append(cfg)
+        return out
+
+    # ---- plan / unpack / render -------------------------------------------------
+    def plan(self, matrix: SparseMatrix, op: Operation, params: dict, config: dict,
+             bias: Optional[np.ndarray] = None) -> Nm24Plan:
+        self.check_config(config, matrix, op, params)
+        bad = first_violation(matrix)
+        if bad is not None:
+            row, col = bad
+            raise ValueError(f"matrix is not 2:4: row {row} has more than 2 nonzeros in "
+                             f"columns {col}..{col + 3} (prune it to 2:4 first)")
+        m, k = matrix.shape
+        bm, bk = config["bm"], config["bk"]
+        mp, kp = _round_up(m, bm), _round_up(k, bk)
+        values, meta = pack_matrix(matrix, op.dtype, mp, kp)
+
+        ep = op.epilogue
+        bias_bytes = b""
+        if ep.bias:
+            if bias is None:
+                raise ValueError("the epilogue has a bias but none was given")
+            b = np.asarray(bias, dtype=np.float64).ravel()
+            if b.shape != (m,):
+                raise ValueError(f"bias has {b.size} entries, expected M = {m}")
+            if not np.all(np.isfinite(b)):
+                raise ValueError("bias contains NaN or infinity")
+            padded = np.zeros(mp, dtype=np.float32)
+            padded[:m] = b
+            bias_bytes = padded.astype("<f4").tobytes()
+        elif bias is not None:
+            raise ValueError("a bias was given but the epilogue has none")
+
+        values_offset = 0
+        meta_offset = _align16(values_offset + len(values))
+        bias_offset = _align16(meta_offset + len(meta)) if ep.bias else 0
+        total = _align16((bias_offset + len(bias_bytes)) if ep.bias else meta_offset + len(meta))
+        buf = bytearray(total)
+        buf[values_offset:values_offset + len(values)] = values
+        buf[meta_offset:meta_offset + len(meta)] = meta
+        if ep.bias:
+            buf[bias_offset:bias_offset + len(bias_bytes)] = bias_bytes
+
+        cfg = {key: int(config[key]) for key in CONFIG_KEYS}
+        return Nm24Plan(
+            name=config_name(self.tag(params), cfg, op), dtype=op.dtype, layout=op.layout,
+            m=m, k=k, mp=mp, kp=kp, config=cfg, packed=bytes(buf),
+            values_offset=values_offset, meta_offset=meta_offset, bias_offset=bias_offset,
+            has_bias=ep.bias, smem_bytes=smem_bytes(cfg, op.layout),
+            threads=cfg["wm"] * cfg["wn"] * 32, grid=(1, mp // bm, 1),
+            perm=None if matrix.perm is None else matrix.perm.copy(),
+            epilogue=dict(activation=ep.activation, scale=float(ep.scale)))
+
+    def unpack(self, plan: Nm24Plan) -> SparseMatrix:
+        """W back from the packed bytes (values rounded to the dtype; the
+        permutation, if any, carried along).  Stored zeros are not kept."""
+        mp, kp = plan.mp, plan.kp
+        nv = mp * kp // 2
+        raw = plan.packed[plan.values_offset:plan.values_offset + nv * 2]
+        values = unpack_values(from_device_bytes(raw, plan.dtype, nv), mp, kp // 2)
+        nw = (mp // MTILE) * (kp // KSTEP) * 16
+        words = np.frombuffer(plan.packed, dtype="<u4", count=nw, offset=plan.meta_offset)
+        nib = unpack_meta(words.astype(np.uint32), mp, kp // 4)
+        idx0 = (nib & 3).astype(np.int64)
+        idx1 = (nib >> 2).astype(np.int64)
+        if np.any(idx0 >= idx1):
+            raise ValueError("corrupt plan: metadata indices not strictly increasing")
+        dense = np.zeros((mp, kp), dtype=np.float32)
+        rows = np.arange(mp)[:, None]
+        base = 4 * np.arange(kp // 4)[None, :]
+        dense[rows, base + idx0] = values[:, 0::2]
+        dense[rows, base + idx1] = values[:, 1::2]
+        if np.any(dense[plan.m:, :]) or np.any(dense[:, plan.k:]):
+            raise ValueError("corrupt plan: nonzeros in the padding")
+        return SparseMatrix.from_dense(dense[:plan.m, :plan.k], dtype=plan.dtype, perm=plan.perm)
+
+    def render(self, plan: Nm24Plan, op: Operation, config: dict) -> Kernel:
+        c = plan.config
+        scale = np.float32(plan.epilogue.get("scale", 1.0))
+        checks = SPACE.static_asserts(c, {"tm": int(plan.layout == "tm")}, TABLE_SOURCE)
+        source = render("nm24.cu.j2", name=plan.name, dtype=plan.dtype, layout=plan.layout,
+                        m=plan.m, k=plan.k, mp=plan.mp, kp=plan.kp,
+                        bm=c["bm"], bn=c["bn"], bk=c["bk"], wm=c["wm"], wn=c["wn"],
+                        stages=c["stages"], threads=plan.threads, smem_bytes=plan.smem_bytes,
+                        values_offset=plan.values_offset, meta_offset=plan.meta_offset,
+                        bias_offset=plan.bias_offset, has_bias=plan.has_bias,
+                        act=op.act_code, scale=_float_literal(scale), constraints=checks)
+        launch = make_launch(grid=plan.grid, block=(plan.threads,), n_axis=0,
+                             n_tile=plan.config["bn"], shared_bytes=plan.smem_bytes)
+        return Kernel(name=plan.name, source=source, packed=plan.packed, launch=launch,
+                      config=dict(plan.config))
+
+
+def _float_literal(v: np.float32) -> str:
+    """An exact C++ float literal."""
+    f = float(v)
+    if not math.isfinite(f):
+        raise ValueError(f"epilogue scale must be finite, got {f}")
+    return f"{f.hex()}f" if f != 0.0 else "0.0f"
+
+
+register(Nm24Family())

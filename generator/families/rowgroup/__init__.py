@@ -1,0 +1,302 @@
+"""The row-group gather GEMM: the kernel engine of the `bsr` and `shflbw`
+families (it registers no family of its own).
+
+Both patterns reduce to the same computation: the rows of W (permuted for
+shflbw) fall into groups; group g has a list of k_g columns and a dense
+weight tile over them, and
+
+    Y[rows of g, :] = epilogue(W_g . X[cols of g, :])
+
+- shflbw: a group is V consecutive rows of the permuted matrix; its list is
+  the group's column support (the union of its rows' supports, so a matrix
+  that does not fit exactly still runs, with explicit zeros stored).
+- bsr: a group is one block-row of br rows (several block-rows when br < 16,
+  to fill one m16 tensor-core tile); its list is the union of its nonzero
+  blocks' columns, each block contributing a run of bc columns.
+
+plan.py packs a matrix (xshare.py for the shared-gather path), space.py is
+the search space and its constraint table, this module the Family base the
+two families derive from.  The device code is
+templates/include/sf/rowgroup.cuh; templates/rowgroup.cu.j2 only bakes in
+the constants.  Split-K is not implemented: one CTA runs one group's whole K.
+"""
+from __future__ import annotations
+
+import weakref
+from typing import Optional
+
+import numpy as np
+
+from ...family import Family
+from ...kernel import (ConfigError, Kernel, Operation, config_name, make_launch, render,
+                       smem_limit)
+from ...matrix import SparseMatrix
+from . import space
+from .plan import (ELEM_T, Grouping, RowGroupPlan, build_plan, build_shared_plan, cost_classes,
+                   round_up, unpack_plan)
+
+SM_SMEM = 228 * 1024     # shared memory of an sm_90 multiprocessor (1 KB of it per CTA is reserved)
+TABLE_SOURCE = "generator/families/rowgroup/space.py"
+
+
+def is_wg(config: dict) -> bool:
+    """Whether a configuration takes the wgmma (sm_90a) path."""
+    return bool(config.get("wg", 0))
+
+
+def is_xs(config: dict) -> bool:
+    """Whether a configuration takes the shared-gather path."""
+    return bool(config.get("xr", 0))
+
+
+def wg_tile_rows(bm: int) -> int:
+    """Rows of a wgmma tile: BM rounded up to whole warpgroups (64 rows)."""
+    return max(64, round_up(bm, 64))
+
+
+def problem(bm: int, layout: str) -> dict:
+    """The constants of the constraint table that the problem fixes."""
+    return {"bm": bm, "tm": int(layout == "tm")}
+
+
+def device_constants(device: Optional[dict]) -> dict:
+    """The constants of the table's device constraints."""
+    return {"smem_limit": smem_limit(device),
+            "sm90a": int(not device or not device.get("arch") or device["arch"] == "sm_90a")}
+
+
+def env_of(bm: int, config: dict, layout: str = "fm") -> dict:
+    """The table's environment of a configuration: derived sizes (smem,
+    tile, threads, ...) included."""
+    return space.SPACE.env(config, problem(bm, layout))
+
+
+def smem_bytes(bm: int, config: dict, layout: str = "fm") -> int:
+    """Dynamic shared memory of a configuration (the table's `smem`, which
+    the kernel asserts equal to Config::SMEM_BYTES)."""
+    return env_of(bm, config, layout)["smem"]
+
+
+def min_blocks(bm: int, config: dict, layout: str = "fm") -> int:
+    """The minimum-CTAs-per-SM hint of __launch_bounds__.  mma.sync paths:
+    the most CTAs whose registers fit when each thread gets its
+    accumulators, two k-steps of A and B fragments, its prefetched row
+    indices and ~88 registers of addressing (each of the SM's 4 schedulers
+    has 16K registers); ptxas's own default spills the large warp tiles.
+    wgmma: as many as shared memory holds while each thread keeps its
+    accumulators and ~56 registers -- asking for them caps the registers
+    (without the cap a fused GELU took more than half the register file
+    and the SM held one CTA, so nothing hid the epilogue)."""
+    e = env_of(bm, config, layout)
+    if is_wg(config):
+        need = round_up(e["bn"] // e["wn"] // 2 + 56, 8)
+        by_smem = SM_SMEM // (e["smem"] + 1024)
+        return max(1, min(8, by_smem, 65536 // (e["threads"] * need)))
+    regs = e["acc"] + (e["mf"] * 4 + e["nf"] * 2) * 2 + e["b_iters"] + 88
+    warps = e["wm"] * e["wn"]
+    for blocks in range(8, 0, -1):
+        # registers are split over the SM's 4 schedulers (16K each), 8 at a time
+        per_scheduler = -(-blocks * warps // 4)
+        if min(255, 16384 // (per_scheduler * 32) // 8 * 8) >= regs:
+            return blocks
+    return 1
+
+
+class RowGroupFamily(Family):
+    """A Family whose kernels are the row-group gather GEMM.  Subclasses
+    define the pattern (name, parse_params, tag, spec, _check_params,
+    analyze, prune, synth) and `_grouping_uncached`."""
+    dtypes = ("fp16", "bf16")
+    layouts = ("fm",)
+    template = "rowgroup.cu.j2"
+
+    def __init__(self):
+        self._cache: dict = {}
+
+    # -- to implement -------------------------------------------------------
+    def _grouping_uncached(self, matrix: SparseMatrix, params: dict) -> Grouping:
+        raise NotImplementedError
+
+    def _check_params(self, params: dict) -> tuple:
+        raise NotImplementedError
+
+    # -- grouping, cached per matrix object -----------------------------------
+    def grouping(self, matrix: SparseMatrix, params: dict) -> Grouping:
+        key = (id(matrix), self._check_params(params), matrix.nnz, matrix.shape)
+        hit = self._cache.get(key)
+        if hit is not None and hit[0]() is matrix:
+            return hit[1]
+        g = self._grouping_uncached(matrix, params)
+        if len(self._cache) >= 8:
+            self._cache.pop(next(iter(self._cache)))
+        self._cache[key] = (weakref.ref(matrix), g)
+        return g
+
+    def fits(self, matrix: SparseMatrix, params: dict) -> bool:
+        return self.grouping(matrix, params).exact
+
+    def dtype_for(self, dtype: str) -> str:
+        return dtype if dtype in self.dtypes else "fp16"
+
+    # -- configurations ------------------------------------------------------
+    def tile_rows(self, matrix: SparseMatrix, params: dict) -> int:
+        """BM of every configuration for this matrix and params."""
+        return self.grouping(matrix, params).bm
+
+    def check_config(self, config: dict, matrix: SparseMatrix, op: Operation, params: dict,
+                     device: Optional[dict] = None) -> None:
+        self._check_params(params)
+        self.check_op(op)
+        keys = tuple(sorted(config))
+        if keys not in space.KEY_SETS:
+            raise ConfigError(f"keys: a {self.name} configuration has exactly "
+                              f"{space.CONFIG_KEYS} (or those and 'wg', optionally with 'tn', "
+                              f"for the wgmma path, or 'xr' and 'xu' for the shared gather), "
+                              f"got {keys}")
+        for k_ in keys:
+            if not isinstance(config[k_], (int, np.integer)) or isinstance(config[k_], bool):
+                raise ConfigError(f"{k_}: must be an integer, got {config[k_]!r}")
+        if config.get("tn") == 1:
+            raise ConfigError("tn: omit the key for one tile of N per CTA (one configuration, "
+                              "one spelling)")
+        space.SPACE.check(config, problem(self.tile_rows(matrix, params), op.layout),
+                          device_constants(device))
+
+    def _valid(self, candidates, matrix, op, params, device) -> list[dict]:
+        out = []
+        for cfg in candidates:
+            try:
+                self.check_config(cfg, matrix, op, params, device)
+            except ConfigError:
+                continue
+            if cfg not in out:
+                out.append(cfg)
+        return out
+
+    @staticmethod
+    def xs_space() -> list[dict]:
+        """Every shared-gather configuration shape (unchecked): half and
+        three quarters of xr * bk rows of X per chunk."""
+        out = []
+        for outer in space.XS_SPACE.enumerate(("xr", "bk")):
+            xr, bk = outer["xr"], outer["bk"]
+            for xu in sorted({round_up(xr * bk // 2, 16), round_up(3 * xr * bk // 4, 16)}):
+                for c in space.XS_SPACE.enumerate(("bn", "wn", "stages"), dict(outer, xu=xu)):
+                    out.append({k: c[k] for k in ("bk", "bn", "stages")} | {
+                        "wm": xr, "wn": c["wn"], "xr": xr, "xu": xu})
+        return out
+
+    @staticmethod
+    def wg_space(bm: int) -> list[dict]:
+        """Every wgmma configuration shape for a tile of bm rows (unchecked)."""
+        wm = wg_tile_rows(bm) // 16
+        base = [{"bk": c["bk"], "bn": c["n"] * c["wn"], "stages": c["stages"], "wm": wm,
+                 "wn": c["wn"], "wg": 1} for c in space.WG_SPACE.enumerate()]
+        # streamed tiles: BK = 32 only.  With BK = 64 they spill a few bytes
+        # with a fused GELU (sm_90a; over 64-row tiles they also lost in the
+        # probe of bench/RESULTS.md), and with BK = 16 half the output tile
+        # does not fit a stage
+        return base + [dict(c, tn=tn) for tn in space.TN_CHOICES for c in base if c["bk"] == 32]
+
+    def search_space(self, matrix: SparseMatrix, op: Operation, params: dict,
+                     device: Optional[dict] = None) -> list[dict]:
+        """Every valid configuration.  On sm_90a (feature-major) the wgmma
+        ones; the mma.sync and shared-gather ones join them only when the
+        group is not whole warpgroups of rows (the wgmma tile then computes
+        padding rows), as on an H200 wgmma was faster on every S1 problem
+        whose groups are (the shared gather included: bench/RESULTS.md).
+        Elsewhere mma.sync and, feature-major, the shared gather."""
+        bm = self.tile_rows(matrix, params)
+        fm = op.layout == "fm"
+        hopper = fm and bool(device and device.get("arch") == "sm_90a")
+        whole = hopper and bm % 64 == 0      # whole warpgroups of rows
+        out = self._valid(self.wg_space(bm), matrix, op, params, device) if hopper else []
+        if whole and out:
+            return out
+        if fm and not whole:
+            out += self._valid(self.xs_space(), matrix, op, params, device)
+        return out + self._valid(space.MMA_SPACE.enumerate(), matrix, op, params, device)
+
+    def hint_configs(self, matrix: SparseMatrix, op: Operation, params: dict,
+                     device: Optional[dict] = None) -> list[dict]:
+        """The S1 winners on an H200 (bench/RESULTS.md), the most frequent
+        first, that are valid here.  sm_90a, whole warpgroups of rows: the
+        wgmma path; sm_90a with smaller groups: mma.sync, then the shared
+        gather; elsewhere mma.sync with 64 x 64 warp tiles where BM allows."""
+        bm = self.tile_rows(matrix, params)
+        hopper = bool(device and device.get("arch") == "sm_90a" and op.layout == "fm")
+        wm = wg_tile_rows(bm) // 16
+        wg = [{"bk": 32, "bn": 256, "stages": 5, "wm": wm, "wn": 1, "wg": 1},
+              {"bk": 32, "bn": 128, "stages": 4, "wm": wm, "wn": 1, "wg": 1, "tn": 4},
+              {"bk": 32, "bn": 256, "stages": 5, "wm": wm, "wn": 2, "wg": 1},
+              {"bk": 32, "bn": 128, "stages": 5, "wm": wm, "wn": 1, "wg": 1},
+              {"bk": 64, "bn": 128, "stages": 4, "wm": wm, "wn": 1, "wg": 1},
+              {"bk": 32, "bn": 256, "stages": 5, "wm": wm, "wn": 2, "wg": 1, "tn": 2},
+              {"bk": 32, "bn": 128, "stages": 4, "wm": wm, "wn": 1, "wg": 1},
+              {"bk": 16, "bn": 256, "stages": 5, "wm": wm, "wn": 1, "wg": 1}]
+        if hopper and bm % 64 == 0:  # the space is wgmma only
+            prefs = wg
+        else:
+            small = [{"bk": 16, "bn": 256, "stages": 3, "wm": 1, "wn": 2},
+                     {"bk": 16, "bn": 128, "stages": 4, "wm": 1, "wn": 2},
+                     {"bk": 16, "bn": 256, "stages": 4, "wm": 1, "wn": 2},
+                     {"bk": 32, "bn": 128, "stages": 4, "wm": 1, "wn": 4},
+                     {"bk": 64, "bn": 128, "stages": 3, "wm": 1, "wn": 4},
+                     {"bk": 32, "bn": 128, "stages": 3, "wm": 8, "wn": 1, "xr": 8, "xu": 128}]
+            prefs = (small + wg if hopper else []) + [
+                {"bk": 32, "bn": 256, "stages": 4, "wm": max(1, bm // 64), "wn": 4},
+                {"bk": 32, "bn": 128, "stages": 3, "wm": max(1, bm // 64), "wn": 2},
+                {"bk": 32, "bn": 128, "stages": 3, "wm": 1, "wn": 4},
+                {"bk": 32, "bn": 128, "stages": 3, "wm": 2, "wn": 2}]
+        return self._valid(prefs, matrix, op, params, device)
+
+    def default_config(self, matrix: SparseMatrix, op: Operation, params: dict,
+                       device: Optional[dict] = None) -> dict:
+        """A reasonable configuration without tuning: the first hint."""
+        hints = self.hint_configs(matrix, op, params, device)
+        return hints[0] if hints else super().default_config(matrix, op, params, device)
+
+    # -- plan, unpack, render ------------------------------------------------
+    def plan(self, matrix: SparseMatrix, op: Operation, params: dict, config: dict,
+             bias: Optional[np.ndarray] = None) -> RowGroupPlan:
+        self.check_config(config, matrix, op, params)
+        if is_xs(config):
+            return build_shared_plan(matrix, op, self.grouping(matrix, params), config["bk"],
+                                     config["xr"], config["xu"], family=self.name,
+                                     tag=self.tag(params), bias=bias)
+        return build_plan(matrix, op, self.grouping(matrix, params), config["bk"],
+                          family=self.name, tag=self.tag(params), bias=bias,
+                          tn=config.get("tn", 1))
+
+    def unpack(self, plan: RowGroupPlan) -> SparseMatrix:
+        return unpack_plan(plan)
+
+    def render(self, plan: RowGroupPlan, op: Operation, config: dict) -> Kernel:
+        name = config_name(plan.tag, config, op)
+        e = env_of(plan.bm, config, op.layout)
+        tile = {k: config[k] for k in space.CONFIG_KEYS}  # the template's names ("wg" is `wg`)
+        tn = config.get("tn", 1)
+        scale = float(np.float32(op.epilogue.scale))
+        checks = space.SPACE.static_asserts(config, problem(plan.bm, op.layout), TABLE_SOURCE)
+        source = render(self.template, name=name, family=plan.family, tag=plan.tag,
+                        dtype=plan.dtype, elem_t=ELEM_T[plan.dtype], m=plan.shape[0],
+                        k=plan.shape[1], num_slots=plan.num_slots, group_rows=plan.group_rows,
+                        bm=e["tile"], am=e["am"], wg=is_wg(config), xr=plan.xr, xu=plan.xu,
+                        total_chunks=plan.total_chunks, off=plan.offsets,
+                        permuted=plan.permuted, has_bias=plan.has_bias, layout=op.layout,
+                        runs8=plan.runs8, act=op.act_code, scale=scale.hex() + "f",
+                        smem_bytes=e["smem"], min_blocks=min_blocks(plan.bm, config, op.layout),
+                        tn=tn, class_ends=cost_classes(plan, tn), constraints=checks, **tile)
+        launch = make_launch(grid=(max(1, plan.num_slots),), block=(e["threads"],), n_axis=1,
+                             n_tile=config["bn"] * tn, shared_bytes=e["smem"])
+        return Kernel(name=name, source=source, packed=plan.packed, launch=launch,
+                      config=dict(config))
+
+    # -- benchmarks ------------------------------------------------------------
+    def gather_bytes(self, matrix: SparseMatrix, params: dict, n: int,
+                     config: dict) -> Optional[float]:
+        """What a row-group kernel reads out of L2: each group's gathered
+        rows of X once per group (nnz / group rows of them, N wide) and its
+        weights once per tile of N (fp16/bf16)."""
+        rows = self.grouping(matrix, params).group_rows
+        return matrix.nnz / rows * n * 2 + matrix.nnz * 2 * -(-n // config["bn"])

@@ -1,0 +1,176 @@
+"""Each configuration constraint is written once (generator/space.py): the
+search space filters with the table and the generated source asserts it.
+These tests hold the two against each other through NVRTC's front end:
+every configuration a family's space emits compiles, and a configuration
+that breaks a constraint is refused by the compiler with that constraint's
+message."""
+from __future__ import annotations
+
+import itertools
+import os
+from concurrent.futures import ThreadPoolExecutor
+
+import numpy as np
+import pytest
+
+import nvrtc_front
+from sparseforge.generator import space as space_mod
+from sparseforge.generator.families import family_of
+from sparseforge.generator.kernel import Epilogue, Operation
+from sparseforge.generator.space import ConfigError, Constraint, Expr, Space
+from sparseforge.generator.synth import random_matrix
+
+pytestmark = pytest.mark.skipif(nvrtc_front.available() is not None,
+                                reason=f"NVRTC: {nvrtc_front.available()}")
+
+# (pattern, M, K, dtype, layout, arch of the device the space is for)
+CASES = [("shflbw:64", 512, 256, "fp16", "fm", "sm_90a"),
+         ("shflbw:64", 512, 256, "fp16", "fm", "sm_80"),
+         ("shflbw:32", 512, 256, "bf16", "fm", "sm_90a"),
+         ("bsr:64x64", 512, 512, "fp16", "tm", "sm_90a"),
+         ("bsr:16x16", 256, 256, "fp16", "fm", "sm_80"),
+         ("nm24", 256, 256, "fp16", "fm", "sm_90a"),
+         ("nm24", 256, 256, "bf16", "tm", "sm_80"),
+         ("csr", 300, 200, "fp32", "fm", "sm_90a"),
+         ("csr", 300, 200, "fp32", "tm", "sm_80")]
+
+
+def _problem(pattern, m, k, dtype, layout):
+    fam, params = family_of(pattern)
+    mat = random_matrix(pattern, m, k, 0.01 if fam.name == "csr" else 0.1, dtype, seed=1)
+    op = Operation(dtype, layout, Epilogue(bias=True, activation="gelu"))
+    bias = np.linspace(-1, 1, m).astype(np.float32)
+    return fam, params, mat, op, bias
+
+
+def _front_end_all(sources, arch):
+    with ThreadPoolExecutor(max_workers=os.cpu_count() or 2) as pool:
+        return list(pool.map(lambda s: nvrtc_front.front_end(s, arch), sources))
+
+
+@pytest.mark.parametrize("case", CASES, ids=lambda c: f"{c[0]}-{c[4]}-{c[5]}")
+def test_every_configuration_of_the_space_compiles(case):
+    pattern, m, k, dtype, layout, arch = case
+    fam, params, mat, op, bias = _problem(pattern, m, k, dtype, layout)
+    configs = fam.search_space(mat, op, params, {"arch": arch})
+    assert configs, f"{pattern}: empty space"
+    sources = [fam.generate(mat, op, params, c, bias=bias).source for c in configs]
+    results = _front_end_all(sources, arch)
+    bad = [(c, log[:400]) for c, (ok, log) in zip(configs, results) if not ok]
+    assert not bad, f"{len(bad)} of {len(configs)} configurations do not compile: {bad[:3]}"
+
+
+def _tables(fam):
+    """The family's constraint table (one Space serves all its paths)."""
+    mod = __import__(type(fam).__module__, fromlist=["x"])
+    for name in ("SPACE", "TABLE"):
+        if isinstance(getattr(mod, name, None), Space):
+            return getattr(mod, name)
+    from sparseforge.generator.families.rowgroup import space
+    return space.SPACE
+
+
+# the values a broken configuration may take for each key
+PROBES = {"bk": (8, 16, 32, 48, 64, 128), "bn": (8, 16, 32, 64, 96, 128, 256, 512),
+          "stages": (1, 2, 3, 4, 5, 6, 7), "wm": (1, 2, 3, 4, 8, 16), "wn": (1, 2, 3, 4, 8),
+          "wg": (1, 2), "tn": (1, 2, 3, 4), "xr": (2, 4, 8, 16), "xu": (16, 24, 32, 64, 128, 512),
+          "bm": (32, 48, 64, 96, 128), "vec": (1, 2, 3, 4), "rows": (1, 2, 4, 64),
+          "split": (1, 2, 4, 8, 64), "unroll": (1, 3, 4, 8, 64),
+          "tables": ("global", "const", "imm")}
+# Constraints no configuration of these problems can break first: those the
+# problem fixes for every plan (bm, m, k, nnz, const_bytes) and `wm >= 1 and
+# wn >= 1` (a zero divides in the derived sizes first; the compiler refuses
+# that too).  Named here, not silently skipped.
+UNREACHABLE = {"bm >= 16 and bm % 16 == 0", "m >= 1 and k >= 1", "am <= tile",
+               "const_bytes <= 65536", "m <= 4096", "nnz <= 8192",
+               "wm >= 1 and wn >= 1"}
+TABLE_CASES = {"rowgroup": [CASES[0], CASES[1], CASES[2], CASES[3], CASES[4],
+                            ("shflbw:128", 512, 256, "fp16", "fm", "sm_90a")],
+               "nm24": [CASES[5], CASES[6]], "csr": [CASES[7], CASES[8]]}
+
+
+def _broken_configs(case) -> dict:
+    """rule -> a configuration one or two keys away from a valid one of the
+    case's space that breaks that rule first (others may break too)."""
+    pattern, m, k, dtype, layout, arch = case
+    fam, params, mat, op, _ = _problem(pattern, m, k, dtype, layout)
+    valid = fam.search_space(mat, op, params, {"arch": arch})
+    keys = sorted({k_ for c in valid for k_ in c} | ({"wg", "tn", "xr", "xu"} if "bk" in valid[0]
+                                                        and "bm" not in valid[0] else set()))
+    broken: dict[str, dict] = {}
+    for base in valid[:: max(1, len(valid) // 6)]:
+        for k1, k2 in itertools.combinations_with_replacement(keys, 2):
+            for v1, v2 in itertools.product(PROBES[k1], PROBES[k2]):
+                cfg = dict(base, **{k1: v1, k2: v2})
+                try:
+                    fam.check_config(cfg, mat, op, params)
+                except ConfigError as e:
+                    broken.setdefault(str(e).split(":")[0], cfg)
+    return broken
+
+
+@pytest.mark.parametrize("table", sorted(TABLE_CASES))
+def test_a_configuration_the_table_rejects_the_compiler_rejects(table, monkeypatch):
+    cases = TABLE_CASES[table]
+    found = [(case, _broken_configs(case)) for case in cases]
+    fam = _problem(*cases[0][:5])[0]
+    rules = {c.rule for c in _tables(fam).constraints if not c.device}
+    covered = {rule for _, broken in found for rule in broken}
+    missing = rules - covered - UNREACHABLE
+    assert not missing, f"no probe breaks {sorted(missing)}"
+    monkeypatch.setattr(Space, "check", lambda *a, **kw: None)   # render what the table refuses
+    checked = set()
+    for case, broken in found:
+        fam, params, mat, op, bias = _problem(*case[:5])
+        todo = []
+        for rule, cfg in broken.items():
+            if rule in checked or rule not in rules:
+                continue
+            try:
+                todo.append((rule, cfg, fam.generate(mat, op, params, cfg, bias=bias).source))
+            except (ValueError, KeyError, ZeroDivisionError, IndexError):
+                continue    # the packer itself refuses it: it never reaches the compiler
+        for (rule, cfg, _), (ok, log) in zip(todo, _front_end_all([t[2] for t in todo], case[5])):
+            assert not ok, f"the compiler accepted {cfg}, which breaks {rule!r}"
+            assert rule in log, f"{cfg} failed without naming {rule!r}: {log[:300]}"
+            checked.add(rule)
+    unchecked = rules - checked - UNREACHABLE
+    assert len(unchecked) <= len(rules) // 4, f"rules never taken to the compiler: {unchecked}"
+
+
+# ---- the expression subset --------------------------------------------------
+
+@pytest.mark.parametrize("text,env,value", [
+    ("a // b", {"a": 7, "b": 2}, 3), ("cdiv(a, b)", {"a": 7, "b": 2}, 4),
+    ("max(a, b) - min(a, b)", {"a": 3, "b": 9}, 6), ("a in (1, 2, 3)", {"a": 2}, True),
+    ("a not in (1, 2)", {"a": 2}, False), ("x if a else y", {"a": 0, "x": 1, "y": 5}, 5),
+    ("not a or b and c", {"a": 1, "b": 1, "c": 0}, False), ("a << 2 | 1", {"a": 3}, 13)])
+def test_expressions_mean_the_same_in_python_and_cpp(text, env, value):
+    e = Expr(text)
+    assert e.eval(env) == value
+    decls = "".join(f"constexpr long long {k} = {v};\n" for k, v in env.items())
+    src = decls + f"static_assert(({e.cpp()}) == {int(value)}, \"{text}\");\n"
+    ok, log = nvrtc_front.front_end(src)
+    assert ok, log
+
+
+@pytest.mark.parametrize("text", ["a / b", "a ** 2", "f(a)", "a.b", "[a]", "a in b", "1.5"])
+def test_expressions_outside_the_subset_are_refused(text):
+    with pytest.raises(ValueError, match="subset|constants|tuple|unsupported"):
+        Expr(text)
+
+
+def test_a_device_constraint_is_checked_in_python_only():
+    s = Space(choices={}, constraints=[Constraint("x <= lim", "fits", device=True),
+                                       Constraint("x > 0", "positive")])
+    s.check({"x": 5}, {})                    # no device: the device rule is not asked
+    with pytest.raises(ConfigError, match="x <= lim: fits"):
+        s.check({"x": 5}, {}, {"lim": 4})
+    asserts = s.static_asserts({"x": 5}, {}, "t")
+    assert "x > 0" in asserts and "lim" not in asserts
+
+
+def test_the_message_of_a_broken_constraint_names_the_rule_and_the_config():
+    s = space_mod.Space(choices={}, constraints=[Constraint("a % 2 == 0", "a is even")])
+    with pytest.raises(ConfigError, match=r"a % 2 == 0: a is even \(a=3\)"):
+        s.check({"a": 3}, {})
