@@ -117,6 +117,36 @@ def test_second_run_is_served_from_the_database(tmp_path, matrix):
         assert len(w.trials) == 2                   # the two winners, re-timed for the table
 
 
+def test_a_later_tune_adds_n_buckets_beside_the_stored_ones(tmp_path, matrix):
+    """--n 16 then --n 256,16: the layer keeps 16 (re-timed, not re-tuned)
+    and gains 256; a later --n 64 alone adds 64 and keeps both."""
+    db = str(tmp_path / "t.db")
+    op = Operation("fp32", "fm")
+    total = space_size(matrix, op)
+    with Cache(db) as cache:
+        Tuner(cache, strategy="exhaustive", worker=ReplayWorker(), jobs=2).tune(
+            matrix, "csr", {}, op, [16], "layer0")
+        first = cache.layers("layer0")[0]["variants"]
+        w = ReplayWorker()
+        res = Tuner(cache, strategy="exhaustive", worker=w, jobs=2).tune(
+            matrix, "csr", {}, op, [256, 16], "layer0")
+        assert len(w.trials) == total + 1         # 256 searched, 16's winner re-timed
+        assert res.from_cache and set(res.per_n) == {16, 256}
+        (rec,) = cache.layers("layer0")
+        assert [v["n_bucket"] for v in rec["variants"]] == [16, 256]
+        assert rec["variants"][0] == first[0]     # the stored bucket is kept as it was
+        w = ReplayWorker()
+        Tuner(cache, strategy="exhaustive", worker=w, jobs=2).tune(matrix, "csr", {}, op, [64],
+                                                                   "layer0")
+        assert len(w.trials) == total
+        assert [v["n_bucket"] for v in cache.layers("layer0")[0]["variants"]] == [16, 64, 256]
+        # --force re-tunes the asked bucket and keeps the others
+        w = ReplayWorker()
+        Tuner(cache, strategy="exhaustive", worker=w, jobs=2).tune(matrix, "csr", {}, op, [64],
+                                                                   "layer0", force=True)
+        assert [v["n_bucket"] for v in cache.layers("layer0")[0]["variants"]] == [16, 64, 256]
+
+
 def test_faulting_candidate_is_recorded_and_the_run_goes_on(tmp_path, matrix):
     op = Operation("fp32", "fm")
     space = get_family("csr").search_space(matrix, op, {}, DEVICE)
