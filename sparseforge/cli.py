@@ -1,12 +1,20 @@
-"""The `sparseforge` command line."""
+"""The `sparseforge` command line.
+
+Every failure is one line on stderr ("sparseforge CMD: error: ...") and a
+nonzero exit; `--debug` (before or after the command) shows the trace too.
+A command that fails leaves no database it created behind.  Ctrl-C stops
+within a couple of seconds and keeps everything stored so far.
+"""
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
+from contextlib import contextmanager
 from pathlib import Path
 
-EXIT_OK, EXIT_ERROR, EXIT_USAGE = 0, 1, 2
+EXIT_OK, EXIT_ERROR, EXIT_USAGE, EXIT_INTERRUPTED = 0, 1, 2, 130
 
 
 def _ns(text: str) -> list[int]:
@@ -19,12 +27,83 @@ def _ns(text: str) -> list[int]:
     return ns
 
 
+def _positive_int(text: str) -> int:
+    try:
+        v = int(text)
+    except ValueError:
+        v = 0
+    if v < 1:
+        raise argparse.ArgumentTypeError(f"a positive whole number, got {text!r}")
+    return v
+
+
+def _budget(text: str) -> str:
+    from .tuner.strategies import Budget
+    try:
+        Budget.parse(text, 1)
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
+    return text
+
+
+def _pattern(text: str) -> str:
+    from .generator.families import parse_pattern
+    try:
+        parse_pattern(text)
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
+    return text
+
+
+def _archs(text: str) -> str:
+    import re
+    archs = [a.strip() for a in text.split(",")]
+    bad = [a for a in archs if not re.fullmatch(r"sm_\d{2,3}[af]?", a)]
+    if bad or not archs:
+        raise argparse.ArgumentTypeError(f"architectures such as sm_80 or sm_90a, "
+                                         f"comma-separated; got {text!r}")
+    return ",".join(archs)
+
+
+@contextmanager
 def _open_cache(path, create=True, readonly=False):
+    """The cache at `path` (default: the user's).  A database this command
+    creates is removed again when the command fails before storing any work
+    (kernels, trials, layers), so a failing command leaves none behind.  A database that cannot be written is named as such
+    (a read-only file or folder), with the commands that only read it."""
     from .cache import Cache, default_path
+    from ._lib import SFError
     p = Path(path) if path else default_path()
-    if create and not readonly:
+    new = not p.exists()
+    made_dir = None
+    if create and not readonly and not p.parent.exists():
+        made_dir = next(d for d in [p.parent, *p.parent.parents] if d.parent.exists())
         p.parent.mkdir(parents=True, exist_ok=True)
-    return Cache(str(p), create=create, readonly=readonly)
+    try:
+        cache = Cache(str(p), create=create, readonly=readonly)
+    except SFError as e:
+        if not readonly and p.exists() and not os.access(p if p.is_file() else p.parent, os.W_OK):
+            raise ValueError(f"{p} is read-only (the file or its folder cannot be written): "
+                             "copy it somewhere writable, or use a command that only reads "
+                             "it (cache ls, cache show, cache export, report)") from None
+        raise e
+    try:
+        yield cache
+    except Exception:
+        # a command that failed before it stored any work leaves no
+        # database it created (an interrupt keeps it: it holds the work)
+        empty = new and not readonly and not any(
+            v for k, v in cache.summary().items() if k in ("binaries", "trials", "layers"))
+        cache.close()
+        if empty:
+            for side in ("", "-wal", "-shm", "-journal"):
+                Path(str(p) + side).unlink(missing_ok=True)
+            if made_dir is not None:
+                import shutil
+                shutil.rmtree(made_dir, ignore_errors=True)
+        raise
+    finally:
+        cache.close()
 
 
 def _load(path: str, name=None, dtype=None):
@@ -57,6 +136,9 @@ def cmd_prune(args) -> int:
     mats = _load(args.file, args.name, args.dtype)
     out = []
     for name, m in mats:
+        if m.values_synthetic:
+            print(f"note: {name} holds a pattern only; its values were drawn from a seeded "
+                  "generator, so pruning ranks those drawn values", file=sys.stderr)
         pruned, stats = prune.prune(m.to_dense(), args.pattern, args.sparsity, seed=args.seed)
         pruned = pruned.astype(m.dtype)
         pruned.name = name
@@ -93,6 +175,13 @@ def cmd_generate(args) -> int:
         import numpy as np
         bias = np.zeros(m.rows, dtype=np.float32) if args.bias else None
         kernel = fam.generate(m, op, params, config, bias=bias)
+        if not fam.fits(m, params):
+            stored = getattr(fam.plan(m, op, params, config, bias=bias), "stored_entries", None)
+            extra = (f": the kernel stores {stored - m.nnz} explicit zeros beside the "
+                     f"{m.nnz} nonzeros ({100 * (stored - m.nnz) / max(1, m.nnz):.0f}% more "
+                     f"work)") if stored else ""
+            print(f"note: {name} does not fit {args.pattern} exactly{extra}; `sparseforge "
+                  f"prune --pattern {args.pattern}` makes it fit", file=sys.stderr)
         stem = outdir / _safe(name or Path(args.file).stem)
         stem.with_suffix(".cu").write_text(kernel.source)
         binary = ctx.compile(kernel.source, name=kernel.name + ".cu", arch=args.arch,
@@ -128,17 +217,35 @@ def cmd_tune(args) -> int:
     mats = _load(args.file, args.name, args.dtype)
     with _open_cache(args.db) as cache:
         tuner = _make_tuner(args, cache)
-        try:
+        with _closing(tuner):
             if not tuner.gpu:
-                print(f"no GPU: {tuner.gpu_reason}. Generating and compiling for {tuner.arch}; "
-                      "nothing is measured.", file=sys.stderr)
+                print(f"no GPU ({tuner.gpu_reason}): compiling for {', '.join(tuner.archs)} and "
+                      "storing the kernels, untuned; nothing is measured.", file=sys.stderr)
             rows = tune_model(mats, tuner, args.n, args.pattern, args.activation, args.layout,
                               force=args.force)
-        finally:
-            tuner.close()
-        print(format_table(rows, tuner.device["name"] if tuner.device else f"none (arch {tuner.arch})"))
+        device = tuner.device["name"] if tuner.device else f"none (compiled for {', '.join(tuner.archs)})"
+        print(format_table(rows, device))
         print(f"\ndatabase: {cache.path}; kernels compiled in this run: {tuner.compiled}")
+        if tuner.recompiled_corrupt:
+            print(f"note: {tuner.recompiled_corrupt} stored kernel(s) failed their checksum and "
+                  "were compiled again and replaced", file=sys.stderr)
+        if not tuner.gpu:
+            print("nothing was measured (no GPU): the layers are stored untuned; `sparseforge "
+                  "cache ls` lists them; tune on the GPU to measure")
     return EXIT_OK
+
+
+@contextmanager
+def _closing(tuner):
+    """Closes the tuner's worker: at once on an interrupt (no waiting for a
+    kernel being timed), else after it finishes."""
+    try:
+        yield tuner
+    except KeyboardInterrupt:
+        tuner.close(kill=True)
+        raise
+    else:
+        tuner.close()
 
 
 def cmd_sweep(args) -> int:
@@ -146,10 +253,8 @@ def cmd_sweep(args) -> int:
     spec = load_spec(args.spec)
     with _open_cache(args.db) as cache:
         tuner = _make_tuner(args, cache)
-        try:
+        with _closing(tuner):
             run_sweep(spec, tuner, log=sys.stderr)
-        finally:
-            tuner.close()
     return EXIT_OK
 
 
@@ -175,7 +280,11 @@ def cmd_cache(args) -> int:
             for rec in layers:
                 buckets = ",".join(str(v["n_bucket"]) for v in rec["variants"])
                 print(f"{rec['name'][:40]:40s} {rec['gpu_name'][:28]:28s} {rec['op'][:32]:32s} "
-                      f"{rec['rows']:>5d}x{rec['cols']:<6d} {buckets}")
+                      f"{rec['rows']:>5d}x{rec['cols']:<6d} {buckets or 'unusable'}")
+            for rec in layers:
+                if rec["problem"]:
+                    print(f"warning: layer {rec['name']!r} ({rec['gpu_name']}) is unusable: "
+                          f"{rec['problem']}; tune it again to replace it", file=sys.stderr)
         return EXIT_OK
     if args.action == "show":
         with _open_cache(args.db, create=False, readonly=True) as cache:
@@ -185,9 +294,12 @@ def cmd_cache(args) -> int:
                 return EXIT_ERROR
             for rec in recs:
                 print(f"layer {rec['name']} on {rec['gpu_name']}: {rec['op']}, {rec['rows']}x{rec['cols']}")
+                if rec["problem"]:
+                    print(f"  unusable: {rec['problem']}")
                 for v in rec["variants"]:
-                    print(f"  N={v['n_bucket']:<6d} {v['kernel_name']}  grid={tuple(v['grid'])} "
-                          f"block={tuple(v['block'])} smem={v['shared_bytes']} "
+                    launch = v["launch"]
+                    print(f"  N={v['n_bucket']:<6d} {v['kernel_name']}  grid={launch['grid']} "
+                          f"block={launch['block']} smem={launch['shared_bytes']} "
                           f"packed={len(v['packed'])} B  config={v['config']}")
                 trials = cache.trials(matrix_fp=rec["matrix_fp"], op=rec["op"])
                 ok = sum(1 for t in trials if t["status"] == "ok")
@@ -216,13 +328,25 @@ def cmd_cache(args) -> int:
 # ---- parser -----------------------------------------------------------------
 
 def build_parser() -> argparse.ArgumentParser:
+    from .generator.families import pattern_syntax
+    from .tuner.driver import NO_GPU_ARCHS
+    from .tuner.strategies import strategy_names
+    patterns = pattern_syntax()
+    # options a user may give before or after the (sub)command: every parser
+    # takes them, and a default only where none was given
+    debug = argparse.ArgumentParser(add_help=False)
+    debug.add_argument("--debug", action="store_true", default=argparse.SUPPRESS,
+                       help="show the trace of an error")
     p = argparse.ArgumentParser(
-        prog="sparseforge",
+        prog="sparseforge", parents=[debug],
         description="Generate, tune and cache sparse GPU kernels for pruned weight matrices.")
     p.add_argument("--version", action="version", version=f"sparseforge {_version()}")
     sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
-    from .generator.families import pattern_syntax
-    patterns = pattern_syntax()
+    _add_parser = sub.add_parser
+
+    def add_parser(*a, **kw):
+        return _add_parser(*a, parents=[debug], **kw)
+    sub.add_parser = add_parser
 
     def add_file(sp):
         sp.add_argument("file", help="weights: .npy .npz .safetensors .mtx .smtx")
@@ -237,7 +361,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     sp = sub.add_parser("prune", help="magnitude-prune dense weights to a pattern")
     add_file(sp)
-    sp.add_argument("--pattern", required=True, help=patterns)
+    sp.add_argument("--pattern", required=True, type=_pattern, help=patterns)
     sp.add_argument("--sparsity", required=True, type=float, help="fraction of zeros, e.g. 0.75")
     sp.add_argument("-o", "--output", required=True, help="output file (.npz .safetensors .mtx)")
     sp.add_argument("--seed", type=int, default=0)
@@ -245,7 +369,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     sp = sub.add_parser("generate", help="write the specialized .cu and its cubin (no GPU needed)")
     add_file(sp)
-    sp.add_argument("--pattern", required=True, help=patterns)
+    sp.add_argument("--pattern", required=True, type=_pattern, help=patterns)
     sp.add_argument("--arch", required=True, help="e.g. sm_80, sm_90a")
     sp.add_argument("-o", "--output", required=True, help="output directory")
     sp.add_argument("--config", help="configuration as JSON (default: the first valid one)")
@@ -257,17 +381,21 @@ def build_parser() -> argparse.ArgumentParser:
 
     def add_tuning(sp):
         sp.add_argument("--db", help="cache database (default: ~/.cache/sparseforge/sparseforge.db)")
-        sp.add_argument("--arch", help="target arch (default: the GPU present; required without one)")
-        sp.add_argument("--strategy", default="auto",
-                        help="auto | exhaustive | greedy | random (auto: exhaustive for small spaces)")
-        sp.add_argument("--budget", help="all | N trials | P%% of the space | Ns | Nm")
-        sp.add_argument("--jobs", type=int, help="parallel NVRTC compilations (default: all cores)")
+        sp.add_argument("--arch", type=_archs,
+                        help="target arch (default: the GPU present; without one "
+                             f"{','.join(NO_GPU_ARCHS)}, and a comma-separated list is taken)")
+        sp.add_argument("--strategy", default="auto", choices=["auto"] + strategy_names(),
+                        help="auto: exhaustive for small spaces, else greedy")
+        sp.add_argument("--budget", type=_budget, help="all | N trials | P%% of the space | Ns | Nm")
+        sp.add_argument("--jobs", type=_positive_int,
+                        help="parallel NVRTC compilations (default: all cores)")
         sp.add_argument("--quick", action="store_true", help="shorter timing (fewer repetitions)")
         sp.add_argument("--seed", type=int, help="seed of the verification inputs (default: fresh)")
 
     sp = sub.add_parser("tune", help="tune every sparse layer of a weights file (the main job)")
     add_file(sp)
-    sp.add_argument("--pattern", help="family for every layer (default: the one each layer fits)")
+    sp.add_argument("--pattern", type=_pattern,
+                    help=f"family for every layer ({patterns}; default: the one each layer fits)")
     sp.add_argument("--n", type=_ns, default=[16, 256, 4096],
                     help="N values (tokens) to tune for, comma-separated (default 16,256,4096)")
     sp.add_argument("--activation", choices=["none", "relu", "gelu"], default="none")
@@ -288,8 +416,16 @@ def build_parser() -> argparse.ArgumentParser:
     sp.set_defaults(func=cmd_report)
 
     sp = sub.add_parser("cache", help="see and manage what is stored")
+    db = argparse.ArgumentParser(add_help=False)
+    db.add_argument("--db", default=argparse.SUPPRESS,
+                    help="cache database (default: the user's); before or after the action")
     sp.add_argument("--db", help="cache database (default: the user's)")
     csub = sp.add_subparsers(dest="action", required=True, metavar="ACTION")
+    _add_action = csub.add_parser
+
+    def add_action(*a, **kw):
+        return _add_action(*a, parents=[db, debug], **kw)
+    csub.add_parser = add_action
     csub.add_parser("ls", help="counts and tuned layers")
     c = csub.add_parser("show", help="one layer: its kernels per N and its trials")
     c.add_argument("name")
@@ -314,20 +450,39 @@ def _version() -> str:
 def main(argv=None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
+    debug = getattr(args, "debug", False)
     try:
         return args.func(args)
     except KeyboardInterrupt:
-        print("interrupted: every trial recorded so far is kept; run again to resume", file=sys.stderr)
-        return 130
-    except (ValueError, KeyError, FileNotFoundError, OSError) as e:
-        print(f"sparseforge {args.command}: error: {e}", file=sys.stderr)
+        print(f"sparseforge {args.command}: interrupted; every kernel compiled and every trial "
+              "measured so far is stored: run the same command again to resume",
+              file=sys.stderr)
+        sys.stderr.flush()
+        sys.stdout.flush()
+        # compilations still running in their threads must not hold the
+        # exit (they finish into nothing); the database is already committed
+        os._exit(EXIT_INTERRUPTED)
+    except Exception as e:  # noqa: BLE001 - every failure is one line (the trace with --debug)
+        if debug:
+            import traceback
+            traceback.print_exc()
+        print(f"sparseforge {args.command}: error: {_sentence(e)}", file=sys.stderr)
         return EXIT_ERROR
-    except Exception as e:  # library errors carry their own message
-        from ._lib import SFError
-        if isinstance(e, SFError):
-            print(f"sparseforge {args.command}: error: {e}", file=sys.stderr)
-            return EXIT_ERROR
-        raise
+
+
+def _sentence(e: BaseException) -> str:
+    """The error as a user reads it: the library's, the reader's or the
+    checker's own sentence; anything unexpected named as such."""
+    from ._lib import SFError
+    if isinstance(e, (SFError, ValueError, KeyError, OSError)):
+        text = e.args[0] if isinstance(e, KeyError) and e.args else str(e)
+        if isinstance(e, OSError) and e.filename and str(e.filename) not in text:
+            text = f"{e.filename}: {e.strerror or text}"
+        return text
+    if isinstance(e, MemoryError):
+        return "out of memory (the input may be larger than this machine holds)"
+    return (f"unexpected {type(e).__name__}: {e} (a defect: run again with --debug for the "
+            "trace and report it)")
 
 
 if __name__ == "__main__":

@@ -14,7 +14,7 @@ import math
 import os
 import re
 import threading
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import ThreadPoolExecutor, as_completed
 from dataclasses import dataclass, field
 from typing import Callable, Optional
 
@@ -25,7 +25,7 @@ from ..generator.families import get_family
 from ..generator.kernel import ConfigError, Kernel, Operation, canonical_config, reference
 from ..generator.matrix import SparseMatrix, to_device_bytes
 from .execute import random_input
-from .strategies import Budget, config_key, get_strategy
+from .strategies import Budget, config_key, get_strategy, hinted
 from .worker import PeerJob, Setup, Trial, Worker
 
 # Y elements verified in full below this; above it, CHECK_COLUMNS random columns.
@@ -33,8 +33,11 @@ FULL_CHECK_LIMIT = 1 << 21
 CHECK_COLUMNS = 32
 DEFAULT_TIMING = {"warmup": 3, "min_reps": 30, "max_reps": 1000, "min_total_ms": 100.0,
                   "flush_l2": True}
-# Configurations compiled per layer where no GPU can measure them.
+# Configurations compiled per layer and architecture where no GPU can
+# measure them, and the architectures they are compiled for (Ampere and
+# Hopper; --arch names others).
 NO_GPU_COMPILES = 8
+NO_GPU_ARCHS = ("sm_80", "sm_90a")
 QUICK_TIMING = {"warmup": 2, "min_reps": 10, "max_reps": 200, "min_total_ms": 15.0,
                 "flush_l2": True}
 
@@ -85,9 +88,16 @@ def _binary_key(source: str, options: str, arch: str, nvrtc: str) -> dict:
             "generator_version": GENERATOR_VERSION, "ptx": False}
 
 
+def untuned_gpu_name(arch: str) -> str:
+    """The GPU name a layer compiled without a GPU is stored under."""
+    return f"untuned ({arch})"
+
+
 class Tuner:
     """Tunes matrices into one cache.  Without a GPU it generates and
-    compiles for `arch` and measures nothing."""
+    compiles for `arch` (a comma-separated list; default NO_GPU_ARCHS),
+    stores the binaries and an untuned layer per architecture, and measures
+    nothing."""
 
     def __init__(self, cache, arch: Optional[str] = None, strategy: str = "auto",
                  budget: Optional[str] = None, jobs: Optional[int] = None,
@@ -113,19 +123,23 @@ class Tuner:
             self.worker = worker or Worker(timeout_s=worker_timeout)
             self.device = self.worker.info()
             self.env_key = cache.put_env(self.device)
-        self.arch = arch or (self.device["arch"] if self.device else None)
-        if self.arch is None:
-            raise ValueError(f"no GPU ({self.gpu_reason}): name the target with --arch, e.g. sm_90a")
+        archs = [a.strip() for a in arch.split(",") if a.strip()] if arch else []
+        if self.gpu and len(archs) > 1:
+            raise ValueError(f"--arch names one architecture where a GPU measures, got {arch!r}")
+        self.archs = archs or ([self.device["arch"]] if self.device else list(NO_GPU_ARCHS))
+        self.arch = self.archs[0]
         # what the kernels are generated for: the GPU, compiled for self.arch
         # (with no GPU, the arch alone: its compute capability and limits)
         self.target = dict(self.device, arch=self.arch) if self.device else target_of_arch(self.arch)
         self.nvrtc = "%d.%d" % native.nvrtc_version()
         self._local = threading.local()
         self.compiled = 0
+        self.recompiled_corrupt = 0     # stored cubins that failed their sha256, replaced
 
-    def close(self):
+    def close(self, kill: bool = False):
+        """Ends the measurement worker (at once with `kill`: on an interrupt)."""
         if self.worker is not None:
-            self.worker.close()
+            self.worker.close(kill=kill)
 
     # ---- compilation ------------------------------------------------------
     def _ctx(self):
@@ -134,38 +148,57 @@ class Tuner:
             ctx = self._local.ctx = self.native.Context(0)
         return ctx
 
-    def _compile_one(self, kernel: Kernel):
+    def _compile_one(self, kernel: Kernel, arch: str):
         """(cubin, binary key hex, error, key of a fresh compilation or None
-        when the cubin came from the cache).  Runs in the compile threads; the
-        Cache binding serializes its calls."""
+        when the cubin came from the cache, whether a corrupt stored cubin
+        was replaced).  Runs in the compile threads; the Cache binding
+        serializes its calls."""
         from ..cache import CorruptError, binary_key_hex
         ctx = self._ctx()
-        options = ctx.canonical_options(self.arch, ptx=False, options=kernel.options)
-        key = _binary_key(kernel.source, options, self.arch, self.nvrtc)
+        options = ctx.canonical_options(arch, ptx=False, options=kernel.options)
+        key = _binary_key(kernel.source, options, arch, self.nvrtc)
         hexkey = binary_key_hex(key)
+        corrupt = False
         try:
             data = self.cache.get_binary(key)
-        except CorruptError:  # a corrupt blob is recompiled (and replaced), never loaded
-            data = None
+        except CorruptError:  # recompiled (and replaced, and reported), never loaded
+            data, corrupt = None, True
         if data is not None:
-            return data, hexkey, "", None
+            return data, hexkey, "", None, False
         try:
-            binary = ctx.compile(kernel.source, name=kernel.name + ".cu", arch=self.arch,
+            binary = ctx.compile(kernel.source, name=kernel.name + ".cu", arch=arch,
                                  options=kernel.options)
         except Exception as e:  # noqa: BLE001 - recorded as compile_fail
-            return None, hexkey, str(e), None
-        return binary.data, hexkey, "", key
+            return None, hexkey, str(e), None, corrupt
+        return binary.data, hexkey, "", key, corrupt
 
-    def compile_all(self, kernels: list[Kernel]) -> list[tuple[Optional[bytes], str, str]]:
-        """Compiles in parallel what the cache lacks and stores it;
-        (cubin or None, binary key hex, error) per kernel."""
-        with ThreadPoolExecutor(max_workers=self.jobs) as pool:
-            results = list(pool.map(self._compile_one, kernels))
-        for data, _, _, fresh_key in results:
-            if fresh_key is not None:
-                self.cache.put_binary(fresh_key, data)
-                self.compiled += 1
-        return [r[:3] for r in results]
+    def compile_all(self, kernels: list[Kernel], arch: Optional[str] = None,
+                    label: str = "") -> list[tuple[Optional[bytes], str, str]]:
+        """Compiles in parallel what the cache lacks for `arch` (default: the
+        tuner's) and stores each binary as soon as it is compiled, so that
+        an interrupted run keeps them; (cubin or None, binary key hex,
+        error) per kernel.  With `label`, the progress bar counts them."""
+        arch = arch or self.arch
+        results: list = [None] * len(kernels)
+        pool = ThreadPoolExecutor(max_workers=self.jobs)
+        try:
+            futures = {pool.submit(self._compile_one, k, arch): i for i, k in enumerate(kernels)}
+            for done, fut in enumerate(as_completed(futures), 1):
+                data, hexkey, err, fresh_key, corrupt = fut.result()
+                if fresh_key is not None:
+                    self.cache.put_binary(fresh_key, data)   # its own transaction: kept
+                    self.compiled += 1
+                    self.recompiled_corrupt += corrupt
+                results[futures[fut]] = (data, hexkey, err)
+                if label:
+                    self.progress(label, done, len(kernels))
+        except BaseException:
+            # an interrupt: stop at once; compilations already running finish
+            # in their threads but nothing waits for them
+            pool.shutdown(wait=False, cancel_futures=True)
+            raise
+        pool.shutdown(wait=True)
+        return results
 
     # ---- one matrix ---------------------------------------------------------
     def tune(self, matrix: SparseMatrix, pattern: str, params: dict, op: Operation,
@@ -179,26 +212,13 @@ class Tuner:
         self.cache.put_matrix(fp, matrix.rows, matrix.cols, matrix.nnz, matrix.dtype,
                               json.dumps({"name": name, "pattern": tag,
                                           "synthetic_values": matrix.values_synthetic}))
+        if not self.gpu:
+            return self._compile_only(fam, matrix, op, params, ns, name, bias, fp, op_tag,
+                                      result)
         space = fam.search_space(matrix, op, params, self.target)
         if not space:
             raise ConfigError(f"{tag}: no valid configuration for this matrix and GPU")
         compiled_before = self.compiled
-        if not self.gpu:
-            # Nothing can be measured: compile a spread of the space (the
-            # budget's worth, 8 by default) so the cache holds binaries for
-            # `arch`, and say so.
-            result.measured = False
-            budget = Budget.parse(self.budget_text, len(space)).max_trials or NO_GPU_COMPILES
-            picks = [space[round(i * (len(space) - 1) / max(1, budget - 1))]
-                     for i in range(min(budget, len(space)))] if len(space) > 1 else space
-            kernels = [fam.generate(matrix, op, params, c, bias=bias) for c in picks]
-            res = self.compile_all(kernels)
-            bad = sum(1 for d, _, e in res if d is None)
-            result.note = (f"no GPU: compiled {len(picks) - bad} of {len(space)} configurations "
-                           f"for {self.arch} ({bad} failed), measured nothing")
-            result.compiled = self.compiled - compiled_before
-            return result
-
         # N buckets: those the stored layer has are re-timed from it (unless
         # forced), the others tuned and added beside them
         existing = self._existing_layer(name, fp, op_tag)
@@ -220,6 +240,41 @@ class Tuner:
             variants = sorted(kept + list(fresh.values()), key=lambda v: v["n_bucket"])
             self.cache.put_layer(name, self.device["name"], fp, op_tag, matrix.rows, matrix.cols,
                                  op.elem_size, op.elem_size, variants)
+        result.compiled = self.compiled - compiled_before
+        return result
+
+    def _compile_only(self, fam, matrix, op, params, ns, name, bias, fp, op_tag, result):
+        """No GPU: nothing can be measured.  For each architecture, compile
+        the family's hints and a spread of the rest of the space (the
+        budget's worth, NO_GPU_COMPILES by default), and store an untuned
+        layer whose every N bucket runs the default configuration, so that
+        the database holds the compiled kernels and `cache show` names
+        them.  Says so in the result's note."""
+        result.measured = False
+        compiled_before = self.compiled
+        notes = []
+        for arch in self.archs:
+            target = target_of_arch(arch)
+            space = fam.search_space(matrix, op, params, target)
+            if not space:
+                notes.append(f"{arch}: no valid configuration")
+                continue
+            budget = Budget.parse(self.budget_text, len(space)).max_trials or NO_GPU_COMPILES
+            spread = [space[round(i * (len(space) - 1) / max(1, budget - 1))]
+                      for i in range(min(budget, len(space)))]
+            picks = hinted(space, fam.hint_configs(matrix, op, params, target))[:budget]
+            picks += [c for c in spread if c not in picks][:budget - len(picks)]
+            kernels = [fam.generate(matrix, op, params, c, bias=bias) for c in picks]
+            res = self.compile_all(kernels, arch, label=f"{name} {arch}")
+            bad = sum(1 for d, _, _ in res if d is None)
+            notes.append(f"{arch}: {len(picks) - bad} of {len(space)} configurations compiled"
+                         + (f" ({bad} failed)" if bad else ""))
+            default = kernels[0] if res[0][0] is not None else None
+            if default is not None:
+                self.cache.put_layer(name, untuned_gpu_name(arch), fp, op_tag, matrix.rows,
+                                     matrix.cols, op.elem_size, op.elem_size,
+                                     [self._variant(default, n) for n in sorted(set(ns))])
+        result.note = "no GPU, measured nothing; " + "; ".join(notes)
         result.compiled = self.compiled - compiled_before
         return result
 

@@ -229,8 +229,10 @@ class Worker:
     def peer(self, p: PeerJob):
         return self._call("peer", p)
 
-    def close(self):
-        if self._proc is not None and self._proc.is_alive():
+    def close(self, kill: bool = False):
+        """Asks the worker to exit (waits up to 5 s), or with `kill` ends it
+        at once (an interrupt must not wait for a kernel being timed)."""
+        if not kill and self._proc is not None and self._proc.is_alive():
             try:
                 self._conn.send(("exit", None))
                 self._proc.join(5)

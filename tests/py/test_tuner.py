@@ -50,7 +50,7 @@ class ReplayWorker:
         return "ok", {"median_ms": 0.5, "p20_ms": 0.49, "p80_ms": 0.51, "min_ms": 0.48,
                       "mean_ms": 0.5, "reps": 30}
 
-    def close(self):
+    def close(self, kill=False):
         pass
 
 

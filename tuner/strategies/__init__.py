@@ -38,21 +38,27 @@ class Budget:
 
     @classmethod
     def parse(cls, text: Optional[str], space_size: int) -> "Budget":
-        """'all', '40' (trials), '25%' (of the space), '90s' / '5m' (time)."""
-        if text is None or text == "all":
+        """'all', '40' (trials), '25%' (of the space), '90s' / '5m' (time).
+        ValueError for anything else, and for a budget of nothing (0, a
+        negative number, 0%, 0s)."""
+        if text is None or text.strip().lower() == "all":
             return cls()
         t = text.strip().lower()
+        usage = ("expected all, N (trials), P% (of the space, 0 < P <= 100), Ns or Nm "
+                 "(time), each above zero")
         try:
-            if t.endswith("%"):
-                return cls(max_trials=max(1, math.ceil(space_size * float(t[:-1]) / 100)))
-            if t.endswith("s"):
-                return cls(max_seconds=float(t[:-1]))
-            if t.endswith("m"):
-                return cls(max_seconds=60 * float(t[:-1]))
-            return cls(max_trials=max(1, int(t)))
+            value = float(t[:-1]) if t[-1:] in ("%", "s", "m") else int(t)
         except ValueError:
-            raise ValueError(f"bad budget {text!r}: expected all, N (trials), P% (of the space), "
-                             "Ns or Nm (time)") from None
+            raise ValueError(f"bad budget {text!r}: {usage}") from None
+        if not value > 0 or value != value or value == float("inf") or (t.endswith("%") and value > 100):
+            raise ValueError(f"bad budget {text!r}: {usage}")
+        if t.endswith("%"):
+            return cls(max_trials=max(1, math.ceil(space_size * value / 100)))
+        if t.endswith("s"):
+            return cls(max_seconds=value)
+        if t.endswith("m"):
+            return cls(max_seconds=60 * value)
+        return cls(max_trials=int(value))
 
 
 class Strategy:
