@@ -235,7 +235,9 @@ def _load_npy(p: Path, name, seed):
 
 
 # ---- .npz ----------------------------------------------------------------
-_SCIPY_FORMATS = ("csr", "csc", "coo", "bsr")
+# scipy.sparse's archive formats (file formats, not kernel families)
+SCIPY_CSR, SCIPY_CSC, SCIPY_COO, SCIPY_BSR = "csr", "csc", "coo", "bsr"
+_SCIPY_FORMATS = (SCIPY_CSR, SCIPY_CSC, SCIPY_COO, SCIPY_BSR)
 
 
 def _read_npz(p: Path) -> dict[str, np.ndarray]:
@@ -357,7 +359,7 @@ def _scipy_to_matrix(p, arrays) -> SparseMatrix:
         if dtype not in DTYPES:
             _fail(p, f"'sparseforge_dtype' names unknown dtype {dtype!r}")
     data = data.astype(np.float32)
-    if fmt == "bsr":
+    if fmt == SCIPY_BSR:
         if data.ndim != 3:
             _fail(p, f"bsr 'data' must be (blocks, br, bc), got shape {tuple(data.shape)}")
         nb, br, bc = data.shape
@@ -380,7 +382,7 @@ def _scipy_to_matrix(p, arrays) -> SparseMatrix:
         data = data.ravel()
         _check_finite(p, "array 'data'", data)
         nnz = data.size
-        if fmt == "coo":
+        if fmt == SCIPY_COO:
             if "row" in arrays and "col" in arrays:
                 rows = _int_array(p, arrays, "row", fmt)
                 cols = _int_array(p, arrays, "col", fmt)
@@ -397,10 +399,11 @@ def _scipy_to_matrix(p, arrays) -> SparseMatrix:
             idx = _int_array(p, arrays, "indices", fmt)
             if idx.size != nnz:
                 _fail(p, f"'indices' has {idx.size} entries, 'data' has {nnz}")
-            n_major = m if fmt == "csr" else k
-            _check_indptr(p, "indptr", indptr, n_major, nnz, "rows" if fmt == "csr" else "columns")
+            n_major = m if fmt == SCIPY_CSR else k
+            _check_indptr(p, "indptr", indptr, n_major, nnz,
+                          "rows" if fmt == SCIPY_CSR else "columns")
             major = np.repeat(np.arange(n_major), np.diff(indptr))
-            rows, cols = (major, idx) if fmt == "csr" else (idx, major)
+            rows, cols = (major, idx) if fmt == SCIPY_CSR else (idx, major)
         vals = data
     return _coo_to_matrix(p, (m, k), rows, cols, vals, dtype, one_based=False)
 
@@ -758,7 +761,7 @@ def save(path, matrices, npz_layout: str = "auto") -> None:
         _save_safetensors(p, matrices)
     elif ext == ".npz":
         if npz_layout == "auto":
-            npz_layout = "csr" if len(matrices) == 1 else "dense"
+            npz_layout = SCIPY_CSR if len(matrices) == 1 else "dense"
         _save_npz(p, matrices, npz_layout)
     elif ext in (".mtx", ".smtx", ".npy"):
         if len(matrices) != 1:
@@ -785,12 +788,12 @@ def _save_npy(p: Path, m: SparseMatrix):
 
 def _save_npz(p: Path, matrices, layout: str):
     arrays: dict[str, np.ndarray] = {}
-    if layout == "csr":
+    if layout == SCIPY_CSR:
         if len(matrices) != 1:
             raise ValueError(f"{p}: the csr npz layout holds one matrix, got {len(matrices)}")
         nm, m = matrices[0]
         arrays = {
-            "format": np.array(b"csr"), "shape": np.array(m.shape, dtype=np.int64),
+            "format": np.array(SCIPY_CSR.encode()), "shape": np.array(m.shape, dtype=np.int64),
             "data": m.values.astype(np.float16) if m.dtype == "fp16" else round_to_dtype(m.values, m.dtype),
             "indices": m.indices.astype(np.int32), "indptr": m.indptr.astype(np.int64),
             "sparseforge_dtype": np.array(m.dtype.encode()),
