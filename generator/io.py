@@ -59,6 +59,7 @@ import os
 import re
 import stat
 import struct
+import warnings
 import zipfile
 from contextlib import contextmanager
 from pathlib import Path
@@ -410,7 +411,9 @@ def _npy_header(p, what: str, read, size: int) -> _NpyHeader:
     if len(raw) < hlen:
         _fail(p, f"{what}: truncated: header of {hlen} bytes, only {len(raw)} present")
     try:
-        header = ast.literal_eval(raw.decode("utf-8" if major == 3 else "latin1"))
+        with warnings.catch_warnings():  # invalid escapes etc. of a hostile header
+            warnings.simplefilter("ignore")
+            header = ast.literal_eval(raw.decode("utf-8" if major == 3 else "latin1"))
     except (ValueError, TypeError, SyntaxError, UnicodeDecodeError, MemoryError, RecursionError) as e:
         _fail(p, f"{what}: bad .npy header ({type(e).__name__}: {_clip(str(e), 80)})")
     if not isinstance(header, dict) or not {"descr", "fortran_order", "shape"} <= set(header):
@@ -424,7 +427,9 @@ def _npy_header(p, what: str, read, size: int) -> _NpyHeader:
         _fail(p, f"{what}: bad .npy header: shape {_clip(repr(shape), 80)} is too large")
     descr = header["descr"]
     try:
-        dt = np.dtype(descr if isinstance(descr, str) else [tuple(f) for f in descr])
+        with warnings.catch_warnings():  # deprecated aliases
+            warnings.simplefilter("ignore")
+            dt = np.dtype(descr if isinstance(descr, str) else [tuple(f) for f in descr])
     except Exception as e:  # np.dtype of an arbitrary literal: TypeError, ValueError, ...
         _fail(p, f"{what}: unsupported dtype {_clip(repr(descr), 80)} ({type(e).__name__})")
     if dt.hasobject:
@@ -614,7 +619,10 @@ def _int_member(p, z: _Npz, key: str, fmt: str, count: int, expected: str) -> np
         _fail(p, f"array {key!r} has dtype {hdr.dtype}, expected integers")
     if hdr.count != count:
         _fail(p, f"{key!r} has {hdr.count} entries, {expected}")
-    return z.array(key).astype(np.int64).ravel()
+    a = z.array(key).ravel()
+    if a.size and a.dtype.kind == "u" and int(a.max()) > np.iinfo(np.int64).max:
+        _fail(p, f"array {key!r} holds {int(a.max())}, beyond 64-bit signed indices")
+    return a.astype(np.int64)
 
 
 def _check_indptr(p, key: str, indptr: np.ndarray, nnz: int):

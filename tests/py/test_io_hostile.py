@@ -225,24 +225,31 @@ def test_empty_matrix_scipy_and_mtx_array(tmp_path, m, k):
 # =========================================================================
 # 2. indices beyond 32 bits
 # =========================================================================
-def test_index_wrap(tmp_path):
-    # 2**32 + 1 used to wrap to 1 in the int32 column indices
-    p = tmp_path / "k.smtx"
-    p.write_text("2, 5000000000, 2\n0 1 2\n4294967297 4294967298\n")
-    refused(p, "matrix is 2 x 5000000000: more than 2147483647 columns")
-    p = tmp_path / "k.mtx"
-    p.write_text("%%MatrixMarket matrix coordinate real general\n1 5000000000 1\n1 4294967298 1\n")
-    refused(p, "matrix is 1 x 5000000000: more than 2147483647 columns")
+INDEX_WRAP = [  # 2**32 + 1 used to wrap to 1 in the int32 column indices
+    ("k.smtx", "2, 5000000000, 2\n0 1 2\n4294967297 4294967298\n",
+     "matrix is 2 x 5000000000: more than 2147483647 columns"),
+    ("k.mtx", "%%MatrixMarket matrix coordinate real general\n1 5000000000 1\n1 4294967298 1\n",
+     "matrix is 1 x 5000000000: more than 2147483647 columns"),
+    ("r.smtx", "3000000000, 4, 0\n0\n", "matrix is 3000000000 x 4: more than 2147483647 rows"),
+    ("c.smtx", "1, 8, 1\n0 1\n4294967297\n",
+     "column index 4294967297 (entry 0, row 0) out of range [0, 8)"),
+]
+
+
+@pytest.mark.parametrize("fname,text,start", INDEX_WRAP)
+def test_index_wrap_text(tmp_path, fname, text, start):
+    (tmp_path / fname).write_text(text)
+    refused(tmp_path / fname, start)
+
+
+def test_index_wrap_npz(tmp_path):
     p = scipy_npz(tmp_path / "k.npz", fmt="csr", shape=(1, 5_000_000_000),
                   indices=np.array([2 ** 32 + 1], np.int64), indptr=np.array([0, 1]),
                   data=np.ones(1, np.float32))
     refused(p, "sparse matrix is 1 x 5000000000: more than 2147483647 columns")
-    p = tmp_path / "r.smtx"
-    p.write_text("3000000000, 4, 0\n0\n")
-    refused(p, "matrix is 3000000000 x 4: more than 2147483647 rows")
-    p = tmp_path / "c.smtx"
-    p.write_text("1, 8, 1\n0 1\n4294967297\n")
-    refused(p, "column index 4294967297 (entry 0, row 0) out of range [0, 8)")
+    scipy_npz(p, shape=(4, 4), row=np.array([2 ** 64 - 1], np.uint64), col=np.array([0]),
+              data=np.ones(1, np.float32))
+    refused(p, "array 'row' holds 18446744073709551615, beyond 64-bit signed indices")
 
 
 def test_sparse_matrix_refuses_indices_beyond_int32():
