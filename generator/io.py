@@ -16,8 +16,34 @@ Dense inputs: the pattern is the nonzeros.  Sparse inputs (scipy npz, mtx
 coordinate, smtx): the pattern is what the file stores, explicit zeros
 included (a bsr file stores whole blocks).
 
+`name` selects, it never renames: in a .npz or .safetensors, the tensor to
+load; a file that holds one matrix (.npy, .mtx, .smtx, a scipy .npz) takes
+only that matrix's own name (the file's stem, or the name a scipy .npz
+records) and refuses any other.
+
 Every malformed file raises `WeightFileError` (a ValueError) whose message
-starts with the file's path and names the problem.
+starts with the file's path and names the problem; no numpy, zipfile,
+struct, json, decoding, overflow or memory error gets through.  Hostile
+files (a few bytes declaring a huge matrix) are refused before memory is
+committed:
+
+| check         | what is refused                                                  |
+| ------------- | ---------------------------------------------------------------- |
+| file size     | a shape or nnz that the file cannot hold: .npy data or a          |
+|               | safetensors byte range past the end, an .mtx with fewer than 2    |
+|               | characters per number, an .smtx without exactly rows + 1 offsets  |
+|               | and nnz indices, an npz member whose array disagrees with the     |
+|               | sizes the zip directory records (or that deflate cannot reach)    |
+| element limit | rows * cols (dense-equivalent, which also bounds nnz) of one      |
+|               | matrix over `MAX_ELEMENTS` (2**34); the environment variable      |
+|               | SPARSEFORGE_MAX_ELEMENTS or `load(..., max_elements=N)` sets it   |
+| index width   | more than MAX_DIM = 2**31 - 1 rows or columns (32-bit indices)    |
+| empty         | no rows or no columns: nothing to tune                            |
+| values        | NaN/inf, and finite values that overflow the dtype they are       |
+|               | rounded to (fp16 holds up to 65504)                               |
+
+Sparse readers check every index against the declared shape, and row
+offsets (first 0, non-decreasing, last nnz), before using them.
 
 `save(path, matrices)` writes `.npz`, `.safetensors`, `.mtx`, `.smtx` and
 `.npy` so that `load` gives back the same matrices (see `save` for what each
@@ -26,19 +52,37 @@ format keeps).
 from __future__ import annotations
 
 import ast
+import errno
 import json
 import math
+import os
 import re
+import stat
 import struct
+import warnings
 import zipfile
+from contextlib import contextmanager
 from pathlib import Path
-from typing import Iterable, Optional, Sequence
+from typing import Iterable, NamedTuple, Optional, Sequence
 
 import numpy as np
 
 from .matrix import DTYPES, SparseMatrix, round_to_dtype, to_device_bytes
 
 EXTENSIONS = (".npy", ".npz", ".safetensors", ".mtx", ".smtx")
+
+# Limits on what one file may declare (see the module docstring).
+MAX_ELEMENTS = 2 ** 34          # rows * cols of one matrix
+MAX_ELEMENTS_ENV = "SPARSEFORGE_MAX_ELEMENTS"
+MAX_DIM = 2 ** 31 - 1           # rows or columns: indices are 32-bit
+_NPY_MAX_HEADER = 1 << 20       # numpy itself writes headers of a few hundred bytes
+_NPY_MAX_DIMS = 32
+_NPY_MAX_EXTENT = 2 ** 62       # one dimension of an .npy/npz array
+_SMALL_MEMBER = 4096            # bytes of an npz scalar (format, shape, name, dtype)
+_DEFLATE_MAX_RATIO = 1032       # deflate expands at most ~1032:1
+# largest finite value of each dtype
+_DTYPE_MAX = {"fp32": float(np.finfo(np.float32).max), "fp16": float(np.finfo(np.float16).max),
+              "bf16": float(np.array(0x7F7F0000, np.uint32).view(np.float32))}
 
 # safetensors dtype -> (numpy dtype, item size)
 _ST_DTYPES = {
@@ -71,37 +115,78 @@ def synthetic_values(nnz: int, seed: int) -> np.ndarray:
     return np.random.default_rng(seed).standard_normal(nnz).astype(np.float32)
 
 
+def element_limit(max_elements: Optional[int] = None) -> tuple[int, str]:
+    """(limit, what set it): the largest rows * cols of one matrix that
+    `load` reads.  The `max_elements` argument, else the environment
+    variable SPARSEFORGE_MAX_ELEMENTS, else MAX_ELEMENTS."""
+    if max_elements is not None:
+        if (isinstance(max_elements, bool) or not isinstance(max_elements, (int, np.integer))
+                or max_elements < 1):
+            raise ValueError(f"max_elements must be a positive integer, got {max_elements!r}")
+        return int(max_elements), "the max_elements argument"
+    raw = os.environ.get(MAX_ELEMENTS_ENV, "").strip()
+    if not raw:
+        return MAX_ELEMENTS, "the default, MAX_ELEMENTS"
+    try:
+        value = int(raw)
+    except ValueError:
+        try:  # 1e12
+            f = float(raw)
+            value = int(f) if f.is_integer() else 0
+        except (ValueError, OverflowError):
+            value = 0
+    if value < 1:
+        raise ValueError(f"{MAX_ELEMENTS_ENV}={raw!r} is not a positive integer")
+    return value, f"{MAX_ELEMENTS_ENV}={raw}"
+
+
 # =========================================================================
 # load
 # =========================================================================
 def load(path, name: Optional[str] = None, dtype: Optional[str] = None,
-         seed: int = 0) -> list[tuple[str, SparseMatrix]]:
+         seed: int = 0, max_elements: Optional[int] = None) -> list[tuple[str, SparseMatrix]]:
     """Read a weights file.
 
-    name:  for files holding several tensors (.npz, .safetensors), the one
-           to load (default: every 2-D floating-point tensor); for
-           single-matrix files, the name to give the matrix (default: the
-           file's stem).
+    name:  the tensor to load from a .npz or .safetensors (default: every
+           2-D floating-point tensor).  A file holding one matrix (.npy,
+           .mtx, .smtx, a scipy .npz) accepts only that matrix's own name
+           (its stem, or the name a scipy .npz records); another name is
+           an error saying what the file holds.
     dtype: "fp32", "fp16" or "bf16" to override the precision detected
-           from the file (values are rounded to it).
+           from the file (values are rounded to it; values that overflow
+           it are an error).
     seed:  seed of the values drawn for pattern-only files (.smtx, pattern
            .mtx).
+    max_elements: the largest rows * cols of one matrix (default: the
+           environment variable SPARSEFORGE_MAX_ELEMENTS, else
+           MAX_ELEMENTS = 2**34).
     """
     p = Path(path)
     if dtype is not None and dtype not in DTYPES:
         raise ValueError(f"unknown dtype {dtype!r}; expected one of {DTYPES}")
+    limit = element_limit(max_elements)
     ext = p.suffix.lower()
-    if ext not in EXTENSIONS:
-        raise WeightFileError(f"{p}: unknown extension {p.suffix!r}; expected one of "
-                              f"{', '.join(EXTENSIONS)}")
-    if not p.is_file():
-        raise WeightFileError(f"{p}: no such file")
+    _check_input(p, ext)
     reader = {".npy": _load_npy, ".npz": _load_npz, ".safetensors": _load_safetensors,
               ".mtx": _load_mtx, ".smtx": _load_smtx}[ext]
-    out = reader(p, name, seed)
+    try:
+        out = reader(p, name, seed, limit)
+    except WeightFileError:
+        raise
+    except MemoryError as e:
+        raise WeightFileError(
+            f"{p}: not enough memory to read it (MemoryError{': ' + str(e) if str(e) else ''}); "
+            f"the element limit ({limit[0]}, set by {limit[1]}) is more than this machine "
+            f"holds: lower it with {MAX_ELEMENTS_ENV}=N or load(..., max_elements=N)") from e
+    except OSError as e:
+        raise WeightFileError(f"{p}: {_os_problem(e)}") from e
+    except Exception as e:  # a malformed input that no check foresaw: still the file's fault
+        raise WeightFileError(f"{p}: cannot be read (unexpected {type(e).__name__}: "
+                              f"{_clip(str(e), 200)})") from e
     result = []
     for nm, m in out:
         if dtype is not None and dtype != m.dtype:
+            _check_values(p, f"matrix {nm!r}", m.values, dtype)
             m = m.astype(dtype)
         m.name = nm
         m.meta.setdefault("source", str(p))
@@ -110,10 +195,10 @@ def load(path, name: Optional[str] = None, dtype: Optional[str] = None,
 
 
 def load_one(path, name: Optional[str] = None, dtype: Optional[str] = None,
-             seed: int = 0) -> SparseMatrix:
+             seed: int = 0, max_elements: Optional[int] = None) -> SparseMatrix:
     """The single matrix of a file (error if it holds several and `name`
     does not pick one)."""
-    mats = load(path, name=name, dtype=dtype, seed=seed)
+    mats = load(path, name=name, dtype=dtype, seed=seed, max_elements=max_elements)
     if len(mats) != 1:
         raise WeightFileError(f"{path}: holds {len(mats)} matrices "
                               f"({', '.join(n for n, _ in mats[:8])}); pick one by name")
@@ -124,30 +209,110 @@ def _fail(p, msg: str):
     raise WeightFileError(f"{p}: {msg}")
 
 
-def _read_bytes(p: Path) -> bytes:
+def _clip(s: str, n: int = 40) -> str:
+    return s if len(s) <= n else s[:n] + f"... ({len(s)} characters)"
+
+
+def _os_problem(e: OSError, p=None) -> str:
+    """What an OSError on the weights file means, in words."""
+    if e.errno == errno.ELOOP:
+        return "is a symbolic link loop: the path cannot be resolved"
+    if e.errno == errno.ENOENT and p is not None and os.path.islink(p):
+        return f"is a broken symbolic link (to {os.readlink(p)!r}, which does not exist)"
+    if e.errno == errno.ENOENT:
+        return "no such file"
+    if e.errno in (errno.EACCES, errno.EPERM):
+        return "permission denied: cannot read it"
+    if e.errno == errno.EISDIR:
+        return "is a directory, not a weights file"
+    if e.errno == errno.ENOTDIR:
+        return "no such file (a component of the path is not a directory)"
+    return f"cannot read it: {e.strerror or e}"
+
+
+def _check_input(p: Path, ext: str) -> None:
+    """A readable regular file with a known extension (a directory is named
+    as such whatever its extension)."""
     try:
-        return p.read_bytes()
+        st, problem = os.stat(p), None
     except OSError as e:
-        _fail(p, f"cannot read: {e.strerror or e}")
+        st, problem = None, _os_problem(e, p)
+    except ValueError as e:  # an embedded NUL byte
+        st, problem = None, f"not a usable path ({e})"
+    if st is not None and stat.S_ISDIR(st.st_mode):
+        _fail(p, "is a directory, not a weights file")
+    if ext not in EXTENSIONS:
+        _fail(p, f"unknown extension {p.suffix!r}; expected one of {', '.join(EXTENSIONS)}")
+    if problem:
+        _fail(p, problem)
+    if not stat.S_ISREG(st.st_mode):
+        _fail(p, "is not a regular file (a device, pipe or socket)")
+
+
+def _open(p: Path):
+    try:
+        return open(p, "rb")
+    except OSError as e:
+        _fail(p, _os_problem(e, p))
+
+
+def _file_size(f) -> int:
+    return os.fstat(f.fileno()).st_size
 
 
 def _read_text(p: Path) -> str:
-    data = _read_bytes(p)
+    with _open(p) as f:
+        data = f.read()
     try:
         return data.decode("utf-8")
     except UnicodeDecodeError as e:
         _fail(p, f"not a text file (byte {e.start} is not UTF-8)")
 
 
-def _check_finite(p, what: str, values: np.ndarray, position=None):
-    """ValueError naming the first NaN/inf. `position(i)` describes flat
-    index i of `values`."""
+def _own_name(p: Path, name: Optional[str], own: str, holds: str = "one matrix",
+              where: str = "a .npz or .safetensors") -> str:
+    """The name of a file that holds one matrix; `name` must be it."""
+    if name is not None and name != own:
+        _fail(p, f"{p.name} holds {holds}, named {_clip(own)!r}; --name selects a tensor of "
+                 f"{where} (got {_clip(str(name))!r})")
+    return own
+
+
+def _check_shape(p, what: str, m: int, k: int, limit: tuple[int, str]) -> None:
+    """Refuses, before anything of the matrix's size is allocated, a matrix
+    with no rows or columns, beyond 32-bit indices or over the element
+    limit."""
+    if m == 0 or k == 0:
+        none = "rows or columns" if m == k == 0 else "rows" if m == 0 else "columns"
+        _fail(p, f"{what} is {m} x {k} and has no {none}: nothing to tune")
+    if max(m, k) > MAX_DIM:
+        _fail(p, f"{what} is {m} x {k}: more than {MAX_DIM} {'rows' if m > MAX_DIM else 'columns'} "
+                 "(row and column indices are 32-bit)")
+    lim, source = limit
+    if m * k > lim:
+        _fail(p, f"{what} is {m} x {k} = {m * k} elements (dense-equivalent), over the limit of "
+                 f"{lim} elements per matrix (set by {source}); raise it with "
+                 f"{MAX_ELEMENTS_ENV}=N or load(..., max_elements=N)")
+
+
+def _check_values(p, what: str, values: np.ndarray, dtype: str, position=None):
+    """Refuses NaN/inf, then finite values that overflow `dtype` once rounded
+    to it (float64 beyond fp32, fp32 beyond fp16 or bf16).  `position(i)`
+    describes flat index i of `values`."""
     bad = ~np.isfinite(values)
     if np.any(bad):
         i = int(np.flatnonzero(bad.ravel())[0])
         v = values.ravel()[i]
         where = position(i) if position else f"entry {i}"
         _fail(p, f"{what} contains {int(bad.sum())} NaN/inf value(s) (first: {v} at {where})")
+    if values.size:
+        big = float(np.max(np.abs(values)))
+        with np.errstate(over="ignore"):
+            rounded = round_to_dtype(np.array([big]).astype(np.float32), dtype)
+        if not np.isfinite(rounded[0]):
+            prefix = "" if what == "values" else f"{what}: "
+            _fail(p, f"{prefix}values overflow {dtype} (largest |w| = {big:g}; {dtype} holds up "
+                     f"to {_DTYPE_MAX[dtype]:g})")
 
 
 def _float_dtype_name(p, what: str, dt: np.dtype) -> str:
@@ -165,152 +330,29 @@ def _float_dtype_name(p, what: str, dt: np.dtype) -> str:
     _fail(p, f"{what} has unsupported dtype {dt} (expected float32, float16 or float64)")
 
 
-def _dense_to_matrix(p, what: str, arr: np.ndarray, dtype: Optional[str] = None) -> SparseMatrix:
-    if arr.ndim != 2:
-        _fail(p, f"{what} is not 2-D (shape {tuple(arr.shape)})")
-    detected = _float_dtype_name(p, what, arr.dtype) if dtype is None else dtype
-    with np.errstate(over="ignore"):  # beyond float32 range: inf, reported below
-        a = arr.astype(np.float32)
-    k = a.shape[1]
-    _check_finite(p, what, a, lambda i: f"row {i // k}, col {i % k}")
-    m = SparseMatrix.from_dense(a, dtype=detected)
+def _dense_check(p, what: str, hdr: "_NpyHeader", limit, dtype: Optional[str] = None) -> str:
+    """The dtype of a dense .npy/.npz array, checked (2-D, float, shape)
+    from its header, before its data is read."""
+    if len(hdr.shape) != 2:
+        _fail(p, f"{what} is not 2-D (shape {_clip(repr(hdr.shape), 80)})")
+    detected = _float_dtype_name(p, what, hdr.dtype)
+    _check_shape(p, what, hdr.shape[0], hdr.shape[1], limit)
+    return dtype or detected
+
+
+def _dense_to_matrix(p, what: str, arr: np.ndarray, dtype: str) -> SparseMatrix:
+    k = arr.shape[1]
+    _check_values(p, what, arr, dtype, lambda i: f"row {i // k}, col {i % k}")
+    m = SparseMatrix.from_dense(arr.astype(np.float32), dtype=dtype)
     if arr.dtype.kind == "f" and arr.dtype.itemsize == 8:
         m.meta["note"] = "float64 weights rounded to float32"
     return m
 
 
-# ---- .npy ----------------------------------------------------------------
-def _parse_npy(p, what: str, buf: bytes) -> np.ndarray:
-    """A .npy image (file or npz member) to an array, with precise errors."""
-    magic = b"\x93NUMPY"
-    if len(buf) < 10:
-        if magic.startswith(buf[:6]):
-            _fail(p, f"{what}: truncated: {len(buf)} bytes, shorter than a .npy header")
-        _fail(p, f"{what}: not a .npy file (bad magic)")
-    if buf[:6] != magic:
-        _fail(p, f"{what}: not a .npy file (bad magic)")
-    major = buf[6]
-    if major == 1:
-        hlen = struct.unpack_from("<H", buf, 8)[0]
-        start = 10
-    elif major in (2, 3):
-        if len(buf) < 12:
-            _fail(p, f"{what}: truncated: {len(buf)} bytes, shorter than a .npy header")
-        hlen = struct.unpack_from("<I", buf, 8)[0]
-        start = 12
-    else:
-        _fail(p, f"{what}: unsupported .npy format version {major}.{buf[7]}")
-    if start + hlen > len(buf):
-        _fail(p, f"{what}: truncated: header of {hlen} bytes, only {len(buf) - start} present")
-    try:
-        header = ast.literal_eval(buf[start:start + hlen].decode("utf-8" if major == 3 else "latin1"))
-    except (ValueError, SyntaxError, UnicodeDecodeError, MemoryError, RecursionError) as e:
-        _fail(p, f"{what}: bad .npy header ({type(e).__name__}: {e})")
-    if not isinstance(header, dict) or not {"descr", "fortran_order", "shape"} <= set(header):
-        _fail(p, f"{what}: bad .npy header: expected a dict with descr, fortran_order, shape")
-    shape = header["shape"]
-    if not isinstance(shape, tuple) or not all(isinstance(s, int) and s >= 0 for s in shape):
-        _fail(p, f"{what}: bad .npy header: shape {shape!r}")
-    try:
-        dt = np.dtype(header["descr"] if isinstance(header["descr"], str)
-                      else [tuple(f) for f in header["descr"]])
-    except (TypeError, ValueError) as e:
-        _fail(p, f"{what}: unsupported dtype {header['descr']!r} ({e})")
-    if dt.hasobject:
-        _fail(p, f"{what}: unsupported dtype {dt} (object arrays are not read)")
-    count = math.prod(shape)
-    nbytes = count * dt.itemsize
-    data_start = start + hlen
-    avail = len(buf) - data_start
-    if avail < nbytes:
-        _fail(p, f"{what}: truncated: shape {shape} of {dt} needs {nbytes} bytes of data, "
-                 f"{avail} present")
-    arr = np.frombuffer(buf, dtype=dt, count=count, offset=data_start)
-    return arr.reshape(shape, order="F" if header["fortran_order"] else "C")
-
-
-def _load_npy(p: Path, name, seed):
-    arr = _parse_npy(p, "array", _read_bytes(p))
-    return [(name or p.stem, _dense_to_matrix(p, "array", arr))]
-
-
-# ---- .npz ----------------------------------------------------------------
-# scipy.sparse's archive formats (file formats, not kernel families)
-SCIPY_CSR, SCIPY_CSC, SCIPY_COO, SCIPY_BSR = "csr", "csc", "coo", "bsr"
-_SCIPY_FORMATS = (SCIPY_CSR, SCIPY_CSC, SCIPY_COO, SCIPY_BSR)
-
-
-def _read_npz(p: Path) -> dict[str, np.ndarray]:
-    try:
-        with zipfile.ZipFile(p) as z:
-            out = {}
-            for info in z.infolist():
-                if info.is_dir():
-                    continue
-                key = info.filename[:-4] if info.filename.endswith(".npy") else info.filename
-                try:
-                    data = z.read(info)
-                except Exception as e:  # BadZipFile, EOFError, zlib.error, ...
-                    _fail(p, f"member {info.filename!r} cannot be read, truncated or corrupt "
-                             f"({type(e).__name__}: {e})")
-                out[key] = _parse_npy(p, f"array {key!r}", data)
-            return out
-    except WeightFileError:
-        raise
-    except zipfile.BadZipFile as e:
-        _fail(p, f"not a valid .npz (zip) archive, truncated or corrupt ({e})")
-    except Exception as e:  # zipfile raises many kinds on a corrupt archive
-        _fail(p, f"corrupt .npz archive ({type(e).__name__}: {e})")
-
-
-def _scalar_str(v: np.ndarray) -> str:
-    x = v.item() if v.size == 1 else v
-    if isinstance(x, bytes):
-        return x.decode("ascii", "replace")
-    return str(x)
-
-
-def _load_npz(p: Path, name, seed):
-    arrays = _read_npz(p)
-    if "format" in arrays and "shape" in arrays and "data" in arrays:
-        nm = name or (_scalar_str(arrays["sparseforge_name"]) if "sparseforge_name" in arrays
-                      else p.stem)
-        m = _scipy_to_matrix(p, arrays)
-        if "perm" in arrays:
-            m.perm = _check_perm(p, "array 'perm'", arrays["perm"], m.rows)
-        return [(nm, m)]
-    dense_keys = [k for k in arrays
-                  if not (k.endswith(".perm") and k[:-5] in arrays)
-                  and not (k.endswith(".dtype") and k[:-6] in arrays)]
-    if name is not None:
-        if name not in arrays:
-            _fail(p, f"no array named {name!r} (arrays: {_list_names(dense_keys)})")
-        keys = [name]
-    else:
-        keys = [k for k in dense_keys if arrays[k].ndim == 2 and arrays[k].dtype.kind in "fV"]
-        if not keys:
-            _fail(p, "no 2-D floating-point array in the archive "
-                     f"(arrays: {_list_names(arrays)})")
-    out = []
-    for k in keys:
-        dtype = None
-        if k + ".dtype" in arrays:
-            dtype = _scalar_str(arrays[k + ".dtype"])
-            if dtype not in DTYPES:
-                _fail(p, f"array {k + '.dtype'!r} names unknown dtype {dtype!r}")
-        m = _dense_to_matrix(p, f"array {k!r}", arrays[k])
-        if dtype is not None:
-            m = m.astype(dtype)
-        if k + ".perm" in arrays:
-            m.perm = _check_perm(p, f"array {k + '.perm'!r}", arrays[k + ".perm"], m.rows)
-        out.append((k, m))
-    return out
-
-
-def _list_names(names: Iterable[str], limit: int = 12) -> str:
-    names = list(names)
-    s = ", ".join(repr(n) for n in names[:limit])
-    return s + (f", ... ({len(names)} in all)" if len(names) > limit else "") if names else "none"
+def _perm_count(p, what: str, count: int, m: int):
+    """Before a permutation is read: one entry per row."""
+    if count != m:
+        _fail(p, f"{what} is not a permutation of the {m} rows")
 
 
 def _check_perm(p, what: str, perm: np.ndarray, m: int) -> np.ndarray:
@@ -322,18 +364,270 @@ def _check_perm(p, what: str, perm: np.ndarray, m: int) -> np.ndarray:
     return perm
 
 
-def _int_array(p, arrays, key: str, fmt: str) -> np.ndarray:
-    if key not in arrays:
+# ---- .npy ----------------------------------------------------------------
+class _NpyHeader(NamedTuple):
+    dtype: np.dtype
+    shape: tuple
+    fortran: bool
+    data_start: int
+
+    @property
+    def count(self) -> int:
+        return math.prod(self.shape)
+
+    @property
+    def nbytes(self) -> int:
+        return self.count * self.dtype.itemsize
+
+
+def _npy_header(p, what: str, read, size: int) -> _NpyHeader:
+    """The validated header of a .npy image (a file or an npz member) of
+    `size` bytes, `read(n)` giving its next n bytes.  The data it declares
+    must fit in `size`: nothing is read or allocated for a shape that the
+    bytes cannot hold."""
+    magic = b"\x93NUMPY"
+    pre = read(min(size, 10))
+    if len(pre) < 10:
+        if magic.startswith(pre[:6]):
+            _fail(p, f"{what}: truncated: {len(pre)} bytes, shorter than a .npy header")
+        _fail(p, f"{what}: not a .npy file (bad magic)")
+    if pre[:6] != magic:
+        _fail(p, f"{what}: not a .npy file (bad magic)")
+    major = pre[6]
+    if major == 1:
+        hlen, start = struct.unpack_from("<H", pre, 8)[0], 10
+    elif major in (2, 3):
+        more = read(2)
+        if len(more) < 2:
+            _fail(p, f"{what}: truncated: {10 + len(more)} bytes, shorter than a .npy header")
+        hlen, start = struct.unpack("<I", pre[8:] + more)[0], 12
+    else:
+        _fail(p, f"{what}: unsupported .npy format version {major}.{pre[7]}")
+    if start + hlen > size:
+        _fail(p, f"{what}: truncated: header of {hlen} bytes, only {size - start} present")
+    if hlen > _NPY_MAX_HEADER:
+        _fail(p, f"{what}: bad .npy header: {hlen} bytes is implausible (over {_NPY_MAX_HEADER})")
+    raw = read(hlen)
+    if len(raw) < hlen:
+        _fail(p, f"{what}: truncated: header of {hlen} bytes, only {len(raw)} present")
+    try:
+        with warnings.catch_warnings():  # invalid escapes etc. of a hostile header
+            warnings.simplefilter("ignore")
+            header = ast.literal_eval(raw.decode("utf-8" if major == 3 else "latin1"))
+    except (ValueError, TypeError, SyntaxError, UnicodeDecodeError, MemoryError, RecursionError) as e:
+        _fail(p, f"{what}: bad .npy header ({type(e).__name__}: {_clip(str(e), 80)})")
+    if not isinstance(header, dict) or not {"descr", "fortran_order", "shape"} <= set(header):
+        _fail(p, f"{what}: bad .npy header: expected a dict with descr, fortran_order, shape")
+    shape = header["shape"]
+    if not isinstance(shape, tuple) or not all(type(s) is int for s in shape):
+        _fail(p, f"{what}: bad .npy header: shape {_clip(repr(shape), 80)}")
+    if any(s < 0 for s in shape):
+        _fail(p, f"{what}: bad .npy header: negative shape {_clip(repr(shape), 80)}")
+    if len(shape) > _NPY_MAX_DIMS or any(s > _NPY_MAX_EXTENT for s in shape):
+        _fail(p, f"{what}: bad .npy header: shape {_clip(repr(shape), 80)} is too large")
+    descr = header["descr"]
+    try:
+        with warnings.catch_warnings():  # deprecated aliases
+            warnings.simplefilter("ignore")
+            dt = np.dtype(descr if isinstance(descr, str) else [tuple(f) for f in descr])
+    except Exception as e:  # np.dtype of an arbitrary literal: TypeError, ValueError, ...
+        _fail(p, f"{what}: unsupported dtype {_clip(repr(descr), 80)} ({type(e).__name__})")
+    if dt.hasobject:
+        _fail(p, f"{what}: unsupported dtype {dt} (object arrays are not read)")
+    if dt.itemsize == 0 or dt.subdtype is not None:
+        _fail(p, f"{what}: unsupported dtype {dt}")
+    hdr = _NpyHeader(dt, shape, bool(header["fortran_order"]), start + hlen)
+    avail = size - hdr.data_start
+    if avail < hdr.nbytes:
+        _fail(p, f"{what}: truncated: shape {_clip(repr(shape), 80)} of {dt} needs {hdr.nbytes} "
+                 f"bytes of data, {avail} present")
+    return hdr
+
+
+def _npy_array(p, what: str, raw: bytes, hdr: _NpyHeader) -> np.ndarray:
+    if len(raw) < hdr.nbytes:
+        _fail(p, f"{what}: truncated: shape {hdr.shape} of {hdr.dtype} needs {hdr.nbytes} "
+                 f"bytes of data, {len(raw)} present")
+    arr = np.frombuffer(raw, dtype=hdr.dtype, count=hdr.count)
+    return arr.reshape(hdr.shape, order="F" if hdr.fortran else "C")
+
+
+def _load_npy(p: Path, name, seed, limit):
+    nm = _own_name(p, name, p.stem)
+    with _open(p) as f:
+        hdr = _npy_header(p, "array", f.read, _file_size(f))
+        dtype = _dense_check(p, "array", hdr, limit)
+        arr = _npy_array(p, "array", f.read(hdr.nbytes), hdr)
+    return [(nm, _dense_to_matrix(p, "array", arr, dtype))]
+
+
+# ---- .npz ----------------------------------------------------------------
+# scipy.sparse's archive formats (file formats, not kernel families)
+SCIPY_CSR, SCIPY_CSC, SCIPY_COO, SCIPY_BSR = "csr", "csc", "coo", "bsr"
+_SCIPY_FORMATS = (SCIPY_CSR, SCIPY_CSC, SCIPY_COO, SCIPY_BSR)
+
+
+@contextmanager
+def _zip_errors(p, member: Optional[str] = None):
+    """zipfile raises many kinds on a corrupt archive: each names the file
+    (and the member)."""
+    try:
+        yield
+    except (WeightFileError, MemoryError):
+        raise
+    except Exception as e:
+        if member is not None:
+            _fail(p, f"member {member!r} cannot be read, truncated or corrupt "
+                     f"({type(e).__name__}: {_clip(str(e), 120)})")
+        if isinstance(e, zipfile.BadZipFile):
+            _fail(p, f"not a valid .npz (zip) archive, truncated or corrupt ({e})")
+        _fail(p, f"corrupt .npz archive ({type(e).__name__}: {_clip(str(e), 120)})")
+
+
+class _Npz:
+    """An open .npz archive: every member's .npy header, checked against
+    the sizes the zip directory records, and each member's data on demand."""
+
+    def __init__(self, p: Path, f):
+        self.p = p
+        size = _file_size(f)
+        with _zip_errors(p):
+            self.z = zipfile.ZipFile(f)
+            infos = [i for i in self.z.infolist() if not i.is_dir()]
+        self.members: dict[str, tuple[zipfile.ZipInfo, _NpyHeader]] = {}
+        for info in infos:
+            key = info.filename[:-4] if info.filename.endswith(".npy") else info.filename
+            self.members[key] = (info, self._header(info, key, size))
+
+    def _header(self, info: zipfile.ZipInfo, key: str, size: int) -> _NpyHeader:
+        p, what = self.p, f"array {key!r}"
+        usize, csize = info.file_size, info.compress_size
+        if csize > size:
+            _fail(p, f"{what}: the zip directory records {csize} compressed bytes, more than "
+                     f"the whole archive ({size} bytes)")
+        if info.compress_type == zipfile.ZIP_STORED and usize != csize:
+            _fail(p, f"{what}: stored uncompressed, but the zip directory records {usize} bytes "
+                     f"for {csize} stored")
+        if info.compress_type == zipfile.ZIP_DEFLATED and usize > _DEFLATE_MAX_RATIO * csize + 64:
+            _fail(p, f"{what}: the zip directory records {usize} bytes from {csize} compressed, "
+                     "more than deflate can expand (corrupt, or a zip bomb)")
+        with _zip_errors(p, info.filename):
+            f = self.z.open(info)
+
+        def read(n):
+            with _zip_errors(p, info.filename):
+                return f.read(n)
+
+        try:
+            hdr = _npy_header(p, what, read, usize)
+        finally:
+            f.close()
+        if hdr.data_start + hdr.nbytes != usize:
+            _fail(p, f"{what}: the zip directory records {usize} bytes, its header and data "
+                     f"(shape {_clip(repr(hdr.shape), 80)} of {hdr.dtype}) take "
+                     f"{hdr.data_start + hdr.nbytes}")
+        return hdr
+
+    def __contains__(self, key: str) -> bool:
+        return key in self.members
+
+    def hdr(self, key: str) -> _NpyHeader:
+        return self.members[key][1]
+
+    def array(self, key: str) -> np.ndarray:
+        info, hdr = self.members[key]
+        with _zip_errors(self.p, info.filename):
+            with self.z.open(info) as f:
+                f.read(hdr.data_start)
+                raw = f.read(hdr.nbytes)
+                f.read(1)  # the end of the member, where zipfile checks the CRC
+        return _npy_array(self.p, f"array {key!r}", raw, hdr)
+
+    def small(self, key: str) -> np.ndarray:
+        """A member that must be a scalar or a short vector (format, shape,
+        names, dtypes)."""
+        hdr = self.hdr(key)
+        if hdr.count > 16 or hdr.nbytes > _SMALL_MEMBER:
+            _fail(self.p, f"array {key!r} has {hdr.count} elements of {hdr.dtype}: expected a "
+                          "scalar or a short vector")
+        return self.array(key)
+
+    def perm(self, key: str, m: int) -> np.ndarray:
+        what = f"array {key!r}"
+        _perm_count(self.p, what, self.hdr(key).count, m)
+        return _check_perm(self.p, what, self.array(key), m)
+
+
+def _scalar_str(v: np.ndarray) -> str:
+    x = v.item() if v.size == 1 else v
+    if isinstance(x, bytes):
+        return x.decode("ascii", "replace")
+    return str(x)
+
+
+def _load_npz(p: Path, name, seed, limit):
+    with _open(p) as f:
+        z = _Npz(p, f)
+        if "format" in z and "shape" in z and "data" in z:
+            return [_scipy_to_matrix(p, z, name, limit)]
+        return _load_npz_dense(p, z, name, limit)
+
+
+def _load_npz_dense(p: Path, z: _Npz, name, limit):
+    keys = list(z.members)
+    dense_keys = [k for k in keys
+                  if not (k.endswith(".perm") and k[:-5] in z)
+                  and not (k.endswith(".dtype") and k[:-6] in z)]
+    if name is not None:
+        if name not in z:
+            _fail(p, f"no array named {name!r} (arrays: {_list_names(dense_keys)})")
+        selected = [name]
+    else:
+        selected = [k for k in dense_keys
+                    if len(z.hdr(k).shape) == 2 and z.hdr(k).dtype.kind in "fV"]
+        if not selected:
+            _fail(p, f"no 2-D floating-point array in the archive (arrays: {_list_names(keys)})")
+    out = []
+    for k in selected:
+        what = f"array {k!r}"
+        dtype = None
+        if k + ".dtype" in z:
+            dtype = _scalar_str(z.small(k + ".dtype"))
+            if dtype not in DTYPES:
+                _fail(p, f"array {k + '.dtype'!r} names unknown dtype {_clip(repr(dtype))}")
+        dtype = _dense_check(p, what, z.hdr(k), limit, dtype)
+        m = _dense_to_matrix(p, what, z.array(k), dtype)
+        if k + ".perm" in z:
+            m.perm = z.perm(k + ".perm", m.rows)
+        out.append((k, m))
+    return out
+
+
+def _list_names(names: Iterable[str], limit: int = 12) -> str:
+    names = [_clip(n) for n in names]
+    s = ", ".join(repr(n) for n in names[:limit])
+    return s + (f", ... ({len(names)} in all)" if len(names) > limit else "") if names else "none"
+
+
+def _int_member(p, z: _Npz, key: str, fmt: str, count: int, expected: str) -> np.ndarray:
+    """An integer array of a scipy archive, its dtype and entry count
+    checked from its header before it is read."""
+    if key not in z:
         _fail(p, f"scipy {fmt} archive lacks the {key!r} array")
-    a = arrays[key]
-    if a.dtype.kind not in "iu":
-        _fail(p, f"array {key!r} has dtype {a.dtype}, expected integers")
-    return a.astype(np.int64).ravel()
+    hdr = z.hdr(key)
+    if hdr.dtype.kind not in "iu":
+        _fail(p, f"array {key!r} has dtype {hdr.dtype}, expected integers")
+    if hdr.count != count:
+        _fail(p, f"{key!r} has {hdr.count} entries, {expected}")
+    a = z.array(key).ravel()
+    if a.size and a.dtype.kind == "u" and int(a.max()) > np.iinfo(np.int64).max:
+        _fail(p, f"array {key!r} holds {int(a.max())}, beyond 64-bit signed indices")
+    return a.astype(np.int64)
 
 
-def _check_indptr(p, key: str, indptr: np.ndarray, n: int, nnz: int, what: str):
-    if indptr.size != n + 1:
-        _fail(p, f"{key!r} has {indptr.size} entries, expected {what} + 1 = {n + 1}")
+def _check_indptr(p, key: str, indptr: np.ndarray, nnz: int):
+    """Offsets start at 0, never decrease and end at nnz (their count is
+    checked before they are read)."""
     if indptr[0] != 0:
         _fail(p, f"{key!r} does not start at 0 (starts at {indptr[0]})")
     d = np.diff(indptr)
@@ -344,74 +638,80 @@ def _check_indptr(p, key: str, indptr: np.ndarray, n: int, nnz: int, what: str):
         _fail(p, f"{key!r} ends at {indptr[-1]}, not at the number of stored entries {nnz}")
 
 
-def _scipy_to_matrix(p, arrays) -> SparseMatrix:
-    fmt = _scalar_str(arrays["format"])
+def _scipy_to_matrix(p, z: _Npz, name, limit) -> tuple[str, SparseMatrix]:
+    fmt = _scalar_str(z.small("format"))
     if fmt not in _SCIPY_FORMATS:
-        _fail(p, f"unsupported sparse format {fmt!r} (expected one of {', '.join(_SCIPY_FORMATS)})")
-    shape = arrays["shape"].ravel()
-    if shape.size != 2 or shape.dtype.kind not in "iu" or np.any(shape < 0):
+        _fail(p, f"unsupported sparse format {_clip(repr(fmt))} "
+                 f"(expected one of {', '.join(_SCIPY_FORMATS)})")
+    own = _scalar_str(z.small("sparseforge_name")) if "sparseforge_name" in z else p.stem
+    nm = _own_name(p, name, own, "one sparse matrix (a scipy archive)",
+                   "a .npz of dense arrays or a .safetensors")
+    shape = z.small("shape").ravel()
+    if shape.size != 2:
         _fail(p, f"sparse matrix is not 2-D (shape {shape.tolist()})")
+    if shape.dtype.kind not in "iu":
+        _fail(p, f"array 'shape' has dtype {shape.dtype}, expected integers")
+    if np.any(shape < 0):
+        _fail(p, f"sparse matrix has a negative shape {shape.tolist()}")
     m, k = int(shape[0]), int(shape[1])
-    data = arrays["data"]
-    dtype = _float_dtype_name(p, "array 'data'", data.dtype)
-    if "sparseforge_dtype" in arrays:
-        dtype = _scalar_str(arrays["sparseforge_dtype"])
+    _check_shape(p, "sparse matrix", m, k, limit)
+    dh = z.hdr("data")
+    dtype = _float_dtype_name(p, "array 'data'", dh.dtype)
+    if "sparseforge_dtype" in z:
+        dtype = _scalar_str(z.small("sparseforge_dtype"))
         if dtype not in DTYPES:
-            _fail(p, f"'sparseforge_dtype' names unknown dtype {dtype!r}")
-    data = data.astype(np.float32)
+            _fail(p, f"'sparseforge_dtype' names unknown dtype {_clip(repr(dtype))}")
+    if dh.count > m * k:
+        _fail(p, f"array 'data' holds {dh.count} values, more than the {m} x {k} matrix has elements")
     if fmt == SCIPY_BSR:
-        if data.ndim != 3:
-            _fail(p, f"bsr 'data' must be (blocks, br, bc), got shape {tuple(data.shape)}")
-        nb, br, bc = data.shape
+        if len(dh.shape) != 3:
+            _fail(p, f"bsr 'data' must be (blocks, br, bc), got shape {dh.shape}")
+        nb, br, bc = dh.shape
         if br == 0 or bc == 0 or m % br or k % bc:
             _fail(p, f"bsr block {br}x{bc} does not divide the shape {m}x{k}")
-        indptr = _int_array(p, arrays, "indptr", fmt)
-        bcols = _int_array(p, arrays, "indices", fmt)
-        _check_indptr(p, "indptr", indptr, m // br, nb, "block rows")
-        if bcols.size != nb:
-            _fail(p, f"'indices' has {bcols.size} entries for {nb} blocks")
+        indptr = _int_member(p, z, "indptr", fmt, m // br + 1, f"expected block rows + 1 = {m // br + 1}")
+        bcols = _int_member(p, z, "indices", fmt, nb, f"for {nb} blocks")
+        _check_indptr(p, "indptr", indptr, nb)
         if nb and (bcols.min() < 0 or bcols.max() >= k // bc):
             _fail(p, f"block column index out of range [0, {k // bc})")
+        data = z.array("data")
+        _check_values(p, "array 'data'", data, dtype)
         brow = np.repeat(np.arange(m // br), np.diff(indptr))
-        _check_finite(p, "array 'data'", data)
         # every element of every block: (block, i, j)
         rows = (brow[:, None, None] * br + np.arange(br)[None, :, None]) + np.zeros((1, 1, bc), np.int64)
         cols = (bcols[:, None, None] * bc + np.arange(bc)[None, None, :]) + np.zeros((1, br, 1), np.int64)
-        rows, cols, vals = rows.ravel(), cols.ravel(), data.ravel()
+        rows, cols = rows.ravel(), cols.ravel()
     else:
-        data = data.ravel()
-        _check_finite(p, "array 'data'", data)
-        nnz = data.size
+        nnz = dh.count
         if fmt == SCIPY_COO:
-            if "row" in arrays and "col" in arrays:
-                rows = _int_array(p, arrays, "row", fmt)
-                cols = _int_array(p, arrays, "col", fmt)
-            elif "coords" in arrays and arrays["coords"].ndim == 2 and arrays["coords"].shape[0] == 2:
-                rows = arrays["coords"][0].astype(np.int64)
-                cols = arrays["coords"][1].astype(np.int64)
+            if "row" in z and "col" in z:
+                rows = _int_member(p, z, "row", fmt, nnz, f"'data' has {nnz}")
+                cols = _int_member(p, z, "col", fmt, nnz, f"'data' has {nnz}")
+            elif "coords" in z and z.hdr("coords").shape == (2, nnz):
+                rows, cols = _int_member(p, z, "coords", fmt, 2 * nnz, "").reshape(2, nnz)
             else:
                 _fail(p, "scipy coo archive lacks the 'row' and 'col' arrays")
-            for key, a in (("row", rows), ("col", cols)):
-                if a.size != nnz:
-                    _fail(p, f"{key!r} has {a.size} entries, 'data' has {nnz}")
         else:
-            indptr = _int_array(p, arrays, "indptr", fmt)
-            idx = _int_array(p, arrays, "indices", fmt)
-            if idx.size != nnz:
-                _fail(p, f"'indices' has {idx.size} entries, 'data' has {nnz}")
             n_major = m if fmt == SCIPY_CSR else k
-            _check_indptr(p, "indptr", indptr, n_major, nnz,
-                          "rows" if fmt == SCIPY_CSR else "columns")
+            major_name = "rows" if fmt == SCIPY_CSR else "columns"
+            indptr = _int_member(p, z, "indptr", fmt, n_major + 1,
+                                 f"expected {major_name} + 1 = {n_major + 1}")
+            idx = _int_member(p, z, "indices", fmt, nnz, f"'data' has {nnz}")
+            _check_indptr(p, "indptr", indptr, nnz)
             major = np.repeat(np.arange(n_major), np.diff(indptr))
             rows, cols = (major, idx) if fmt == SCIPY_CSR else (idx, major)
-        vals = data
-    return _coo_to_matrix(p, (m, k), rows, cols, vals, dtype, one_based=False)
+        data = z.array("data")
+        _check_values(p, "array 'data'", data, dtype)
+    mat = _coo_to_matrix(p, (m, k), rows, cols, data.ravel(), dtype, one_based=False)
+    if "perm" in z:
+        mat.perm = z.perm("perm", m)
+    return nm, mat
 
 
 def _coo_to_matrix(p, shape, rows, cols, vals, dtype, one_based: bool,
                    perm=None, **kw) -> SparseMatrix:
     """Entries (any order) to a SparseMatrix; rejects out-of-range and
-    duplicate entries."""
+    duplicate entries.  `vals` were checked (finite, within `dtype`)."""
     m, k = shape
     base = 1 if one_based else 0
     for what, a, n in (("row", rows, m), ("column", cols, k)):
@@ -445,8 +745,8 @@ def read_safetensors_header(path) -> tuple[dict, dict, int]:
     """(tensors, metadata, data_start): the validated header of a
     .safetensors file. tensors: name -> {dtype, shape, data_offsets}."""
     p = Path(path)
-    size = p.stat().st_size
-    with open(p, "rb") as f:
+    with _open(p) as f:
+        size = _file_size(f)
         head = f.read(8)
         if len(head) < 8:
             _fail(p, f"truncated: {len(head)} bytes, a .safetensors file starts with an "
@@ -460,8 +760,8 @@ def read_safetensors_header(path) -> tuple[dict, dict, int]:
         raw = f.read(n)
     try:
         header = json.loads(raw.decode("utf-8"))
-    except (UnicodeDecodeError, json.JSONDecodeError) as e:
-        _fail(p, f"bad header JSON: {e}")
+    except (UnicodeDecodeError, ValueError, RecursionError) as e:  # JSONDecodeError is a ValueError
+        _fail(p, f"bad header JSON: {_clip(str(e), 120) or type(e).__name__}")
     if not isinstance(header, dict):
         _fail(p, f"bad header JSON: expected an object, got {type(header).__name__}")
     meta = header.pop("__metadata__", {}) or {}
@@ -470,23 +770,22 @@ def read_safetensors_header(path) -> tuple[dict, dict, int]:
     data_start = 8 + n
     data_size = size - data_start
     for tname, info in header.items():
-        what = f"tensor {tname!r}"
+        what = f"tensor {_clip(tname)!r}"
         if not isinstance(info, dict) or not {"dtype", "shape", "data_offsets"} <= set(info):
             _fail(p, f"bad header: {what} lacks dtype, shape or data_offsets")
         dt, shape, offs = info["dtype"], info["shape"], info["data_offsets"]
-        if dt not in _ST_DTYPES:
-            _fail(p, f"{what} has unsupported dtype {dt!r}")
-        if not isinstance(shape, list) or not all(isinstance(s, int) and not isinstance(s, bool)
-                                                  and s >= 0 for s in shape):
-            _fail(p, f"bad header: {what} has shape {shape!r}")
+        if not isinstance(dt, str) or dt not in _ST_DTYPES:
+            _fail(p, f"{what} has unsupported dtype {_clip(repr(dt))}")
+        if not isinstance(shape, list) or not all(type(s) is int and s >= 0 for s in shape):
+            _fail(p, f"bad header: {what} has shape {_clip(repr(shape), 80)}")
         if (not isinstance(offs, list) or len(offs) != 2
-                or not all(isinstance(o, int) and not isinstance(o, bool) for o in offs)
+                or not all(type(o) is int for o in offs)
                 or offs[0] < 0 or offs[1] < offs[0]):
-            _fail(p, f"bad header: {what} has data_offsets {offs!r}")
+            _fail(p, f"bad header: {what} has data_offsets {_clip(repr(offs), 80)}")
         need = math.prod(shape) * _ST_DTYPES[dt][1]
         if offs[1] - offs[0] != need:
             _fail(p, f"{what}: data_offsets {offs} span {offs[1] - offs[0]} bytes, shape "
-                     f"{shape} of {dt} needs {need}")
+                     f"{_clip(repr(shape), 80)} of {dt} needs {need}")
         if offs[1] > data_size:
             _fail(p, f"{what}: data_offsets {offs} lie outside the file (its data section "
                      f"has {data_size} bytes: truncated file or wrong header)")
@@ -503,7 +802,7 @@ def _st_tensor(p, f, info, data_start) -> np.ndarray:
     return np.frombuffer(raw, dtype=np_dt).reshape(info["shape"])
 
 
-def _load_safetensors(p: Path, name, seed):
+def _load_safetensors(p: Path, name, seed, limit):
     header, meta, data_start = read_safetensors_header(p)
     if name is not None:
         if name not in header:
@@ -520,60 +819,77 @@ def _load_safetensors(p: Path, name, seed):
         if not names:
             _fail(p, f"no 2-D floating-point tensor in the file (tensors: {_list_names(header)})")
     out = []
-    with open(p, "rb") as f:
+    with _open(p) as f:
         for tname in names:
             info = header[tname]
-            what = f"tensor {tname!r}"
+            what = f"tensor {_clip(tname)!r}"
             if len(info["shape"]) != 2:
-                _fail(p, f"{what} is not 2-D (shape {info['shape']})")
+                _fail(p, f"{what} is not 2-D (shape {_clip(repr(info['shape']), 80)})")
             if info["dtype"] not in _ST_MATRIX_DTYPES:
                 _fail(p, f"{what} has unsupported dtype {info['dtype']} for weights "
                          "(expected F32, F16 or BF16)")
+            _check_shape(p, what, *info["shape"], limit)
             raw = _st_tensor(p, f, info, data_start)
-            dtype = _ST_MATRIX_DTYPES[info["dtype"]]
             if info["dtype"] == "BF16":
                 arr = (raw.astype(np.uint32) << 16).view(np.float32)
             else:
                 arr = raw
-            m = _dense_to_matrix(p, what, arr, dtype=dtype)
-            if info["dtype"] == "F64":
-                m.meta["note"] = "float64 weights rounded to float32"
+            m = _dense_to_matrix(p, what, arr, _ST_MATRIX_DTYPES[info["dtype"]])
             pname = tname + ".perm"
             if pname in header:
-                pinfo = header[pname]
+                pinfo, pwhat = header[pname], f"tensor {_clip(pname)!r}"
                 if pinfo["dtype"] not in _ST_INT_DTYPES:
-                    _fail(p, f"tensor {pname!r} has dtype {pinfo['dtype']}, expected integers")
-                m.perm = _check_perm(p, f"tensor {pname!r}", _st_tensor(p, f, pinfo, data_start), m.rows)
+                    _fail(p, f"{pwhat} has dtype {pinfo['dtype']}, expected integers")
+                _perm_count(p, pwhat, math.prod(pinfo["shape"]), m.rows)
+                m.perm = _check_perm(p, pwhat, _st_tensor(p, f, pinfo, data_start), m.rows)
             if meta:
                 m.meta["safetensors_metadata"] = dict(meta)
             out.append((tname, m))
     return out
 
 
-# ---- .mtx ----------------------------------------------------------------
+# ---- text formats ----------------------------------------------------------
 def _parse_numbers(p, what: str, tokens: Sequence[str], kind) -> np.ndarray:
     try:
         return np.array(tokens, dtype=kind)
-    except (ValueError, OverflowError):
-        conv = int if kind is np.int64 else float
-        for i, t in enumerate(tokens):
-            try:
-                conv(t)
-            except (ValueError, OverflowError):
-                _fail(p, f"{what}: token {i} ({t!r}) is not {'an integer' if conv is int else 'a number'}")
-        raise
+    except (ValueError, OverflowError, TypeError):
+        pass
+    conv = int if kind is np.int64 else float
+    for i, t in enumerate(tokens):
+        try:
+            v = conv(t)
+        except (ValueError, OverflowError):
+            _fail(p, f"{what}: token {i} ({_clip(t)!r}) is not "
+                     f"{'an integer' if conv is int else 'a number'}")
+        if conv is int and not -2 ** 63 <= v < 2 ** 63:
+            _fail(p, f"{what}: token {i} ({_clip(t)!r}) is out of range (more than 64 bits)")
+    try:  # tokens Python reads and numpy does not (e.g. non-ASCII digits)
+        return np.array([conv(t) for t in tokens], dtype=kind)
+    except (ValueError, OverflowError) as e:
+        _fail(p, f"{what}: {e}")
 
 
-def _load_mtx(p: Path, name, seed):
+def _check_room(p, claim: str, numbers: int, chars: int, after: str):
+    """Before a text body is parsed: it holds at most (chars + 1) // 2
+    numbers (one character and one separator each)."""
+    room = (max(chars, 0) + 1) // 2
+    if numbers > room:
+        _fail(p, f"truncated: {claim} {numbers} numbers; the {max(chars, 0)} characters after "
+                 f"{after} hold at most {room}")
+
+
+# ---- .mtx ----------------------------------------------------------------
+def _load_mtx(p: Path, name, seed, limit):
+    nm = _own_name(p, name, p.stem)
     text = _read_text(p)
     lines = text.split("\n")
     if not lines or not lines[0].lower().startswith("%%matrixmarket"):
         _fail(p, "missing the '%%MatrixMarket' header line")
     banner = lines[0].split()
     if len(banner) != 5:
-        _fail(p, f"bad header line {lines[0].strip()!r}: expected "
+        _fail(p, f"bad header line {_clip(lines[0].strip(), 80)!r}: expected "
                  "'%%MatrixMarket matrix <format> <field> <symmetry>'")
-    obj, fmt, field_, sym = (b.lower() for b in banner[1:])
+    obj, fmt, field_, sym = (_clip(b.lower()) for b in banner[1:])
     if obj != "matrix":
         _fail(p, f"unsupported object {obj!r} (expected 'matrix')")
     if fmt not in ("coordinate", "array"):
@@ -585,43 +901,53 @@ def _load_mtx(p: Path, name, seed):
     if fmt == "array" and field_ == "pattern":
         _fail(p, "array format cannot have the pattern field")
     dtype, perm = "fp32", None
-    i = 1
+    i, used = 1, len(lines[0]) + 1
     while i < len(lines) and (lines[i].startswith("%") or not lines[i].strip()):
         line = lines[i]
         if line.startswith("%sparseforge-dtype"):
             dtype = line.split()[1] if len(line.split()) > 1 else ""
             if dtype not in DTYPES:
-                _fail(p, f"line {i + 1}: unknown dtype {dtype!r}")
+                _fail(p, f"line {i + 1}: unknown dtype {_clip(repr(dtype))}")
         elif line.startswith("%sparseforge-perm"):
             perm = _parse_numbers(p, f"line {i + 1}", line.split()[1:], np.int64)
+        used += len(line) + 1
         i += 1
     if i >= len(lines):
         _fail(p, "truncated: no size line after the header")
+    size_line = _clip(lines[i].strip(), 80)
     size_tokens = lines[i].split()
+    rest = max(0, len(text) - used - len(lines[i]) - 1)  # characters after the size line
     want = 3 if fmt == "coordinate" else 2
     if len(size_tokens) != want:
-        _fail(p, f"line {i + 1}: size line {lines[i].strip()!r} must have {want} numbers")
+        _fail(p, f"line {i + 1}: size line {size_line!r} must have {want} numbers")
     sizes = _parse_numbers(p, f"line {i + 1} (size line)", size_tokens, np.int64)
     if np.any(sizes < 0):
-        _fail(p, f"line {i + 1}: negative size in {lines[i].strip()!r}")
+        _fail(p, f"line {i + 1}: negative size in {size_line!r}")
     m, k = int(sizes[0]), int(sizes[1])
-    body = " ".join(lines[i + 1:]).split()
     if sym != "general" and m != k:
         _fail(p, f"{sym} matrix must be square, size line says {m}x{k}")
-    if perm is not None:
-        perm = _check_perm(p, "%sparseforge-perm", perm, m)
     if fmt == "array":
         if sym == "general":
             count = m * k
         else:
             count = m * (m + 1) // 2 if sym == "symmetric" else m * (m - 1) // 2
+        _check_room(p, f"array of {m}x{k} ({sym}) needs", count, rest, "the size line")
+    else:
+        nnz = int(sizes[2])
+        per = 2 if field_ == "pattern" else 3
+        _check_room(p, f"the size line promises {nnz} entries:", nnz * per, rest, "it")
+    _check_shape(p, "matrix", m, k, limit)
+    if perm is not None:
+        perm = _check_perm(p, "%sparseforge-perm", perm, m)
+    body = " ".join(lines[i + 1:]).split()
+    if fmt == "array":
         if len(body) < count:
             _fail(p, f"truncated: array of {m}x{k} ({sym}) needs {count} values, found {len(body)}")
         if len(body) > count:
             _fail(p, f"{len(body)} values after the size line, the {m}x{k} ({sym}) array has {count}")
-        with np.errstate(over="ignore"):
-            vals = _parse_numbers(p, "values", body, np.float64).astype(np.float32)
-        _check_finite(p, "values", vals)
+        vals = _parse_numbers(p, "values", body, np.float64)
+        _check_values(p, "values", vals, dtype)
+        vals = vals.astype(np.float32)
         dense = np.zeros((m, k), np.float32)
         if sym == "general":
             dense[:, :] = vals.reshape(k, m).T
@@ -630,10 +956,7 @@ def _load_mtx(p: Path, name, seed):
             cc, rr = np.triu_indices(m, lo)  # column-major lower triangle
             dense[rr, cc] = vals
             dense[cc, rr] = vals if sym == "symmetric" else -vals
-        mat = SparseMatrix.from_dense(dense, dtype=dtype, perm=perm)
-        return [(name or p.stem, mat)]
-    nnz = int(sizes[2])
-    per = 2 if field_ == "pattern" else 3
+        return [(nm, SparseMatrix.from_dense(dense, dtype=dtype, perm=perm))]
     if len(body) < nnz * per:
         _fail(p, f"truncated: the size line promises {nnz} entries ({nnz * per} numbers), "
                  f"found {len(body)} numbers")
@@ -646,9 +969,9 @@ def _load_mtx(p: Path, name, seed):
     if synthetic:
         vals = None
     else:
-        with np.errstate(over="ignore"):
-            vals = _parse_numbers(p, "values", body[2::per], np.float64).astype(np.float32)
-        _check_finite(p, "values", vals, lambda j: f"entry {j} (row {rows[j]}, col {cols[j]})")
+        vals = _parse_numbers(p, "values", body[2::per], np.float64)
+        _check_values(p, "values", vals, dtype, lambda j: f"entry {j} (row {rows[j]}, col {cols[j]})")
+        vals = vals.astype(np.float32)
     if sym != "general":
         for what, a in (("row", rows), ("column", cols)):
             bad = (a < 1) | (a > m)
@@ -672,25 +995,27 @@ def _load_mtx(p: Path, name, seed):
     mat = _coo_to_matrix(p, (m, k), rows, cols, vals, dtype, one_based=True, perm=perm, **kw)
     if synthetic:
         mat = mat.with_values(synthetic_values(mat.nnz, seed))
-    return [(name or p.stem, mat)]
+    return [(nm, mat)]
 
 
 # ---- .smtx ---------------------------------------------------------------
-def _load_smtx(p: Path, name, seed):
-    text = _read_text(p)
-    lines = text.strip("\n").split("\n") if text.strip() else []
+def _load_smtx(p: Path, name, seed, limit):
+    nm = _own_name(p, name, p.stem)
+    text = _read_text(p).strip("\n")
+    lines = text.split("\n") if text.strip() else []
     if len(lines) < 1:
         _fail(p, "empty file: expected 3 lines (sizes, row offsets, column indices)")
     head = [t for t in re.split(r"[,\s]+", lines[0].strip()) if t]
     if len(head) != 3:
-        _fail(p, f"line 1 {lines[0].strip()!r} must be 'rows, cols, nnz'")
+        _fail(p, f"line 1 {_clip(lines[0].strip(), 80)!r} must be 'rows, cols, nnz'")
     m, k, nnz = (int(v) for v in _parse_numbers(p, "line 1", head, np.int64))
     if m < 0 or k < 0 or nnz < 0:
-        _fail(p, f"line 1: negative size in {lines[0].strip()!r}")
+        _fail(p, f"line 1: negative size in {_clip(lines[0].strip(), 80)!r}")
     if len(lines) < 2 or (nnz > 0 and len(lines) < 3):
         _fail(p, f"truncated: {len(lines)} line(s), expected 3 (sizes, row offsets, column indices)")
     if len(lines) > 3 and any(l.strip() for l in lines[3:]):
         _fail(p, f"{len(lines)} lines, expected 3")
+    _check_shape(p, "matrix", m, k, limit)
     offs = _parse_numbers(p, "line 2 (row offsets)", lines[1].split(), np.int64)
     idx = _parse_numbers(p, "line 3 (column indices)", lines[2].split() if len(lines) > 2 else [],
                          np.int64)
@@ -723,7 +1048,7 @@ def _load_smtx(p: Path, name, seed):
                      f"({idx[j - 1]} then {idx[j]})")
     mat = SparseMatrix((m, k), offs, idx, synthetic_values(nnz, seed), dtype="fp32",
                        values_synthetic=True, meta={"note": synthetic_note(seed)})
-    return [(name or p.stem, mat)]
+    return [(nm, mat)]
 
 
 # =========================================================================

@@ -80,7 +80,15 @@ class SparseMatrix:
         m, k = int(self.shape[0]), int(self.shape[1])
         self.shape = (m, k)
         self.indptr = np.ascontiguousarray(self.indptr, dtype=np.int64)
-        self.indices = np.ascontiguousarray(self.indices, dtype=np.int32)
+        idx = np.asarray(self.indices)
+        if idx.size and idx.dtype.kind in "iu" and idx.dtype.itemsize >= 4 and idx.dtype != np.int32:
+            # checked before the cast to int32, which would wrap 2**32 + 5 to 5
+            lo, hi = int(idx.min()), int(idx.max())
+            if lo < 0 or hi >= k:
+                raise ValueError(f"column index out of range [0, {k})")
+            if hi > np.iinfo(np.int32).max:
+                raise ValueError(f"column index {hi} does not fit the int32 column indices")
+        self.indices = np.ascontiguousarray(idx, dtype=np.int32)
         self.values = np.ascontiguousarray(self.values, dtype=np.float32)
         if self.dtype not in DTYPES:
             raise ValueError(f"unknown dtype {self.dtype!r}; expected one of {DTYPES}")
