@@ -69,7 +69,10 @@ def tune_model(matrices: list[tuple[str, SparseMatrix]], tuner: Tuner, ns: list[
         pat = pattern or auto_pattern(m)
         fam, params = parse_pattern(pat)
         op = op_for(pat, m, activation, layout)
-        if pattern is not None and not family_of(pat)[0].fits(m, params):
+        if pattern is not None and m.density >= SPARSE_DENSITY_LIMIT:
+            print(f"note: {name} is dense (density {m.density:.2f}); tuning it as {pat} as "
+                  "asked (without --pattern, dense layers are listed and skipped)", file=log)
+        elif pattern is not None and not family_of(pat)[0].fits(m, params):
             print(f"note: {name} ({m.rows}x{m.cols}, density {m.density:.2f}) does not fit "
                   f"{pat} exactly; tuning it as {pat} as asked (the family stores what it "
                   f"must, or refuses the matrix)", file=log)

@@ -25,8 +25,12 @@ def load_spec(path: str) -> dict:
     try:
         with open(path, "rb") as f:
             spec = tomllib.load(f)
-    except tomllib.TOMLDecodeError as e:
-        raise ValueError(f"{path}: not valid TOML: {e}") from None
+    except (tomllib.TOMLDecodeError, UnicodeDecodeError) as e:
+        raise ValueError(f"{path}: not a valid TOML sweep spec: {e}") from None
+    except IsADirectoryError:
+        raise ValueError(f"{path}: is a directory, not a sweep spec") from None
+    except OSError as e:
+        raise ValueError(f"{path}: cannot read it: {e.strerror}") from None
     unknown = set(spec) - SPEC_KEYS
     if unknown:
         raise ValueError(f"{path}: unknown keys {sorted(unknown)}; allowed: {sorted(SPEC_KEYS)}")

@@ -643,6 +643,14 @@ def test_template_compiles(arch, case, nvrtc):
 
 GPU_CASES = [
     # (family, params, matrix maker, shape (M, K), dtype, epilogue, config, N values)
+    # odd patterns the parser accepts: blocks of 3 x 5 (a group is 6 block-rows,
+    # 18 rows in a 32-row tile) and groups of V = 3 (a 16-row tile, 13 rows padding)
+    ("bsr", {"br": 3, "bc": 5}, "bsr", (99, 100), "fp16", Epilogue(bias=True, activation="gelu"),
+     {"bk": 16, "bn": 64, "stages": 3, "wm": 1, "wn": 2}, (1, 70)),
+    ("bsr-tm", {"br": 3, "bc": 5}, "bsr", (99, 100), "bf16", Epilogue(),
+     {"bk": 16, "bn": 32, "stages": 2, "wm": 1, "wn": 1}, (3, 40)),
+    ("shflbw", {"v": 3}, "shflbw", (61, 48), "fp16", Epilogue(bias=True),
+     {"bk": 16, "bn": 32, "stages": 2, "wm": 1, "wn": 1}, (1, 45)),
     ("bsr", {"br": 64, "bc": 64}, "bsr", (300, 260), "fp16", Epilogue(),
      {"bk": 32, "bn": 128, "stages": 3, "wm": 2, "wn": 2}, (1, 77, 256)),
     ("bsr", {"br": 32, "bc": 32}, "bsr", (200, 333), "bf16", Epilogue(bias=True, activation="gelu", scale=0.5),
