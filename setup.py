@@ -31,6 +31,15 @@ class BuildWithCMake(build_py):
             if so.is_symlink():
                 continue
             shutil.copy2(so, dest / "libsparseforge.so")
+        # the driver-only runtime's sources, which `sparseforge export`
+        # copies into every deployment bundle
+        rt = ROOT / "runtime"
+        src = Path(self.build_lib) / "sparseforge" / "runtime_src"
+        src.mkdir(parents=True, exist_ok=True)
+        lines = (rt / "rt_sources.txt").read_text().splitlines()
+        names = [ln.strip() for ln in lines if ln.strip() and not ln.startswith("#")]
+        for name in ["rt_sources.txt", "sparseforge_runtime.h", "internal.h"] + names:
+            shutil.copy2(rt / name, src / name)
 
 
 def packages() -> dict[str, str]:

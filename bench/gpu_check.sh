@@ -1,12 +1,14 @@
 #!/usr/bin/env bash
 # One call on the GPU machine: build, GPU tests, the README's main command
-# (twice: the second must compile nothing), compute-sanitizer, and the S1
-# benchmark; a short table last.  Stages: tests tune sanitize bench (default:
-# tests tune sanitize bench).  `claim` measures the budgeted strategy.  The GPU machine lacks sqlite3.h: carry .gpu/ (holding it) along.
+# (twice: the second must compile nothing), the deployment bundle (export
+# the main command's layers, build examples/deploy, check every layer, time
+# the opens), compute-sanitizer, and the S1 benchmark; a short table last.
+# Stages: tests tune deploy sanitize bench (default: tests tune deploy
+# sanitize bench; deploy needs tune's database).  `claim` measures the budgeted strategy.  The GPU machine lacks sqlite3.h: carry .gpu/ (holding it) along.
 #   bash bench/gpu_check.sh tests tune
 set -uo pipefail
 cd "$(dirname "$0")/.."
-STAGES="${*:-tests tune sanitize bench}"
+STAGES="${*:-tests tune deploy sanitize bench}"
 OUT="${OUT:-/tmp/sf-out}"; mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1
 SQLITE_LIB=$(ls /usr/lib/x86_64-linux-gnu/libsqlite3.so.0* 2>/dev/null | head -1)
@@ -34,6 +36,13 @@ case " $STAGES " in *" tune "*)
   step tune_second sparseforge tune examples/tiny_model.npz --n 16,256,4096
   tail -12 "$OUT/tune_first.log"; grep "compiled in this run" "$OUT/tune_second.log"
   step cache_ls sparseforge cache ls ;; esac
+case " $STAGES " in *" deploy "*)
+  DB=/tmp/sf-xdg/sparseforge/sparseforge.db; rm -rf /tmp/sf-bundle /tmp/sf-deploy
+  step export sparseforge export "$DB" -o /tmp/sf-bundle --vectors examples/tiny_model.npz --weights file
+  step deploy_build bash -c "cmake -S examples/deploy -B /tmp/sf-deploy -DSF_BUNDLE_DIR=/tmp/sf-bundle && cmake --build /tmp/sf-deploy -j 16"
+  step deploy_check /tmp/sf-deploy/deploy_check /tmp/sf-bundle/vectors /tmp/sf-bundle/sfmodel.weights
+  step open_time python3 bench/open_time.py --db "$DB"
+  ldd /tmp/sf-deploy/deploy_check; cat "$OUT/deploy_check.log" "$OUT/open_time.log" ;; esac
 case " $STAGES " in *" sanitize "*)
   step memcheck compute-sanitizer --tool memcheck --error-exitcode 9 python3 bench/sanitize.py
   step racecheck compute-sanitizer --tool racecheck --error-exitcode 9 python3 bench/sanitize.py --small

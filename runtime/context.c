@@ -71,6 +71,11 @@ sf_status sf_errcode(const sf_context *ctx) {
   return ctx->code;
 }
 
+sf_status sf_context_fail(sf_context *ctx, sf_status code, const char *message) {
+  if (!ctx) return code;
+  return sf__fail(ctx, code, "%s", message ? message : "");
+}
+
 /* ---- create / destroy -------------------------------------------------- */
 
 sf_status sf_context_create(int device_ordinal, sf_context **out) {

@@ -172,6 +172,14 @@ SF_API const char *sf_errmsg(const sf_context *ctx);
  * the message. */
 SF_API sf_status sf_errcode(const sf_context *ctx);
 
+/* Records a failure on `ctx` as the library's own calls do: `code` and a
+ * copy of `message` become what sf_errcode() and sf_errmsg() return.  For
+ * code built on the runtime (a deployment bundle's open, say) that reports
+ * through the caller's context.  Returns `code`; a NULL ctx is ignored and
+ * a NULL message is "". */
+SF_API sf_status sf_context_fail(sf_context *ctx, sf_status code,
+                                 const char *message);
+
 /* ------------------------------------------------------------------------
  * Device description
  * ---------------------------------------------------------------------- */

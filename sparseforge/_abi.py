@@ -332,6 +332,7 @@ PROTOTYPES = {
     'sf_context_destroy': (None, [c_void_p]),
     'sf_errmsg': (c_char_p, [c_void_p]),
     'sf_errcode': (c_int, [c_void_p]),
+    'sf_context_fail': (c_int, [c_void_p, c_int, c_char_p]),
     'sf_device_info_get': (c_int, [c_void_p, POINTER(sf_device_info)]),
     'sf_device_count': (c_int, [c_void_p, POINTER(c_int)]),
     'sf_binary_from_memory': (c_int, [c_void_p, c_size_t, c_int, POINTER(c_void_p)]),

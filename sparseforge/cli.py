@@ -325,6 +325,26 @@ def cmd_cache(args) -> int:
     raise AssertionError(args.action)
 
 
+# ---- export -----------------------------------------------------------------
+
+def cmd_export(args) -> int:
+    from .export import export
+    out = Path(args.output)
+    if out.exists() and any(out.iterdir()) and not args.force:
+        raise ValueError(f"{out} exists and is not empty; pass --force to write into it")
+    with _open_cache(args.db, create=False, readonly=True) as cache:
+        bundle, files = export(cache, out, args.layers, args.arch.split(",") if args.arch else None,
+                               args.weights, args.bundle, args.vectors)
+    for msg in bundle.skipped:
+        print(f"warning: {msg}", file=sys.stderr)
+    print(f"wrote {out}: bundle {bundle.name} of {len(bundle.layers)} layer(s) for "
+          f"{', '.join(bundle.archs)} ({len(bundle.cubins)} cubins, {len(bundle.packed)} packed "
+          f"blobs, weights {'embedded' if args.weights == 'embed' else 'in ' + bundle.name + '.weights'})")
+    print(f"build it: cmake -S {out} -B {out}/build && cmake --build {out}/build "
+          f"(or add_subdirectory({out}) and link {bundle.name}::{bundle.name})")
+    return EXIT_OK
+
+
 # ---- parser -----------------------------------------------------------------
 
 def build_parser() -> argparse.ArgumentParser:
@@ -414,6 +434,21 @@ def build_parser() -> argparse.ArgumentParser:
     sp.add_argument("-o", "--output", default="sparseforge-report", help="output directory")
     sp.add_argument("--no-plots", action="store_true", help="CSV only")
     sp.set_defaults(func=cmd_report)
+
+    sp = sub.add_parser("export", help="write tuned layers as a C deployment bundle (needs "
+                                       "the CUDA driver alone)")
+    sp.add_argument("db", help="the database the layers were tuned into")
+    sp.add_argument("-o", "--output", required=True, help="the bundle's folder")
+    sp.add_argument("--layers", nargs="+", help="the layers to export (default: every one)")
+    sp.add_argument("--arch", type=_archs, help="architectures to export, comma-separated "
+                    "(default: those the layers were tuned or compiled for)")
+    sp.add_argument("--weights", choices=["embed", "file"], default="embed",
+                    help="packed weights in the C source (default) or in one side file")
+    sp.add_argument("--bundle", default="sfmodel", help="the bundle's C name (default sfmodel)")
+    sp.add_argument("--vectors", metavar="WEIGHTS",
+                    help="also write test vectors from the weights file the layers came from")
+    sp.add_argument("--force", action="store_true", help="write into a non-empty folder")
+    sp.set_defaults(func=cmd_export)
 
     sp = sub.add_parser("cache", help="see and manage what is stored")
     db = argparse.ArgumentParser(add_help=False)
