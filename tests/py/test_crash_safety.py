@@ -127,3 +127,18 @@ def test_no_gpu_tune_stores_untuned_layers_that_cache_lists(model, tmp_path, tot
                            "--db", str(db)], env=env, cwd=ROOT, capture_output=True, text=True,
                           check=True).stdout
     assert "layer layer1 on untuned (sm_80)" in show and "N=16" in show, show
+
+
+def test_a_corrupt_stored_kernel_is_compiled_again_and_reported(model, tmp_path, total):
+    db = tmp_path / "x.db"
+    out, err = _tune(model, db).communicate(timeout=600)
+    con = sqlite3.connect(db)
+    blob = bytearray(con.execute("SELECT blob FROM binaries LIMIT 1").fetchone()[0])
+    blob[len(blob) // 2] ^= 0xFF
+    con.execute("UPDATE binaries SET blob = ? WHERE rowid = (SELECT min(rowid) FROM binaries)",
+                (bytes(blob),))
+    con.commit()
+    con.close()
+    out, err = _tune(model, db).communicate(timeout=600)
+    assert _compiled_in(out) == 1, (out, err)
+    assert "1 stored kernel(s) failed their checksum and were compiled again and replaced" in err
