@@ -1,6 +1,8 @@
 /*
  * cache.c -- the SQLite cache: opening (with every check made before the
- * first write), the schema, error messages and write transactions.
+ * first write, and read-only connections that work in read-only
+ * directories and on read-only media), the schema, error messages and
+ * write transactions.
  *
  * The records themselves are in records.c (binaries, environments,
  * matrices, trials), layers.c (layers and packed blobs) and merge.c (merge,
@@ -383,12 +385,14 @@ sf_status sfc_check_schema(sf_cache *c, const char *schema, const char *path) {
   return SF_OK;
 }
 
-/* Looks at the file without SQLite: missing, empty, or a SQLite header. */
+/* Looks at the file without SQLite: missing, empty, or a SQLite header.
+ * *wal is set when the header's format bytes (18 and 19) say WAL. */
 typedef enum { FILE_MISSING, FILE_EMPTY, FILE_SQLITE } file_state;
 
-static sf_status probe_file(sf_cache *c, int flags, file_state *fs) {
+static sf_status probe_file(sf_cache *c, int flags, file_state *fs, int *wal) {
   struct stat sb;
-  if (stat(c->path, &sb) != 0) {
+  *wal = 0;
+  if (stat(c->file, &sb) != 0) {
     if (errno != ENOENT)
       return sfc_fail(c, SF_ERR_IO, "cache %s: cannot stat: %s", c->path,
                       strerror(errno));
@@ -412,7 +416,7 @@ static sf_status probe_file(sf_cache *c, int flags, file_state *fs) {
     *fs = FILE_EMPTY;
     return SF_OK;
   }
-  int fd = open(c->path, O_RDONLY | O_CLOEXEC);
+  int fd = open(c->file, O_RDONLY | O_CLOEXEC);
   if (fd < 0)
     return sfc_fail(c, SF_ERR_IO, "cache %s: cannot open: %s", c->path,
                     strerror(errno));
@@ -435,11 +439,80 @@ static sf_status probe_file(sf_cache *c, int flags, file_state *fs) {
                     "start with the SQLite header)",
                     c->path);
   *fs = FILE_SQLITE;
+  *wal = head[18] == 2 || head[19] == 2;
   return SF_OK;
 }
 
-static sf_status open_connection(sf_cache *c, int sqlite_flags) {
-  char *uri = sfc_path_uri(c->path, "");
+/* ---- read-only connections ------------------------------------------- */
+
+static const char RO_PLAIN[] = "?mode=ro";
+static const char RO_IMMUTABLE[] = "?mode=ro&immutable=1";
+
+/* How a read-only connection opens the file.  A side file with changes
+ * not yet in the database file (a non-empty -wal in WAL mode, a non-empty
+ * -journal otherwise) must be read (or rolled back) by SQLite, which then
+ * needs to write beside the file; without one, and in a directory this
+ * process cannot write (permissions or read-only media), the database is
+ * opened immutable: no locks, no side files, no change detection. */
+typedef struct {
+  char *side;        /* "<file>-wal" or "<file>-journal" (malloc'd) */
+  char *dir;         /* the file's directory (malloc'd) */
+  int pending;       /* side exists and is not empty */
+  int dir_writable;
+} ro_plan;
+
+static void free_plan(ro_plan *p) {
+  free(p->side);
+  free(p->dir);
+}
+
+static sf_status plan_readonly(sf_cache *c, int wal, ro_plan *p) {
+  memset(p, 0, sizeof *p);
+  size_t n = strlen(c->file);
+  p->side = malloc(n + sizeof "-journal");
+  p->dir = malloc(n + 2);
+  if (!p->side || !p->dir) {
+    free_plan(p);
+    return sfc_fail(c, SF_ERR_NOMEM, "cache %s: out of memory", c->path);
+  }
+  snprintf(p->side, n + sizeof "-journal", "%s%s", c->file,
+           wal ? "-wal" : "-journal");
+  const char *slash = strrchr(c->file, '/');
+  if (!slash)
+    snprintf(p->dir, n + 2, ".");
+  else if (slash == c->file)
+    snprintf(p->dir, n + 2, "/");
+  else
+    snprintf(p->dir, n + 2, "%.*s", (int)(slash - c->file), c->file);
+  struct stat sb;
+  p->pending = stat(p->side, &sb) == 0 && sb.st_size > 0;
+  p->dir_writable = access(p->dir, W_OK) == 0;
+  return SF_OK;
+}
+
+/* The error for a read-only open that failed because SQLite could not
+ * create what it needs to read the changes in the side file. */
+static sf_status pending_fail(sf_cache *c, int wal, const ro_plan *p) {
+  if (wal)
+    return sfc_fail(c, SF_ERR_IO,
+                    "cache %s: cannot open read-only: the database has "
+                    "un-checkpointed changes in its -wal file (%s), and "
+                    "SQLite cannot create the -shm file it needs to read "
+                    "them because the directory %s is not writable; open it "
+                    "writable once, where it can be written, to fold them "
+                    "into the database file",
+                    c->path, p->side, p->dir);
+  return sfc_fail(c, SF_ERR_IO,
+                  "cache %s: cannot open read-only: its journal (%s) holds "
+                  "an interrupted write that must be rolled back, and the "
+                  "directory %s is not writable; open it writable once, "
+                  "where it can be written, to roll it back",
+                  c->path, p->side, p->dir);
+}
+
+static sf_status open_connection(sf_cache *c, int sqlite_flags,
+                                 const char *query) {
+  char *uri = sfc_path_uri(c->file, query);
   if (!uri) return sfc_fail(c, SF_ERR_NOMEM, "cache %s: out of memory", c->path);
   int rc = sqlite3_open_v2(uri, &c->db, sqlite_flags | SQLITE_OPEN_URI, NULL);
   free(uri);
@@ -458,6 +531,26 @@ static sf_status open_connection(sf_cache *c, int sqlite_flags) {
                                   sql_sha256, NULL, NULL, NULL);
   if (rc != SQLITE_OK) return sfc_db_fail(c, rc, "registering sf_sha256");
   return SF_OK;
+}
+
+/* Reads the file's markers through a read-only connection (which never
+ * checkpoints or rolls anything into the file), chosen as plan_readonly
+ * says; c->ro_query keeps the choice.  Leaves no connection open. */
+static sf_status classify_readonly(sf_cache *c, int wal, db_state *state,
+                                   int64_t *version) {
+  ro_plan plan;
+  sf_status st = plan_readonly(c, wal, &plan);
+  if (st) return st;
+  c->ro_query = !plan.pending && !plan.dir_writable ? RO_IMMUTABLE : RO_PLAIN;
+  st = open_connection(c, SQLITE_OPEN_READONLY, c->ro_query);
+  if (!st) st = classify(c, "main", c->path, state, version);
+  sqlite3_close(c->db);
+  c->db = NULL;
+  if (st && plan.pending && !plan.dir_writable && st != SF_ERR_NOT_A_DB &&
+      st != SF_ERR_DB_VERSION && st != SF_ERR_NOMEM)
+    st = pending_fail(c, wal, &plan);
+  free_plan(&plan);
+  return st;
 }
 
 /* Runs one statement, retrying while busy. */
@@ -493,39 +586,38 @@ static sf_status init_body(sf_cache *c, void *arg) {
   return SF_OK;
 }
 
-sf_status sf_cache_open(const char *path, int flags, sf_cache **out) {
+sf_status sfc_open(const char *file, const char *shown, int flags,
+                   sf_cache **out) {
   if (!out) return SF_ERR_INVALID_ARG;
   *out = NULL;
   sf_cache *c = calloc(1, sizeof *c);
   if (!c) return SF_ERR_NOMEM;
   *out = c;
-  if (!path || !*path)
+  c->ro_query = RO_PLAIN;
+  if (!file || !*file)
     return sfc_fail(c, SF_ERR_INVALID_ARG, "sf_cache_open: path is %s",
-                    path ? "empty" : "NULL");
+                    file ? "empty" : "NULL");
   if (flags & ~(SF_CACHE_READONLY | SF_CACHE_CREATE))
     return sfc_fail(c, SF_ERR_INVALID_ARG,
                     "sf_cache_open: unknown flags 0x%x for %s", (unsigned)flags,
-                    path);
-  c->path = sf__strdup(path);
-  if (!c->path) return sfc_fail(c, SF_ERR_NOMEM, "sf_cache_open: out of memory");
+                    shown);
+  c->path = sf__strdup(shown);
+  c->file = sf__strdup(file);
+  if (!c->path || !c->file)
+    return sfc_fail(c, SF_ERR_NOMEM, "sf_cache_open: out of memory");
   c->readonly = (flags & SF_CACHE_READONLY) != 0;
 
   /* 1. Look at the file's bytes: nothing has been opened for writing. */
-  file_state fs;
-  sf_status st = probe_file(c, flags, &fs);
+  file_state fs = FILE_MISSING;
+  int wal = 0;
+  sf_status st = probe_file(c, flags, &fs, &wal);
   if (st) return st;
 
-  /* 2. Read its markers through a read-only connection (which never
-   * checkpoints or rolls anything into the file). */
+  /* 2. Read its markers through a read-only connection. */
   db_state state = DB_EMPTY;
   int64_t version = 0;
-  if (fs == FILE_SQLITE) {
-    st = open_connection(c, SQLITE_OPEN_READONLY);
-    if (!st) st = classify(c, "main", c->path, &state, &version);
-    sqlite3_close(c->db);
-    c->db = NULL;
-    if (st) return st;
-  }
+  if (fs == FILE_SQLITE && (st = classify_readonly(c, wal, &state, &version)))
+    return st;
   if (c->readonly && (state == DB_EMPTY || version < 1))
     return sfc_fail(c, SF_ERR_NOT_A_DB,
                     "cache %s: an empty file, not yet a sparseforge cache "
@@ -533,13 +625,11 @@ sf_status sf_cache_open(const char *path, int flags, sf_cache **out) {
                     c->path);
 
   /* 3. Only now open for real; writes (WAL, schema) follow the checks. */
-  if (c->readonly) {
-    st = open_connection(c, SQLITE_OPEN_READONLY);
-    if (st) return st;
-    return SF_OK;
-  }
-  st = open_connection(c, SQLITE_OPEN_READWRITE |
-                              ((flags & SF_CACHE_CREATE) ? SQLITE_OPEN_CREATE : 0));
+  if (c->readonly) return open_connection(c, SQLITE_OPEN_READONLY, c->ro_query);
+  st = open_connection(c,
+                       SQLITE_OPEN_READWRITE |
+                           ((flags & SF_CACHE_CREATE) ? SQLITE_OPEN_CREATE : 0),
+                       "");
   if (st) return st;
   if (sqlite3_db_readonly(c->db, "main") == 1)
     return sfc_fail(c, SF_ERR_IO,
@@ -569,9 +659,14 @@ sf_status sf_cache_open(const char *path, int flags, sf_cache **out) {
   return sfc_write_tx(c, "initialize the schema", init_body, NULL);
 }
 
+sf_status sf_cache_open(const char *path, int flags, sf_cache **out) {
+  return sfc_open(path, path, flags, out);
+}
+
 void sf_cache_close(sf_cache *cache) {
   if (!cache) return;
   if (cache->db) sqlite3_close_v2(cache->db);
   free(cache->path);
+  free(cache->file);
   free(cache);
 }

@@ -15,8 +15,15 @@
 
 struct sf_cache {
   sqlite3 *db;
-  char *path;        /* as given to sf_cache_open */
+  char *path;        /* as given to sf_cache_open: the name in messages */
+  char *file;        /* the file opened: path, or the temporary file an
+                        export writes before renaming it to path */
   int readonly;      /* opened with SF_CACHE_READONLY */
+  /* The URI query every read-only connection to the file uses (the
+   * checks of sf_cache_open, a read-only cache, merge's ATTACH):
+   * "?mode=ro", or "?mode=ro&immutable=1" where the directory cannot be
+   * written and no side file holds changes (sf_cache_open's comment). */
+  const char *ro_query;
   sf_status code;    /* status of the last failed call */
   char msg[SF_MSG_MAX];
 };
@@ -61,10 +68,27 @@ int sfc_bind_text(sqlite3_stmt *st, int i, const char *s);
  * (e.g. "?mode=ro", or ""); the caller frees the result.  NULL on NOMEM. */
 char *sfc_path_uri(const char *path, const char *query);
 
+/* sf_cache_open of the file `file`, with `shown` as its name in every
+ * message (sf_cache_open passes the path twice; an export its temporary
+ * file and the destination the caller named). */
+sf_status sfc_open(const char *file, const char *shown, int flags,
+                   sf_cache **out);
+
 /* The version checks sf_cache_open makes, on an already attached schema
  * `schema` ("main" or an attached name): SF_OK for a sparseforge cache of a
  * version this library reads, SF_ERR_NOT_A_DB or SF_ERR_DB_VERSION. */
 sf_status sfc_check_schema(sf_cache *c, const char *schema, const char *path);
+
+/* Why a layer variant's packed weights cannot be used, written into buf
+ * (and returned), or NULL when they can: the blob stored under `want` is
+ * missing (present 0), or its bytes (got_size of them, hashing to `got`)
+ * are not the variant's (want_size bytes hashing to want).  The words are
+ * those of sf_layer_record.problem: "the packed weights of variant 1
+ * (n_bucket 256) failed their sha256: ...". */
+const char *sfc_packed_problem(char *buf, size_t size, int index,
+                               int64_t n_bucket, const char *want,
+                               int64_t want_size, int present,
+                               int64_t got_size, const char *got);
 
 /* ---- the launch record's columns (columns.c) ------------------------- */
 

@@ -201,32 +201,41 @@ static char *dup_col(sqlite3_stmt *st, int i, int *oom) {
   return d;
 }
 
-/* Why variant `index` cannot be handed out, into buf: its packed bytes
- * (the blob column of the current row, NULL when missing) are not those
- * stored under its sha256; NULL when they are. */
-static const char *blob_problem(sqlite3_stmt *q, int index, char *buf,
-                                size_t size) {
-  long long n_bucket = (long long)sqlite3_column_int64(q, 0);
-  const char *want = (const char *)sqlite3_column_text(q, 6);
-  int64_t want_size = sqlite3_column_int64(q, 7);
-  if (sqlite3_column_type(q, 8) == SQLITE_NULL) {
+const char *sfc_packed_problem(char *buf, size_t size, int index,
+                               int64_t n_bucket, const char *want,
+                               int64_t want_size, int present,
+                               int64_t got_size, const char *got) {
+  if (!present) {
     snprintf(buf, size,
              "the packed weights of variant %d (n_bucket %lld) are missing "
              "(sha256 %s)",
-             index, n_bucket, want ? want : "?");
+             index, (long long)n_bucket, want ? want : "?");
     return buf;
   }
-  const void *data = sqlite3_column_blob(q, 8);
-  size_t got_size = (size_t)sqlite3_column_bytes(q, 8);
-  char got[65];
-  sf_sha256_hex(got_size ? data : NULL, got_size, got);
-  if (want && strcmp(got, want) == 0 && (int64_t)got_size == want_size)
+  if (want && got && strcmp(got, want) == 0 && got_size == want_size)
     return NULL;
   snprintf(buf, size,
            "the packed weights of variant %d (n_bucket %lld) failed their "
-           "sha256: %zu bytes hash to %s, not the stored %s",
-           index, n_bucket, got_size, got, want ? want : "(none)");
+           "sha256: %lld bytes hash to %s, not the stored %s",
+           index, (long long)n_bucket, (long long)got_size, got ? got : "?",
+           want ? want : "(none)");
   return buf;
+}
+
+/* Why variant `index` cannot be handed out, into buf (sfc_packed_problem
+ * of the current row: n_bucket, packed_sha256 and packed_size in columns
+ * 0, 6 and 7, the blob in 8, NULL when missing); NULL when it can. */
+static const char *blob_problem(sqlite3_stmt *q, int index, char *buf,
+                                size_t size) {
+  int present = sqlite3_column_type(q, 8) != SQLITE_NULL;
+  const void *data = present ? sqlite3_column_blob(q, 8) : NULL;
+  size_t got_size = present ? (size_t)sqlite3_column_bytes(q, 8) : 0;
+  char got[65];
+  sf_sha256_hex(got_size ? data : NULL, got_size, got);
+  return sfc_packed_problem(buf, size, index, sqlite3_column_int64(q, 0),
+                            (const char *)sqlite3_column_text(q, 6),
+                            sqlite3_column_int64(q, 7), present,
+                            (int64_t)got_size, got);
 }
 
 /* Reads the variants of one layer into l.  A variant whose packed bytes

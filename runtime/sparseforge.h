@@ -212,6 +212,36 @@ enum {
  * name the path and the reason.  Several processes may open and write the
  * same file at once: writes take the write lock up front (BEGIN IMMEDIATE),
  * wait up to 30 s for it and retry; busy beyond that gives SF_ERR_BUSY.
+ *
+ * Read-only opens (SF_CACHE_READONLY, and the checks above) work on a file
+ * in a directory this process cannot write (permissions, or read-only
+ * media), in WAL mode or not.  The file's header (bytes 18-19: 2 is WAL)
+ * says which side file may hold changes not yet in the database file: the
+ * -wal file in WAL mode, the -journal file (an interrupted write)
+ * otherwise.  Then:
+ *   - the directory is writable: SQLite's mode=ro.  The database file is
+ *     never written, and the connection sees what other processes commit
+ *     later; in WAL mode SQLite may create (and leave) an empty -wal and a
+ *     -shm file beside it, as it does to share a WAL database.
+ *   - the directory is not writable and that side file is missing or
+ *     empty: URI parameter immutable=1.  No lock is taken and no side file
+ *     is created (none appears); the file is read as it is, so such a
+ *     connection does not see later writes by other processes (a file
+ *     shipped read-only is not expected to change; one that does change
+ *     under it may read as damaged).
+ *   - the directory is not writable and the side file has content: mode=ro,
+ *     which reads the changes when a -shm file is already there; when
+ *     SQLite cannot create the -shm (or roll the journal back) the open
+ *     fails with SF_ERR_IO: "cache <path>: cannot open read-only: the
+ *     database has un-checkpointed changes in its -wal file (<path>-wal),
+ *     and SQLite cannot create the -shm file it needs to read them because
+ *     the directory <dir> is not writable; open it writable once, where it
+ *     can be written, to fold them into the database file" (for a journal:
+ *     "... its journal (<path>-journal) holds an interrupted write that
+ *     must be rolled back ...").
+ * "Writable" is access(W_OK) of the directory: a process running as root
+ * may write anywhere but on read-only media, so for it a directory with
+ * mode 0555 is writable and the first case applies.
  */
 SF_API sf_status sf_cache_open(const char *path, int flags, sf_cache **out);
 SF_API void sf_cache_close(sf_cache *cache);
@@ -408,31 +438,77 @@ SF_API sf_status sf_cache_layers(sf_cache *cache, const char *name,
  * there was none. */
 SF_API sf_status sf_cache_delete_layer(sf_cache *cache, const char *name);
 
+/* Receives one message per record that sf_cache_merge or sf_cache_export
+ * skipped because it is damaged (valid only during the call). */
+typedef void (*sf_skip_cb)(const char *message, void *user);
+
 /* Copies every record of the cache at `other_path` into `cache`, keeping
  * what is already there (no duplicates).  `*added` (may be NULL) receives
  * the number of rows added.
  *
  * The other file is checked like a read-only sf_cache_open (SF_ERR_NOT_FOUND,
- * SF_ERR_NOT_A_DB, SF_ERR_DB_VERSION) and attached read-only: it is never
- * modified.  All of it is copied in one transaction.  A layer (name, GPU)
- * that `cache` already holds keeps all of its own variants.  If any blob of
- * the other file fails its sha256 nothing is copied (SF_ERR_CORRUPT).
- * Merging the same file twice adds nothing the second time.  `cache` must
- * be writable. */
+ * SF_ERR_NOT_A_DB, SF_ERR_DB_VERSION) and attached read-only the same way
+ * (so it may lie in a read-only directory): it is never modified.  All of
+ * it is copied in one transaction.  A layer (name, GPU) that `cache`
+ * already holds keeps all of its own variants.  Merging the same file
+ * twice adds nothing the second time.  `cache` must be writable.
+ *
+ * Damage stays in its record: every good record is copied, and each
+ * damaged one is skipped and reported through `skipped(message, user)`
+ * (`skipped` may be NULL).  Damaged records are: a binary whose bytes fail
+ * their sha256; a layer (name, GPU) any of whose variants' packed weights
+ * are missing or fail their sha256 (or that has no variants): the whole
+ * layer is skipped, while the same packed bytes used by a layer that is
+ * whole are copied with it.  Matrices, trials and environments have no
+ * blobs and are always copied.  A damaged record the destination already
+ * holds (a binary it has intact, a layer it has) is not reported: nothing
+ * is lost.  The messages name the source file and the record:
+ *   "<other_path>: binary <key> (<arch>) skipped: its bytes failed their
+ *    sha256: <n> bytes hash to <sha256>, not the stored <sha256>"
+ *   "<other_path>: layer \"<name>\" (<gpu>) skipped: <problem>"
+ * where <problem> is the text sf_cache_layers gives the record (e.g. "the
+ * packed weights of variant 1 (n_bucket 256) failed their sha256: 23 bytes
+ * hash to ..., not the stored ...", "the packed weights of variant 0
+ * (n_bucket 16) are missing (sha256 ...)", "it has no variants").  They
+ * come after the copy has committed, binaries by key, then layers by name
+ * and GPU, so the callback may use the cache; the number of calls is the
+ * number of records skipped.  The return is SF_OK when every good record
+ * was copied, records skipped or not.  Any other failure (the other file
+ * refused, SQLite errors, busy) writes nothing, makes no callback and
+ * returns its status; the message names the file it is about: the source
+ * for what was read from it, `cache` for what could not be written.
+ * Repairing the source and merging again adds what was skipped. */
 SF_API sf_status sf_cache_merge(sf_cache *cache, const char *other_path,
-                                int64_t *added);
+                                int64_t *added, sf_skip_cb skipped,
+                                void *user);
 
 /* Writes the layers named in `layer_names` (a NULL-terminated array; NULL:
  * every layer) into the cache file `dest_path`, with their packed weights,
  * their matrices' records and the binaries whose source is one of their
- * variants' sources (no trials or environments).  `dest_path` is created
- * when missing, else it must be a sparseforge cache and gains the records
- * it lacks (as sf_cache_merge).  `cache` may be read-only.  A name with no
- * layer gives SF_ERR_NOT_FOUND before anything is written.  `*added` (may
- * be NULL) receives the number of rows written. */
+ * variants' sources (no trials or environments).  `cache` may be
+ * read-only.  A name with no layer gives SF_ERR_NOT_FOUND before anything
+ * is written.  `*added` (may be NULL) receives the number of rows written.
+ * Damaged records are skipped and reported through `skipped` (may be NULL)
+ * exactly as sf_cache_merge does, the messages naming `cache`'s path as
+ * the source.
+ *
+ * When `dest_path` does not exist, the export is written to a temporary
+ * file beside it ("<dest_path>.<pid>-<n>.export-tmp") and linked into place
+ * once complete: any failure removes the temporary file and its side files
+ * and leaves no file at `dest_path`.  A file that appeared at `dest_path`
+ * meanwhile is not replaced (SF_ERR_IO), except on file systems without
+ * hard links, where the temporary file is renamed over it.  When it exists, it must be a sparseforge cache
+ * and gains the records it lacks in one transaction (as sf_cache_merge): a
+ * failure leaves it as it was.  Either way the written file is then
+ * switched to journal_mode DELETE and closed, so it is one self-contained
+ * file (no -wal or -shm) that opens read-only anywhere, read-only
+ * directories and media included; an existing file that another process
+ * holds open stays in WAL mode (its users share it so).  Messages about
+ * the destination name `dest_path`, never the temporary file. */
 SF_API sf_status sf_cache_export(sf_cache *cache, const char *dest_path,
                                  const char *const *layer_names,
-                                 int64_t *added);
+                                 int64_t *added, sf_skip_cb skipped,
+                                 void *user);
 
 /* Rows per table (and the bytes of all binaries and packed blobs). */
 typedef struct sf_cache_counts {

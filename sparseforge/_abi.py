@@ -319,6 +319,7 @@ sf_env_cb = CFUNCTYPE(c_int, c_char_p, POINTER(sf_device_info), c_void_p)
 sf_matrix_cb = CFUNCTYPE(c_int, POINTER(sf_matrix_record), c_void_p)
 sf_trial_cb = CFUNCTYPE(c_int, POINTER(sf_trial), c_void_p)
 sf_layer_cb = CFUNCTYPE(c_int, POINTER(sf_layer_record), c_void_p)
+sf_skip_cb = CFUNCTYPE(None, c_char_p, c_void_p)
 
 # name -> (restype, argtypes)
 PROTOTYPES = {
@@ -380,8 +381,8 @@ PROTOTYPES = {
     'sf_cache_put_layer': (c_int, [c_void_p, POINTER(sf_layer_record)]),
     'sf_cache_layers': (c_int, [c_void_p, c_char_p, sf_layer_cb, c_void_p]),
     'sf_cache_delete_layer': (c_int, [c_void_p, c_char_p]),
-    'sf_cache_merge': (c_int, [c_void_p, c_char_p, POINTER(c_int64)]),
-    'sf_cache_export': (c_int, [c_void_p, c_char_p, POINTER(c_char_p), POINTER(c_int64)]),
+    'sf_cache_merge': (c_int, [c_void_p, c_char_p, POINTER(c_int64), sf_skip_cb, c_void_p]),
+    'sf_cache_export': (c_int, [c_void_p, c_char_p, POINTER(c_char_p), POINTER(c_int64), sf_skip_cb, c_void_p]),
     'sf_cache_count': (c_int, [c_void_p, POINTER(sf_cache_counts)]),
     'sf_layer_open': (c_int, [c_void_p, c_void_p, c_char_p, POINTER(c_void_p)]),
 }

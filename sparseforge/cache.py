@@ -215,6 +215,14 @@ def binary_key_hex(key: dict) -> str:
     return out.value.decode()
 
 
+def _skip_collector(out: list) -> Any:
+    """An sf_skip_cb appending each message (decoded) to `out`; keep it
+    alive for the call."""
+    def cb(message, user):
+        out.append(message.decode("utf-8", "replace"))
+    return _abi.sf_skip_cb(cb)
+
+
 class Cache:
     """An open cache file.  `create`: create the file (and its folder) when
     missing; `readonly`: never write (writes raise DatabaseError).  Use as a
@@ -497,17 +505,35 @@ class Cache:
     # ---- whole files ------------------------------------------------------
     def merge(self, path) -> int:
         """Copies the records of the cache file `path` that this one lacks
-        (the other file is only read); returns how many rows were added."""
+        (the other file is only read); returns how many rows were added.
+        Damaged records (a binary or a layer whose stored bytes fail their
+        sha256) are skipped and the rest copied: merge_report() also
+        returns what was skipped."""
+        return self.merge_report(path)[0]
+
+    def merge_report(self, path) -> tuple[int, list[str]]:
+        """merge(), returning (rows added, [one message per damaged record
+        skipped, naming the other file and the record])."""
+        skipped: list[str] = []
+        cb = _skip_collector(skipped)
         added = c_int64(0)
         with self._lock:
             self._check(_clib().sf_cache_merge(self._h(), os.fsencode(os.fspath(path)),
-                                               byref(added)))
-        return added.value
+                                               byref(added), cb, None))
+        return added.value, skipped
 
     def export_to(self, path, layer_names: Optional[Sequence[str]] = None) -> int:
         """Writes the named layers (None: all) with their packed weights,
         matrices and binaries into the cache file `path` (created when
-        missing); returns the number of rows written."""
+        missing, as one self-contained file that opens read-only anywhere);
+        returns the number of rows written.  Damaged records are skipped:
+        export_report() also returns what was skipped."""
+        return self.export_report(path, layer_names)[0]
+
+    def export_report(self, path, layer_names: Optional[Sequence[str]] = None
+                      ) -> tuple[int, list[str]]:
+        """export_to(), returning (rows written, [one message per damaged
+        record skipped, naming this cache's file and the record])."""
         names_arr = None
         keep: list = []
         if layer_names is not None:
@@ -518,11 +544,13 @@ class Cache:
         dest = Path(os.fspath(path))
         if not dest.exists():
             dest.parent.mkdir(parents=True, exist_ok=True)
+        skipped: list[str] = []
+        cb = _skip_collector(skipped)
         added = c_int64(0)
         with self._lock:
             self._check(_clib().sf_cache_export(self._h(), os.fsencode(dest), names_arr,
-                                                byref(added)))
-        return added.value
+                                                byref(added), cb, None))
+        return added.value, skipped
 
     def summary(self) -> dict:
         """Rows per table: binaries, envs, matrices, trials, winners, layers,

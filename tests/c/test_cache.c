@@ -4,180 +4,9 @@
  *
  * The test edits database files behind the library's back with SQLite
  * itself (raw_sql.h). */
-#include "check.h"
-#include "raw_sql.h"
-#include "sparseforge.h"
+#include "cache_fixtures.h"
 
-#include <errno.h>
-#include <math.h>
-#include <stdint.h>
-#include <sys/stat.h>
-#include <unistd.h>
-
-/* ---- scratch files ---------------------------------------------------- */
-
-static char g_dir[4096];
-
-static const char *tmp_path(const char *name) {
-  static char bufs[8][4352];
-  static int next = 0;
-  char *b = bufs[next++ % 8];
-  snprintf(b, sizeof bufs[0], "%s/%s", g_dir, name);
-  return b;
-}
-
-static void remove_db(const char *path) {
-  char side[4400];
-  unlink(path);
-  snprintf(side, sizeof side, "%s-wal", path);
-  unlink(side);
-  snprintf(side, sizeof side, "%s-shm", path);
-  unlink(side);
-  snprintf(side, sizeof side, "%s-journal", path);
-  unlink(side);
-}
-
-static void write_file(const char *path, const char *text) {
-  FILE *f = fopen(path, "wb");
-  CHECK(f != NULL);
-  if (!f) return;
-  fputs(text, f);
-  fclose(f);
-}
-
-/* A file's bytes and mtime, to show it was not touched. */
-typedef struct {
-  char *bytes;
-  long size;
-  struct timespec mtime;
-} snapshot;
-
-static snapshot take(const char *path) {
-  snapshot s = {0};
-  struct stat sb;
-  if (stat(path, &sb) == 0) s.mtime = sb.st_mtim;
-  FILE *f = fopen(path, "rb");
-  if (!f) return s;
-  fseek(f, 0, SEEK_END);
-  s.size = ftell(f);
-  fseek(f, 0, SEEK_SET);
-  s.bytes = malloc((size_t)s.size + 1);
-  if (fread(s.bytes, 1, (size_t)s.size, f) != (size_t)s.size) s.size = -1;
-  fclose(f);
-  return s;
-}
-
-static int same_as(const snapshot *a, const char *path) {
-  snapshot b = take(path);
-  int same = a->size == b.size && a->size >= 0 && b.bytes && a->bytes &&
-             memcmp(a->bytes, b.bytes, (size_t)a->size) == 0 &&
-             a->mtime.tv_sec == b.mtime.tv_sec &&
-             a->mtime.tv_nsec == b.mtime.tv_nsec;
-  free(b.bytes);
-  return same;
-}
-
-/* ---- fixtures ---------------------------------------------------------- */
-
-static sf_cache *open_new(const char *name) {
-  const char *p = tmp_path(name);
-  remove_db(p);
-  sf_cache *c = NULL;
-  sf_status st = sf_cache_open(p, SF_CACHE_CREATE, &c);
-  if (st) fprintf(stderr, "open %s: %s\n", p, sf_cache_errmsg(c));
-  CHECK_EQ_INT(SF_OK, st);
-  return c;
-}
-
-static sf_binary *make_binary(const char *text, sf_binary_kind kind) {
-  sf_binary *b = NULL;
-  size_t n = strlen(text) + (kind == SF_BINARY_PTX ? 1 : 0);
-  CHECK_EQ_INT(SF_OK, sf_binary_from_memory(text, n, kind, &b));
-  return b;
-}
-
-static sf_binary_key key_for(const char *source, const char *arch) {
-  sf_binary_key k = {source, "--gpu-architecture=sm_90a -std=c++17 -default-device",
-                     arch, "13.0", "0.1.0", SF_BINARY_CUBIN};
-  return k;
-}
-
-static const unsigned char PACKED_A[] = "packed-marker-AAAA\x00\x01\x02\xff";
-static const unsigned char PACKED_B[] = "packed-marker-BBBB\x10\x11\x12\xfe";
-
-/* A layer of two variants (N buckets 16 and 256). */
-static sf_layer_record layer_fixture(sf_layer_variant v[2], const char *name,
-                                     const char *gpu, const char *tag) {
-  memset(v, 0, 2 * sizeof *v);
-  v[0].n_bucket = 16;
-  v[0].source = "extern \"C\" __global__ void k16(const void*, const void*, void*, int) {}";
-  v[0].kernel_name = "k16";
-  v[0].options = "";
-  v[0].generator_version = "0.1.0";
-  /* grid, n_axis, n_tile, block, shared_bytes, zero_output */
-  v[0].launch = (sf_launch_record){{96, 1, 1}, 1, 16, {128, 1, 1}, 4096, 0};
-  v[0].packed = PACKED_A;
-  v[0].packed_size = sizeof PACKED_A;
-  v[0].config = tag;
-  v[1] = v[0];
-  v[1].n_bucket = 256;
-  v[1].source = "extern \"C\" __global__ void k256(const void*, const void*, void*, int) {}";
-  v[1].kernel_name = "k256";
-  v[1].options = "-DSPLIT_K=2\n-DSTAGES=3";
-  v[1].launch = (sf_launch_record){{48, 2, 3}, -1, 0, {256, 2, 1}, 98304, 1};
-  v[1].packed = PACKED_B;
-  v[1].packed_size = sizeof PACKED_B;
-  sf_layer_record r = {name, gpu, "fp-matrix-1", "shflbw64.fp16.fm.bias_gelu",
-                       3072, 768, 2, 2, 2, v};
-  return r;
-}
-
-/* Collects what sf_cache_layers hands out. */
-typedef struct {
-  int calls;
-  char names[8][64];
-  char gpus[8][64];
-  int n_variants[8];
-  int ok[8];          /* every field matched the fixture */
-  char problem[8][256]; /* "" when none */
-  int unusable[8];    /* a problem, no variants and NULL variants */
-  int stop_after;
-  const sf_layer_variant *want; /* NULL: the fixture's variants */
-} layer_seen;
-
-static int variant_matches(const sf_layer_variant *a, const sf_layer_variant *b) {
-  return a->n_bucket == b->n_bucket && strcmp(a->source, b->source) == 0 &&
-         strcmp(a->kernel_name, b->kernel_name) == 0 &&
-         strcmp(a->options, b->options) == 0 &&
-         strcmp(a->generator_version, b->generator_version) == 0 &&
-         memcmp(&a->launch, &b->launch, sizeof a->launch) == 0 &&
-         a->packed_size == b->packed_size &&
-         memcmp(a->packed, b->packed, a->packed_size) == 0 &&
-         ((!a->config && !b->config) ||
-          (a->config && b->config && strcmp(a->config, b->config) == 0));
-}
-
-static int layer_cb(const sf_layer_record *r, void *user) {
-  layer_seen *s = user;
-  int i = s->calls++;
-  if (i >= 8) return 1;
-  snprintf(s->names[i], sizeof s->names[i], "%s", r->name);
-  snprintf(s->gpus[i], sizeof s->gpus[i], "%s", r->gpu_name);
-  s->n_variants[i] = r->n_variants;
-  snprintf(s->problem[i], sizeof s->problem[i], "%s", r->problem ? r->problem : "");
-  s->unusable[i] = r->problem && r->n_variants == 0 && r->variants == NULL;
-  sf_layer_variant fixture[2];
-  sf_layer_record want = layer_fixture(fixture, r->name, r->gpu_name,
-                                       r->n_variants ? r->variants[0].config : NULL);
-  const sf_layer_variant *v = s->want ? s->want : fixture;
-  s->ok[i] = !r->problem && r->n_variants == 2 &&
-             strcmp(r->matrix_fp, want.matrix_fp) == 0 &&
-             strcmp(r->op, want.op) == 0 && r->rows == want.rows &&
-             r->cols == want.cols && r->x_elem_size == 2 &&
-             r->y_elem_size == 2 && variant_matches(&r->variants[0], &v[0]) &&
-             variant_matches(&r->variants[1], &v[1]);
-  return s->stop_after && s->calls >= s->stop_after;
-}
+/* ---- collecting what the walks hand out -------------------------------- */
 
 /* Collects trials in the order handed out. */
 typedef struct {
@@ -207,41 +36,6 @@ static int trial_cb(const sf_trial *t, void *user) {
   }
   s->n++;
   return s->stop_after && s->n >= s->stop_after;
-}
-
-static sf_trial trial(const char *env, const char *config, int64_t n,
-                      int status, double median) {
-  sf_trial t;
-  memset(&t, 0, sizeof t);
-  t.env_key = env;
-  t.matrix_fp = "fp-matrix-1";
-  t.op = "shflbw64.fp16.fm.bias_gelu";
-  t.n = n;
-  t.config = config;
-  t.status = status;
-  t.median_ms = median;
-  t.p20_ms = status == SF_TRIAL_OK ? median * 0.9 : NAN;
-  t.p80_ms = status == SF_TRIAL_OK ? median * 1.1 : NAN;
-  t.min_ms = status == SF_TRIAL_OK ? median * 0.8 : NAN;
-  t.reps = status == SF_TRIAL_OK ? 30 : 0;
-  t.max_error = status == SF_TRIAL_OK ? 1e-3 : NAN;
-  t.message = status == SF_TRIAL_OK ? NULL : "it failed";
-  t.binary_key = status == SF_TRIAL_OK ? "bkey" : NULL;
-  return t;
-}
-
-static sf_device_info device_fixture(void) {
-  sf_device_info d;
-  memset(&d, 0, sizeof d);
-  snprintf(d.name, sizeof d.name, "NVIDIA Test GPU");
-  d.cc_major = 9;
-  d.cc_minor = 0;
-  snprintf(d.arch, sizeof d.arch, "sm_90a");
-  d.sm_count = 132;
-  d.driver_version = 13000;
-  d.l2_bytes = 50 << 20;
-  d.total_mem_bytes = 80ull << 30;
-  return d;
 }
 
 typedef struct {
@@ -278,12 +72,6 @@ static int matrix_cb(const sf_matrix_record *m, void *user) {
   return 0;
 }
 
-static sf_cache_counts counts(sf_cache *c) {
-  sf_cache_counts k;
-  memset(&k, 0xff, sizeof k);
-  CHECK_EQ_INT(SF_OK, sf_cache_count(c, &k));
-  return k;
-}
 
 /* ---- tests ------------------------------------------------------------- */
 
@@ -725,7 +513,7 @@ static void test_readonly(void) {
   t.config = "cfg2";
   CHECK_EQ_INT(SF_ERR_DB, sf_cache_put_trial(c, &t));
   CHECK_CONTAINS(sf_cache_errmsg(c), "cannot store a trial: the cache was opened read-only (SF_CACHE_READONLY)");
-  CHECK_EQ_INT(SF_ERR_DB, sf_cache_merge(c, path, NULL));
+  CHECK_EQ_INT(SF_ERR_DB, sf_cache_merge(c, path, NULL, NULL, NULL));
   CHECK_CONTAINS(sf_cache_errmsg(c), "read-only");
   CHECK_EQ_INT(SF_ERR_DB, sf_cache_delete_layer(c, "x"));
   sf_cache_close(c);
@@ -800,13 +588,13 @@ static void test_corrupt(void) {
   CHECK_EQ_INT(SF_OK, sf_cache_layers(c, NULL, layer_cb, &ls));
   CHECK_EQ_INT(1, ls.calls);
 
-  /* merging from the damaged file copies nothing */
+  /* merging from the damaged file copies what is whole (every damaged
+   * kind in detail: test_cache_corrupt.c) */
   sf_cache *dst = open_new("corrupt-dst.db");
   int64_t added = -1;
-  CHECK_EQ_INT(SF_ERR_CORRUPT, sf_cache_merge(dst, path, &added));
-  CHECK_EQ_INT(0, added);
-  CHECK_CONTAINS(sf_cache_errmsg(dst), "fails its sha256; nothing copied");
-  CHECK_EQ_INT(0, counts(dst).layers);
+  CHECK_EQ_INT(SF_OK, sf_cache_merge(dst, path, &added, NULL, NULL));
+  CHECK_EQ_INT(1 + 2 + 2, added); /* good.layer, its variants and blobs */
+  CHECK_EQ_INT(1, counts(dst).layers);
   CHECK_EQ_INT(0, counts(dst).binaries);
   sf_cache_close(dst);
 
@@ -889,17 +677,11 @@ static void test_merge_export(void) {
   snapshot before = take(pb);
 
   int64_t added = -1;
-  CHECK_EQ_INT(SF_OK, sf_cache_merge(a, pb, &added));
+  CHECK_EQ_INT(SF_OK, sf_cache_merge(a, pb, &added, NULL, NULL));
   /* 10 trials, 1 matrix, 2 binaries, layer b.only: 1 row + 2 variants +
    * 2 blobs (b.only's packed bytes equal a's: already there, not added) */
-  sf_cache_counts k1 = counts(a);
-  CHECK_EQ_INT(20, k1.trials);
-  CHECK_EQ_INT(1, k1.envs);
-  CHECK_EQ_INT(1, k1.matrices);
-  CHECK_EQ_INT(2, k1.binaries);
-  CHECK_EQ_INT(2, k1.layers);
-  CHECK_EQ_INT(4, k1.layer_variants);
-  CHECK_EQ_INT(2, k1.blobs);
+  CHECK_COUNTS(a, "binaries 2 envs 1 matrices 1 trials 20 layers 2 "
+                  "variants 4 blobs 2");
   CHECK_EQ_INT(10 + 1 + 2 + 1 + 2, added);
   /* what a had wins */
   trial_seen s;
@@ -918,19 +700,19 @@ static void test_merge_export(void) {
   CHECK_EQ_INT(1, ls.calls);
   CHECK_EQ_INT(2, ls.n_variants[0]);
   /* twice adds nothing; the source file is untouched */
-  CHECK_EQ_INT(SF_OK, sf_cache_merge(a, pb, &added));
+  CHECK_EQ_INT(SF_OK, sf_cache_merge(a, pb, &added, NULL, NULL));
   CHECK_EQ_INT(0, added);
   CHECK_EQ_INT(20, counts(a).trials);
   CHECK(same_as(&before, pb));
   free(before.bytes);
 
   /* what merge refuses */
-  CHECK_EQ_INT(SF_ERR_NOT_FOUND, sf_cache_merge(a, tmp_path("missing.db"), &added));
+  CHECK_EQ_INT(SF_ERR_NOT_FOUND, sf_cache_merge(a, tmp_path("missing.db"), &added, NULL, NULL));
   CHECK_CONTAINS(sf_cache_errmsg(a), "no such file");
-  CHECK_EQ_INT(SF_ERR_NOT_A_DB, sf_cache_merge(a, tmp_path("notes.txt"), &added));
+  CHECK_EQ_INT(SF_ERR_NOT_A_DB, sf_cache_merge(a, tmp_path("notes.txt"), &added, NULL, NULL));
   CHECK_CONTAINS(sf_cache_errmsg(a), "notes.txt: not a SQLite database");
-  CHECK_EQ_INT(SF_ERR_NOT_A_DB, sf_cache_merge(a, tmp_path("foreign.db"), &added));
-  CHECK_EQ_INT(SF_ERR_DB_VERSION, sf_cache_merge(a, tmp_path("newer.db"), &added));
+  CHECK_EQ_INT(SF_ERR_NOT_A_DB, sf_cache_merge(a, tmp_path("foreign.db"), &added, NULL, NULL));
+  CHECK_EQ_INT(SF_ERR_DB_VERSION, sf_cache_merge(a, tmp_path("newer.db"), &added, NULL, NULL));
   CHECK_CONTAINS(sf_cache_errmsg(a), "schema version 99");
   CHECK_EQ_INT(20, counts(a).trials);
 
@@ -938,18 +720,12 @@ static void test_merge_export(void) {
   const char *pc = tmp_path("export-c.db");
   remove_db(pc);
   const char *names[] = {"b.only", NULL};
-  CHECK_EQ_INT(SF_OK, sf_cache_export(a, pc, names, &added));
+  CHECK_EQ_INT(SF_OK, sf_cache_export(a, pc, names, &added, NULL, NULL));
   CHECK_EQ_INT(1 + 1 + 2 + 2 + 1, added);
   sf_cache *c = NULL;
   CHECK_EQ_INT(SF_OK, sf_cache_open(pc, SF_CACHE_READONLY, &c));
-  sf_cache_counts kc = counts(c);
-  CHECK_EQ_INT(1, kc.layers);
-  CHECK_EQ_INT(2, kc.layer_variants);
-  CHECK_EQ_INT(2, kc.blobs);
-  CHECK_EQ_INT(1, kc.binaries);
-  CHECK_EQ_INT(1, kc.matrices);
-  CHECK_EQ_INT(0, kc.trials);
-  CHECK_EQ_INT(0, kc.envs);
+  CHECK_COUNTS(c, "binaries 1 envs 0 matrices 1 trials 0 layers 1 "
+                  "variants 2 blobs 2");
   sf_binary *got = NULL;
   CHECK_EQ_INT(SF_OK, sf_cache_get_binary(c, &k, &got));
   sf_binary_free(got);
@@ -960,18 +736,37 @@ static void test_merge_export(void) {
   /* export from a read-only cache, every layer */
   const char *pd = tmp_path("export-d.db");
   remove_db(pd);
-  CHECK_EQ_INT(SF_OK, sf_cache_export(c, pd, NULL, &added));
+  CHECK_EQ_INT(SF_OK, sf_cache_export(c, pd, NULL, &added, NULL, NULL));
   sf_cache_close(c);
   CHECK_EQ_INT(1, sql(pd, "SELECT count(*) FROM layers"));
+  /* into an existing file: switched to journal_mode DELETE (header bytes
+   * 18 and 19 are 1) when nobody else has it open; left in WAL (2), and
+   * still SF_OK, while another handle holds it (a WAL connection keeps
+   * its shared lock from its first read until it closes) */
+  sf_cache *holder = NULL;
+  CHECK_EQ_INT(SF_OK, sf_cache_open(pd, 0, &holder));
+  CHECK_EQ_INT(1, counts(holder).layers);
+  snapshot h = take(pd);
+  CHECK(h.size > 100 && h.bytes[18] == 2);
+  free(h.bytes);
+  CHECK_EQ_INT(SF_OK, sf_cache_export(a, pd, names, &added, NULL, NULL));
+  h = take(pd);
+  CHECK(h.size > 100 && h.bytes[18] == 2 && h.bytes[19] == 2);
+  free(h.bytes);
+  sf_cache_close(holder);
+  CHECK_EQ_INT(SF_OK, sf_cache_export(a, pd, names, &added, NULL, NULL));
+  h = take(pd);
+  CHECK(h.size > 100 && h.bytes[18] == 1 && h.bytes[19] == 1);
+  free(h.bytes);
   /* an unknown name writes nothing, not even the file */
   const char *pe = tmp_path("export-e.db");
   remove_db(pe);
   const char *bad[] = {"b.only", "no.such", NULL};
-  CHECK_EQ_INT(SF_ERR_NOT_FOUND, sf_cache_export(a, pe, bad, &added));
+  CHECK_EQ_INT(SF_ERR_NOT_FOUND, sf_cache_export(a, pe, bad, &added, NULL, NULL));
   CHECK_CONTAINS(sf_cache_errmsg(a), "no layer named no.such to export");
   CHECK(access(pe, F_OK) != 0);
   /* into a file that is not ours */
-  CHECK_EQ_INT(SF_ERR_NOT_A_DB, sf_cache_export(a, tmp_path("notes.txt"), names, &added));
+  CHECK_EQ_INT(SF_ERR_NOT_A_DB, sf_cache_export(a, tmp_path("notes.txt"), names, &added, NULL, NULL));
   CHECK_CONTAINS(sf_cache_errmsg(a), "notes.txt: not a SQLite database");
   sf_cache_close(a);
   (void)pa;
@@ -1025,8 +820,8 @@ static void test_null_args(void) {
   CHECK_EQ_INT(SF_ERR_INVALID_ARG, sf_cache_put_layer(NULL, &r));
   CHECK_EQ_INT(SF_ERR_INVALID_ARG, sf_cache_layers(NULL, NULL, never_cb_l, NULL));
   CHECK_EQ_INT(SF_ERR_INVALID_ARG, sf_cache_delete_layer(NULL, "L"));
-  CHECK_EQ_INT(SF_ERR_INVALID_ARG, sf_cache_merge(NULL, "x.db", &added));
-  CHECK_EQ_INT(SF_ERR_INVALID_ARG, sf_cache_export(NULL, "x.db", NULL, &added));
+  CHECK_EQ_INT(SF_ERR_INVALID_ARG, sf_cache_merge(NULL, "x.db", &added, NULL, NULL));
+  CHECK_EQ_INT(SF_ERR_INVALID_ARG, sf_cache_export(NULL, "x.db", NULL, &added, NULL, NULL));
   CHECK_EQ_INT(SF_ERR_INVALID_ARG, sf_cache_count(NULL, &counts_out));
   CHECK_EQ_INT(SF_ERR_INVALID_ARG, sf_cache_envs(NULL, env_cb, NULL));
   CHECK_EQ_INT(SF_ERR_INVALID_ARG, sf_cache_matrices(NULL, NULL, matrix_cb, NULL));
@@ -1122,8 +917,8 @@ static void test_null_args(void) {
                  "layer \"L\" variant 1 (n_bucket 256): NULL packed with packed_size 23");
   EXPECT_INVALID(sf_cache_layers(c, NULL, NULL, NULL), "sf_cache_layers: cb is NULL");
   EXPECT_INVALID(sf_cache_delete_layer(c, NULL), "sf_cache_delete_layer: name is NULL");
-  EXPECT_INVALID(sf_cache_merge(c, NULL, &added), "sf_cache_merge: other_path is NULL");
-  EXPECT_INVALID(sf_cache_export(c, NULL, NULL, &added), "sf_cache_export: dest_path is NULL");
+  EXPECT_INVALID(sf_cache_merge(c, NULL, &added, NULL, NULL), "sf_cache_merge: other_path is NULL");
+  EXPECT_INVALID(sf_cache_export(c, NULL, NULL, &added, NULL, NULL), "sf_cache_export: dest_path is NULL");
   EXPECT_INVALID(sf_cache_count(c, NULL), "sf_cache_count: out is NULL");
   EXPECT_INVALID(sf_cache_envs(c, NULL, NULL), "sf_cache_envs: cb is NULL");
   EXPECT_INVALID(sf_cache_matrices(c, NULL, NULL, NULL), "sf_cache_matrices: cb is NULL");
@@ -1135,17 +930,7 @@ static void test_null_args(void) {
 }
 
 int main(void) {
-  const char *base = getenv("SF_TEST_TMPDIR");
-  snprintf(g_dir, sizeof g_dir, "%s/test_cache.%d", base && *base ? base : "/tmp",
-           (int)getpid());
-  if (mkdir(g_dir, 0700) != 0 && errno != EEXIST) {
-    fprintf(stderr, "cannot create %s\n", g_dir);
-    return 1;
-  }
-  if (!load_sqlite()) {
-    fprintf(stderr, "SQLite functions not found in the process\n");
-    return 1;
-  }
+  if (!fixture_start("test_cache")) return 1;
   test_binary_keys();
   test_roundtrip();
   test_refused();
@@ -1154,10 +939,6 @@ int main(void) {
   test_corrupt();
   test_merge_export();
   test_null_args();
-  if (!check_failures_) {
-    char cmd[4200];
-    snprintf(cmd, sizeof cmd, "rm -rf '%s'", g_dir);
-    if (system(cmd) != 0) fprintf(stderr, "could not remove %s\n", g_dir);
-  }
+  fixture_dir_remove();
   CHECK_DONE();
 }

@@ -8,6 +8,7 @@ import ctypes
 import hashlib
 import math
 import os
+import shutil
 import sqlite3
 import threading
 from pathlib import Path
@@ -301,9 +302,12 @@ def test_refuses_other_files(tmp_path, mode):
 
 def test_corrupt_blobs(tmp_path):
     p = tmp_path / "c.db"
+    fine = [{**v, "packed": b"fine-%d" % i} for i, v in enumerate(variants())]
     with Cache(p) as c:
         c.put_binary(KEY, b"cubin-marker-0123456789")
         put_layer(c)
+        put_layer(c, name="good.layer", vs=fine)
+        c.put_trial("env", "fp", "op", 16, "cfg", "ok", median_ms=1.0)
     con = sqlite3.connect(p)
     con.execute("UPDATE binaries SET blob = CAST(replace(CAST(blob AS TEXT), 'cubin-marker', "
                 "'cubin-markeR') AS BLOB)")
@@ -311,23 +315,90 @@ def test_corrupt_blobs(tmp_path):
                 "'packed-marker-BBBC') AS BLOB)")
     con.commit()
     con.close()
+    sha = lambda b: hashlib.sha256(b).hexdigest()  # noqa: E731
     with Cache(p) as c:
         with pytest.raises(CorruptError, match=f"binary {binary_key_hex(KEY)} is corrupt"):
             c.get_binary(KEY)
         # the bad layer is listed, named and unusable; listing does not fail
-        (rec,) = c.layers()
-        assert rec["name"] == "bert.l0.ffn1" and rec["variants"] == []
-        assert "variant 1" in rec["problem"] and "256" in rec["problem"], rec["problem"]
+        bad, good = c.layers()
+        assert bad["name"] == "bert.l0.ffn1" and bad["variants"] == []
+        assert "variant 1" in bad["problem"] and "256" in bad["problem"], bad["problem"]
+        assert good["name"] == "good.layer" and good["variants"] == fine
+        assert good["problem"] is None
+        # merge copies every good record and reports each damaged one,
+        # naming the source file and the record
+        skipped = [f"{p}: binary {binary_key_hex(KEY)} (sm_90a) skipped: its bytes failed their "
+                   f"sha256: 23 bytes hash to {sha(b'cubin-markeR-0123456789')}, not the stored "
+                   f"{sha(b'cubin-marker-0123456789')}",
+                   f'{p}: layer "bert.l0.ffn1" (NVIDIA H100) skipped: {bad["problem"]}']
         other = Cache(tmp_path / "other.db")
-        with pytest.raises(CorruptError, match="fails its sha256; nothing copied"):
-            other.merge(p)
-        assert other.summary()["binaries"] == 0
-        other.close()
-        # storing again repairs
+        assert other.merge_report(p) == (1 + 1 + 2 + 2, skipped)  # trial, good.layer
+        s = other.summary()
+        assert (s["binaries"], s["layers"], s["layer_variants"], s["trials"]) == (0, 1, 2, 1)
+        assert other.layers()[0]["variants"] == fine
+        assert other.merge(p) == 0  # the count alone, as before
+        # export likewise (KEY's source is no variant's: not exported);
+        # an export that fails leaves no file
+        assert c.export_report(tmp_path / "exp.db") == (1 + 2 + 2, skipped[1:])
+        assert c.export_to(tmp_path / "exp2.db", ["good.layer"]) == 1 + 2 + 2
+        with pytest.raises(NotFoundError, match="no layer named nope to export"):
+            c.export_report(tmp_path / "never.db", ["good.layer", "nope"])
+        assert not (tmp_path / "never.db").exists()
+        with Cache(tmp_path / "newer.db") as n:  # refused after the temporary file exists
+            put_layer(n)
+            con = sqlite3.connect(tmp_path / "newer.db")
+            con.execute("PRAGMA user_version = 99")
+            con.close()
+            with pytest.raises(NewerDatabaseError, match="newer.db: schema version 99"):
+                n.export_report(tmp_path / "never.db")
+        assert not (tmp_path / "never.db").exists()
+        assert [f.name for f in tmp_path.iterdir() if "export-tmp" in f.name] == []
+        # storing again repairs, and merging again adds what was skipped
         c.put_binary(KEY, b"cubin-marker-0123456789")
         assert c.get_binary(KEY) == b"cubin-marker-0123456789"
         put_layer(c)
         assert c.layers()[0]["variants"] == variants()
+        assert other.merge_report(p) == (1 + 1 + 2 + 2, [])  # binary, layer, variants, blobs
+        assert [r["problem"] for r in other.layers()] == [None, None]
+        other.close()
+
+
+def test_readonly_directory(tmp_path):
+    """A cache copied into a read-only directory (file 0444, folder 0555)
+    opens with readonly=True, WAL or not, and no side file appears.  Root
+    writes anywhere, so for it SQLite's usual -wal/-shm may appear beside
+    the WAL copy (the C test test_cache_readonly drops privileges to check
+    that case); the exported, self-contained file never gets any."""
+    src = tmp_path / "src.db"
+    with Cache(src) as c:
+        put_layer(c)
+        c.put_binary({**KEY, "source": "// k16\n"}, b"cubin of k16")
+        c.put_trial("env", "fp", "op", 16, "cfg", "ok", median_ms=1.0)
+        c.export_to(tmp_path / "exported.db")
+    ro = tmp_path / "ro"
+    ro.mkdir()
+    shutil.copy(src, ro / "wal.db")  # closed cleanly: no -wal to copy
+    shutil.copy(tmp_path / "exported.db", ro / "exported.db")
+    assert (ro / "wal.db").read_bytes()[18:20] == b"\x02\x02"       # WAL
+    assert (ro / "exported.db").read_bytes()[18:20] == b"\x01\x01"  # DELETE journal
+    for f in ro.iterdir():
+        f.chmod(0o444)
+    ro.chmod(0o555)
+    try:
+        before = sorted(os.listdir(ro))
+        for name, trials in (("exported.db", 0), ("wal.db", 1)):
+            snap = snapshot(ro / name)
+            with Cache(ro / name, readonly=True) as c:
+                assert c.layers()[0]["variants"] == variants()
+                assert c.get_binary({**KEY, "source": "// k16\n"}) == b"cubin of k16"
+                assert c.summary()["trials"] == trials
+                with pytest.raises(DatabaseError, match="read-only"):
+                    c.delete_layer("bert.l0.ffn1")
+            assert snapshot(ro / name) == snap
+            if name == "exported.db" or os.geteuid() != 0:
+                assert sorted(os.listdir(ro)) == before
+    finally:
+        ro.chmod(0o755)
 
 
 # ---- whole files ------------------------------------------------------------------
