@@ -313,14 +313,20 @@ def cmd_cache(args) -> int:
         return EXIT_OK
     if args.action == "export":
         with _open_cache(args.db, create=False, readonly=True) as cache:
-            cache.export_to(args.output, args.layer or None)
-        print(f"wrote {args.output}")
+            added, skipped = cache.export_report(args.output, args.layer or None)
+        for msg in skipped:
+            print(f"warning: {msg}", file=sys.stderr)
+        print(f"wrote {args.output}: {added} records" +
+              (f"; {len(skipped)} damaged record(s) left out (above)" if skipped else ""))
         return EXIT_OK
     if args.action in ("import", "merge"):
         with _open_cache(args.db) as cache:
             for f in args.files:
-                added = cache.merge(f)
-                print(f"{f}: {added} records added")
+                added, skipped = cache.merge_report(f)
+                for msg in skipped:
+                    print(f"warning: {msg}", file=sys.stderr)
+                print(f"{f}: {added} records added" +
+                      (f"; {len(skipped)} damaged record(s) skipped (above)" if skipped else ""))
         return EXIT_OK
     raise AssertionError(args.action)
 

@@ -130,3 +130,24 @@ def test_sweep_spec_errors_name_the_file(tmp_path):
     spec.write_bytes(b"\x00\xff\xfe binary")
     code, _, err = run("sweep", spec, "--arch", "sm_80")
     assert code == 1 and f"{spec}: not a valid TOML sweep spec" in err
+
+
+def test_merge_copies_the_good_records_and_names_the_bad(tmp_path):
+    import sqlite3
+    from sparseforge.generator.kernel import make_launch
+    src, dst = tmp_path / "src.db", tmp_path / "dst.db"
+    with Cache(src) as c:
+        for name, packed in (("good", b"good-weights"), ("bad", b"bad-weights")):
+            c.put_layer(name, "G", "fp", "op", 4, 4, 2, 2,
+                        [{"n_bucket": 16, "source": "// s", "kernel_name": "k",
+                          "launch": make_launch((1,), (32,)), "packed": packed}])
+    con = sqlite3.connect(src)
+    con.execute("UPDATE blobs SET data = CAST('bad-weightz' AS BLOB) WHERE size = 11")
+    con.commit()
+    con.close()
+    code, out, err = run("cache", "merge", src, "--db", dst)
+    assert code == 0, err
+    assert f'warning: {src}: layer "bad" (G) skipped: the packed weights of variant 0' in err
+    assert "1 damaged record(s) skipped" in out
+    with Cache(dst, readonly=True) as c:
+        assert [r["name"] for r in c.layers()] == ["good"]
