@@ -41,7 +41,7 @@ case " $STAGES " in *" deploy "*)
   step export sparseforge export "$DB" -o /tmp/sf-bundle --vectors examples/tiny_model.npz --weights file
   step deploy_build bash -c "cmake -S examples/deploy -B /tmp/sf-deploy -DSF_BUNDLE_DIR=/tmp/sf-bundle && cmake --build /tmp/sf-deploy -j 16"
   step deploy_check /tmp/sf-deploy/deploy_check /tmp/sf-bundle/vectors /tmp/sf-bundle/sfmodel.weights
-  step open_time python3 bench/open_time.py --db "$DB"
+  step open_time python3 bench/open_time.py --db "$DB" --breakdown
   ldd /tmp/sf-deploy/deploy_check; cat "$OUT/deploy_check.log" "$OUT/open_time.log" ;; esac
 case " $STAGES " in *" sanitize "*)
   step memcheck compute-sanitizer --tool memcheck --error-exitcode 9 python3 bench/sanitize.py
