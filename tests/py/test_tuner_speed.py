@@ -258,3 +258,23 @@ def test_phases_add_up_from_several_threads():
         p.add("bogus", 1.0)
     line = p.format(wall=10.0, lanes=2, over="ranks")
     assert "(phases summed over 2 ranks)" in line and "other 20.0" in line
+
+
+@pytest.mark.parametrize("dtype,layout", [("fp16", "fm"), ("bf16", "tm"), ("fp32", "fm"),
+                                          ("fp32", "tm")])
+def test_only_the_checked_columns_of_y_are_converted(dtype, layout):
+    """The worker converts the checked columns alone: the same values as
+    converting all of Y and then picking them."""
+    from sparseforge.generator.matrix import from_device_bytes, round_to_dtype, to_device_bytes
+    from sparseforge.tuner.worker import Setup, checked_output
+    rows, n = 6, 10
+    rng = np.random.default_rng(0)
+    shape = (rows, n) if layout == "fm" else (n, rows)
+    y = round_to_dtype(rng.standard_normal(shape).astype(np.float32), dtype)
+    raw = to_device_bytes(y, dtype)
+    for cols in (None, np.array([1, 4, 9])):
+        s = Setup(dtype, layout, rows, n, b"", cols, np.zeros(1))
+        full = from_device_bytes(raw, dtype, rows * n).reshape(shape)
+        if cols is not None:
+            full = full[:, cols] if layout == "fm" else full[cols, :]
+        np.testing.assert_array_equal(checked_output(raw, s), full)
