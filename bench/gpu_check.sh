@@ -2,7 +2,10 @@
 # One call on the GPU machine: build, GPU tests, the README's main command
 # (twice: the second must compile nothing), compute-sanitizer, and the S1
 # benchmark; a short table last.  Stages: tests tune sanitize bench (default:
-# tests tune sanitize bench).  `claim` measures the budgeted strategy.  The GPU machine lacks sqlite3.h: carry .gpu/ (holding it) along.
+# tests tune sanitize bench).  `claim` measures the budgeted strategy;
+# `model` tunes the BERT-base-sized model (bench/tune_model.py, ~30 min for
+# its two prunings); `gpus` runs the main job on every GPU (--gpus all).
+# The GPU machine lacks sqlite3.h: carry .gpu/ (holding it) along.
 #   bash bench/gpu_check.sh tests tune
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -30,10 +33,16 @@ case " $STAGES " in *" tests "*)
   grep -E "passed|failed" "$OUT/pytest_gpu.log" | tail -1 ;; esac
 case " $STAGES " in *" tune "*)
   export XDG_CACHE_HOME=/tmp/sf-xdg; rm -rf "$XDG_CACHE_HOME"
-  step tune_first sparseforge tune examples/tiny_model.npz --n 16,256,4096
-  step tune_second sparseforge tune examples/tiny_model.npz --n 16,256,4096
-  tail -12 "$OUT/tune_first.log"; grep "compiled in this run" "$OUT/tune_second.log"
+  step tune_first sparseforge tune examples/llama_block.toml --profile
+  step tune_second sparseforge tune examples/llama_block.toml
+  tail -24 "$OUT/tune_first.log"; grep -E "compiled in this run|^time " "$OUT/tune_second.log"
   step cache_ls sparseforge cache ls ;; esac
+case " $STAGES " in *" gpus "*)
+  step tune_gpus sparseforge tune examples/llama_block.toml --gpus all --db /tmp/sf-gpus.db
+  tail -4 "$OUT/tune_gpus.log" ;; esac
+case " $STAGES " in *" model "*)
+  step model python3 bench/tune_model.py --db-dir /tmp/sf-model ${MODEL_ARGS:-} --results "$OUT/MODEL.md"
+  cat "$OUT/MODEL.md" 2>/dev/null ;; esac
 case " $STAGES " in *" sanitize "*)
   step memcheck compute-sanitizer --tool memcheck --error-exitcode 9 python3 bench/sanitize.py
   step racecheck compute-sanitizer --tool racecheck --error-exitcode 9 python3 bench/sanitize.py --small

@@ -61,20 +61,31 @@ def is_recipe(path) -> bool:
     return str(path).endswith(".toml")
 
 
+def read_toml(path, what: str) -> dict:
+    """The TOML file at `path` (`what` it should be, for the errors:
+    "model recipe", "sweep spec"); ValueError naming the file."""
+    try:
+        with open(path, "rb") as f:
+            return tomllib.load(f)
+    except (tomllib.TOMLDecodeError, UnicodeDecodeError) as e:
+        raise ValueError(f"{path}: not a valid TOML {what}: {e}") from None
+    except IsADirectoryError:
+        raise ValueError(f"{path}: is a directory, not a {what}") from None
+    except OSError as e:
+        raise ValueError(f"{path}: cannot read it: {e.strerror}") from None
+
+
+def no_unknown_keys(table: dict, allowed: set, where: str) -> None:
+    unknown = set(table) - allowed
+    if unknown:
+        raise ValueError(f"{where}: unknown keys {sorted(unknown)}; allowed: {sorted(allowed)}")
+
+
 def read(path) -> dict:
     """The recipe at `path`, checked: ValueError naming the file and the
     problem."""
-    p = Path(path)
-    try:
-        with open(p, "rb") as f:
-            recipe = tomllib.load(f)
-    except (tomllib.TOMLDecodeError, UnicodeDecodeError) as e:
-        raise ValueError(f"{p}: not a valid TOML model recipe: {e}") from None
-    except IsADirectoryError:
-        raise ValueError(f"{p}: is a directory, not a model recipe") from None
-    except OSError as e:
-        raise ValueError(f"{p}: cannot read it: {e.strerror}") from None
-    check(recipe, str(p))
+    recipe = read_toml(path, "model recipe")
+    check(recipe, str(path))
     return recipe
 
 
@@ -83,10 +94,7 @@ def check(recipe: dict, where: str) -> None:
     if "families" in recipe or "shapes" in recipe:
         raise ValueError(f"{where}: is a sweep spec (run `sparseforge sweep {where}`), not a "
                          "model recipe")
-    unknown = set(recipe) - RECIPE_KEYS
-    if unknown:
-        raise ValueError(f"{where}: unknown keys {sorted(unknown)}; a model recipe has "
-                         f"{sorted(RECIPE_KEYS)}")
+    no_unknown_keys(recipe, RECIPE_KEYS, where)
     layers = recipe.get("layer")
     if not isinstance(layers, list) or not layers:
         raise ValueError(f"{where}: no [[layer]] tables")
@@ -105,10 +113,7 @@ def check(recipe: dict, where: str) -> None:
         what = f"{where}: layer {i + 1}"
         if not isinstance(layer, dict):
             raise ValueError(f"{what} is not a table")
-        unknown = set(layer) - LAYER_KEYS
-        if unknown:
-            raise ValueError(f"{what}: unknown keys {sorted(unknown)}; allowed: "
-                             f"{sorted(LAYER_KEYS)}")
+        no_unknown_keys(layer, LAYER_KEYS, what)
         name = layer.get("name")
         if not isinstance(name, str) or not name:
             raise ValueError(f"{what}: needs a name")

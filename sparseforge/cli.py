@@ -284,8 +284,8 @@ def _run_gpus(args, cache, entries, ns, force):
           + "; ".join(f"{name} x{len(ts)}" for name, ts in pool.groups.items()), file=sys.stderr)
     try:
         tables = pool.run(entries, ns, force)
-    except KeyboardInterrupt:
-        pool.close(kill=True)
+    except BaseException:
+        pool.close(kill=True)      # no waiting for a kernel being timed
         raise
     pool.close()
     return tables, pool.phases(), len(pool.tuners), pool.compiled, compiler.recompiled_corrupt

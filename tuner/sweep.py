@@ -13,7 +13,6 @@ TOML spec; every trial goes into the cache.
 from __future__ import annotations
 
 import sys
-import tomllib
 
 from ..generator.families import family_of
 from ..generator.kernel import Epilogue, Operation
@@ -22,18 +21,9 @@ SPEC_KEYS = {"families", "densities", "shapes", "n", "dtype", "seed", "activatio
 
 
 def load_spec(path: str) -> dict:
-    try:
-        with open(path, "rb") as f:
-            spec = tomllib.load(f)
-    except (tomllib.TOMLDecodeError, UnicodeDecodeError) as e:
-        raise ValueError(f"{path}: not a valid TOML sweep spec: {e}") from None
-    except IsADirectoryError:
-        raise ValueError(f"{path}: is a directory, not a sweep spec") from None
-    except OSError as e:
-        raise ValueError(f"{path}: cannot read it: {e.strerror}") from None
-    unknown = set(spec) - SPEC_KEYS
-    if unknown:
-        raise ValueError(f"{path}: unknown keys {sorted(unknown)}; allowed: {sorted(SPEC_KEYS)}")
+    from ..generator.recipe import no_unknown_keys, read_toml
+    spec = read_toml(path, "sweep spec")
+    no_unknown_keys(spec, SPEC_KEYS, path)
     for key in ("families", "shapes", "n"):
         if key not in spec:
             raise ValueError(f"{path}: missing '{key}'")

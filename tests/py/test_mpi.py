@@ -25,6 +25,8 @@ from sparseforge.tuner.dbcompare import differences
 from sparseforge.tuner.driver import Tuner
 from sparseforge.tuner.model import Entry, plan_model, shard, tune_entries
 
+from recipes import SMALL
+
 ROOT = Path(__file__).resolve().parents[2]
 FLAGS = ["--arch", "sm_80", "--budget", "2", "--jobs", "1"]
 
@@ -34,26 +36,6 @@ shapes = [[128, 96]]
 n = [16]
 dtype = "fp16"
 seed = 0
-"""
-
-RECIPE = """seed = 3
-dtype = "fp16"
-[[layer]]
-name = "a"
-shape = [128, 96]
-pattern = "nm24"
-[[layer]]
-name = "b"
-shape = [128, 96]
-pattern = "nm24"
-[[layer]]
-name = "c"
-shape = [96, 128]
-pattern = "bsr:32x32"
-sparsity = 0.75
-[[layer]]
-name = "d"
-shape = [64, 64]
 """
 
 
@@ -229,7 +211,7 @@ def _compiled(out: str) -> int:
 
 
 @pytest.mark.parametrize("command,source,text", [("sweep", "spec.toml", SPEC),
-                                                  ("tune", "model.toml", RECIPE)])
+                                                  ("tune", "model.toml", SMALL)])
 def test_two_ranks_merge_to_the_single_process_database(tmp_path, command, source, text):
     mpiexec = _mpiexec()
     (tmp_path / source).write_text(text)
@@ -240,7 +222,7 @@ def test_two_ranks_merge_to_the_single_process_database(tmp_path, command, sourc
     assert "merged from 2 rank databases" in out
     assert "[rank 0]" in err and "[rank 1]" in err
     assert out.count("GPU: none") == 1                   # one table, printed by rank 0
-    for name in (["a", "b", "c", "d"] if command == "tune" else ["nm24", "bsr:32x32", "shflbw:32"]):
+    for name in (["q", "up", "down", "o"] if command == "tune" else ["nm24", "bsr:32x32", "shflbw:32"]):
         assert name in out
     assert all(mpi.rank_db(merged, r).exists() for r in (0, 1))
     assert _compiled(out) > 0

@@ -14,27 +14,9 @@ import pytest
 from sparseforge.generator import recipe
 from sparseforge.generator.families import auto_pattern
 
+from recipes import SMALL
+
 ROOT = Path(__file__).resolve().parents[2]
-SMALL = """seed = 1
-dtype = "fp16"
-[[layer]]
-name = "q"
-shape = [128, 64]
-pattern = "shflbw:32"
-sparsity = 0.75
-[[layer]]
-name = "up"
-shape = [96, 64]
-pattern = "nm24"
-[[layer]]
-name = "down"
-shape = [64, 96]
-pattern = "bsr:32x32"
-sparsity = 0.5
-[[layer]]
-name = "o"
-shape = [64, 64]
-"""
 
 
 @pytest.fixture(autouse=True)
