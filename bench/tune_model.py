@@ -25,9 +25,8 @@ from __future__ import annotations
 import argparse
 import datetime
 import json
-import math
 import os
-import shutil
+import re
 import sys
 import time
 from pathlib import Path
@@ -98,7 +97,7 @@ def samples(rows, ns, count: int) -> list[tuple[str, int]]:
     kinds: dict = {}
     for r in rows:
         if r.result is not None and r.result.measured and not r.result.note:
-            kinds.setdefault(r.name.split(".", 2)[-1], []).append(r.name)
+            kinds.setdefault(re.sub(r"^layers\.\d+\.", "", r.name), []).append(r.name)
     order = list(kinds.values())
     picks = []
     for k in range(min(count, sum(len(v) for v in order))):
@@ -107,12 +106,16 @@ def samples(rows, ns, count: int) -> list[tuple[str, int]]:
     return list(dict.fromkeys(picks))
 
 
-def run_pruning(args, label: str, mats) -> dict:
-    """The first run, the second, the exhaustive samples of one pruning."""
+def run_pruning(args, label: str, mats, make_tuner=None) -> dict:
+    """The first run, the second, the exhaustive samples of one pruning.
+    `make_tuner(cache, **settings)` makes each run's tuner (default: the
+    tuner on this machine's GPU; the tests pass one with a replaying
+    worker)."""
     from sparseforge.cache import Cache
     from sparseforge.generator.families import family_of
     from sparseforge.tuner.driver import Tuner
     from sparseforge.tuner.model import Progress, plan_model, tune_entries
+    make_tuner = make_tuner or Tuner
     db = Path(args.db_dir) / f"{label.replace(':', '').replace('@', '-')}.db"
     for side in ("", "-wal", "-shm"):
         Path(str(db) + side).unlink(missing_ok=True)
@@ -120,13 +123,15 @@ def run_pruning(args, label: str, mats) -> dict:
     out = {"pruning": label}
     for run in ("first", "second"):
         with Cache(db) as cache:
-            tuner = Tuner(cache, progress=Progress())
+            tuner = make_tuner(cache, progress=Progress())
             try:
                 t0 = time.monotonic()
                 rows = tune_entries(entries, tuner, args.n)
                 wall = time.monotonic() - t0
             finally:
                 tuner.close()
+            if run == "first":
+                first_rows = rows          # the winners as the search recorded them
             out[run] = {"wall_s": wall, "compiled": tuner.compiled,
                         "trials": len([t for t in cache.trials(tuner.env_key)
                                        if t["matrix_fp"] != "dense"]),
@@ -136,10 +141,10 @@ def run_pruning(args, label: str, mats) -> dict:
     by_name = {e.name: e for e in entries}
     out["samples"] = []
     with Cache(db) as cache:
-        tuner = Tuner(cache, strategy="exhaustive", progress=Progress())
+        tuner = make_tuner(cache, strategy="exhaustive", progress=Progress())
         try:
-            for name, n in samples(rows, args.n, args.samples):
-                row = next(r for r in rows if r.name == name)
+            for name, n in samples(first_rows, args.n, args.samples):
+                row = next(r for r in first_rows if r.name == name)
                 e = by_name[name]
                 fam, params = family_of(e.pattern)
                 winner = row.result.per_n[n]

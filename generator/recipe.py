@@ -210,10 +210,11 @@ def kept_path(path, recipe: dict) -> Path:
 
 
 def load(path, name: Optional[str] = None, dtype: Optional[str] = None,
-         log=sys.stderr) -> list[tuple[str, SparseMatrix]]:
+         log=None) -> list[tuple[str, SparseMatrix]]:
     """The recipe's layers as (name, matrix), or the one named `name`;
     values rounded to `dtype` where given.  Prunes on first use (and says
-    so), then reads the kept decisions."""
+    so, on `log`: stderr by default), then reads the kept decisions."""
+    log = log or sys.stderr
     recipe = read(path)
     specs = layers(recipe)
     if name is not None:

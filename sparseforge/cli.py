@@ -316,7 +316,7 @@ def _run_ranks(args, ranks, entries, ns, force) -> int:
     returns the same exit code."""
     from .cache import default_path
     from .tuner import mpi
-    from .tuner.model import Progress, tune_entry
+    from .tuner.model import tune_entry
     db = Path(args.db) if args.db else default_path()
     log = RankLog(sys.stderr, ranks.rank)
     report = mpi.RankReport(ranks.rank, str(mpi.rank_db(db, ranks.rank)), "")

@@ -115,7 +115,7 @@ class GpuPool:
         return total
 
     def run(self, entries: list[Entry], ns: list[int], force: bool = False,
-            log=sys.stderr) -> dict[str, list[ModelRow]]:
+            log=None) -> dict[str, list[ModelRow]]:
         """Tunes the entries on every GPU model: its rows per model, in
         the entries' order.  The first failure stops every GPU and is
         raised here."""
@@ -135,7 +135,7 @@ class _Wave:
 
     def __init__(self, entries: list[Entry], tuners: list[Tuner], ns: list[int], force: bool,
                  log):
-        self.tuners, self.ns, self.force, self.log = tuners, ns, force, log
+        self.tuners, self.ns, self.force, self.log = tuners, ns, force, log or sys.stderr
         self.items: queue.Queue = queue.Queue()
         for e in entries:
             for n in ns:

@@ -29,9 +29,9 @@ def op_for(pattern: str, matrix: SparseMatrix, activation: str = "none",
 class Progress:
     """A one-line progress bar on a terminal, periodic lines otherwise."""
 
-    def __init__(self, stream=sys.stderr):
-        self.stream = stream
-        self.tty = stream.isatty()
+    def __init__(self, stream=None):
+        self.stream = stream or sys.stderr      # the one in use now, not at import
+        self.tty = self.stream.isatty()
         self.last = 0.0
 
     def __call__(self, label: str, done: int, total: int):
@@ -88,10 +88,12 @@ class Entry:
 
 
 def plan_model(matrices: list[tuple[str, SparseMatrix]], pattern: Optional[str] = None,
-               activation: str = "none", layout: str = "fm", log=sys.stderr) -> list[Entry]:
+               activation: str = "none", layout: str = "fm", log=None) -> list[Entry]:
     """Each 2-D weight's entry: dense ones skipped (unless --pattern), the
     family each fits, identical matrices tied to the first; a note where
-    an explicit pattern meets a dense or non-fitting matrix."""
+    an explicit pattern meets a dense or non-fitting matrix (on `log`,
+    stderr by default)."""
+    log = log or sys.stderr
     entries: list[Entry] = []
     firsts: dict = {}
     for index, (name, m) in enumerate(matrices):
@@ -116,9 +118,11 @@ def plan_model(matrices: list[tuple[str, SparseMatrix]], pattern: Optional[str] 
 
 
 def tune_entry(tuner: Tuner, entry: Entry, ns: list[int], force: bool = False,
-               log=sys.stderr) -> ModelRow:
+               log=None) -> ModelRow:
     """One entry on one tuner: skipped, tuned, or (a copy of an earlier
-    matrix) served from its trials and stored under its own name."""
+    matrix) served from its trials and stored under its own name.  Says
+    what it tunes on `log` (stderr by default)."""
+    log = log or sys.stderr
     if entry.skipped:
         return ModelRow(entry.name, None, entry.skipped, entry.index)
     m = entry.get_matrix()
@@ -134,13 +138,13 @@ def tune_entry(tuner: Tuner, entry: Entry, ns: list[int], force: bool = False,
 
 
 def tune_entries(entries: list[Entry], tuner: Tuner, ns: list[int], force: bool = False,
-                 log=sys.stderr) -> list[ModelRow]:
+                 log=None) -> list[ModelRow]:
     return [tune_entry(tuner, e, ns, force, log) for e in entries]
 
 
 def tune_model(matrices: list[tuple[str, SparseMatrix]], tuner: Tuner, ns: list[int],
                pattern: Optional[str] = None, activation: str = "none", layout: str = "fm",
-               force: bool = False, log=sys.stderr) -> list[ModelRow]:
+               force: bool = False, log=None) -> list[ModelRow]:
     return tune_entries(plan_model(matrices, pattern, activation, layout, log), tuner, ns,
                         force, log)
 

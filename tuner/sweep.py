@@ -12,8 +12,6 @@ TOML spec; every trial goes into the cache.
 """
 from __future__ import annotations
 
-import sys
-
 from ..generator.families import family_of
 from ..generator.kernel import Epilogue, Operation
 
@@ -72,7 +70,7 @@ def sweep_matrices(spec: dict):
         yield e.name, e.pattern, e.get_matrix()
 
 
-def run_sweep(spec: dict, tuner, log=sys.stderr, entries=None):
+def run_sweep(spec: dict, tuner, log=None, entries=None):
     """Tunes the sweep's points (`entries`: a share of them); their rows."""
     from .model import tune_entries
     return tune_entries(sweep_entries(spec) if entries is None else entries, tuner, spec["n"],

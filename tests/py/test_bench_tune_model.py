@@ -55,3 +55,31 @@ def test_samples_spread_over_kinds_blocks_and_n():
     assert {n for _, n in picks} == {16, 256, 4096}
     assert tune_model.parse_pruning("shflbw:64@0.75") == ("shflbw:64", 0.75)
     assert tune_model.parse_pruning("nm24") == ("nm24", None)
+
+
+def test_a_run_reports_both_runs_and_the_samples_against_the_exhaustive_best(tmp_path,
+                                                                             monkeypatch):
+    """The GPU path of the benchmark, with a replaying worker for the GPU
+    and six configurations per space (compiled for real)."""
+    import argparse
+    from sparseforge.generator.families import get_family
+    from sparseforge.tuner.driver import Tuner
+    from replay import ReplayWorker
+    fam = get_family("nm24")
+    full = fam.search_space
+    monkeypatch.setattr(fam, "search_space", lambda *a, **k: full(*a, **k)[:6])
+    args = argparse.Namespace(db_dir=str(tmp_path), n=[16, 256], samples=3, layers=1)
+    mats = tune_model.build(tune_model.bert_recipe("nm24", None, 1))
+    out = tune_model.run_pruning(args, "nm24", mats,
+                                 lambda cache, **kw: Tuner(cache, worker=ReplayWorker(), jobs=2,
+                                                           **kw))
+    first, second = out["first"], out["second"]
+    assert first["trials"] == 6 * 2 * 6 and first["compiled"] > 0
+    assert second["compiled"] == 0 and second["trials"] == first["trials"]
+    assert "time " in first["phases"]
+    assert len(out["samples"]) == 3
+    for s in out["samples"]:
+        assert s["space"] == 6 and s["ratio"] >= 1.0 and s["best_ms"] > 0
+    text = tune_model.table([out], args, "abc1234")
+    assert "| nm24 | 6 first" not in text and "Replay GPU" in text
+    assert text.count("| nm24 |") == 1 + 3
