@@ -1,10 +1,13 @@
 #!/usr/bin/env bash
 # One call on the GPU machine: build, GPU tests, the README's main command
-# (twice: the second must compile nothing), the deployment bundle (export
-# the main command's layers, build examples/deploy, check every layer, time
-# the opens), compute-sanitizer, and the S1 benchmark; a short table last.
-# Stages: tests tune deploy sanitize bench (default: tests tune deploy
-# sanitize bench; deploy needs tune's database).  `claim` measures the budgeted strategy.  The GPU machine lacks sqlite3.h: carry .gpu/ (holding it) along.
+# (twice: the second must compile nothing), the deployment bundle (a small
+# model tuned, exported, built with examples/deploy, every layer checked,
+# the opens timed), compute-sanitizer, and the S1 benchmark; a short table
+# last.  Stages: tests tune deploy sanitize bench (the default).  `claim`
+# measures the budgeted strategy; `model` tunes the BERT-base-sized model
+# (bench/tune_model.py, ~30 min for its two prunings); `gpus` runs the main
+# job on every GPU (--gpus all).  The GPU machine lacks sqlite3.h: carry
+# .gpu/ (holding it) along.
 #   bash bench/gpu_check.sh tests tune
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -32,17 +35,24 @@ case " $STAGES " in *" tests "*)
   grep -E "passed|failed" "$OUT/pytest_gpu.log" | tail -1 ;; esac
 case " $STAGES " in *" tune "*)
   export XDG_CACHE_HOME=/tmp/sf-xdg; rm -rf "$XDG_CACHE_HOME"
-  step tune_first sparseforge tune examples/tiny_model.npz --n 16,256,4096
-  step tune_second sparseforge tune examples/tiny_model.npz --n 16,256,4096
-  tail -12 "$OUT/tune_first.log"; grep "compiled in this run" "$OUT/tune_second.log"
+  step tune_first sparseforge tune examples/llama_block.toml --profile
+  step tune_second sparseforge tune examples/llama_block.toml
+  tail -24 "$OUT/tune_first.log"; grep -E "compiled in this run|^time " "$OUT/tune_second.log"
   step cache_ls sparseforge cache ls ;; esac
 case " $STAGES " in *" deploy "*)
-  DB=/tmp/sf-xdg/sparseforge/sparseforge.db; rm -rf /tmp/sf-bundle /tmp/sf-deploy
+  DB=/tmp/sf-deploy.db; rm -rf /tmp/sf-bundle /tmp/sf-deploy "$DB"
+  step deploy_tune sparseforge tune examples/tiny_model.npz --db "$DB" --n 16,256 --budget 4 --quick
   step export sparseforge export "$DB" -o /tmp/sf-bundle --vectors examples/tiny_model.npz --weights file
   step deploy_build bash -c "cmake -S examples/deploy -B /tmp/sf-deploy -DSF_BUNDLE_DIR=/tmp/sf-bundle && cmake --build /tmp/sf-deploy -j 16"
   step deploy_check /tmp/sf-deploy/deploy_check /tmp/sf-bundle/vectors /tmp/sf-bundle/sfmodel.weights
   step open_time python3 bench/open_time.py --db "$DB" --breakdown
   ldd /tmp/sf-deploy/deploy_check; cat "$OUT/deploy_check.log" "$OUT/open_time.log" ;; esac
+case " $STAGES " in *" gpus "*)
+  step tune_gpus sparseforge tune examples/llama_block.toml --gpus all --db /tmp/sf-gpus.db
+  tail -4 "$OUT/tune_gpus.log" ;; esac
+case " $STAGES " in *" model "*)
+  step model python3 bench/tune_model.py --db-dir /tmp/sf-model ${MODEL_ARGS:-} --results "$OUT/MODEL.md"
+  cat "$OUT/MODEL.md" 2>/dev/null ;; esac
 case " $STAGES " in *" sanitize "*)
   step memcheck compute-sanitizer --tool memcheck --error-exitcode 9 python3 bench/sanitize.py
   step racecheck compute-sanitizer --tool racecheck --error-exitcode 9 python3 bench/sanitize.py --small

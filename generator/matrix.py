@@ -14,6 +14,7 @@ which groups of consecutive rows share their column support.
 from __future__ import annotations
 
 import hashlib
+import threading
 from dataclasses import dataclass, field
 from typing import Optional
 
@@ -62,6 +63,10 @@ def from_device_bytes(data: bytes, dtype: str, count: int) -> np.ndarray:
         u = np.frombuffer(data, dtype=np.uint16, count=count).astype(np.uint32) << 16
         return u.view(np.float32)
     raise ValueError(f"unknown dtype {dtype!r}")
+
+
+_CACHED_LOCK = threading.Lock()
+_MISSING = object()
 
 
 @dataclass
@@ -180,6 +185,22 @@ class SparseMatrix:
         m = self.with_values(round_to_dtype(self.values, dtype))
         m.dtype = dtype
         return m
+
+    def cached(self, key, make):
+        """`make()`, computed once per matrix object and `key`: data derived
+        from the matrix that many kernels share (a family's packing that
+        does not depend on every configuration key).  Safe from several
+        threads (one computes, the others wait).  The matrix must not be
+        changed in place afterwards."""
+        with _CACHED_LOCK:
+            memo = self.__dict__.setdefault("_cached", {})
+            entry = memo.get(key)
+            if entry is None:
+                entry = memo[key] = [threading.Lock(), _MISSING]
+        with entry[0]:
+            if entry[1] is _MISSING:
+                entry[1] = make()
+            return entry[1]
 
     def fingerprint(self) -> str:
         """SHA-256 of shape, dtype, pattern, permutation and values."""

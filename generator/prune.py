@@ -87,7 +87,9 @@ def closest_prefix(sizes_in_order: np.ndarray, target: int) -> int:
     return int(np.argmin(np.abs(cum - target)))
 
 
-def _from_mask(dense: np.ndarray, mask: np.ndarray, dtype: str, perm=None) -> SparseMatrix:
+def from_mask(dense: np.ndarray, mask: np.ndarray, dtype: str, perm=None) -> SparseMatrix:
+    """The entries of `dense` under `mask` (row order kept), rounded to
+    `dtype`, with the row permutation `perm`: what pruning returns."""
     rows, cols = np.nonzero(mask)
     indptr = np.zeros(dense.shape[0] + 1, dtype=np.int64)
     np.cumsum(mask.sum(axis=1), out=indptr[1:])
@@ -131,7 +133,7 @@ def prune(dense: np.ndarray, pattern: str, sparsity: float, seed: int = 0,
     except PatternError as e:
         raise ValueError(f"prune: {e}") from None
     mask, perm, extra = pruned.mask, pruned.perm, pruned.extra
-    mat = _from_mask(w, mask, dtype, perm=perm)
+    mat = from_mask(w, mask, dtype, perm=perm)
     a = np.abs(w.astype(np.float64))
     l1, l2 = a.sum(), (a * a).sum()
     kept = a[mask]

@@ -11,7 +11,7 @@ import argparse
 import json
 import os
 import sys
-from contextlib import contextmanager
+from contextlib import ExitStack, contextmanager
 from pathlib import Path
 
 EXIT_OK, EXIT_ERROR, EXIT_USAGE, EXIT_INTERRUPTED = 0, 1, 2, 130
@@ -65,6 +65,14 @@ def _archs(text: str) -> str:
     return ",".join(archs)
 
 
+def _gpus(text: str):
+    from .tuner.gpus import parse_gpus
+    try:
+        return parse_gpus(text)
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
+
+
 @contextmanager
 def _open_cache(path, create=True, readonly=False):
     """The cache at `path` (default: the user's).  A database this command
@@ -107,7 +115,11 @@ def _open_cache(path, create=True, readonly=False):
 
 
 def _load(path: str, name=None, dtype=None):
-    from .generator import io
+    """The matrices of a weights file, or of a model recipe (.toml: made,
+    then kept, at first use)."""
+    from .generator import io, recipe
+    if recipe.is_recipe(path):
+        return recipe.load(path, name=name, dtype=dtype)
     return io.load(path, name=name, dtype=dtype)
 
 
@@ -204,35 +216,229 @@ def _safe(name: str) -> str:
 
 # ---- tune / sweep / report --------------------------------------------------
 
-def _make_tuner(args, cache):
-    from .tuner.driver import DEFAULT_TIMING, QUICK_TIMING, Tuner
+def _make_tuner(args, cache, device: int = 0, compiler=None, log=None):
+    from .tuner.driver import DEFAULT_TIMING, EARLY_STOP, QUICK_TIMING, Tuner
     from .tuner.model import Progress
     return Tuner(cache, arch=args.arch, strategy=args.strategy, budget=args.budget, jobs=args.jobs,
-                 timing=QUICK_TIMING if args.quick else DEFAULT_TIMING, progress=Progress(),
-                 seed=args.seed)
+                 timing=QUICK_TIMING if args.quick else DEFAULT_TIMING,
+                 progress=Progress(log or sys.stderr), seed=args.seed,
+                 early_stop=None if args.no_early_stop else EARLY_STOP, compiler=compiler,
+                 device=device)
+
+
+def _device_label(tuner) -> str:
+    return tuner.device["name"] if tuner.device else f"none (compiled for {', '.join(tuner.archs)})"
 
 
 def cmd_tune(args) -> int:
-    from .tuner.model import format_table, tune_model
+    from .tuner.model import plan_model
     mats = _load(args.file, args.name, args.dtype)
+    entries = plan_model(mats, args.pattern, args.activation, args.layout)
+    return _run(args, entries, args.n, args.force)
+
+
+def cmd_sweep(args) -> int:
+    from .tuner.sweep import load_spec, sweep_entries
+    spec = load_spec(args.spec)
+    return _run(args, sweep_entries(spec), spec["n"], False)
+
+
+def _run(args, entries, ns, force) -> int:
+    """Tunes the entries: under MPI as one rank of the job; with --gpus on
+    those GPUs; else on the GPU present (or compiling only, without one)."""
+    from .tuner import mpi
+    from .tuner.model import tune_entries
+    ranks = mpi.join()
+    if ranks is not None:
+        return _run_ranks(args, ranks, entries, ns, force)
     with _open_cache(args.db) as cache:
-        tuner = _make_tuner(args, cache)
-        with _closing(tuner):
-            if not tuner.gpu:
-                print(f"no GPU ({tuner.gpu_reason}): compiling for {', '.join(tuner.archs)} and "
-                      "storing the kernels, untuned; nothing is measured.", file=sys.stderr)
-            rows = tune_model(mats, tuner, args.n, args.pattern, args.activation, args.layout,
-                              force=args.force)
-        device = tuner.device["name"] if tuner.device else f"none (compiled for {', '.join(tuner.archs)})"
-        print(format_table(rows, device))
-        print(f"\ndatabase: {cache.path}; kernels compiled in this run: {tuner.compiled}")
-        if tuner.recompiled_corrupt:
-            print(f"note: {tuner.recompiled_corrupt} stored kernel(s) failed their checksum and "
-                  "were compiled again and replaced", file=sys.stderr)
-        if not tuner.gpu:
-            print("nothing was measured (no GPU): the layers are stored untuned; `sparseforge "
-                  "cache ls` lists them; tune on the GPU to measure")
+        if args.gpus is not None:
+            tables, phases, lanes, compiled, corrupt = _run_gpus(args, cache, entries, ns, force)
+            measured = True
+        else:
+            tuner = _make_tuner(args, cache)
+            with _closing(tuner):
+                if not tuner.gpu:
+                    print(f"no GPU ({tuner.gpu_reason}): compiling for {', '.join(tuner.archs)} "
+                          "and storing the kernels, untuned; nothing is measured.",
+                          file=sys.stderr)
+                rows = tune_entries(entries, tuner, ns, force)
+            tables = {_device_label(tuner): rows}
+            phases, lanes, measured = tuner.phases, 1, tuner.gpu
+            compiled, corrupt = tuner.compiled, tuner.recompiled_corrupt
+        _report(args, tables, f"{cache.path}", compiled, corrupt, measured,
+                phases.format(threads=args.jobs or os.cpu_count(), lanes=lanes))
     return EXIT_OK
+
+
+def _run_gpus(args, cache, entries, ns, force):
+    """--gpus: one tuner per GPU, sharing the compile pool (tuner/gpus.py)."""
+    from . import native
+    from .tuner.compiler import Compiler
+    from .tuner.gpus import GpuPool, gpu_count, resolve_gpus
+    ordinals = resolve_gpus(args.gpus, gpu_count, native.gpu_available)
+    compiler = Compiler(cache, args.jobs or os.cpu_count() or 2)
+    pool = GpuPool(ordinals, lambda o, c: _make_tuner(args, cache, device=o, compiler=c),
+                   compiler, mixed=args.mixed_gpus)
+    print(f"tuning on GPUs {', '.join(map(str, ordinals))}: "
+          + "; ".join(f"{name} x{len(ts)}" for name, ts in pool.groups.items()), file=sys.stderr)
+    try:
+        tables = pool.run(entries, ns, force)
+    except BaseException:
+        pool.close(kill=True)      # no waiting for a kernel being timed
+        raise
+    pool.close()
+    return tables, pool.phases(), len(pool.tuners), pool.compiled, compiler.recompiled_corrupt
+
+
+def _report(args, tables: dict, db: str, compiled: int, corrupt: int, measured: bool,
+            phases_line: str) -> None:
+    """The tables (one per GPU model), the database, what was compiled and
+    where the time went; with --profile, each layer's searches."""
+    from .tuner.model import format_profile, format_table
+    for model, rows in tables.items():
+        print(format_table(rows, model))
+        if args.profile:
+            print(format_profile(rows))
+    print(f"\ndatabase: {db}; kernels compiled in this run: {compiled}")
+    print(phases_line)
+    if corrupt:
+        print(f"note: {corrupt} stored kernel(s) failed their checksum and were compiled again "
+              "and replaced", file=sys.stderr)
+    if not measured:
+        print("nothing was measured (no GPU): the layers are stored untuned; `sparseforge "
+              "cache ls` lists them; tune on the GPU to measure")
+
+
+def _run_ranks(args, ranks, entries, ns, force) -> int:
+    """One rank of an MPI job (tuner/mpi.py): its share into its own
+    database; rank 0 merges them all and prints the table.  Every rank
+    returns the same exit code."""
+    from .cache import default_path
+    from .tuner import mpi
+    from .tuner.model import tune_entry
+    db = Path(args.db) if args.db else default_path()
+    log = RankLog(sys.stderr, ranks.rank)
+    report = mpi.RankReport(ranks.rank, str(mpi.rank_db(db, ranks.rank)), "")
+    with ExitStack() as stack:
+        tuner = None
+        try:
+            cache = stack.enter_context(_open_cache(report.db))
+            tuner = _rank_tuner(args, cache, ranks, log)
+            stack.enter_context(_closing(tuner))
+            report.model = _device_label(tuner)
+        except Exception as e:  # noqa: BLE001 - every rank learns of it below
+            report.error = _sentence(e)
+        _fail_together(ranks, ranks.allgather(report.error))
+        models = ranks.allgather(report.model)
+        _fail_together(ranks, [_mixed_refusal(models, args.mixed_gpus)])
+        share = mpi.my_share(entries, ranks, models)
+        print(f"rank {ranks.rank} of {ranks.size} ({report.model}): {len(share)} of "
+              f"{len(entries)} entries, database {report.db}", file=log)
+        try:
+            for e in share:
+                row = tune_entry(tuner, e, ns, force, log)
+                report.rows.append(row.light())
+                if not e.skipped:
+                    report.names.append(e.name)
+        except Exception as e:  # noqa: BLE001 - reported by rank 0, the work so far merged
+            report.error = _sentence(e)
+        report.compiled, report.corrupt = tuner.compiled, tuner.recompiled_corrupt
+        report.phases = tuner.phases.as_dict()
+    reports = ranks.gather(report)     # each rank's database is closed by now
+    code = EXIT_OK
+    if ranks.rank == 0:
+        code = _merge_ranks(args, db, reports)
+    return ranks.bcast(code)
+
+
+def _rank_tuner(args, cache, ranks, log):
+    """This rank's tuner: on the local GPU its place on the host picks, or
+    compiling only where there is none."""
+    from . import native
+    from .tuner import mpi
+    from .tuner.gpus import gpu_count, resolve_gpus
+    device = 0
+    if native.gpu_available()[0]:
+        device = mpi.local_device(ranks, resolve_gpus(args.gpus or "all", gpu_count,
+                                                      native.gpu_available))
+    elif args.gpus is not None:
+        resolve_gpus(args.gpus, gpu_count, native.gpu_available)   # says why not
+    return _make_tuner(args, cache, device=device, log=log)
+
+
+def _mixed_refusal(models: list, mixed: bool) -> str:
+    from .tuner.gpus import check_models
+    try:
+        check_models({f"rank {r}": m for r, m in enumerate(models)}, mixed)
+    except ValueError as e:
+        return str(e)
+    return ""
+
+
+def _fail_together(ranks, errors: list) -> None:
+    """Where any rank failed, every rank stops: rank 0 with the reasons,
+    the others quietly (exit 1)."""
+    bad = [(r, e) for r, e in enumerate(errors) if e]
+    if not bad:
+        return
+    if ranks.rank != 0:
+        raise SystemExit(EXIT_ERROR)
+    if len(errors) == 1:
+        raise ValueError(bad[0][1])
+    raise ValueError("; ".join(f"rank {r}: {e}" for r, e in bad))
+
+
+def _merge_ranks(args, db: Path, reports) -> int:
+    """Rank 0: the rank databases merged into `db`, the table of every
+    rank's rows, the summary; the job's exit code."""
+    from .tuner import mpi
+    from .tuner.phases import Phases
+    with _open_cache(db) as cache:
+        added = mpi.merge_ranks(cache, reports)
+        path = cache.path
+    tables: dict = {}
+    for rep in reports:
+        tables.setdefault(rep.model, []).extend(rep.rows)
+    tables = {m: sorted(rows, key=lambda r: r.index) for m, rows in tables.items()}
+    total = Phases()
+    for rep in reports:
+        total.merge({k: v for k, v in rep.phases.items() if k not in ("wall", "other")})
+    wall = max(rep.phases.get("wall", 0.0) for rep in reports)
+    _report(args, tables, f"{path} (merged from {len(reports)} rank databases "
+            f"{mpi.rank_db(db, 0).name} .. .rank{len(reports) - 1}, kept beside it for "
+            f"resuming; {added} records added)", sum(r.compiled for r in reports),
+            sum(r.corrupt for r in reports), not all(m.startswith("none") for m in tables),
+            total.format(wall=wall, lanes=len(reports), over="ranks"))
+    failed = [r for r in reports if r.error]
+    for r in failed:
+        print(f"sparseforge {args.command}: error: rank {r.rank}: {r.error} (its work so far "
+              "is merged; run the job again to resume)", file=sys.stderr)
+    return EXIT_ERROR if failed else EXIT_OK
+
+
+class RankLog:
+    """A stream that starts every line with '[rank R] ' (MPI ranks share
+    the terminal)."""
+
+    def __init__(self, stream, rank: int):
+        self.stream, self.prefix, self._bol = stream, f"[rank {rank}] ", True
+
+    def write(self, text: str) -> int:
+        out = []
+        for piece in text.splitlines(keepends=True):
+            if self._bol:
+                out.append(self.prefix)
+            out.append(piece)
+            self._bol = piece.endswith("\n")
+        self.stream.write("".join(out))
+        return len(text)
+
+    def flush(self) -> None:
+        self.stream.flush()
+
+    def isatty(self) -> bool:
+        return False
 
 
 @contextmanager
@@ -246,16 +452,6 @@ def _closing(tuner):
         raise
     else:
         tuner.close()
-
-
-def cmd_sweep(args) -> int:
-    from .tuner.sweep import load_spec, run_sweep
-    spec = load_spec(args.spec)
-    with _open_cache(args.db) as cache:
-        tuner = _make_tuner(args, cache)
-        with _closing(tuner):
-            run_sweep(spec, tuner, log=sys.stderr)
-    return EXIT_OK
 
 
 def cmd_report(args) -> int:
@@ -375,7 +571,8 @@ def build_parser() -> argparse.ArgumentParser:
     sub.add_parser = add_parser
 
     def add_file(sp):
-        sp.add_argument("file", help="weights: .npy .npz .safetensors .mtx .smtx")
+        sp.add_argument("file", help="weights: .npy .npz .safetensors .mtx .smtx, or a model "
+                                     "recipe .toml (examples/llama_block.toml)")
         sp.add_argument("--name", help="one tensor of the file (default: every 2-D tensor)")
         sp.add_argument("--dtype", choices=["fp32", "fp16", "bf16"],
                         help="round the values to this type (default: the file's)")
@@ -417,6 +614,18 @@ def build_parser() -> argparse.ArgumentParser:
                         help="parallel NVRTC compilations (default: all cores)")
         sp.add_argument("--quick", action="store_true", help="shorter timing (fewer repetitions)")
         sp.add_argument("--seed", type=int, help="seed of the verification inputs (default: fresh)")
+        sp.add_argument("--gpus", type=_gpus,
+                        help="measure on several GPUs of this host: all, or ordinals such as "
+                             "0,1 (one worker each; under MPI, the GPUs the ranks of a host "
+                             "take one each)")
+        sp.add_argument("--mixed-gpus", action="store_true",
+                        help="allow GPUs of different models (every layer is tuned on each "
+                             "model, stored under each GPU's name)")
+        sp.add_argument("--no-early-stop", action="store_true",
+                        help="time every candidate in full (default: stop after a short probe "
+                             "one that is clearly slower than the best so far)")
+        sp.add_argument("--profile", action="store_true",
+                        help="also print each layer's searches and where their time went")
 
     sp = sub.add_parser("tune", help="tune every sparse layer of a weights file (the main job)")
     add_file(sp)

@@ -1,7 +1,18 @@
 """The measurement driver: for one matrix, family and operation, search the
-configurations for each N, compile in parallel, measure serially in the
-worker process, verify every candidate, record every trial in the cache and
-store the winners as a layer the runtime can open by name.
+configurations for each N, verify every candidate, record every trial in
+the cache and store the winners as a layer the runtime can open by name.
+
+Where the time goes (tuner/phases.py) is kept per run.  The GPU is kept
+busy: kernels are generated and compiled in a thread pool
+(tuner/compiler.py) while the worker measures the ones already compiled,
+and a strategy that knows its next batch has it compiled during the
+current one.  A kernel generated for one N bucket serves the others.  A
+matrix's search starts from the winners of the matrices of the same
+family, operation and shape already in the database (a model's twelve
+attention projections are searched once in full, then refined), and a
+candidate that a short probe shows clearly slower than the best so far
+is not timed to the end (recorded as an ok trial that says so).  Every
+candidate is verified before its time counts.
 
 Resuming is free: a trial already in the cache for this GPU, matrix,
 operation, N and configuration is returned as recorded, and a binary
@@ -14,17 +25,20 @@ import math
 import os
 import re
 import threading
-from concurrent.futures import ThreadPoolExecutor, as_completed
+import time
+from collections import OrderedDict
+from concurrent.futures import Future, as_completed
 from dataclasses import dataclass, field
 from typing import Callable, Optional
 
 import numpy as np
 
-from .. import GENERATOR_VERSION
 from ..generator.families import get_family
 from ..generator.kernel import ConfigError, Kernel, Operation, canonical_config, reference
 from ..generator.matrix import SparseMatrix, to_device_bytes
+from .compiler import Built, Compiler
 from .execute import random_input
+from .phases import Phases
 from .strategies import Budget, config_key, get_strategy, hinted
 from .worker import PeerJob, Setup, Trial, Worker
 
@@ -33,13 +47,26 @@ FULL_CHECK_LIMIT = 1 << 21
 CHECK_COLUMNS = 32
 DEFAULT_TIMING = {"warmup": 3, "min_reps": 30, "max_reps": 1000, "min_total_ms": 100.0,
                   "flush_l2": True}
+QUICK_TIMING = {"warmup": 2, "min_reps": 10, "max_reps": 200, "min_total_ms": 15.0,
+                "flush_l2": True}
 # Configurations compiled per layer and architecture where no GPU can
 # measure them, and the architectures they are compiled for (Ampere and
 # Hopper; --arch names others).
 NO_GPU_COMPILES = 8
 NO_GPU_ARCHS = ("sm_80", "sm_90a")
-QUICK_TIMING = {"warmup": 2, "min_reps": 10, "max_reps": 200, "min_total_ms": 15.0,
-                "flush_l2": True}
+# A candidate whose probe's p20 exceeds EARLY_STOP x the best median so far
+# is not timed further (tuner/worker.py `timed`).
+EARLY_STOP = 1.5
+# The automatic strategy: every configuration of a space this small (and no
+# --budget); else a greedy search of a share of the space, smaller where
+# earlier matrices of the same family, operation and shape have winners
+# (the search starts from them).
+AUTO_EXHAUSTIVE_MAX = 48
+COLD_SHARE, COLD_MIN = 4, 8
+WARM_SHARE, WARM_MIN = 16, 6
+# Bytes of generated kernels (packed weights, source, cubin) kept per layer
+# for the other N buckets, most recently used first.
+KEEP_BUILT_BYTES = 256 << 20
 
 
 @dataclass
@@ -55,6 +82,8 @@ class NResult:
     peer_error: str = ""
     trials: int = 0
     failed: int = 0
+    stopped_early: int = 0       # trials of this search whose timing stopped early
+    warm_hints: int = 0          # winners of earlier matrices it started from
 
     @property
     def speedup(self) -> float:
@@ -66,12 +95,14 @@ class LayerResult:
     name: str
     family_tag: str
     op_tag: str
-    matrix: SparseMatrix
+    matrix: Optional[SparseMatrix]
     per_n: dict = field(default_factory=dict)
     compiled: int = 0
     from_cache: bool = False
     measured: bool = True
     note: str = ""
+    gpu_name: str = ""
+    seconds: dict = field(default_factory=dict)   # per phase, where one tuner did it all
 
 
 def target_of_arch(arch: str) -> dict:
@@ -83,14 +114,80 @@ def target_of_arch(arch: str) -> dict:
     return {"arch": arch, "cc_major": int(m.group(1)), "cc_minor": int(m.group(2))}
 
 
-def _binary_key(source: str, options: str, arch: str, nvrtc: str) -> dict:
-    return {"source": source, "options": options, "arch": arch, "nvrtc_version": nvrtc,
-            "generator_version": GENERATOR_VERSION, "ptx": False}
-
-
 def untuned_gpu_name(arch: str) -> str:
     """The GPU name a layer compiled without a GPU is stored under."""
     return f"untuned ({arch})"
+
+
+class _BuiltKernels:
+    """One layer's generated and compiled kernels by configuration (futures
+    of Built), the most recently used kept up to KEEP_BUILT_BYTES, so that
+    the other N buckets neither generate nor look them up again."""
+
+    def __init__(self, limit: int = KEEP_BUILT_BYTES):
+        self.limit = limit
+        self._items: OrderedDict = OrderedDict()
+        self._lock = threading.Lock()
+
+    def get(self, key) -> Optional[Future]:
+        with self._lock:
+            fut = self._items.get(key)
+            if fut is not None:
+                self._items.move_to_end(key)
+            return fut
+
+    def put(self, key, fut: Future) -> None:
+        with self._lock:
+            self._items[key] = fut
+            total = sum(_size(f) for f in self._items.values())
+            for k in list(self._items)[:-1]:       # the oldest first; never the newest
+                if total <= self.limit:
+                    break
+                if self._items[k].done():           # what is still building stays
+                    total -= _size(self._items.pop(k))
+
+    def drain(self, wait: bool = True) -> None:
+        """Cancels what has not started building and (with `wait`) waits
+        for what has: nothing keeps compiling for a finished layer, and
+        after an interrupt nothing waits."""
+        with self._lock:
+            futures = list(self._items.values())
+        for f in futures:
+            f.cancel()
+        if wait:
+            for f in futures:
+                if not f.cancelled():
+                    f.exception()   # waits; a failure was reported to whoever asked
+
+
+def _size(fut: Future) -> int:
+    if not fut.done() or fut.cancelled() or fut.exception() is not None:
+        return 0
+    b = fut.result()
+    k = b.kernel
+    return (len(k.packed) + len(k.source) if k is not None else 0) + len(b.data or b"")
+
+
+@dataclass
+class LayerJob:
+    """One matrix being tuned under one name: what every N bucket shares."""
+    name: str
+    matrix: SparseMatrix
+    fam: object
+    params: dict
+    op: Operation
+    bias: Optional[np.ndarray]
+    fp: str
+    op_tag: str
+    result: LayerResult
+    space: list = field(default_factory=list)
+    have: dict = field(default_factory=dict)     # N bucket -> stored variant
+    fresh: dict = field(default_factory=dict)    # N bucket -> variant tuned now
+    built: _BuiltKernels = field(default_factory=_BuiltKernels)
+    compiled_before: int = 0
+
+    def generate(self, config: dict) -> Kernel:
+        return self.fam.generate(self.matrix, self.op, self.params, config, bias=self.bias)
 
 
 class Tuner:
@@ -103,9 +200,15 @@ class Tuner:
                  budget: Optional[str] = None, jobs: Optional[int] = None,
                  timing: Optional[dict] = None, worker_timeout: float = 60.0,
                  progress: Optional[Callable[[str, int, int], None]] = None,
-                 seed: Optional[int] = None, peer: bool = True, worker=None):
+                 seed: Optional[int] = None, peer: bool = True, worker=None,
+                 early_stop: Optional[float] = EARLY_STOP, compiler: Optional[Compiler] = None,
+                 device: int = 0):
         """`worker` replaces the measurement process (tests replay recorded
-        timings through it); with one, the tuner measures as on a GPU."""
+        timings through it); with one, the tuner measures as on a GPU.
+        `device`: the GPU (ordinal) the worker measures on.  `early_stop`:
+        the factor over the best median past which a candidate's timing
+        stops after its probe (None: every candidate timed in full).
+        `compiler`: a Compiler shared with other tuners (one per GPU)."""
         from .. import native
         self.native = native
         self.cache = cache
@@ -116,11 +219,15 @@ class Tuner:
         self.progress = progress or (lambda label, done, total: None)
         self.seed = seed
         self.peer = peer
+        self.early_stop = early_stop
+        self.phases = Phases()
+        self._own_compiler = compiler is None
+        self.compiler = compiler or Compiler(cache, self.jobs, self.phases)
         self.gpu, self.gpu_reason = (True, "") if worker is not None else native.gpu_available()
         self.worker = worker
         self.device = None
         if self.gpu:
-            self.worker = worker or Worker(timeout_s=worker_timeout)
+            self.worker = worker or Worker(timeout_s=worker_timeout, device=device)
             self.device = self.worker.info()
             self.env_key = cache.put_env(self.device)
         archs = [a.strip() for a in arch.split(",") if a.strip()] if arch else []
@@ -131,152 +238,157 @@ class Tuner:
         # what the kernels are generated for: the GPU, compiled for self.arch
         # (with no GPU, the arch alone: its compute capability and limits)
         self.target = dict(self.device, arch=self.arch) if self.device else target_of_arch(self.arch)
-        self.nvrtc = "%d.%d" % native.nvrtc_version()
-        self._local = threading.local()
-        self.compiled = 0
-        self.recompiled_corrupt = 0     # stored cubins that failed their sha256, replaced
+        self.nvrtc = self.compiler.nvrtc
+        self._peers: dict = {}
+
+    @property
+    def compiled(self) -> int:
+        """Kernels compiled (not found in the cache) so far."""
+        return self.compiler.compiled
+
+    @property
+    def recompiled_corrupt(self) -> int:
+        """Stored cubins that failed their sha256 and were compiled again."""
+        return self.compiler.recompiled_corrupt
 
     def close(self, kill: bool = False):
-        """Ends the measurement worker (at once with `kill`: on an interrupt)."""
+        """Ends the measurement worker (at once with `kill`: on an
+        interrupt) and the compile threads this tuner owns."""
         if self.worker is not None:
             self.worker.close(kill=kill)
-
-    # ---- compilation ------------------------------------------------------
-    def _ctx(self):
-        ctx = getattr(self._local, "ctx", None)
-        if ctx is None:
-            ctx = self._local.ctx = self.native.Context(0)
-        return ctx
-
-    def _compile_one(self, kernel: Kernel, arch: str):
-        """(cubin, binary key hex, error, key of a fresh compilation or None
-        when the cubin came from the cache, whether a corrupt stored cubin
-        was replaced).  Runs in the compile threads; the Cache binding
-        serializes its calls."""
-        from ..cache import CorruptError, binary_key_hex
-        ctx = self._ctx()
-        options = ctx.canonical_options(arch, ptx=False, options=kernel.options)
-        key = _binary_key(kernel.source, options, arch, self.nvrtc)
-        hexkey = binary_key_hex(key)
-        corrupt = False
-        try:
-            data = self.cache.get_binary(key)
-        except CorruptError:  # recompiled (and replaced, and reported), never loaded
-            data, corrupt = None, True
-        if data is not None:
-            return data, hexkey, "", None, False
-        try:
-            binary = ctx.compile(kernel.source, name=kernel.name + ".cu", arch=arch,
-                                 options=kernel.options)
-        except Exception as e:  # noqa: BLE001 - recorded as compile_fail
-            return None, hexkey, str(e), None, corrupt
-        return binary.data, hexkey, "", key, corrupt
+        if self._own_compiler:
+            self.compiler.close(kill=kill)
 
     def compile_all(self, kernels: list[Kernel], arch: Optional[str] = None,
                     label: str = "") -> list[tuple[Optional[bytes], str, str]]:
         """Compiles in parallel what the cache lacks for `arch` (default: the
-        tuner's) and stores each binary as soon as it is compiled, so that
-        an interrupted run keeps them; (cubin or None, binary key hex,
-        error) per kernel.  With `label`, the progress bar counts them."""
-        arch = arch or self.arch
-        results: list = [None] * len(kernels)
-        pool = ThreadPoolExecutor(max_workers=self.jobs)
-        try:
-            futures = {pool.submit(self._compile_one, k, arch): i for i, k in enumerate(kernels)}
-            for done, fut in enumerate(as_completed(futures), 1):
-                data, hexkey, err, fresh_key, corrupt = fut.result()
-                if fresh_key is not None:
-                    self.cache.put_binary(fresh_key, data)   # its own transaction: kept
-                    self.compiled += 1
-                    self.recompiled_corrupt += corrupt
-                results[futures[fut]] = (data, hexkey, err)
-                if label:
-                    self.progress(label, done, len(kernels))
-        except BaseException:
-            # an interrupt: stop at once; compilations already running finish
-            # in their threads but nothing waits for them
-            pool.shutdown(wait=False, cancel_futures=True)
-            raise
-        pool.shutdown(wait=True)
-        return results
+        tuner's), storing each binary as soon as it is compiled; (cubin or
+        None, binary key hex, error) per kernel.  With `label`, the
+        progress bar counts them."""
+        progress = (lambda done, total: self.progress(label, done, total)) if label else None
+        built = self.compiler.compile_all(kernels, arch or self.arch, progress)
+        return [(b.data, b.hexkey, b.error) for b in built]
 
     # ---- one matrix ---------------------------------------------------------
     def tune(self, matrix: SparseMatrix, pattern: str, params: dict, op: Operation,
              ns: list[int], name: str, bias: Optional[np.ndarray] = None,
              force: bool = False) -> LayerResult:
+        """Tunes (or, without a GPU, compiles) `matrix` for every N of `ns`
+        and stores the layer `name`."""
+        before = self.phases.snapshot()
+        job = self.begin(matrix, pattern, params, op, name, bias)
+        if not self.gpu:
+            result = self._compile_only(job, ns)
+        else:
+            try:
+                for n in ns:
+                    self.run_bucket(job, n, force)
+            except BaseException:
+                job.built.drain(wait=False)
+                raise
+            result = self.finish(job)
+        result.seconds = self.phases.since(before)
+        return result
+
+    def begin(self, matrix: SparseMatrix, pattern: str, params: dict, op: Operation,
+              name: str, bias: Optional[np.ndarray] = None) -> LayerJob:
+        """Records the matrix and prepares its search (the space, the layer
+        already stored); run_bucket per N, then finish, store the layer."""
         fam = get_family(pattern)
         tag = fam.tag(params)
         op_tag = op.tag(tag)
         fp = matrix.fingerprint()
-        result = LayerResult(name, tag, op_tag, matrix)
         self.cache.put_matrix(fp, matrix.rows, matrix.cols, matrix.nnz, matrix.dtype,
                               json.dumps({"name": name, "pattern": tag,
                                           "synthetic_values": matrix.values_synthetic}))
-        if not self.gpu:
-            return self._compile_only(fam, matrix, op, params, ns, name, bias, fp, op_tag,
-                                      result)
-        space = fam.search_space(matrix, op, params, self.target)
-        if not space:
-            raise ConfigError(f"{tag}: no valid configuration for this matrix and GPU")
-        compiled_before = self.compiled
-        # N buckets: those the stored layer has are re-timed from it (unless
-        # forced), the others tuned and added beside them
-        existing = self._existing_layer(name, fp, op_tag)
-        have = {v["n_bucket"]: v for v in existing["variants"]} if existing else {}
-        fresh = {}
-        for n in ns:
-            if n in have and not force:
-                nres, kernel = self._from_layer(have[n], n, matrix, op, bias, fp, op_tag)
-                result.from_cache = True
-            else:
-                nres, kernel = self._tune_n(fam, matrix, op, params, n, bias, space, fp, op_tag, name)
-                if kernel is not None:
-                    fresh[n] = self._variant(kernel, n)
-            if self.peer:
-                self._time_peer(nres, matrix, op)
-            result.per_n[n] = nres
-        if fresh:
-            kept = [v for b, v in have.items() if b not in fresh]
-            variants = sorted(kept + list(fresh.values()), key=lambda v: v["n_bucket"])
-            self.cache.put_layer(name, self.device["name"], fp, op_tag, matrix.rows, matrix.cols,
-                                 op.elem_size, op.elem_size, variants)
-        result.compiled = self.compiled - compiled_before
-        return result
+        job = LayerJob(name, matrix, fam, params, op, bias, fp, op_tag,
+                       LayerResult(name, tag, op_tag, matrix,
+                                   gpu_name=self.device["name"] if self.device else ""),
+                       compiled_before=self.compiled)
+        if self.gpu:
+            job.space = fam.search_space(matrix, op, params, self.target)
+            if not job.space:
+                raise ConfigError(f"{tag}: no valid configuration for this matrix and GPU")
+            existing = self._existing_layer(name, fp, op_tag)
+            job.have = {v["n_bucket"]: v for v in existing["variants"]} if existing else {}
+        return job
 
-    def _compile_only(self, fam, matrix, op, params, ns, name, bias, fp, op_tag, result):
+    def run_bucket(self, job: LayerJob, n: int, force: bool = False) -> NResult:
+        """One N bucket: re-timed from the stored layer (unless forced), else
+        searched; the peer timed beside it."""
+        if n in job.have and not force:
+            nres = self._from_layer(job, n)
+            job.result.from_cache = True
+        else:
+            nres, kernel = self._tune_n(job, n)
+            if kernel is not None:
+                job.fresh[n] = self._variant(kernel, n)
+        if self.peer:
+            self._time_peer(nres, job.matrix, job.op)
+        job.result.per_n[n] = nres
+        return nres
+
+    def finish(self, job: LayerJob) -> LayerResult:
+        """Stores the layer: the buckets tuned now beside the stored ones."""
+        job.built.drain()
+        if job.fresh:
+            kept = [v for b, v in job.have.items() if b not in job.fresh]
+            variants = sorted(kept + list(job.fresh.values()), key=lambda v: v["n_bucket"])
+            m = job.matrix
+            with self.phases("store"):
+                self.cache.put_layer(job.name, self.device["name"], job.fp, job.op_tag, m.rows,
+                                     m.cols, job.op.elem_size, job.op.elem_size, variants)
+        job.result.compiled = self.compiled - job.compiled_before
+        return job.result
+
+    def _compile_only(self, job: LayerJob, ns: list[int]) -> LayerResult:
         """No GPU: nothing can be measured.  For each architecture, compile
         the family's hints and a spread of the rest of the space (the
         budget's worth, NO_GPU_COMPILES by default), and store an untuned
         layer whose every N bucket runs the default configuration, so that
         the database holds the compiled kernels and `cache show` names
         them.  Says so in the result's note."""
+        result = job.result
         result.measured = False
-        compiled_before = self.compiled
         notes = []
         for arch in self.archs:
             target = target_of_arch(arch)
-            space = fam.search_space(matrix, op, params, target)
-            if not space:
+            picks, size = self._compile_picks(job, target)
+            if not picks:
                 notes.append(f"{arch}: no valid configuration")
                 continue
-            budget = Budget.parse(self.budget_text, len(space)).max_trials or NO_GPU_COMPILES
-            spread = [space[round(i * (len(space) - 1) / max(1, budget - 1))]
-                      for i in range(min(budget, len(space)))]
-            picks = hinted(space, fam.hint_configs(matrix, op, params, target))[:budget]
-            picks += [c for c in spread if c not in picks][:budget - len(picks)]
-            kernels = [fam.generate(matrix, op, params, c, bias=bias) for c in picks]
-            res = self.compile_all(kernels, arch, label=f"{name} {arch}")
-            bad = sum(1 for d, _, _ in res if d is None)
-            notes.append(f"{arch}: {len(picks) - bad} of {len(space)} configurations compiled"
+            label = f"{job.name} {arch}"
+            futures = [self.compiler.submit(lambda c=c: job.generate(c), arch) for c in picks]
+            res = []
+            for done, fut in enumerate(futures, 1):
+                with self.phases("wait"):
+                    res.append(fut.result())
+                self.progress(label, done, len(futures))
+            bad = sum(1 for b in res if b.data is None)
+            notes.append(f"{arch}: {len(picks) - bad} of {size} configurations compiled"
                          + (f" ({bad} failed)" if bad else ""))
-            default = kernels[0] if res[0][0] is not None else None
-            if default is not None:
-                self.cache.put_layer(name, untuned_gpu_name(arch), fp, op_tag, matrix.rows,
-                                     matrix.cols, op.elem_size, op.elem_size,
-                                     [self._variant(default, n) for n in sorted(set(ns))])
+            if res[0].data is not None:
+                m = job.matrix
+                with self.phases("store"):
+                    self.cache.put_layer(job.name, untuned_gpu_name(arch), job.fp, job.op_tag,
+                                         m.rows, m.cols, job.op.elem_size, job.op.elem_size,
+                                         [self._variant(res[0].kernel, n) for n in sorted(set(ns))])
         result.note = "no GPU, measured nothing; " + "; ".join(notes)
-        result.compiled = self.compiled - compiled_before
+        result.compiled = self.compiled - job.compiled_before
         return result
+
+    def _compile_picks(self, job: LayerJob, target: dict) -> tuple[list[dict], int]:
+        """What compile-only compiles for `target`: the family's hints, then
+        a spread of the space, the budget's worth; and the space's size."""
+        space = job.fam.search_space(job.matrix, job.op, job.params, target)
+        if not space:
+            return [], 0
+        budget = Budget.parse(self.budget_text, len(space)).max_trials or NO_GPU_COMPILES
+        spread = [space[round(i * (len(space) - 1) / max(1, budget - 1))]
+                  for i in range(min(budget, len(space)))]
+        picks = hinted(space, job.fam.hint_configs(job.matrix, job.op, job.params, target))[:budget]
+        picks += [c for c in spread if c not in picks][:budget - len(picks)]
+        return picks, len(space)
 
     def _existing_layer(self, name, fp, op_tag):
         """The stored layer `name` of this GPU, matrix and operation, or None
@@ -288,6 +400,7 @@ class Tuner:
         return None
 
     def _variant(self, kernel: Kernel, n: int) -> dict:
+        from .. import GENERATOR_VERSION
         return {"n_bucket": n, "source": kernel.source, "kernel_name": kernel.name,
                 "options": "\n".join(kernel.options), "generator_version": GENERATOR_VERSION,
                 "launch": kernel.launch, "packed": kernel.packed,
@@ -296,10 +409,10 @@ class Tuner:
     def measure(self, matrix: SparseMatrix, pattern: str, params: dict, op: Operation, n: int,
                 config: dict, bias: Optional[np.ndarray] = None) -> tuple[str, dict]:
         """One configuration measured as a trial is (fresh X, output
-        poisoned, verified against float64, then timed), outside any search
-        and not recorded: (status, info) with info's median_ms and
-        max_rel_err.  For side-by-side variants of a winner (another dtype
-        or epilogue with the same configuration)."""
+        poisoned, verified against float64, then timed in full), outside
+        any search and not recorded: (status, info) with info's median_ms
+        and max_rel_err.  For side-by-side variants of a winner (another
+        dtype or epilogue with the same configuration)."""
         if self.worker is None:
             raise RuntimeError(f"no GPU ({self.gpu_reason}): nothing to measure on")
         fam = get_family(pattern)
@@ -307,26 +420,34 @@ class Tuner:
         (cubin, _, err), = self.compile_all([kernel])
         if cubin is None:
             return "compile_fail", {"message": err}
-        self._n = n
         self._setup(matrix, op, n, bias)
-        return self._measure(kernel, cubin)
+        return self._trial(kernel, cubin, n, None)
 
-    def _setup(self, matrix, op, n, bias):
-        seed = self.seed if self.seed is not None else int.from_bytes(os.urandom(4), "little")
-        rng = np.random.default_rng(seed)
-        x = random_input(op, matrix.cols, n, rng)
-        cols = None
-        if matrix.rows * n > FULL_CHECK_LIMIT:
-            cols = np.sort(rng.choice(n, size=min(n, CHECK_COLUMNS), replace=False))
-        ref = reference(matrix, x, op, bias=bias, columns=cols)
-        self.worker.setup(Setup(op.dtype, op.layout, matrix.rows, n,
-                                to_device_bytes(x, op.dtype), cols, ref, self.timing))
+    def _setup(self, matrix, op, n, bias, timing: Optional[dict] = None):
+        """X and the float64 reference of one (matrix, N), sent to the worker."""
+        with self.phases("reference"):
+            seed = self.seed if self.seed is not None else int.from_bytes(os.urandom(4), "little")
+            rng = np.random.default_rng(seed)
+            x = random_input(op, matrix.cols, n, rng)
+            cols = None
+            if matrix.rows * n > FULL_CHECK_LIMIT:
+                cols = np.sort(rng.choice(n, size=min(n, CHECK_COLUMNS), replace=False))
+            ref = reference(matrix, x, op, bias=bias, columns=cols)
+            self.worker.setup(Setup(op.dtype, op.layout, matrix.rows, n,
+                                    to_device_bytes(x, op.dtype), cols, ref,
+                                    dict(timing or self.timing)))
 
-    def _measure(self, kernel: Kernel, cubin: bytes):
-        cfg = kernel.launch_config(self._n)
+    def _trial(self, kernel: Kernel, cubin: bytes, n: int, cutoff_ms: Optional[float]):
+        """The worker's verdict on one compiled candidate (verified, then
+        timed unless it fails), its wall time split into phases."""
+        cfg = kernel.launch_config(n)
         t = Trial(kernel.name, cubin, False, cfg["grid"], cfg["block"], cfg["shared_bytes"],
-                  kernel.packed, bool(kernel.launch["zero_output"]))
-        return self.worker.trial(t)
+                  kernel.packed, bool(kernel.launch["zero_output"]), cutoff_ms)
+        t0 = time.perf_counter()
+        status, info = self.worker.trial(t)
+        split = info.get("phases") if isinstance(info, dict) else None
+        self.phases.add_trial(time.perf_counter() - t0, split)
+        return status, info
 
     def _record(self, fp, op_tag, n, config, status, info=None, binary_key=None, message=None):
         info = info or {}
@@ -338,113 +459,210 @@ class Tuner:
                              max_error=info.get("max_rel_err", math.nan),
                              binary_key=binary_key, message=message)
 
-    def _tune_n(self, fam, matrix, op, params, n, bias, space, fp, op_tag, name):
-        known = {}
-        for t in self.cache.trials(self.env_key, fp, op_tag, n):
-            known[config_key(json.loads(t["config"]))] = t
-        self._n = n
-        nres = NResult(n)
-        ready = {"setup": False}
-        kernels: dict = {}
+    # ---- one N bucket -------------------------------------------------------
+    def warm_hints(self, job: LayerJob, n: int) -> list[dict]:
+        """The winners for N of the other matrices of the same shape and
+        operation (family included) measured on this GPU, the most frequent
+        first (then the most recent): where this matrix's search starts."""
+        shape = (job.matrix.rows, job.matrix.cols)
+        same = {m["fingerprint"] for m in self.cache.matrices()
+                if (m["rows"], m["cols"]) == shape and m["fingerprint"] != job.fp}
+        if not same:
+            return []
+        count: dict = {}
+        latest: dict = {}
+        seen = set()
+        for t in self.cache.trials(self.env_key, None, job.op_tag, n):
+            # within one matrix, trials come best first: its first ok one won
+            if t["matrix_fp"] in same and t["matrix_fp"] not in seen and t["status"] == "ok":
+                seen.add(t["matrix_fp"])
+                count[t["config"]] = count.get(t["config"], 0) + 1
+                latest[t["config"]] = max(latest.get(t["config"], 0.0), t["created"])
+        order = sorted(count, key=lambda c: (-count[c], -latest[c], c))
+        return [json.loads(c) for c in order]
 
-        def evaluate(batch: list[dict]) -> list[float]:
-            out = [None] * len(batch)
-            todo = []
-            for i, c in enumerate(batch):
-                t = known.get(config_key(c))
-                if t is not None:
-                    out[i] = t["median_ms"] if t["status"] == "ok" else math.inf
-                else:
-                    todo.append(i)
-            gen = []
-            for i in todo:
-                try:
-                    gen.append((i, fam.generate(matrix, op, params, batch[i], bias=bias)))
-                except ConfigError as e:
-                    self._record(fp, op_tag, n, batch[i], "compile_fail", message=str(e))
-                    out[i] = math.inf
-            compiled = self.compile_all([k for _, k in gen]) if gen else []
-            for (i, kernel), (cubin, hexkey, err) in zip(gen, compiled):
-                kernels[config_key(batch[i])] = kernel
-                if cubin is None:
-                    self._record(fp, op_tag, n, batch[i], "compile_fail", binary_key=hexkey,
-                                 message=err[:4000])
-                    out[i] = math.inf
-                    continue
-                if not ready["setup"]:
-                    self._setup(matrix, op, n, bias)
-                    ready["setup"] = True
-                status, info = self._measure(kernel, cubin)
-                if status == "ok":
-                    self._record(fp, op_tag, n, batch[i], "ok", info, hexkey)
-                    out[i] = info["median_ms"]
-                elif status == "wrong":
-                    self._record(fp, op_tag, n, batch[i], "wrong", info, hexkey,
-                                 message=f"error {info['norm_rel_err']:.3g} > tol {info['tol']:.3g}, "
-                                         f"{info['unwritten']} unwritten")
-                    out[i] = math.inf
-                else:
-                    self._record(fp, op_tag, n, batch[i], status, None, hexkey, message=str(info)[:4000])
-                    out[i] = math.inf
-                self._done += 1
-                self.progress(f"{name} N={n}", self._done, self._total)
-            budget.trials += len(batch)
-            return out
-
-        budget = Budget.parse(self.budget_text, len(space))
+    def _search_plan(self, space_size: int, warm: bool) -> tuple[str, Budget]:
+        """The strategy and budget of one search (see AUTO_* above)."""
+        budget = Budget.parse(self.budget_text, space_size)
         strat = self.strategy
         if strat == "auto":
-            strat = "exhaustive" if len(space) <= 48 and self.budget_text is None else "greedy"
+            strat = ("exhaustive" if space_size <= AUTO_EXHAUSTIVE_MAX and self.budget_text is None
+                     else "greedy")
             if strat == "greedy" and budget.max_trials is None and budget.max_seconds is None:
-                budget = Budget(max_trials=max(8, math.ceil(len(space) / 4)))
-        self._done = 0
-        self._total = budget.max_trials or len(space)
-        get_strategy(strat).run(space, evaluate, budget, seed=0,
-                                hints=fam.hint_configs(matrix, op, params, self.target))
+                share, least = (WARM_SHARE, WARM_MIN) if warm else (COLD_SHARE, COLD_MIN)
+                budget = Budget(max_trials=max(least, math.ceil(space_size / share)))
+        return strat, budget
 
-        trials = self.cache.trials(self.env_key, fp, op_tag, n)
-        nres.trials = len(trials)
+    def _tune_n(self, job: LayerJob, n: int):
+        warm = hinted(job.space, self.warm_hints(job, n))
+        strat, budget = self._search_plan(len(job.space), bool(warm))
+        search = _Search(self, job, n, budget)
+        hints = warm + job.fam.hint_configs(job.matrix, job.op, job.params, self.target)
+        get_strategy(strat).run(job.space, search, budget, seed=0, hints=hints)
+
+        trials = self.cache.trials(self.env_key, job.fp, job.op_tag, n)
+        nres = NResult(n, trials=len(trials), stopped_early=search.stopped_early,
+                       warm_hints=len(warm))
         nres.failed = sum(1 for t in trials if t["status"] != "ok")
         ok = [t for t in trials if t["status"] == "ok"]
         if not ok:
             return nres, None
         best = min(ok, key=lambda t: t["median_ms"])
         cfg = json.loads(best["config"])
-        kernel = kernels.get(config_key(cfg)) or fam.generate(matrix, op, params, cfg, bias=bias)
+        fut = job.built.get(config_key(cfg))
+        kernel = fut.result().kernel if fut is not None and fut.done() else None
+        kernel = kernel or job.generate(cfg)
         nres.config, nres.kernel_name = cfg, kernel.name
         nres.median_ms, nres.p20_ms, nres.p80_ms = best["median_ms"], best["p20_ms"], best["p80_ms"]
         nres.max_error = best["max_error"]
         return nres, kernel
 
-    def _from_layer(self, v, n, matrix, op, bias, fp, op_tag):
-        """Re-times a stored winner `v` (its cubin from the cache) for the table."""
+    def build(self, job: LayerJob, config: dict) -> Future:
+        """A future of `config`'s kernel for this layer, generated and
+        compiled once for every N bucket."""
+        key = config_key(config)
+        fut = job.built.get(key)
+        if fut is None or fut.cancelled():
+            fut = self.compiler.submit(lambda: job.generate(config), self.arch)
+            job.built.put(key, fut)
+        return fut
+
+    def _from_layer(self, job: LayerJob, n: int) -> NResult:
+        """Re-times a stored winner (its cubin from the cache) for the table,
+        with the quick protocol."""
+        v = job.have[n]
         cfg = json.loads(v["config"])
         kernel = Kernel(v["kernel_name"], v["source"], v["packed"], v["launch"],
                         tuple(o for o in v["options"].split("\n") if o), cfg)
         nres = NResult(n, cfg, kernel.name)
-        cubin, _, err = self.compile_all([kernel])[0]
+        with self.phases("store"):
+            cubin, _, err = self.compile_all([kernel])[0]
         if cubin is None:
             nres.peer_error = err
-            return nres, kernel
-        self._n = n
-        self._setup(matrix, op, n, bias)
-        status, info = self._measure(kernel, cubin)
+            return nres
+        self._setup(job.matrix, job.op, n, job.bias, timing=QUICK_TIMING)
+        status, info = self._trial(kernel, cubin, n, None)
         if status == "ok":
             nres.median_ms, nres.p20_ms, nres.p80_ms = info["median_ms"], info["p20_ms"], info["p80_ms"]
             nres.max_error = info["max_rel_err"]
-        trials = self.cache.trials(self.env_key, fp, op_tag, n)
+        trials = self.cache.trials(self.env_key, job.fp, job.op_tag, n)
         nres.trials = len(trials)
         nres.failed = sum(1 for t in trials if t["status"] != "ok")
-        return nres, kernel
+        return nres
 
     def _time_peer(self, nres: NResult, matrix: SparseMatrix, op: Operation):
-        status, info = self.worker.peer(PeerJob(op.dtype, op.layout, matrix.rows, nres.n,
-                                                matrix.cols, self.timing))
+        """cuBLAS on the same shape, timed once per shape and N in a run."""
+        key = (op.dtype, op.layout, matrix.rows, nres.n, matrix.cols)
+        if key not in self._peers:
+            with self.phases("peer"):
+                self._peers[key] = self.worker.peer(PeerJob(op.dtype, op.layout, matrix.rows,
+                                                            nres.n, matrix.cols, self.timing))
+            status, info = self._peers[key]
+            if status == "ok":
+                self.cache.put_trial(self.env_key, "dense", f"cublas.{op.dtype}.{op.layout}",
+                                     nres.n, json.dumps({"m": matrix.rows, "k": matrix.cols}),
+                                     "ok", median_ms=info["median_ms"], p20_ms=info["p20_ms"],
+                                     p80_ms=info["p80_ms"], min_ms=info["min_ms"],
+                                     reps=info["reps"])
+        status, info = self._peers[key]
         if status == "ok":
             nres.peer_ms = info["median_ms"]
-            self.cache.put_trial(self.env_key, "dense", f"cublas.{op.dtype}.{op.layout}",
-                                 nres.n, json.dumps({"m": matrix.rows, "k": matrix.cols}), "ok",
-                                 median_ms=info["median_ms"], p20_ms=info["p20_ms"],
-                                 p80_ms=info["p80_ms"], min_ms=info["min_ms"], reps=info["reps"])
         else:
             nres.peer_error = str(info)
+
+
+class _Search:
+    """The `evaluate` of one (matrix, N) search (tuner/strategies): known
+    trials come back as recorded; the others are built in the compile
+    threads and each is measured as soon as it is compiled, while the rest
+    of the batch (and what `prefetch` named) compiles."""
+
+    def __init__(self, tuner: Tuner, job: LayerJob, n: int, budget: Budget):
+        self.tuner, self.job, self.n, self.budget = tuner, job, n, budget
+        self.known = {config_key(json.loads(t["config"])): t
+                      for t in tuner.cache.trials(tuner.env_key, job.fp, job.op_tag, n)}
+        self.best = min((t["median_ms"] for t in self.known.values() if t["status"] == "ok"),
+                        default=math.inf)
+        self.pending: dict = {}
+        self.ready = False
+        self.done = 0
+        self.total = budget.max_trials or len(job.space)
+        self.stopped_early = 0
+        self.label = f"{job.name} N={n}"
+
+    def prefetch(self, configs: list[dict]) -> None:
+        """Starts building `configs` (the strategy's next batch)."""
+        for c in configs:
+            k = config_key(c)
+            if k not in self.known and k not in self.pending:
+                self.pending[k] = self.tuner.build(self.job, c)
+
+    def __call__(self, batch: list[dict]) -> list[float]:
+        out = [math.inf] * len(batch)
+        waiting = {}
+        for i, c in enumerate(batch):
+            k = config_key(c)
+            t = self.known.get(k)
+            if t is not None:
+                out[i] = t["median_ms"] if t["status"] == "ok" else math.inf
+                continue
+            fut = self.pending.pop(k, None) or self.tuner.build(self.job, c)
+            waiting[fut] = i
+        for fut in self._as_built(waiting):
+            i = waiting[fut]
+            out[i] = self._measure(batch[i], fut.result())
+        self.budget.trials += len(batch)
+        return out
+
+    def _as_built(self, futures):
+        """The futures as they complete; the time spent waiting for them is
+        the "wait" phase."""
+        it = as_completed(futures)
+        while True:
+            t0 = time.perf_counter()
+            try:
+                fut = next(it)
+            except StopIteration:
+                return
+            finally:
+                self.tuner.phases.add("wait", time.perf_counter() - t0)
+            yield fut
+
+    def _measure(self, config: dict, built: Built) -> float:
+        """Verifies and times one built candidate, records the trial; its
+        median or inf."""
+        t, job, n = self.tuner, self.job, self.n
+        if built.kernel is None:      # the family refused the configuration
+            t._record(job.fp, job.op_tag, n, config, "compile_fail", message=built.error)
+            return math.inf
+        if built.data is None:
+            t._record(job.fp, job.op_tag, n, config, "compile_fail", binary_key=built.hexkey,
+                      message=built.error[:4000])
+            return math.inf
+        if not self.ready:
+            t._setup(job.matrix, job.op, n, job.bias)
+            self.ready = True
+        cutoff = (t.early_stop * self.best
+                  if t.early_stop and math.isfinite(self.best) else None)
+        status, info = t._trial(built.kernel, built.data, n, cutoff)
+        value = math.inf
+        if status == "ok":
+            message = None
+            if info.get("stopped_early"):
+                self.stopped_early += 1
+                message = (f"stopped early after {info['reps']} repetitions: p20 "
+                           f"{info['p20_ms']:.4g} ms > {info['cutoff_ms']:.4g} ms "
+                           f"({t.early_stop:g} x the best median so far); verified")
+            t._record(job.fp, job.op_tag, n, config, "ok", info, built.hexkey, message=message)
+            value = info["median_ms"]
+            self.best = min(self.best, value)
+        elif status == "wrong":
+            t._record(job.fp, job.op_tag, n, config, "wrong", info, built.hexkey,
+                      message=f"error {info['norm_rel_err']:.3g} > tol {info['tol']:.3g}, "
+                              f"{info['unwritten']} unwritten")
+        else:
+            t._record(job.fp, job.op_tag, n, config, status, None, built.hexkey,
+                      message=str(info)[:4000])
+        self.done += 1
+        t.progress(self.label, self.done, self.total)
+        return value

@@ -5,8 +5,8 @@ from __future__ import annotations
 import math
 import sys
 import time
-from dataclasses import dataclass
-from typing import Optional
+from dataclasses import dataclass, replace
+from typing import Callable, Optional
 
 from ..generator.families import auto_pattern, family_of, parse_pattern
 from ..generator.kernel import Epilogue, Operation
@@ -29,9 +29,9 @@ def op_for(pattern: str, matrix: SparseMatrix, activation: str = "none",
 class Progress:
     """A one-line progress bar on a terminal, periodic lines otherwise."""
 
-    def __init__(self, stream=sys.stderr):
-        self.stream = stream
-        self.tty = stream.isatty()
+    def __init__(self, stream=None):
+        self.stream = stream or sys.stderr      # the one in use now, not at import
+        self.tty = self.stream.isatty()
         self.last = 0.0
 
     def __call__(self, label: str, done: int, total: int):
@@ -55,16 +55,50 @@ class ModelRow:
     name: str
     result: Optional[LayerResult]
     skipped: str = ""
+    index: int = 0          # the layer's position in the model (or the sweep)
+
+    def light(self) -> "ModelRow":
+        """The row without its matrix (to send it to another process)."""
+        if self.result is None:
+            return self
+        return ModelRow(self.name, replace(self.result, matrix=None), self.skipped, self.index)
 
 
-def tune_model(matrices: list[tuple[str, SparseMatrix]], tuner: Tuner, ns: list[int],
-               pattern: Optional[str] = None, activation: str = "none", layout: str = "fm",
-               force: bool = False, log=sys.stderr) -> list[ModelRow]:
-    rows: list[ModelRow] = []
-    done: dict = {}
-    for name, m in matrices:
+@dataclass
+class Entry:
+    """One layer of a model (or point of a sweep) as the tuning sees it:
+    skipped (dense), or a matrix to tune under `name`.  Entries with one
+    `key` (the same matrix, pattern and operation) are tuned once: the
+    first, then the others from its trials (`first` names it)."""
+    index: int
+    name: str
+    matrix: Optional[SparseMatrix] = None
+    skipped: str = ""
+    pattern: str = ""
+    op: Optional[Operation] = None
+    key: tuple = ()
+    first: str = ""
+    cost: float = 0.0       # the work it is expected to take, for sharing it out
+    make: Optional[Callable[[], SparseMatrix]] = None   # the matrix, made when needed
+
+    def get_matrix(self) -> SparseMatrix:
+        if self.matrix is None:
+            self.matrix = self.make()
+        return self.matrix
+
+
+def plan_model(matrices: list[tuple[str, SparseMatrix]], pattern: Optional[str] = None,
+               activation: str = "none", layout: str = "fm", log=None) -> list[Entry]:
+    """Each 2-D weight's entry: dense ones skipped (unless --pattern), the
+    family each fits, identical matrices tied to the first; a note where
+    an explicit pattern meets a dense or non-fitting matrix (on `log`,
+    stderr by default)."""
+    log = log or sys.stderr
+    entries: list[Entry] = []
+    firsts: dict = {}
+    for index, (name, m) in enumerate(matrices):
         if pattern is None and m.density >= SPARSE_DENSITY_LIMIT:
-            rows.append(ModelRow(name, None, f"dense (density {m.density:.2f})"))
+            entries.append(Entry(index, name, m, skipped=f"dense (density {m.density:.2f})"))
             continue
         pat = pattern or auto_pattern(m)
         fam, params = parse_pattern(pat)
@@ -77,19 +111,62 @@ def tune_model(matrices: list[tuple[str, SparseMatrix]], tuner: Tuner, ns: list[
                   f"{pat} exactly; tuning it as {pat} as asked (the family stores what it "
                   f"must, or refuses the matrix)", file=log)
         key = (m.fingerprint(), pat, op)
-        if key in done:
-            # identical matrix: tuned once, stored again under this name
-            first = done[key]
-            res = tuner.tune(m, fam, params, op, ns, name, force=False)
-            res.note = f"same matrix as {first}"
-            rows.append(ModelRow(name, res))
-            continue
-        print(f"tuning {name}: {m.rows}x{m.cols} density {m.density:.3f} as {pat} ({op.dtype})",
-              file=log)
-        res = tuner.tune(m, fam, params, op, ns, name, force=force)
-        done[key] = name
-        rows.append(ModelRow(name, res))
-    return rows
+        first = firsts.setdefault(key, name)
+        entries.append(Entry(index, name, m, pattern=pat, op=op, key=key,
+                             first="" if first == name else first, cost=float(max(1, m.nnz))))
+    return entries
+
+
+def tune_entry(tuner: Tuner, entry: Entry, ns: list[int], force: bool = False,
+               log=None) -> ModelRow:
+    """One entry on one tuner: skipped, tuned, or (a copy of an earlier
+    matrix) served from its trials and stored under its own name.  Says
+    what it tunes on `log` (stderr by default)."""
+    log = log or sys.stderr
+    if entry.skipped:
+        return ModelRow(entry.name, None, entry.skipped, entry.index)
+    m = entry.get_matrix()
+    fam, params = parse_pattern(entry.pattern)
+    if entry.first:
+        res = tuner.tune(m, fam, params, entry.op, ns, entry.name, force=False)
+        res.note = f"same matrix as {entry.first}"
+    else:
+        print(f"tuning {entry.name}: {m.rows}x{m.cols} density {m.density:.3f} as "
+              f"{entry.pattern} ({entry.op.dtype})", file=log)
+        res = tuner.tune(m, fam, params, entry.op, ns, entry.name, force=force)
+    return ModelRow(entry.name, res, index=entry.index)
+
+
+def tune_entries(entries: list[Entry], tuner: Tuner, ns: list[int], force: bool = False,
+                 log=None) -> list[ModelRow]:
+    return [tune_entry(tuner, e, ns, force, log) for e in entries]
+
+
+def tune_model(matrices: list[tuple[str, SparseMatrix]], tuner: Tuner, ns: list[int],
+               pattern: Optional[str] = None, activation: str = "none", layout: str = "fm",
+               force: bool = False, log=None) -> list[ModelRow]:
+    return tune_entries(plan_model(matrices, pattern, activation, layout, log), tuner, ns,
+                        force, log)
+
+
+def shard(entries: list[Entry], size: int) -> list[int]:
+    """The rank (0 .. size-1) of each entry, the same on every rank: the
+    tuned matrices by decreasing cost, each to the least loaded rank (ties
+    to the lowest), an identical matrix to its first's rank, skipped
+    entries to rank 0 (which lists them)."""
+    ranks = [0] * len(entries)
+    load = [0.0] * size
+    of_key: dict = {}
+    primaries = sorted((e for e in entries if not e.skipped and not e.first),
+                       key=lambda e: (-e.cost, e.index))
+    for e in primaries:
+        r = min(range(size), key=lambda i: (load[i], i))
+        load[r] += e.cost
+        of_key[e.key] = r
+    for i, e in enumerate(entries):
+        if not e.skipped:
+            ranks[i] = of_key[e.key]
+    return ranks
 
 
 def _fmt(v: float, spec: str) -> str:
@@ -115,3 +192,24 @@ def format_table(rows: list[ModelRow], device_name: str) -> str:
                        f"{_fmt(nr.speedup, '6.2f') + 'x' if nr.speedup == nr.speedup else '      -'} "
                        f"{_fmt(nr.max_error, '8.1e')}")
     return "\n".join(out)
+
+
+def format_profile(rows: list[ModelRow]) -> str:
+    """--profile: each layer's searches (trials, failures, timings stopped
+    early, winners of earlier matrices it started from) and, where one
+    tuner did all of it, where its time went."""
+    out = []
+    for row in rows:
+        r = row.result
+        if r is None or not r.measured:
+            continue
+        for n, nr in sorted(r.per_n.items()):
+            out.append(f"  {row.name[:40]:40s} N={n:<6d} {nr.trials:4d} trials ({nr.failed} failed, "
+                       f"{nr.stopped_early} stopped early), {nr.warm_hints} earlier winners")
+        if r.seconds:
+            spent = ", ".join(f"{p} {s:.2f}" for p, s in r.seconds.items() if s >= 0.005)
+            out.append(f"  {row.name[:40]:40s} {spent or 'no time in any phase'}")
+    if not out:
+        return "profile: nothing was measured"
+    return "\n".join(["profile: per layer and N, trials (failed, stopped early) and the "
+                      "earlier winners the search started from; seconds per phase"] + out)

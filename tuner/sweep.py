@@ -12,9 +12,6 @@ TOML spec; every trial goes into the cache.
 """
 from __future__ import annotations
 
-import sys
-import tomllib
-
 from ..generator.families import family_of
 from ..generator.kernel import Epilogue, Operation
 
@@ -22,18 +19,9 @@ SPEC_KEYS = {"families", "densities", "shapes", "n", "dtype", "seed", "activatio
 
 
 def load_spec(path: str) -> dict:
-    try:
-        with open(path, "rb") as f:
-            spec = tomllib.load(f)
-    except (tomllib.TOMLDecodeError, UnicodeDecodeError) as e:
-        raise ValueError(f"{path}: not a valid TOML sweep spec: {e}") from None
-    except IsADirectoryError:
-        raise ValueError(f"{path}: is a directory, not a sweep spec") from None
-    except OSError as e:
-        raise ValueError(f"{path}: cannot read it: {e.strerror}") from None
-    unknown = set(spec) - SPEC_KEYS
-    if unknown:
-        raise ValueError(f"{path}: unknown keys {sorted(unknown)}; allowed: {sorted(SPEC_KEYS)}")
+    from ..generator.recipe import no_unknown_keys, read_toml
+    spec = read_toml(path, "sweep spec")
+    no_unknown_keys(spec, SPEC_KEYS, path)
     for key in ("families", "shapes", "n"):
         if key not in spec:
             raise ValueError(f"{path}: missing '{key}'")
@@ -50,26 +38,40 @@ def load_spec(path: str) -> dict:
     return spec
 
 
-def sweep_matrices(spec: dict):
-    """(layer name, pattern, matrix) for every point of the sweep: random
-    patterns of each family (generator.synth), values standard normal."""
-    from ..generator.synth import random_matrix
+def sweep_entries(spec: dict) -> list:
+    """Every point of the sweep as a tuning entry (tuner/model.py), its
+    matrix made when it is tuned: a random pattern of the family
+    (generator.synth) with standard normal values."""
+    from .model import Entry
+    entries = []
     for m, k in spec["shapes"]:
         for pattern in spec["families"]:
             fam, params = family_of(pattern)
+            dtype = fam.dtype_for(spec["dtype"])
+            op = Operation(dtype, spec["layout"], Epilogue(activation=spec["activation"]))
             for d in fam.densities(params, spec["densities"]):
-                mat = random_matrix(pattern, m, k, d, fam.dtype_for(spec["dtype"]),
-                                    seed=spec["seed"])
-                yield f"sweep/{pattern}/d{d:g}/{m}x{k}", pattern, mat
+                name = f"sweep/{pattern}/d{d:g}/{m}x{k}"
+                entries.append(Entry(len(entries), name, pattern=pattern, op=op,
+                                     key=(name,), cost=float(m * k * d),
+                                     make=_maker(pattern, m, k, d, dtype, spec["seed"])))
+    return entries
 
 
-def run_sweep(spec: dict, tuner, log=sys.stderr):
-    from .model import format_table, ModelRow
-    rows = []
-    for name, pattern, mat in sweep_matrices(spec):
-        fam, params = family_of(pattern)
-        op = Operation(mat.dtype, spec["layout"], Epilogue(activation=spec["activation"]))
-        print(f"sweep: {name} ({mat.nnz} nonzeros)", file=log)
-        rows.append(ModelRow(name, tuner.tune(mat, fam.name, params, op, spec["n"], name)))
-    print(format_table(rows, tuner.device["name"] if tuner.device else f"none ({tuner.arch})"))
-    return rows
+def _maker(pattern, m, k, d, dtype, seed):
+    def make():
+        from ..generator.synth import random_matrix
+        return random_matrix(pattern, m, k, d, dtype, seed=seed)
+    return make
+
+
+def sweep_matrices(spec: dict):
+    """(layer name, pattern, matrix) for every point of the sweep."""
+    for e in sweep_entries(spec):
+        yield e.name, e.pattern, e.get_matrix()
+
+
+def run_sweep(spec: dict, tuner, log=None, entries=None):
+    """Tunes the sweep's points (`entries`: a share of them); their rows."""
+    from .model import tune_entries
+    return tune_entries(sweep_entries(spec) if entries is None else entries, tuner, spec["n"],
+                        log=log)

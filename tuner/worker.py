@@ -7,9 +7,18 @@ fault the worker exits; after a hang the tuner kills it; either way the
 trial is recorded as failed and a fresh worker is started, set up again
 with the same inputs, and the search goes on.
 
+Each worker owns one GPU, by ordinal (one worker per GPU where a run
+uses several).
+
+Every trial is verified before it is timed.  A trial may carry a cutoff:
+after a short probe (PROBE_REPS repetitions) whose 20th percentile
+exceeds it, the candidate is clearly slower than the best so far and its
+timing stops there; it is still an "ok" trial, with the probe's times and
+`stopped_early` set (see `timed`).
+
 Protocol (pickled tuples over a multiprocessing Pipe):
   ("setup", Setup)  -> ("ok", None)
-  ("trial", Trial)  -> ("ok", {timing..., errors...}) | ("wrong", {...})
+  ("trial", Trial)  -> ("ok", {timing..., errors..., phases}) | ("wrong", {...})
                        | ("launch_fail", message)
   ("peer", PeerJob) -> ("ok", {timing...}) | ("error", message)
   ("info", None)    -> ("ok", device_info dict)
@@ -17,12 +26,17 @@ Protocol (pickled tuples over a multiprocessing Pipe):
 """
 from __future__ import annotations
 
+import math
 import multiprocessing as mp
+import time
 import traceback
 from dataclasses import dataclass, field
-from typing import Any, Optional
+from typing import Any, Callable, Optional
 
 import numpy as np
+
+# Repetitions of the probe that decides an early stop.
+PROBE_REPS = 5
 
 
 @dataclass
@@ -47,6 +61,7 @@ class Trial:
     shared_bytes: int
     packed: bytes
     zero_output: bool
+    cutoff_ms: Optional[float] = None   # stop timing early above this (see timed)
 
 
 @dataclass
@@ -63,11 +78,39 @@ def _elem(dtype: str) -> int:
     return 4 if dtype == "fp32" else 2
 
 
+def timed(time_fn: Callable[..., dict], timing: dict, cutoff_ms: Optional[float]) -> dict:
+    """The timing of one verified candidate: `time_fn(**timing)` (the
+    context's timer), unless a probe of PROBE_REPS repetitions shows it
+    clearly slower than the best so far (its p20 above `cutoff_ms`): then
+    the probe's times, with stopped_early and cutoff_ms.  No cutoff (None,
+    or not a positive finite number): the full timing alone."""
+    if cutoff_ms is not None and math.isfinite(cutoff_ms) and cutoff_ms > 0:
+        probe = time_fn(**dict(timing, min_reps=PROBE_REPS, max_reps=PROBE_REPS,
+                               min_total_ms=0.0))
+        if probe["p20_ms"] > cutoff_ms:
+            return {**probe, "stopped_early": True, "cutoff_ms": cutoff_ms}
+    return {**time_fn(**timing), "stopped_early": False}
+
+
+def checked_output(raw: bytes, s: Setup) -> np.ndarray:
+    """The part of Y (device bytes, as downloaded) that the reference
+    covers, as float32 in Y's orientation: the check columns alone are
+    converted (all of Y where every column is checked)."""
+    from ..generator.matrix import from_device_bytes
+    shape = (s.rows, s.n) if s.layout == "fm" else (s.n, s.rows)
+    raw_y = np.frombuffer(raw, dtype=np.uint32 if _elem(s.dtype) == 4 else np.uint16,
+                          count=s.rows * s.n).reshape(shape)
+    if s.check_columns is not None:
+        raw_y = raw_y[:, s.check_columns] if s.layout == "fm" else raw_y[s.check_columns, :]
+    return from_device_bytes(np.ascontiguousarray(raw_y).tobytes(), s.dtype,
+                             raw_y.size).reshape(raw_y.shape)
+
+
 class _State:
-    def __init__(self):
+    def __init__(self, device: int = 0):
         from .. import native
         self.native = native
-        self.ctx = native.Context(0)
+        self.ctx = native.Context(device)
         self.setup: Optional[Setup] = None
         self.x = None
         self.y = None
@@ -81,30 +124,34 @@ class _State:
         self.y = self.ctx.alloc(max(1, s.rows * s.n * _elem(s.dtype)))
 
     def do_trial(self, t: Trial):
-        from ..generator.matrix import from_device_bytes
         from .execute import POISON, compare
         s = self.setup
+        t0 = time.perf_counter()
         binary = self.native.Binary.from_bytes(t.binary, ptx=t.ptx)
         module = self.ctx.load(binary)
         fn = module.kernel(t.name)
         attrs = fn.attributes()
         packed = self.ctx.upload(t.packed if t.packed else b"\0" * 16)
+        t1 = time.perf_counter()
         try:
             nbytes = s.rows * s.n * _elem(s.dtype)
             self.ctx.memset(self.y, 0 if t.zero_output else POISON)
             args = [packed, self.x, self.y, s.n]
             self.ctx.launch(fn, t.grid, t.block, args, sig="PPPi", shared=t.shared_bytes)
             self.ctx.synchronize()
-            y = from_device_bytes(self.ctx.download(self.y, nbytes), s.dtype, s.rows * s.n)
-            y = y.reshape((s.rows, s.n) if s.layout == "fm" else (s.n, s.rows))
-            if s.check_columns is not None:
-                y = y[:, s.check_columns] if s.layout == "fm" else y[s.check_columns, :]
+            y = checked_output(self.ctx.download(self.y, nbytes), s)
             err = compare(y, s.reference, s.dtype)
+            t2 = time.perf_counter()
             if not err["ok"]:
-                return "wrong", {**err, "attrs": attrs}
-            timing = self.ctx.time(fn, t.grid, t.block, args, sig="PPPi",
-                                   shared=t.shared_bytes, **s.timing)
-            return "ok", {**timing, **err, "attrs": attrs}
+                return "wrong", {**err, "attrs": attrs,
+                                 "phases": {"load": t1 - t0, "verify": t2 - t1}}
+
+            def time_fn(**timing):
+                return self.ctx.time(fn, t.grid, t.block, args, sig="PPPi",
+                                     shared=t.shared_bytes, **timing)
+            timing = timed(time_fn, s.timing, t.cutoff_ms)
+            phases = {"load": t1 - t0, "verify": t2 - t1, "time": time.perf_counter() - t2}
+            return "ok", {**timing, **err, "attrs": attrs, "phases": phases}
         finally:
             for release in (packed.free, module.unload):
                 try:
@@ -116,7 +163,7 @@ class _State:
         return "ok", self.ctx.time_gemm(p.dtype, p.m, p.n, p.k, layout="best", **p.timing)
 
 
-def _serve(conn):
+def _serve(conn, device: int = 0):
     state = None
     while True:
         try:
@@ -127,7 +174,7 @@ def _serve(conn):
             return
         try:
             if state is None:
-                state = _State()
+                state = _State(device)
             if kind == "info":
                 conn.send(("ok", state.ctx.device_info()))
             elif kind == "setup":
@@ -162,10 +209,12 @@ def _context_dead(e: Exception) -> bool:
 
 
 class Worker:
-    """The tuner's handle on a worker process; restarts it after a fault."""
+    """The tuner's handle on a worker process for GPU `device` (an ordinal);
+    restarts it after a fault."""
 
-    def __init__(self, timeout_s: float = 60.0):
+    def __init__(self, timeout_s: float = 60.0, device: int = 0):
         self.timeout_s = timeout_s
+        self.device = device
         self._ctx = mp.get_context("spawn")
         self._proc = None
         self._conn = None
@@ -174,7 +223,7 @@ class Worker:
 
     def _start(self):
         parent, child = self._ctx.Pipe()
-        self._proc = self._ctx.Process(target=_serve, args=(child,), daemon=True)
+        self._proc = self._ctx.Process(target=_serve, args=(child, self.device), daemon=True)
         self._proc.start()
         child.close()
         self._conn = parent

@@ -3,7 +3,6 @@ timings: resume after an interruption, no re-measurement, no recompilation,
 failed trials recorded, winners stored as a layer.  Compiles for real with
 NVRTC (no GPU needed)."""
 import json
-import zlib
 
 import numpy as np
 import pytest
@@ -14,45 +13,7 @@ from sparseforge.generator.kernel import Operation
 from sparseforge.generator.matrix import SparseMatrix
 from sparseforge.tuner.driver import Tuner
 
-DEVICE = {"name": "Replay GPU", "cc_major": 9, "cc_minor": 0, "arch": "sm_90a", "sm_count": 132,
-          "l2_bytes": 50 << 20, "smem_per_block_optin": 232448, "smem_per_sm": 233472,
-          "regs_per_block": 65536, "max_threads_per_block": 1024, "clock_khz": 1980000,
-          "driver_version": 13000, "total_mem_bytes": 80 << 30}
-
-
-class ReplayWorker:
-    """Answers like tuner.worker.Worker, from a deterministic timing per kernel."""
-
-    def __init__(self, interrupt_after=None, fail_names=()):
-        self.trials = []
-        self.interrupt_after = interrupt_after
-        self.fail_names = set(fail_names)
-        self.setups = 0
-
-    def info(self):
-        return dict(DEVICE)
-
-    def setup(self, s):
-        self.setups += 1
-
-    def trial(self, t):
-        if self.interrupt_after is not None and len(self.trials) >= self.interrupt_after:
-            raise KeyboardInterrupt
-        self.trials.append(t.name)
-        if any(f in t.name for f in self.fail_names):
-            return "launch_fail", "CUDA_ERROR_ILLEGAL_ADDRESS: an illegal memory access"
-        ms = 0.01 + (zlib.crc32(t.name.encode()) % 1000) / 1e4
-        return "ok", {"median_ms": ms, "p20_ms": ms * 0.98, "p80_ms": ms * 1.02, "min_ms": ms * 0.95,
-                      "mean_ms": ms, "reps": 30, "max_rel_err": 1e-7, "norm_rel_err": 1e-7,
-                      "tol": 1e-5, "unwritten": 0}
-
-    def peer(self, p):
-        return "ok", {"median_ms": 0.5, "p20_ms": 0.49, "p80_ms": 0.51, "min_ms": 0.48,
-                      "mean_ms": 0.5, "reps": 30}
-
-    def close(self, kill=False):
-        pass
-
+from replay import DEVICE, ReplayWorker
 
 @pytest.fixture(autouse=True)
 def small_space(monkeypatch):

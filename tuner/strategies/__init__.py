@@ -7,7 +7,9 @@ milliseconds, `math.inf` for a failed one; results already known (resumed
 trials) come back without being measured again.  A strategy stops when
 `budget.exhausted()` says so or when it has nothing left to try.  Hints
 (the family's preferred configurations) go first where the budget is
-short of the space.
+short of the space.  A strategy that knows its next batch before it
+measures the current one names it with `prefetch(evaluate, batch)`, so
+that it compiles while the current one is measured.
 """
 from __future__ import annotations
 
@@ -82,6 +84,14 @@ def hinted(space: list[dict], hints: Sequence[dict]) -> list[dict]:
             seen.add(k)
             out.append(by_key[k])
     return out
+
+
+def prefetch(evaluate: Evaluate, configs: list[dict]) -> None:
+    """Tells `evaluate` which configurations come next, where it listens
+    (the tuner's does: it starts compiling them); otherwise nothing."""
+    ahead = getattr(evaluate, "prefetch", None)
+    if ahead is not None and configs:
+        ahead(configs)
 
 
 def config_key(config: dict) -> tuple:

@@ -4,6 +4,7 @@ import random
 from typing import Sequence
 
 from . import Budget, Evaluate, Strategy, config_key, hinted, register
+from .exhaustive import run_batches
 
 
 @register
@@ -18,11 +19,5 @@ class RandomSearch(Strategy):
         order = [c for c in space if config_key(c) not in picked]
         random.Random(seed).shuffle(order)
         order = first + order
-        for i in range(0, len(order), self.batch):
-            if budget.exhausted():
-                return
-            chunk = order[i:i + self.batch]
-            rem = budget.remaining()
-            if rem is not None:
-                chunk = chunk[:rem]
-            evaluate(chunk)
+        run_batches([order[i:i + self.batch] for i in range(0, len(order), self.batch)],
+                    evaluate, budget)

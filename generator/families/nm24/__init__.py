@@ -256,7 +256,9 @@ class Nm24Family(Family):
         m, k = matrix.shape
         bm, bk = config["bm"], config["bk"]
         mp, kp = _round_up(m, bm), _round_up(k, bk)
-        values, meta = pack_matrix(matrix, op.dtype, mp, kp)
+        # the same for every configuration that pads alike: packed once
+        values, meta = matrix.cached(("nm24.pack", op.dtype, mp, kp),
+                                     lambda: pack_matrix(matrix, op.dtype, mp, kp))
 
         ep = op.epilogue
         bias_bytes = b""

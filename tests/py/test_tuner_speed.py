@@ -1,0 +1,280 @@
+"""What makes tuning a whole model fast, held with a replaying worker
+(compilation is real, NVRTC without a GPU): compilation overlaps
+measurement (within a batch and for the next batch), a matrix's search
+starts from the winners of earlier matrices of its shape, a clearly slower
+candidate's timing stops after a probe (recorded as a verified ok trial
+that says so), and the tuner keeps per-phase totals."""
+from __future__ import annotations
+
+import json
+import math
+import threading
+
+import numpy as np
+import pytest
+
+from sparseforge.cache import Cache
+from sparseforge.generator.families import get_family
+from sparseforge.generator.kernel import Operation
+from sparseforge.generator.matrix import SparseMatrix
+from sparseforge.tuner import compiler as compiler_mod
+from sparseforge.tuner.driver import Tuner
+from sparseforge.tuner.phases import Phases
+from sparseforge.tuner.strategies import exhaustive
+from sparseforge.tuner.worker import PROBE_REPS, timed
+
+from replay import DEVICE, SPLIT, ReplayWorker, replay_ms
+
+OP = Operation("fp32", "fm")
+OP_TAG = "csr.fp32.fm.plain"
+
+
+@pytest.fixture(autouse=True)
+def small_space(monkeypatch):
+    """Every configuration is compiled for real: 8 of them per space."""
+    fam = get_family("csr")
+    full = fam.search_space
+    monkeypatch.setattr(fam, "search_space", lambda *a, **k: full(*a, **k)[:8])
+
+
+def csr_matrix(seed: int, shape=(96, 80)) -> SparseMatrix:
+    rng = np.random.default_rng(seed)
+    dense = rng.standard_normal(shape).astype(np.float32)
+    dense[rng.random(dense.shape) < 0.8] = 0
+    return SparseMatrix.from_dense(dense, dtype="fp32")
+
+
+def kernel_names(matrix) -> list[str]:
+    fam = get_family("csr")
+    return [fam.generate(matrix, OP, {}, c).name
+            for c in fam.search_space(matrix, OP, {}, DEVICE)]
+
+
+def gate_compiles(monkeypatch, should_wait):
+    """Makes each compilation for which `should_wait(kernel)` holds wait (up
+    to 10 s) for the event returned, and records whether it came in time."""
+    event, waited = threading.Event(), []
+    real = compiler_mod.Compiler._compile
+
+    def gated(self, kernel, arch):
+        if should_wait(kernel):
+            waited.append(event.wait(10))
+        return real(self, kernel, arch)
+
+    monkeypatch.setattr(compiler_mod.Compiler, "_compile", gated)
+    return event, waited
+
+
+# ---- overlap ----------------------------------------------------------------
+def test_a_candidate_is_measured_while_the_rest_of_its_batch_compiles(tmp_path, monkeypatch):
+    """With one compile thread, the second kernel's compilation waits for
+    the first kernel's measurement: it comes only if measuring does not
+    wait for the whole batch to compile."""
+    m = csr_matrix(1)
+    first = kernel_names(m)[0]
+    event, waited = gate_compiles(monkeypatch, lambda k: k.name != first)
+    worker = ReplayWorker(on_trial=lambda w, t: event.set())
+    with Cache(tmp_path / "t.db") as cache:
+        Tuner(cache, strategy="exhaustive", worker=worker, jobs=1).tune(m, "csr", {}, OP, [16], "l")
+    assert waited and all(waited), "compilations waited for a measurement that never came"
+    assert worker.trials[0] == first and len(worker.trials) == 8
+
+
+def test_the_next_batch_compiles_while_this_one_is_measured(tmp_path, monkeypatch):
+    """Batches of 4: the last measurement of the first batch waits (up to
+    10 s) until a kernel of the second batch is compiling, which happens
+    only if the strategy named the next batch before measuring."""
+    monkeypatch.setattr(exhaustive.Exhaustive, "batch", 4)
+    m = csr_matrix(2)
+    second_batch = set(kernel_names(m)[4:])
+    started = threading.Event()
+    gate_compiles(monkeypatch, lambda k: started.set() if k.name in second_batch else False)
+    saw = []
+
+    def last_of_first_batch(w, t):
+        if len(w.trials) == 3:
+            saw.append(started.wait(10))
+
+    worker = ReplayWorker(on_trial=last_of_first_batch)
+    with Cache(tmp_path / "t.db") as cache:
+        Tuner(cache, strategy="exhaustive", worker=worker, jobs=2).tune(m, "csr", {}, OP, [16], "l")
+        assert len(cache.trials(op=OP_TAG, n=16)) == 8
+    assert saw == [True], "the second batch did not compile during the first's measurement"
+
+
+def test_kernels_built_for_one_n_serve_the_others(tmp_path, monkeypatch):
+    m = csr_matrix(3)
+    made = []
+    fam = get_family("csr")
+    real = fam.generate
+    monkeypatch.setattr(fam, "generate", lambda *a, **k: made.append(1) or real(*a, **k))
+    with Cache(tmp_path / "t.db") as cache:
+        w = ReplayWorker()
+        Tuner(cache, strategy="exhaustive", worker=w, jobs=2).tune(m, "csr", {}, OP,
+                                                                  [16, 64, 256], "l")
+        assert len(w.trials) == 3 * 8
+    assert len(made) == 8            # generated once, measured for three buckets
+
+
+# ---- warm start --------------------------------------------------------------
+def test_a_search_starts_from_the_winners_of_earlier_matrices_of_its_shape(tmp_path):
+    a, b, other_shape = csr_matrix(4), csr_matrix(5), csr_matrix(6, shape=(64, 80))
+    with Cache(tmp_path / "t.db") as cache:
+        Tuner(cache, strategy="exhaustive", worker=ReplayWorker(), jobs=2).tune(
+            a, "csr", {}, OP, [16], "a")
+        winner = json.loads(cache.trials(op=OP_TAG, n=16)[0]["config"])
+        w = ReplayWorker()
+        t = Tuner(cache, strategy="greedy", budget="3", worker=w, jobs=1)
+        res = t.tune(b, "csr", {}, OP, [16], "b")
+        assert res.per_n[16].warm_hints == 1
+        fam = get_family("csr")
+        assert w.trials[0] == fam.generate(b, OP, {}, winner).name   # measured first
+        # another shape, or another N, starts cold
+        res = t.tune(other_shape, "csr", {}, OP, [16], "c")
+        assert res.per_n[16].warm_hints == 0
+        res = t.tune(b, "csr", {}, OP, [64], "b64")
+        assert res.per_n[64].warm_hints == 0
+
+
+def test_earlier_winners_come_most_frequent_first(tmp_path):
+    """Three earlier matrices of the shape: two won with X, one with Y;
+    a matrix of another shape won with Z (not offered)."""
+    m = csr_matrix(7)
+    x, y, z = ({"k": v} for v in (1, 2, 3))
+    with Cache(tmp_path / "t.db") as cache:
+        t = Tuner(cache, worker=ReplayWorker(), jobs=1)
+        for fp, shape, best in (("f1", m.shape, y), ("f2", m.shape, x), ("f3", m.shape, x),
+                                ("f4", (7, 7), z)):
+            cache.put_matrix(fp, *shape, 1, "fp32")
+            cache.put_trial(t.env_key, fp, OP_TAG, 16, json.dumps(best), "ok", median_ms=1.0)
+            cache.put_trial(t.env_key, fp, OP_TAG, 16, json.dumps(z), "ok", median_ms=2.0)
+        job = t.begin(m, "csr", {}, OP, "m")
+        assert t.warm_hints(job, 16) == [x, y]
+        assert t.warm_hints(job, 64) == []
+
+
+def test_a_warm_search_gets_a_smaller_budget():
+    t = Tuner.__new__(Tuner)
+    t.budget_text, t.strategy = None, "auto"
+    cold = t._search_plan(151, warm=False)
+    warm = t._search_plan(151, warm=True)
+    assert cold[0] == warm[0] == "greedy"
+    assert cold[1].max_trials == 38 and warm[1].max_trials == 10
+    assert t._search_plan(40, warm=True)[0] == "exhaustive"
+    t.budget_text = "20"
+    assert t._search_plan(151, warm=True)[1].max_trials == 20    # an asked budget is kept
+
+
+# ---- early stop --------------------------------------------------------------
+def test_timed_stops_after_the_probe_only_above_the_cutoff():
+    calls = []
+
+    def time_fn(ms):
+        def f(**timing):
+            calls.append(timing)
+            reps = timing["max_reps"]
+            return {"median_ms": ms, "p20_ms": ms, "p80_ms": ms, "min_ms": ms, "mean_ms": ms,
+                    "reps": reps}
+        return f
+
+    timing = {"warmup": 3, "min_reps": 30, "max_reps": 1000, "min_total_ms": 100.0}
+    slow = timed(time_fn(3.0), timing, 2.0)
+    assert slow["stopped_early"] and slow["reps"] == PROBE_REPS and len(calls) == 1
+    assert calls[0]["min_reps"] == calls[0]["max_reps"] == PROBE_REPS
+    calls.clear()
+    fast = timed(time_fn(1.0), timing, 2.0)
+    assert not fast["stopped_early"] and fast["reps"] == 1000 and len(calls) == 2
+    for cutoff in (None, math.inf, math.nan, 0.0):
+        calls.clear()
+        full = timed(time_fn(9.0), timing, cutoff)
+        assert not full["stopped_early"] and len(calls) == 1 and calls[0] == timing
+
+
+def test_a_clearly_slower_candidate_stops_early_and_says_so(tmp_path):
+    m = csr_matrix(8)
+    names = kernel_names(m)
+    victim = names[-1]        # measured last (one compile thread): a best exists by then
+    with Cache(tmp_path / "t.db") as cache:
+        w = ReplayWorker(slow=[victim])
+        res = Tuner(cache, strategy="exhaustive", worker=w, jobs=1).tune(m, "csr", {}, OP,
+                                                                         [16], "l")
+        trials = cache.trials(op=OP_TAG, n=16)
+        assert len(trials) == 8 and all(t["status"] == "ok" for t in trials)   # never failed
+        fam = get_family("csr")
+        by_name = {fam.generate(m, OP, {}, json.loads(t["config"])).name: t for t in trials}
+        slow = by_name[victim]
+        assert slow["reps"] == PROBE_REPS and "stopped early" in slow["message"]
+        assert "verified" in slow["message"]
+        assert slow["median_ms"] == pytest.approx(100 * replay_ms(victim))
+        assert w.cutoffs[0] is None and all(c is not None for c in w.cutoffs[1:])
+        assert res.per_n[16].stopped_early >= 1
+        best = min(trials, key=lambda t: t["median_ms"])
+        assert best["reps"] == 30 and not best["message"]                # the winner ran in full
+        assert res.per_n[16].median_ms == best["median_ms"]
+
+
+def test_without_early_stop_every_candidate_is_timed_in_full(tmp_path):
+    m = csr_matrix(8)
+    victim = kernel_names(m)[-1]
+    with Cache(tmp_path / "t.db") as cache:
+        w = ReplayWorker(slow=[victim])
+        Tuner(cache, strategy="exhaustive", worker=w, jobs=1, early_stop=None).tune(
+            m, "csr", {}, OP, [16], "l")
+        assert all(c is None for c in w.cutoffs)
+        assert all(t["reps"] == 30 and not t["message"] for t in cache.trials(op=OP_TAG))
+
+
+# ---- where the time goes ------------------------------------------------------
+def test_the_tuner_keeps_per_phase_totals(tmp_path):
+    m = csr_matrix(9)
+    with Cache(tmp_path / "t.db") as cache:
+        w = ReplayWorker()
+        t = Tuner(cache, strategy="exhaustive", worker=w, jobs=2)
+        res = t.tune(m, "csr", {}, OP, [16, 64], "l")
+    d = t.phases.as_dict()
+    trials = len(w.trials)
+    assert d["verify"] == pytest.approx(trials * SPLIT["verify"])
+    assert d["time"] == pytest.approx(trials * SPLIT["time"])
+    assert d["load"] >= trials * SPLIT["load"]
+    for phase in ("plan", "compile", "reference", "peer"):
+        assert d[phase] > 0, phase
+    fg = sum(d[p] for p in ("wait", "reference", "load", "verify", "time", "peer", "store", "other"))
+    assert fg == pytest.approx(d["wall"], rel=1e-6)
+    line = t.phases.format(threads=2)
+    assert line.startswith("time ") and "wait" in line and "background (2 threads)" in line
+    assert res.seconds["verify"] == pytest.approx(d["verify"])
+
+
+def test_phases_add_up_from_several_threads():
+    p = Phases()
+    threads = [threading.Thread(target=lambda: [p.add("compile", 0.001) for _ in range(1000)])
+               for _ in range(4)]
+    for th in threads:
+        th.start()
+    for th in threads:
+        th.join()
+    assert p.seconds["compile"] == pytest.approx(4.0)
+    with pytest.raises(KeyError, match="unknown phase 'bogus'"):
+        p.add("bogus", 1.0)
+    line = p.format(wall=10.0, lanes=2, over="ranks")
+    assert "(phases summed over 2 ranks)" in line and "other 20.0" in line
+
+
+@pytest.mark.parametrize("dtype,layout", [("fp16", "fm"), ("bf16", "tm"), ("fp32", "fm"),
+                                          ("fp32", "tm")])
+def test_only_the_checked_columns_of_y_are_converted(dtype, layout):
+    """The worker converts the checked columns alone: the same values as
+    converting all of Y and then picking them."""
+    from sparseforge.generator.matrix import from_device_bytes, round_to_dtype, to_device_bytes
+    from sparseforge.tuner.worker import Setup, checked_output
+    rows, n = 6, 10
+    rng = np.random.default_rng(0)
+    shape = (rows, n) if layout == "fm" else (n, rows)
+    y = round_to_dtype(rng.standard_normal(shape).astype(np.float32), dtype)
+    raw = to_device_bytes(y, dtype)
+    for cols in (None, np.array([1, 4, 9])):
+        s = Setup(dtype, layout, rows, n, b"", cols, np.zeros(1))
+        full = from_device_bytes(raw, dtype, rows * n).reshape(shape)
+        if cols is not None:
+            full = full[:, cols] if layout == "fm" else full[cols, :]
+        np.testing.assert_array_equal(checked_output(raw, s), full)
