@@ -58,7 +58,7 @@ def breakdown(ctx, cache, gpu, names):
     """The pieces of an open, timed one by one (ms, medians of 5)."""
     import ctypes
     from sparseforge import native
-    from sparseforge.tuner.driver import _binary_key
+    from sparseforge.tuner.compiler import binary_key
 
     def ms(fn, reps=5):
         ts = []
@@ -77,7 +77,7 @@ def breakdown(ctx, cache, gpu, names):
         rec = next(r for r in cache.layers(name) if r["gpu_name"] == gpu)
         for v in rec["variants"]:
             extra = [o for o in v["options"].split("\n") if o.strip()]
-            key = _binary_key(v["source"], ctx.canonical_options(arch, options=extra), arch,
+            key = binary_key(v["source"], ctx.canonical_options(arch, options=extra), arch,
                               nvrtc)
             key["generator_version"] = v["generator_version"]
             cubin = cache.get_binary(key)

@@ -123,7 +123,7 @@ def collect(cache, layer_names: Optional[Sequence[str]], archs: Optional[Sequenc
     layer's record (tuned on a GPU of that architecture, else untuned for
     it) with the cubin of every N bucket."""
     from . import native
-    from .tuner.driver import _binary_key
+    from .tuner.compiler import binary_key
     env_arch = {e["name"]: e["arch"] for e in cache.envs() if e.get("arch")}
     records = cache.layers()
     by_name: dict[str, list] = {}
@@ -173,7 +173,7 @@ def collect(cache, layer_names: Optional[Sequence[str]], archs: Optional[Sequenc
             variants = []
             for v in rec["variants"]:
                 extra = [o for o in v["options"].split("\n") if o.strip()]
-                key = _binary_key(v["source"], ctx.canonical_options(arch, options=extra), arch,
+                key = binary_key(v["source"], ctx.canonical_options(arch, options=extra), arch,
                                   nvrtc)
                 key["generator_version"] = v["generator_version"]
                 cubin = cache.get_binary(key)
