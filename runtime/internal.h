@@ -226,6 +226,18 @@ sf_status sf__time_launches(sf_context *ctx, sf__launch_fn fn, void *user,
                             CUstream stream, const sf_timing_options *opts,
                             sf_timing *out);
 
+/* sf__time_launches for a launch that rotates through `n_sets` copies of its
+ * operands (`fn` takes the next copy each call): graph_batch is rounded up
+ * to whole rounds of the copies. */
+sf_status sf__time_rotating(sf_context *ctx, sf__launch_fn fn, void *user,
+                            CUstream stream, int n_sets,
+                            const sf_timing_options *opts, sf_timing *out);
+
+/* How many copies of operands of `set_bytes` bytes make opts->rotate_bytes
+ * (1 without rotation; at most SF_MAX_ROTATION_SETS). */
+#define SF_MAX_ROTATION_SETS 64
+int sf__rotation_sets(const sf_timing_options *opts, uint64_t set_bytes);
+
 /* Allocation tracking (context.c). */
 sf_status sf__track_alloc(sf_context *ctx, sf_devptr p);
 int sf__untrack_alloc(sf_context *ctx, sf_devptr p);

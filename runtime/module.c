@@ -265,12 +265,15 @@ static void timing_cleanup(sf_context *ctx, timing_state *t) {
 typedef struct kernel_launch {
   sf_kernel *k;
   const sf_launch_config *cfg;
-  void **args;
+  void **const *sets; /* n_sets argument arrays, taken in turn */
+  int n_sets, next;
 } kernel_launch;
 
 static sf_status launch_kernel_cb(sf_context *ctx, void *user, CUstream stream) {
   kernel_launch *kl = user;
-  return launch_on(ctx, kl->k, kl->cfg, kl->args, stream);
+  void **args = kl->sets[kl->next];
+  kl->next = (kl->next + 1) % kl->n_sets;
+  return launch_on(ctx, kl->k, kl->cfg, args, stream);
 }
 
 /* Captures `batch` launches on t->stream into t->exec. */
@@ -338,9 +341,50 @@ sf_status sf_time_kernel(sf_context *ctx, sf_kernel *k,
   sf_status st = check_kernel(ctx, k);
   if (st == SF_OK) st = check_config(ctx, cfg);
   if (st != SF_OK) return st;
-  kernel_launch kl = {k, cfg, args};
+  void **sets[1] = {args};
+  kernel_launch kl = {k, cfg, sets, 1, 0};
   return sf__time_launches(ctx, launch_kernel_cb, &kl, (CUstream)cfg->stream,
                            opts, out);
+}
+
+sf_status sf_time_kernel_sets(sf_context *ctx, sf_kernel *k,
+                              const sf_launch_config *cfg,
+                              void **const *arg_sets, int n_sets,
+                              const sf_timing_options *opts, sf_timing *out) {
+  if (!ctx) return SF_ERR_INVALID_ARG;
+  if (n_sets < 1 || !arg_sets)
+    return sf__fail(ctx, SF_ERR_INVALID_ARG,
+                    "n_sets must be at least 1 with arg_sets given (n_sets %d)",
+                    n_sets);
+  for (int i = 0; i < n_sets; i++)
+    if (!arg_sets[i])
+      return sf__fail(ctx, SF_ERR_INVALID_ARG, "argument set %d is NULL", i);
+  sf_status st = check_kernel(ctx, k);
+  if (st == SF_OK) st = check_config(ctx, cfg);
+  if (st != SF_OK) return st;
+  kernel_launch kl = {k, cfg, arg_sets, n_sets, 0};
+  return sf__time_rotating(ctx, launch_kernel_cb, &kl, (CUstream)cfg->stream,
+                           n_sets, opts, out);
+}
+
+sf_status sf__time_rotating(sf_context *ctx, sf__launch_fn fn, void *user,
+                            CUstream stream, int n_sets,
+                            const sf_timing_options *opts, sf_timing *out) {
+  sf_timing_options o;
+  memset(&o, 0, sizeof o);
+  if (opts) o = *opts;
+  o.rotate_bytes = 0;
+  if (n_sets > 1 && o.graph_batch > 1) {
+    int rounds = (o.graph_batch + n_sets - 1) / n_sets;
+    o.graph_batch = rounds * n_sets;
+  }
+  return sf__time_launches(ctx, fn, user, stream, &o, out);
+}
+
+int sf__rotation_sets(const sf_timing_options *opts, uint64_t set_bytes) {
+  if (!opts || opts->rotate_bytes == 0 || set_bytes == 0) return 1;
+  uint64_t n = (opts->rotate_bytes + set_bytes - 1) / set_bytes;
+  return n < 1 ? 1 : n > SF_MAX_ROTATION_SETS ? SF_MAX_ROTATION_SETS : (int)n;
 }
 
 sf_status sf__time_launches(sf_context *ctx, sf__launch_fn fn, void *user,

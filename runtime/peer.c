@@ -28,23 +28,42 @@ typedef int (*cublas_gemm_ex_t)(void *, int, int, int, int, int, const void *,
                                 const void *, int, int, const void *, int, int,
                                 const void *, void *, int, int, int, int);
 
+/* Operand copies a rotating peer takes in turn (sf_timing_options.
+ * rotate_bytes): copy i of operand j at ptr[j][i]. */
+typedef struct operand_sets {
+  int n, next;
+  sf_devptr ptr[3][SF_MAX_ROTATION_SETS];
+} operand_sets;
+
+/* The copy index of the next launch, advancing the rotation. */
+static int next_set(operand_sets *s) {
+  int i = s->next;
+  s->next = (s->next + 1) % s->n;
+  return i;
+}
+
 typedef struct gemm_call {
   cublas_gemm_ex_t gemm;
   cublas_set_stream_t set_stream;
   void *handle;
   int transa, transb, m, n, k, lda, ldb, ldc, type;
-  const void *a, *b;
-  void *c;
+  int swap;          /* feature-major: cuBLAS's A is X and its B is W */
+  operand_sets ops;  /* W, X, Y */
   float alpha, beta;
 } gemm_call;
 
 static sf_status gemm_cb(sf_context *ctx, void *user, CUstream stream) {
   gemm_call *g = user;
+  int i = next_set(&g->ops);
+  const void *w = (const void *)(uintptr_t)g->ops.ptr[0][i];
+  const void *x = (const void *)(uintptr_t)g->ops.ptr[1][i];
+  void *y = (void *)(uintptr_t)g->ops.ptr[2][i];
   int r = g->set_stream(g->handle, stream);
   if (r == 0)
     r = g->gemm(g->handle, g->transa, g->transb, g->m, g->n, g->k, &g->alpha,
-                g->a, g->type, g->lda, g->b, g->type, g->ldb, &g->beta, g->c,
-                g->type, g->ldc, CUBLAS_COMPUTE_32F_, CUBLAS_GEMM_DEFAULT_);
+                g->swap ? x : w, g->type, g->lda, g->swap ? w : x, g->type,
+                g->ldb, &g->beta, y, g->type, g->ldc, CUBLAS_COMPUTE_32F_,
+                CUBLAS_GEMM_DEFAULT_);
   if (r != 0)
     return sf__fail(ctx, SF_ERR_LAUNCH, "cublasGemmEx failed with status %d", r);
   return SF_OK;
@@ -64,6 +83,17 @@ static void *open_peer_library(const char *env_var, const char *const *names,
     snprintf(why, size, "%s", dlerror());
   }
   return NULL;
+}
+
+/* open_peer_library, failing with SF_ERR_NOT_FOUND "<label> not found:
+ * <why>" when no name loads. */
+static sf_status load_peer_library(sf_context *ctx, const char *env_var,
+                                   const char *const *names, size_t n_names,
+                                   const char *label, void **out) {
+  char why[512];
+  *out = open_peer_library(env_var, names, n_names, why, sizeof why);
+  if (!*out) return sf__fail(ctx, SF_ERR_NOT_FOUND, "%s not found: %s", label, why);
+  return SF_OK;
 }
 
 /* The library_types.h type of an sf_dtype. */
@@ -108,6 +138,36 @@ static sf_status upload_random(sf_context *ctx, size_t count, sf_dtype dtype,
   return sf_memcpy_htod(ctx, *out, host, count * elem);
 }
 
+/* Allocates the rotation's copies of operands of `bytes[j]` bytes (as many
+ * as sf__rotation_sets asks for `opts`): the first `n_random` operands
+ * filled with fill_random's values of `dtype` (staged through `host`, room
+ * for the largest), the rest left as allocated. */
+static sf_status alloc_operand_sets(sf_context *ctx, operand_sets *s,
+                                    const sf_timing_options *opts,
+                                    const size_t bytes[3], int n_random,
+                                    sf_dtype dtype, size_t elem,
+                                    unsigned char *host) {
+  memset(s, 0, sizeof *s);
+  s->n = sf__rotation_sets(opts, (uint64_t)bytes[0] + bytes[1] + bytes[2]);
+  for (int j = 0; j < 3; j++) {
+    if (j < n_random) fill_random(host, bytes[j] / elem, dtype);
+    for (int i = 0; i < s->n; i++) {
+      sf_status st = sf_mem_alloc(ctx, bytes[j] ? bytes[j] : 16, &s->ptr[j][i]);
+      if (st == SF_OK && j < n_random)
+        st = sf_memcpy_htod(ctx, s->ptr[j][i], host, bytes[j]);
+      if (st != SF_OK) return st;
+    }
+  }
+  return SF_OK;
+}
+
+static void free_operand_sets(sf_context *ctx, operand_sets *s) {
+  for (int j = 0; j < 3; j++)
+    for (int i = 0; i < SF_MAX_ROTATION_SETS; i++)
+      if (s->ptr[j][i]) sf_mem_free(ctx, s->ptr[j][i]);
+  memset(s, 0, sizeof *s);
+}
+
 sf_status sf_time_dense_gemm(sf_context *ctx, const sf_gemm_desc *desc,
                              const sf_timing_options *opts,
                              sf_gemm_timing *out) {
@@ -125,12 +185,12 @@ sf_status sf_time_dense_gemm(sf_context *ctx, const sf_gemm_desc *desc,
   memset(out, 0, sizeof *out);
   sf_status st = sf__ctx_enter(ctx);
   if (st != SF_OK) return st;
-  char why[512];
   static const char *const names[] = {"libcublas.so.13", "libcublas.so.12",
                                       "libcublas.so"};
-  void *lib = open_peer_library("SF_CUBLAS", names, sizeof names / sizeof *names,
-                                why, sizeof why);
-  if (!lib) return sf__fail(ctx, SF_ERR_NOT_FOUND, "cuBLAS not found: %s", why);
+  void *lib = NULL;
+  if ((st = load_peer_library(ctx, "SF_CUBLAS", names, sizeof names / sizeof *names,
+                              "cuBLAS", &lib)) != SF_OK)
+    return st;
   gemm_call g;
   memset(&g, 0, sizeof g);
   cublas_create_t create = (cublas_create_t)dlsym(lib, "cublasCreate_v2");
@@ -144,15 +204,14 @@ sf_status sf_time_dense_gemm(sf_context *ctx, const sf_gemm_desc *desc,
   size_t elem = desc->dtype == SF_DTYPE_FP32 ? 4 : 2;
   size_t na = (size_t)desc->m * desc->k, nb = (size_t)desc->k * desc->n,
          nc = (size_t)desc->m * desc->n;
-  sf_devptr a = 0, b = 0, c = 0;
+  size_t bytes[3] = {na * elem, nb * elem, nc * elem};
   unsigned char *host = malloc((na > nb ? na : nb) * elem);
   if (!host) {
     dlclose(lib);
     return sf__fail(ctx, SF_ERR_NOMEM, "out of host memory");
   }
-  if ((st = upload_random(ctx, na, desc->dtype, elem, host, &a)) != SF_OK ||
-      (st = upload_random(ctx, nb, desc->dtype, elem, host, &b)) != SF_OK ||
-      (st = sf_mem_alloc(ctx, nc * elem, &c)) != SF_OK)
+  if ((st = alloc_operand_sets(ctx, &g.ops, opts, bytes, 2, desc->dtype, elem,
+                               host)) != SF_OK)
     goto done;
   int r = create(&g.handle);
   if (r != 0) {
@@ -162,7 +221,6 @@ sf_status sf_time_dense_gemm(sf_context *ctx, const sf_gemm_desc *desc,
   g.type = cuda_type(desc->dtype);
   g.alpha = 1.0f;
   g.beta = 0.0f;
-  g.m = (int)desc->m; g.n = (int)desc->n; g.k = (int)desc->k;
   /* Row-major W (M x K).  Feature-major: Y (M x N) = W X, i.e. column-major
    * Y^T = X^T W^T: gemm(N, N, n, m, k, X, ld n, W, ld k, Y, ld n).
    * Token-major: Y (N x M) = X W^T, i.e. column-major Y^T (M x N) =
@@ -173,20 +231,16 @@ sf_status sf_time_dense_gemm(sf_context *ctx, const sf_gemm_desc *desc,
   if (desc->layout >= 0) layouts[0] = desc->layout;
   for (int li = 0; li < n_layouts; li++) {
     if (layouts[li] == 0) {
-      g.transa = CUBLAS_OP_N_; g.transb = CUBLAS_OP_N_;
+      g.transa = CUBLAS_OP_N_; g.transb = CUBLAS_OP_N_; g.swap = 1;
       g.m = (int)desc->n; g.n = (int)desc->m; g.k = (int)desc->k;
-      g.a = (const void *)(uintptr_t)b; g.lda = (int)desc->n;
-      g.b = (const void *)(uintptr_t)a; g.ldb = (int)desc->k;
-      g.c = (void *)(uintptr_t)c; g.ldc = (int)desc->n;
+      g.lda = (int)desc->n; g.ldb = (int)desc->k; g.ldc = (int)desc->n;
     } else {
-      g.transa = CUBLAS_OP_T_; g.transb = CUBLAS_OP_N_;
+      g.transa = CUBLAS_OP_T_; g.transb = CUBLAS_OP_N_; g.swap = 0;
       g.m = (int)desc->m; g.n = (int)desc->n; g.k = (int)desc->k;
-      g.a = (const void *)(uintptr_t)a; g.lda = (int)desc->k;
-      g.b = (const void *)(uintptr_t)b; g.ldb = (int)desc->k;
-      g.c = (void *)(uintptr_t)c; g.ldc = (int)desc->m;
+      g.lda = (int)desc->k; g.ldb = (int)desc->k; g.ldc = (int)desc->m;
     }
     sf_timing t;
-    st = sf__time_launches(ctx, gemm_cb, &g, NULL, opts, &t);
+    st = sf__time_rotating(ctx, gemm_cb, &g, NULL, g.ops.n, opts, &t);
     if (st != SF_OK) break;
     if (li == 0 || t.median_ms < best.median_ms) {
       best = t;
@@ -199,9 +253,7 @@ sf_status sf_time_dense_gemm(sf_context *ctx, const sf_gemm_desc *desc,
   }
 done:
   free(host);
-  sf_mem_free(ctx, a);
-  sf_mem_free(ctx, b);
-  sf_mem_free(ctx, c);
+  free_operand_sets(ctx, &g.ops);
   dlclose(lib);
   return st;
 }
@@ -297,12 +349,10 @@ static sf_status spmm_cb(sf_context *ctx, void *user, CUstream stream) {
 /* Loads cuSPARSE and resolves every entry point the peer uses. */
 static sf_status load_cusparse(sf_context *ctx, cusparse_api *api) {
   static const char *const names[] = {"libcusparse.so.12", "libcusparse.so"};
-  char why[512];
   memset(api, 0, sizeof *api);
-  api->lib = open_peer_library("SF_CUSPARSE", names, sizeof names / sizeof *names,
-                               why, sizeof why);
-  if (!api->lib)
-    return sf__fail(ctx, SF_ERR_NOT_FOUND, "cuSPARSE not found: %s", why);
+  sf_status st = load_peer_library(ctx, "SF_CUSPARSE", names,
+                                   sizeof names / sizeof *names, "cuSPARSE", &api->lib);
+  if (st != SF_OK) return st;
   void *lib = api->lib;
   api->create = (cusparse_create_t)dlsym(lib, "cusparseCreate");
   api->destroy = (cusparse_destroy_t)dlsym(lib, "cusparseDestroy");
@@ -466,6 +516,300 @@ done:
   sf_mem_free(ctx, x);
   sf_mem_free(ctx, y);
   sf_mem_free(ctx, work);
+  dlclose(api.lib);
+  return st;
+}
+
+/* ------------------------------------------------------------------------
+ * cuSPARSELt 2:4 matmul
+ * ---------------------------------------------------------------------- */
+
+/* The library's handles and descriptors are opaque structs of 512 bytes
+ * (cusparseLt.h); room for more keeps older and newer versions safe. */
+typedef struct { _Alignas(16) unsigned char data[4096]; } sparselt_opaque;
+
+enum { CUSPARSE_OPERATION_TRANSPOSE_ = 1 };
+enum { CUSPARSELT_SPARSITY_50_PERCENT_ = 0 };
+enum { CUSPARSE_COMPUTE_32F_ = 2 };
+enum { CUSPARSELT_MATMUL_ALG_DEFAULT_ = 0 };
+enum { CUSPARSELT_MATMUL_ALG_CONFIG_ID_ = 0 };
+enum { CUSPARSELT_PRUNE_SPMMA_TILE_ = 0 };
+
+typedef int (*slt_init_t)(void *);
+typedef int (*slt_destroy_t)(const void *);
+typedef int (*slt_dense_init_t)(const void *, void *, int64_t, int64_t, int64_t,
+                                uint32_t, int, int);
+typedef int (*slt_structured_init_t)(const void *, void *, int64_t, int64_t,
+                                     int64_t, uint32_t, int, int, int);
+typedef int (*slt_matmul_desc_init_t)(const void *, void *, int, int,
+                                      const void *, const void *, const void *,
+                                      const void *, int);
+typedef int (*slt_alg_init_t)(const void *, void *, const void *, int);
+typedef int (*slt_alg_get_t)(const void *, const void *, int, void *, size_t);
+typedef int (*slt_plan_init_t)(const void *, void *, const void *, const void *);
+typedef int (*slt_workspace_t)(const void *, const void *, size_t *);
+typedef int (*slt_matmul_t)(const void *, const void *, const void *,
+                            const void *, const void *, const void *,
+                            const void *, void *, void *, CUstream *, int32_t);
+typedef int (*slt_prune_t)(const void *, const void *, const void *, void *, int,
+                           CUstream);
+typedef int (*slt_compressed_size_t)(const void *, const void *, size_t *,
+                                     size_t *);
+typedef int (*slt_compress_t)(const void *, const void *, const void *, void *,
+                              void *, CUstream);
+typedef const char *(*slt_error_name_t)(int);
+
+typedef struct sparselt_api {
+  void *lib;
+  slt_init_t init;
+  slt_destroy_t destroy, mat_destroy, alg_destroy, plan_destroy;
+  slt_dense_init_t dense_init;
+  slt_structured_init_t structured_init;
+  slt_matmul_desc_init_t matmul_desc_init;
+  slt_alg_init_t alg_init;
+  slt_alg_get_t alg_get; /* NULL where the library lacks it */
+  slt_plan_init_t plan_init;
+  slt_workspace_t workspace;
+  slt_matmul_t matmul, search;
+  slt_prune_t prune;
+  slt_compressed_size_t compressed_size;
+  slt_compress_t compress;
+  slt_error_name_t error_name; /* NULL where the library lacks it */
+} sparselt_api;
+
+static sf_status load_sparselt(sf_context *ctx, sparselt_api *a) {
+  static const char *const names[] = {"libcusparseLt.so.0", "libcusparseLt.so"};
+  memset(a, 0, sizeof *a);
+  sf_status st = load_peer_library(ctx, "SF_CUSPARSELT", names,
+                                   sizeof names / sizeof *names, "cuSPARSELt", &a->lib);
+  if (st != SF_OK) return st;
+  void *l = a->lib;
+  a->init = (slt_init_t)dlsym(l, "cusparseLtInit");
+  a->destroy = (slt_destroy_t)dlsym(l, "cusparseLtDestroy");
+  a->mat_destroy = (slt_destroy_t)dlsym(l, "cusparseLtMatDescriptorDestroy");
+  a->alg_destroy = (slt_destroy_t)dlsym(l, "cusparseLtMatmulAlgSelectionDestroy");
+  a->plan_destroy = (slt_destroy_t)dlsym(l, "cusparseLtMatmulPlanDestroy");
+  a->dense_init = (slt_dense_init_t)dlsym(l, "cusparseLtDenseDescriptorInit");
+  a->structured_init =
+      (slt_structured_init_t)dlsym(l, "cusparseLtStructuredDescriptorInit");
+  a->matmul_desc_init =
+      (slt_matmul_desc_init_t)dlsym(l, "cusparseLtMatmulDescriptorInit");
+  a->alg_init = (slt_alg_init_t)dlsym(l, "cusparseLtMatmulAlgSelectionInit");
+  a->alg_get = (slt_alg_get_t)dlsym(l, "cusparseLtMatmulAlgGetAttribute");
+  a->plan_init = (slt_plan_init_t)dlsym(l, "cusparseLtMatmulPlanInit");
+  a->workspace = (slt_workspace_t)dlsym(l, "cusparseLtMatmulGetWorkspace");
+  a->matmul = (slt_matmul_t)dlsym(l, "cusparseLtMatmul");
+  a->search = (slt_matmul_t)dlsym(l, "cusparseLtMatmulSearch");
+  a->prune = (slt_prune_t)dlsym(l, "cusparseLtSpMMAPrune");
+  a->compressed_size =
+      (slt_compressed_size_t)dlsym(l, "cusparseLtSpMMACompressedSize");
+  a->compress = (slt_compress_t)dlsym(l, "cusparseLtSpMMACompress");
+  a->error_name = (slt_error_name_t)dlsym(l, "cusparseLtGetErrorName");
+  if (!a->init || !a->destroy || !a->mat_destroy || !a->alg_destroy ||
+      !a->plan_destroy || !a->dense_init || !a->structured_init ||
+      !a->matmul_desc_init || !a->alg_init || !a->plan_init || !a->workspace ||
+      !a->matmul || !a->search || !a->prune || !a->compressed_size ||
+      !a->compress) {
+    dlclose(l);
+    a->lib = NULL;
+    return sf__fail(ctx, SF_ERR_NOT_FOUND,
+                    "cuSPARSELt lacks the matmul API (cusparseLtMatmulSearch, "
+                    "cusparseLtSpMMACompress, ...)");
+  }
+  return SF_OK;
+}
+
+/* "<what> failed: NAME (r)"; statuses that refuse the problem (invalid
+ * value, arch mismatch, not supported) become SF_ERR_INVALID_ARG. */
+static sf_status sparselt_fail(sf_context *ctx, const sparselt_api *a,
+                               sf_status code, int r, const char *what) {
+  const char *name = a->error_name ? a->error_name(r) : NULL;
+  if (r == CUSPARSE_STATUS_INVALID_VALUE_ || r == CUSPARSE_STATUS_ARCH_MISMATCH_ ||
+      r == CUSPARSE_STATUS_NOT_SUPPORTED_)
+    code = SF_ERR_INVALID_ARG;
+  return sf__fail(ctx, code, "%s failed: %s (%d)", what,
+                  name ? name : "cuSPARSELt status", r);
+}
+
+typedef struct sparselt_call {
+  const sparselt_api *api;
+  const sparselt_opaque *handle, *plan;
+  operand_sets ops; /* compressed W, X, Y */
+  int w_is_a;       /* feature-major: W is A; token-major: W is B */
+  void *workspace;
+  float alpha, beta;
+} sparselt_call;
+
+static sf_status sparselt_cb(sf_context *ctx, void *user, CUstream stream) {
+  sparselt_call *c = user;
+  int i = next_set(&c->ops);
+  const void *w = (const void *)(uintptr_t)c->ops.ptr[0][i];
+  const void *x = (const void *)(uintptr_t)c->ops.ptr[1][i];
+  void *y = (void *)(uintptr_t)c->ops.ptr[2][i];
+  int r = c->api->matmul(c->handle, c->plan, &c->alpha, c->w_is_a ? w : x,
+                         c->w_is_a ? x : w, &c->beta, y, y, c->workspace,
+                         &stream, 1);
+  if (r != 0) return sparselt_fail(ctx, c->api, SF_ERR_LAUNCH, r, "cusparseLtMatmul");
+  return SF_OK;
+}
+
+sf_status sf_time_sparselt(sf_context *ctx, const sf_sparselt_desc *desc,
+                           const sf_timing_options *opts,
+                           sf_sparselt_timing *out) {
+  if (!ctx) return SF_ERR_INVALID_ARG;
+  if (!desc || !out)
+    return sf__fail(ctx, SF_ERR_INVALID_ARG, "desc or out is NULL");
+  if (desc->dtype != SF_DTYPE_FP16 && desc->dtype != SF_DTYPE_BF16)
+    return sf__fail(ctx, SF_ERR_INVALID_ARG,
+                    "cuSPARSELt 2:4 peer takes fp16 or bf16, not dtype %d",
+                    (int)desc->dtype);
+  if (desc->layout != 0 && desc->layout != 1)
+    return sf__fail(ctx, SF_ERR_INVALID_ARG,
+                    "unknown layout %d (0 feature-major, 1 token-major)", desc->layout);
+  if (desc->m < 16 || desc->n < 16 || desc->k < 16 || desc->m % 16 ||
+      desc->n % 16 || desc->k % 16 || desc->m > INT32_MAX || desc->n > INT32_MAX ||
+      desc->k > INT32_MAX)
+    return sf__fail(ctx, SF_ERR_INVALID_ARG,
+                    "cuSPARSELt sizes must be multiples of 16 in [16, 2^31): "
+                    "m %lld, n %lld, k %lld",
+                    (long long)desc->m, (long long)desc->n, (long long)desc->k);
+  memset(out, 0, sizeof *out);
+  out->alg_id = -1;
+  sf_status st = sf__ctx_enter(ctx);
+  if (st != SF_OK) return st;
+  sparselt_api api;
+  if ((st = load_sparselt(ctx, &api)) != SF_OK) return st;
+
+  const int64_t m = desc->m, n = desc->n, k = desc->k;
+  const int fm = desc->layout == 0;
+  const int type = cuda_type(desc->dtype);
+  const size_t elem = 2;
+  sparselt_opaque *o = calloc(6, sizeof *o); /* handle, W, X, Y, matmul, alg */
+  sparselt_opaque *plan = calloc(1, sizeof *plan);
+  unsigned char *host = malloc((size_t)(m * k > k * n ? m * k : k * n) * elem);
+  sparselt_call c;
+  memset(&c, 0, sizeof c);
+  sf_devptr dense_w = 0, work = 0, cbuf = 0;
+  int have_handle = 0, have_w = 0, have_x = 0, have_y = 0, have_alg = 0,
+      have_plan = 0;
+  int r;
+  if (!o || !plan || !host) {
+    st = sf__fail(ctx, SF_ERR_NOMEM, "out of host memory");
+    goto done;
+  }
+  sparselt_opaque *h = &o[0], *dw = &o[1], *dx = &o[2], *dy = &o[3],
+                  *mm = &o[4], *alg = &o[5];
+  c.api = &api;
+  c.handle = h;
+  c.plan = plan;
+  c.w_is_a = fm;
+  c.alpha = 1.0f;
+  c.beta = 0.0f;
+#define SLT(call, what)                                                  \
+  do {                                                                   \
+    if ((r = (call)) != 0) {                                             \
+      st = sparselt_fail(ctx, &api, SF_ERR_CUDA, r, what);               \
+      goto done;                                                         \
+    }                                                                    \
+  } while (0)
+  SLT(api.init(h), "cusparseLtInit");
+  have_handle = 1;
+  /* W (M x K) row-major, structured; fm: X (K x N), Y (M x N); tm: X (N x K),
+   * Y (N x M); all row-major. */
+  SLT(api.structured_init(h, dw, m, k, k, 16, type, CUSPARSE_ORDER_ROW_,
+                          CUSPARSELT_SPARSITY_50_PERCENT_),
+      "cusparseLtStructuredDescriptorInit(W)");
+  have_w = 1;
+  SLT(api.dense_init(h, dx, fm ? k : n, fm ? n : k, fm ? n : k, 16, type,
+                     CUSPARSE_ORDER_ROW_),
+      "cusparseLtDenseDescriptorInit(X)");
+  have_x = 1;
+  SLT(api.dense_init(h, dy, fm ? m : n, fm ? n : m, fm ? n : m, 16, type,
+                     CUSPARSE_ORDER_ROW_),
+      "cusparseLtDenseDescriptorInit(Y)");
+  have_y = 1;
+  SLT(api.matmul_desc_init(h, mm, CUSPARSE_OPERATION_NON_TRANSPOSE_,
+                           fm ? CUSPARSE_OPERATION_NON_TRANSPOSE_
+                              : CUSPARSE_OPERATION_TRANSPOSE_,
+                           fm ? (void *)dw : (void *)dx, fm ? (void *)dx : (void *)dw,
+                           dy, dy, CUSPARSE_COMPUTE_32F_),
+      "cusparseLtMatmulDescriptorInit");
+  SLT(api.alg_init(h, alg, mm, CUSPARSELT_MATMUL_ALG_DEFAULT_),
+      "cusparseLtMatmulAlgSelectionInit");
+  have_alg = 1;
+  SLT(api.plan_init(h, plan, mm, alg), "cusparseLtMatmulPlanInit");
+  have_plan = 1;
+
+  /* Operand copies: compressed W, X, Y. */
+  size_t compressed = 0, compress_buf = 0;
+  SLT(api.compressed_size(h, plan, &compressed, &compress_buf),
+      "cusparseLtSpMMACompressedSize");
+  size_t bytes[3] = {compressed, (size_t)(k * n) * elem, (size_t)(m * n) * elem};
+  memset(&c.ops, 0, sizeof c.ops);
+  c.ops.n = sf__rotation_sets(opts, (uint64_t)bytes[0] + bytes[1] + bytes[2]);
+  fill_random(host, (size_t)(m * k), desc->dtype);
+  if ((st = sf_mem_alloc(ctx, (size_t)(m * k) * elem, &dense_w)) != SF_OK ||
+      (st = sf_memcpy_htod(ctx, dense_w, host, (size_t)(m * k) * elem)) != SF_OK ||
+      (st = sf_mem_alloc(ctx, compress_buf ? compress_buf : 16, &cbuf)) != SF_OK)
+    goto done;
+  SLT(api.prune(h, mm, (void *)(uintptr_t)dense_w, (void *)(uintptr_t)dense_w,
+                CUSPARSELT_PRUNE_SPMMA_TILE_, NULL),
+      "cusparseLtSpMMAPrune");
+  fill_random(host, (size_t)(k * n), desc->dtype);
+  for (int i = 0; i < c.ops.n; i++) {
+    if ((st = sf_mem_alloc(ctx, bytes[0], &c.ops.ptr[0][i])) != SF_OK ||
+        (st = sf_mem_alloc(ctx, bytes[1], &c.ops.ptr[1][i])) != SF_OK ||
+        (st = sf_memcpy_htod(ctx, c.ops.ptr[1][i], host, bytes[1])) != SF_OK ||
+        (st = sf_mem_alloc(ctx, bytes[2], &c.ops.ptr[2][i])) != SF_OK)
+      goto done;
+    SLT(api.compress(h, plan, (void *)(uintptr_t)dense_w,
+                     (void *)(uintptr_t)c.ops.ptr[0][i], (void *)(uintptr_t)cbuf,
+                     NULL),
+        "cusparseLtSpMMACompress");
+  }
+  size_t ws = 0;
+  SLT(api.workspace(h, plan, &ws), "cusparseLtMatmulGetWorkspace");
+  if ((st = sf_mem_alloc(ctx, ws ? ws : 16, &work)) != SF_OK) goto done;
+  c.workspace = (void *)(uintptr_t)work;
+  {
+    const void *w0 = (const void *)(uintptr_t)c.ops.ptr[0][0];
+    const void *x0 = (const void *)(uintptr_t)c.ops.ptr[1][0];
+    void *y0 = (void *)(uintptr_t)c.ops.ptr[2][0];
+    CUstream s0 = NULL;
+    SLT(api.search(h, plan, &c.alpha, fm ? w0 : x0, fm ? x0 : w0, &c.beta, y0,
+                   y0, c.workspace, &s0, 1),
+        "cusparseLtMatmulSearch");
+  }
+  /* the chosen configuration may want more workspace */
+  size_t ws2 = 0;
+  SLT(api.workspace(h, plan, &ws2), "cusparseLtMatmulGetWorkspace");
+  if (ws2 > ws) {
+    sf_mem_free(ctx, work);
+    work = 0;
+    if ((st = sf_mem_alloc(ctx, ws2, &work)) != SF_OK) goto done;
+    c.workspace = (void *)(uintptr_t)work;
+  }
+  if (api.alg_get) {
+    int id = -1;
+    if (api.alg_get(h, alg, CUSPARSELT_MATMUL_ALG_CONFIG_ID_, &id, sizeof id) == 0)
+      out->alg_id = id;
+  }
+  st = sf__time_rotating(ctx, sparselt_cb, &c, NULL, c.ops.n, opts, &out->timing);
+#undef SLT
+done:
+  if (have_plan) api.plan_destroy(plan);
+  if (have_alg) api.alg_destroy(&o[5]);
+  if (have_y) api.mat_destroy(&o[3]);
+  if (have_x) api.mat_destroy(&o[2]);
+  if (have_w) api.mat_destroy(&o[1]);
+  if (have_handle) api.destroy(&o[0]);
+  free_operand_sets(ctx, &c.ops);
+  sf_mem_free(ctx, dense_w);
+  sf_mem_free(ctx, cbuf);
+  sf_mem_free(ctx, work);
+  free(o);
+  free(plan);
+  free(host);
   dlclose(api.lib);
   return st;
 }

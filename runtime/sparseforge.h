@@ -171,6 +171,44 @@ SF_API sf_status sf_time_blocked_ell(sf_context *ctx,
                                      const sf_timing_options *opts,
                                      sf_timing *out);
 
+/* A 2:4 matmul for cuSPARSELt: W (M x K, row-major) keeps 2 of every 4
+ * values along K. */
+typedef struct sf_sparselt_desc {
+  sf_dtype dtype;   /* of W, X and Y: SF_DTYPE_FP16 or SF_DTYPE_BF16;
+                       accumulation is fp32 */
+  int64_t m, n, k;  /* Y (M x N) = W (M x K) X (K x N) */
+  int layout;       /* 0 feature-major (X K x N, Y M x N, row-major),
+                       1 token-major (X N x K, Y N x M) */
+} sf_sparselt_desc;
+
+typedef struct sf_sparselt_timing {
+  sf_timing timing;
+  int alg_id;       /* the configuration cusparseLtMatmulSearch chose (-1
+                       where the library does not say) */
+} sf_sparselt_timing;
+
+/*
+ * Times cuSPARSELt's 2:4 matmul (cusparseLtMatmul, fp32 compute) on the
+ * described problem with the protocol of sf_time_kernel (`opts` as there,
+ * rotate_bytes included: W, X and Y are copied that many times over and
+ * the launches rotate through the copies).  W is drawn in [-1, 1), pruned
+ * to 2:4 by cusparseLtSpMMAPrune and compressed by cusparseLtSpMMACompress;
+ * before timing, cusparseLtMatmulSearch picks the library's best
+ * configuration for this problem on this GPU, so that the peer is at its
+ * best.  Feature-major: W is the structured A, X the dense B, both
+ * row-major.  Token-major: Y (N x M) = X W^T, X the dense A and W the
+ * structured B (transposed), all row-major.  cuSPARSELt is loaded with
+ * dlopen ($SF_CUSPARSELT, else libcusparseLt.so.0, libcusparseLt.so):
+ * without it SF_ERR_NOT_FOUND ("cuSPARSELt not found: ...").  Sizes must be
+ * multiples of 16 (2:4 pruning needs K % 4 == 0, the library asks for
+ * aligned leading dimensions): else SF_ERR_INVALID_ARG.  A problem the
+ * library refuses is SF_ERR_INVALID_ARG with its status; device memory is
+ * allocated and freed inside the call.
+ */
+SF_API sf_status sf_time_sparselt(sf_context *ctx, const sf_sparselt_desc *desc,
+                                  const sf_timing_options *opts,
+                                  sf_sparselt_timing *out);
+
 /* ------------------------------------------------------------------------
  * The cache (SQLite)
  * ---------------------------------------------------------------------- */

@@ -311,6 +311,14 @@ typedef struct sf_timing_options {
   int graph_batch;      /* > 1: capture this many launches in a CUDA graph
                            and time the graph's replays; each sample is the
                            mean per launch.  For very short kernels. */
+  uint64_t rotate_bytes; /* > 0: launches rotate through copies of their
+                           operands that hold at least this many bytes in
+                           all (twice the L2 size makes every launch read
+                           its weights from device memory, as in a model's
+                           forward pass).  The peers make the copies;
+                           sf_time_kernel_sets takes them from the caller.
+                           A rotating graph holds a whole number of rounds
+                           of the copies (graph_batch is rounded up). */
 } sf_timing_options;
 
 typedef struct sf_timing {
@@ -333,6 +341,20 @@ SF_API sf_status sf_time_kernel(sf_context *ctx, sf_kernel *k,
                                 const sf_launch_config *cfg, void **args,
                                 const sf_timing_options *opts,
                                 sf_timing *out);
+
+/* sf_time_kernel over `n_sets` argument arrays (arg_sets[i] is one launch's
+ * `args`, each naming its own copy of the operands): successive launches
+ * take successive sets, round after round, so that a short kernel is timed
+ * as it runs in a model's forward pass, its operands not left in L2 by the
+ * launch before.  With graph_batch > 1 the graph holds a whole number of
+ * rounds (graph_batch is rounded up to a multiple of n_sets).
+ * opts->rotate_bytes is not used (the caller made the copies).
+ * SF_ERR_INVALID_ARG for n_sets < 1 or a NULL set. */
+SF_API sf_status sf_time_kernel_sets(sf_context *ctx, sf_kernel *k,
+                                     const sf_launch_config *cfg,
+                                     void **const *arg_sets, int n_sets,
+                                     const sf_timing_options *opts,
+                                     sf_timing *out);
 
 /* ------------------------------------------------------------------------
  * The launch record: how a generated kernel runs for N columns

@@ -130,6 +130,7 @@ class sf_timing_options(Structure):
         ('min_total_ms', c_double),
         ('flush_l2', c_int),
         ('graph_batch', c_int),
+        ('rotate_bytes', c_uint64),
     ]
 
 
@@ -217,6 +218,23 @@ class sf_blocked_ell_desc(Structure):
         ('ell_cols', c_int64),
         ('col_ind', POINTER(c_int32)),
         ('layout', c_int),
+    ]
+
+
+class sf_sparselt_desc(Structure):
+    _fields_ = [
+        ('dtype', c_int),
+        ('m', c_int64),
+        ('n', c_int64),
+        ('k', c_int64),
+        ('layout', c_int),
+    ]
+
+
+class sf_sparselt_timing(Structure):
+    _fields_ = [
+        ('timing', sf_timing),
+        ('alg_id', c_int),
     ]
 
 
@@ -348,6 +366,7 @@ PROTOTYPES = {
     'sf_launch': (c_int, [c_void_p, c_void_p, POINTER(sf_launch_config), POINTER(c_void_p)]),
     'sf_synchronize': (c_int, [c_void_p]),
     'sf_time_kernel': (c_int, [c_void_p, c_void_p, POINTER(sf_launch_config), POINTER(c_void_p), POINTER(sf_timing_options), POINTER(sf_timing)]),
+    'sf_time_kernel_sets': (c_int, [c_void_p, c_void_p, POINTER(sf_launch_config), POINTER(c_void_p), c_int, POINTER(sf_timing_options), POINTER(sf_timing)]),
     'sf_launch_record_problem': (c_char_p, [POINTER(sf_launch_record)]),
     'sf_launch_config_for': (c_int, [c_void_p, POINTER(sf_launch_record), c_int64, c_void_p, POINTER(sf_launch_config)]),
     'sf_mem_alloc': (c_int, [c_void_p, c_size_t, POINTER(c_uint64)]),
@@ -365,6 +384,7 @@ PROTOTYPES = {
     'sf_nvrtc_version': (c_int, [POINTER(c_int), POINTER(c_int)]),
     'sf_time_dense_gemm': (c_int, [c_void_p, POINTER(sf_gemm_desc), POINTER(sf_timing_options), POINTER(sf_gemm_timing)]),
     'sf_time_blocked_ell': (c_int, [c_void_p, POINTER(sf_blocked_ell_desc), POINTER(sf_timing_options), POINTER(sf_timing)]),
+    'sf_time_sparselt': (c_int, [c_void_p, POINTER(sf_sparselt_desc), POINTER(sf_timing_options), POINTER(sf_sparselt_timing)]),
     'sf_cache_open': (c_int, [c_char_p, c_int, POINTER(c_void_p)]),
     'sf_cache_close': (None, [c_void_p]),
     'sf_cache_errmsg': (c_char_p, [c_void_p]),

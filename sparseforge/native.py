@@ -32,8 +32,8 @@ from typing import Any, Optional, Sequence
 
 from . import _abi
 from ._abi import (sf_blocked_ell_desc, sf_compile_options, sf_device_info, sf_gemm_desc,
-                   sf_gemm_timing, sf_kernel_attrs, sf_launch_config, sf_launch_record, sf_timing,
-                   sf_timing_options)
+                   sf_gemm_timing, sf_kernel_attrs, sf_launch_config, sf_launch_record,
+                   sf_sparselt_desc, sf_sparselt_timing, sf_timing, sf_timing_options)
 from ._lib import STATUS, SFError, error_for, load, raises
 
 __all__ = [
@@ -134,7 +134,8 @@ _clib = load   # every prototype is declared by the loader
 _local = threading.local()
 
 
-def _timing_options(warmup, min_reps, max_reps, min_total_ms, flush_l2, graph_batch):
+def _timing_options(warmup, min_reps, max_reps, min_total_ms, flush_l2, graph_batch,
+                    rotate_bytes=0):
     o = sf_timing_options()
     o.warmup = _as_int(warmup, "warmup") if warmup else -1  # 0: none
     o.min_reps = _as_int(min_reps, "min_reps")
@@ -143,11 +144,33 @@ def _timing_options(warmup, min_reps, max_reps, min_total_ms, flush_l2, graph_ba
     o.min_total_ms = float(min_total_ms) or 1e-9
     o.flush_l2 = 1 if flush_l2 else 0
     o.graph_batch = _as_int(graph_batch, "graph_batch")
+    rotate = _as_int(rotate_bytes, "rotate_bytes")
+    if rotate < 0:
+        raise ValueError(f"rotate_bytes must not be negative, got {rotate}")
+    o.rotate_bytes = rotate
     if o.min_reps < 1 or o.max_reps < o.min_reps:
         raise ValueError(f"need 1 <= min_reps <= max_reps, got {o.min_reps}, {o.max_reps}")
     if o.min_total_ms < 0 or o.graph_batch < 0 or o.warmup < -1:
         raise ValueError("warmup, min_total_ms and graph_batch must not be negative")
     return o
+
+
+def _find_sparselt() -> None:
+    """Points $SF_CUSPARSELT at the cuSPARSELt of an installed
+    `nvidia-cusparselt` wheel (as PyTorch brings it) when the variable is
+    unset; the C library then tries the usual names."""
+    import os
+    if os.environ.get("SF_CUSPARSELT"):
+        return
+    import glob
+    import sys
+    for base in sys.path:
+        for pattern in ("nvidia/cusparselt/lib/libcusparseLt.so*",
+                        "nvidia/cu*/lib/libcusparseLt.so*"):
+            found = sorted(glob.glob(os.path.join(base, pattern)))
+            if found:
+                os.environ["SF_CUSPARSELT"] = found[0]
+                return
 
 
 _DTYPES = {"fp32": 0, "fp16": 1, "bf16": 2}  # sf_dtype
@@ -813,33 +836,57 @@ class Context:
     def time(self, kfn: KernelFn, grid, block, args: Sequence[Any] = (),
              sig: Optional[str] = None, shared: int = 0, warmup: int = 3, min_reps: int = 30,
              max_reps: int = 1000, min_total_ms: float = 100.0, flush_l2: bool = True,
-             graph_batch: int = 0, stream=None) -> dict:
+             graph_batch: int = 0, stream=None, rotate_bytes: int = 0) -> dict:
         """Times kfn with CUDA events (see sf_time_kernel): dict(median_ms,
-        p20_ms, p80_ms, min_ms, mean_ms, reps)."""
+        p20_ms, p80_ms, min_ms, mean_ms, reps).  rotate_bytes is for the
+        peers; a kernel rotates through copies the caller made (time_sets)."""
+        return self.time_sets(kfn, grid, block, [args], sig, shared, warmup, min_reps,
+                              max_reps, min_total_ms, flush_l2, graph_batch, stream)
+
+    def time_sets(self, kfn: KernelFn, grid, block, arg_sets: Sequence[Sequence[Any]],
+                  sig: Optional[str] = None, shared: int = 0, warmup: int = 3,
+                  min_reps: int = 30, max_reps: int = 1000, min_total_ms: float = 100.0,
+                  flush_l2: bool = True, graph_batch: int = 0, stream=None) -> dict:
+        """Times kfn launched with each argument list of `arg_sets` in turn
+        (each naming its own copy of the operands: see sf_time_kernel_sets),
+        as time() does for one list."""
         h = self._live_handle()
         k = self._kernel_handle(kfn)
         cfg = self._config(grid, block, shared, stream)
-        arr, keep = _kernel_args(args, sig)
+        sets = list(arg_sets)
+        if not sets:
+            raise ValueError("arg_sets is empty")
+        built = [_kernel_args(a, sig) for a in sets]
+        arr = (c_void_p * len(built))()
+        for i, (a, _) in enumerate(built):
+            arr[i] = ctypes.cast(a, c_void_p)
         o = _timing_options(warmup, min_reps, max_reps, min_total_ms, flush_l2, graph_batch)
         t = sf_timing()
-        _check(_clib().sf_time_kernel(h, k, byref(cfg), arr, byref(o), byref(t)), h)
-        del keep
+        if len(built) == 1:
+            _check(_clib().sf_time_kernel(h, k, byref(cfg), built[0][0], byref(o), byref(t)), h)
+        else:
+            _check(_clib().sf_time_kernel_sets(h, k, byref(cfg), arr, len(built), byref(o),
+                                               byref(t)), h)
+        del built
         return _timing_dict(t)
 
     def time_gemm(self, dtype: str, m: int, n: int, k: int, layout: str = "best",
                   warmup: int = 3, min_reps: int = 30, max_reps: int = 1000,
                   min_total_ms: float = 100.0, flush_l2: bool = True,
-                  graph_batch: int = 0) -> dict:
+                  graph_batch: int = 0, rotate_bytes: int = 0) -> dict:
         """Times cuBLAS on Y (M x N) = W (M x K) X with the protocol of
-        time() (see sf_time_dense_gemm).  layout: "fm", "tm" or "best" (both,
-        the faster counts).  dict(median_ms, ..., layout)."""
+        time() (see sf_time_dense_gemm; rotate_bytes > 0: the launches
+        rotate through copies of W, X and Y holding that many bytes).
+        layout: "fm", "tm" or "best" (both, the faster counts).
+        dict(median_ms, ..., layout)."""
         h = self._live_handle()
         if dtype not in _DTYPES:
             raise ValueError(f"unknown dtype {dtype!r}; expected one of {sorted(_DTYPES)}")
         if layout not in _LAYOUTS:
             raise ValueError(f"unknown layout {layout!r}; expected fm, tm or best")
         d = sf_gemm_desc(_DTYPES[dtype], m, n, k, _LAYOUTS[layout])
-        o = _timing_options(warmup, min_reps, max_reps, min_total_ms, flush_l2, graph_batch)
+        o = _timing_options(warmup, min_reps, max_reps, min_total_ms, flush_l2, graph_batch,
+                            rotate_bytes)
         t = sf_gemm_timing()
         _check(_clib().sf_time_dense_gemm(h, byref(d), byref(o), byref(t)), h)
         return {**_timing_dict(t.timing), "layout": ("fm", "tm")[t.layout_used]}
@@ -872,6 +919,30 @@ class Context:
         t = sf_timing()
         _check(_clib().sf_time_blocked_ell(h, byref(d), byref(o), byref(t)), h)
         return {**_timing_dict(t), "layout": layout}
+
+    def time_sparselt(self, dtype: str, m: int, k: int, n: int, layout: str = "fm",
+                      warmup: int = 3, min_reps: int = 30, max_reps: int = 1000,
+                      min_total_ms: float = 100.0, flush_l2: bool = True,
+                      graph_batch: int = 0, rotate_bytes: int = 0) -> dict:
+        """Times cuSPARSELt's 2:4 matmul, after its own configuration
+        search, on Y (M x N) = W (M x K) X with the protocol of time() (see
+        sf_time_sparselt).  dtype "fp16" or "bf16"; layout "fm" or "tm".
+        The library is found as $SF_CUSPARSELT, else by its usual names,
+        else inside an installed `nvidia-cusparselt` wheel.
+        dict(median_ms, ..., layout, alg_id)."""
+        h = self._live_handle()
+        if dtype not in ("fp16", "bf16"):
+            raise ValueError(f"unknown dtype {dtype!r}; cuSPARSELt's 2:4 peer takes fp16 or bf16")
+        if layout not in ("fm", "tm"):
+            raise ValueError(f"unknown layout {layout!r}; expected fm or tm")
+        m, k, n = (_as_int(v, name) for v, name in ((m, "m"), (k, "k"), (n, "n")))
+        _find_sparselt()
+        d = sf_sparselt_desc(_DTYPES[dtype], m, n, k, _LAYOUTS[layout])
+        o = _timing_options(warmup, min_reps, max_reps, min_total_ms, flush_l2, graph_batch,
+                            rotate_bytes)
+        t = sf_sparselt_timing()
+        _check(_clib().sf_time_sparselt(h, byref(d), byref(o), byref(t)), h)
+        return {**_timing_dict(t.timing), "layout": layout, "alg_id": t.alg_id}
 
     def synchronize(self) -> None:
         """Waits for the GPU; a kernel fault surfaces here as CudaError."""

@@ -49,6 +49,24 @@ DEFAULT_TIMING = {"warmup": 3, "min_reps": 30, "max_reps": 1000, "min_total_ms":
                   "flush_l2": True}
 QUICK_TIMING = {"warmup": 2, "min_reps": 10, "max_reps": 200, "min_total_ms": 15.0,
                 "flush_l2": True}
+# Short kernels (N <= SHORT_N) are timed as they run in a model's forward
+# pass: CUDA graphs of SHORT_GRAPH launches rotating through copies of
+# their operands that hold twice the L2 (DESIGN.md, "Measuring"); so are
+# the peers they are compared with.
+SHORT_N = 256
+SHORT_GRAPH = 16
+
+
+def timing_for(timing: dict, n: int, device: Optional[dict]) -> dict:
+    """The protocol of `timing` for N columns: short kernels rotate their
+    operands through twice the device's L2 inside graphs of launches."""
+    if n > SHORT_N or not device or timing.get("rotate_bytes") == 0:
+        return dict(timing)
+    l2 = int(device.get("l2_bytes") or 0) or (50 << 20)
+    return dict(timing, rotate_bytes=2 * l2, graph_batch=max(SHORT_GRAPH, timing.get("graph_batch", 0)),
+                flush_l2=False)
+
+
 # Configurations compiled per layer and architecture where no GPU can
 # measure them, and the architectures they are compiled for (Ampere and
 # Hopper; --arch names others).
@@ -435,7 +453,7 @@ class Tuner:
             ref = reference(matrix, x, op, bias=bias, columns=cols)
             self.worker.setup(Setup(op.dtype, op.layout, matrix.rows, n,
                                     to_device_bytes(x, op.dtype), cols, ref,
-                                    dict(timing or self.timing)))
+                                    timing_for(timing or self.timing, n, self.device)))
 
     def _trial(self, kernel: Kernel, cubin: bytes, n: int, cutoff_ms: Optional[float]):
         """The worker's verdict on one compiled candidate (verified, then
@@ -555,8 +573,9 @@ class Tuner:
         key = (op.dtype, op.layout, matrix.rows, nres.n, matrix.cols)
         if key not in self._peers:
             with self.phases("peer"):
-                self._peers[key] = self.worker.peer(PeerJob(op.dtype, op.layout, matrix.rows,
-                                                            nres.n, matrix.cols, self.timing))
+                self._peers[key] = self.worker.peer(
+                    PeerJob(op.dtype, op.layout, matrix.rows, nres.n, matrix.cols,
+                            timing_for(self.timing, nres.n, self.device)))
             status, info = self._peers[key]
             if status == "ok":
                 self.cache.put_trial(self.env_key, "dense", f"cublas.{op.dtype}.{op.layout}",

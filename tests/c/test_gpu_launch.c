@@ -24,7 +24,8 @@ static const char *kSource =
     "    for (int i = 0; i < n; i++) acc += s[i];\n"
     "    *out = acc;\n"
     "  }\n"
-    "}\n";
+    "}\n"
+    "extern \"C\" __global__ void count(int *c) { atomicAdd(c, 1); }\n";
 
 #define N (1 << 20)
 
@@ -106,6 +107,38 @@ static void test_timing(sf_context *ctx, sf_kernel *k) {
   CHECK_CONTAINS(sf_errmsg(ctx), "CUDA_ERROR_INVALID_VALUE");
   CHECK_EQ_INT(SF_OK, sf_mem_free(ctx, dx));
   CHECK_EQ_INT(SF_OK, sf_mem_free(ctx, dy));
+}
+
+/* Rotating argument sets: each launch takes the next set; a graph holds
+ * whole rounds (graph_batch 4 with 3 sets becomes 6).  One plain launch
+ * (set 0), a captured graph of sets 1, 2, 0, 1, 2, 0, then 1 warm-up and
+ * 5 timed replays: set 0 counts 13, sets 1 and 2 count 12. */
+static void test_rotation(sf_context *ctx, sf_kernel *k) {
+  sf_devptr c[3] = {0, 0, 0};
+  void *a0[] = {&c[0]}, *a1[] = {&c[1]}, *a2[] = {&c[2]};
+  void **sets[] = {a0, a1, a2};
+  for (int i = 0; i < 3; i++) {
+    CHECK_EQ_INT(SF_OK, sf_mem_alloc(ctx, sizeof(int), &c[i]));
+    CHECK_EQ_INT(SF_OK, sf_memset_d8(ctx, c[i], 0, sizeof(int)));
+  }
+  sf_launch_config cfg = {{1, 1, 1}, {1, 1, 1}, 0, NULL};
+  sf_timing_options o = {0};
+  o.warmup = 1;
+  o.min_reps = 5;
+  o.max_reps = 5;
+  o.min_total_ms = 1e-6;
+  o.graph_batch = 4;
+  sf_timing t;
+  CHECK_EQ_INT(SF_OK, sf_time_kernel_sets(ctx, k, &cfg, sets, 3, &o, &t));
+  CHECK_EQ_INT(5, t.reps);
+  int got[3];
+  for (int i = 0; i < 3; i++) {
+    CHECK_EQ_INT(SF_OK, sf_memcpy_dtoh(ctx, &got[i], c[i], sizeof(int)));
+    CHECK_EQ_INT(SF_OK, sf_mem_free(ctx, c[i]));
+  }
+  CHECK_EQ_INT(13, got[0]);
+  CHECK_EQ_INT(12, got[1]);
+  CHECK_EQ_INT(12, got[2]);
 }
 
 static void test_shared_memory(sf_context *ctx, sf_kernel *k,
@@ -204,6 +237,9 @@ int main(void) {
   test_shared_memory(ctx, smem, &info);
   test_timing(ctx, axpb);
   run_axpb(ctx, axpb, "after timing");
+  sf_kernel *count_k = NULL;
+  CHECK_EQ_INT(SF_OK, sf_kernel_get(ctx, mod, "count", &count_k));
+  if (count_k) test_rotation(ctx, count_k);
 
   /* PTX: the driver compiles it at load */
   sf_compile_options o = {0};

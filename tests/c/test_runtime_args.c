@@ -96,6 +96,18 @@ int main(void) {
   CHECK_EQ_INT(SF_ERR_INVALID_ARG, sf_time_kernel(NULL, NULL, &cfg, NULL, NULL, &timing));
   EXPECT_INVALID(sf_time_kernel(ctx, NULL, &cfg, NULL, NULL, &timing),
                  "kernel is NULL");
+  void *one_set[1] = {NULL};
+  void **sets[2] = {one_set, NULL};
+  CHECK_EQ_INT(SF_ERR_INVALID_ARG,
+               sf_time_kernel_sets(NULL, NULL, &cfg, sets, 1, NULL, &timing));
+  EXPECT_INVALID(sf_time_kernel_sets(ctx, NULL, &cfg, sets, 0, NULL, &timing),
+                 "n_sets must be at least 1 with arg_sets given (n_sets 0)");
+  EXPECT_INVALID(sf_time_kernel_sets(ctx, NULL, &cfg, NULL, 1, NULL, &timing),
+                 "n_sets must be at least 1");
+  EXPECT_INVALID(sf_time_kernel_sets(ctx, NULL, &cfg, sets, 2, NULL, &timing),
+                 "argument set 1 is NULL");
+  EXPECT_INVALID(sf_time_kernel_sets(ctx, NULL, &cfg, sets, 1, NULL, &timing),
+                 "kernel is NULL");
 
   /* memory */
   sf_devptr p = 99;
