@@ -6,7 +6,9 @@
 # last.  Stages: tests tune deploy sanitize bench (the default).  `claim`
 # measures the budgeted strategy; `model` tunes the BERT-base-sized model
 # (bench/tune_model.py, ~30 min for its two prunings); `gpus` runs the main
-# job on every GPU (--gpus all).  The GPU machine lacks sqlite3.h: carry
+# job on every GPU (--gpus all); `nm24` runs the 2:4 GPU tests and
+# bench/nm24.py (NM24_ARGS, e.g. --suites s2 or --configs for a probe).
+# The GPU machine lacks sqlite3.h: carry
 # .gpu/ (holding it) along.
 #   bash bench/gpu_check.sh tests tune
 set -uo pipefail
@@ -53,6 +55,11 @@ case " $STAGES " in *" gpus "*)
 case " $STAGES " in *" model "*)
   step model python3 bench/tune_model.py --db-dir /tmp/sf-model ${MODEL_ARGS:-} --results "$OUT/MODEL.md"
   cat "$OUT/MODEL.md" 2>/dev/null ;; esac
+case " $STAGES " in *" nm24 "*)
+  step nm24_tests python3 -m pytest -q -rs -p no:cacheprovider tests/py/test_family_nm24.py tests/py/test_peer_sparselt.py -m gpu ${NM24_TEST_ARGS:-}
+  grep -E "passed|failed" "$OUT/nm24_tests.log" | tail -1
+  step nm24_bench python3 bench/nm24.py --db /tmp/sf-nm24.db ${NM24_ARGS:-} --results "$OUT/NM24.md"
+  grep -E "^  s[12] " "$OUT/nm24_bench.log" | tail -60; cat "$OUT/NM24.md" 2>/dev/null ;; esac
 case " $STAGES " in *" sanitize "*)
   step memcheck compute-sanitizer --tool memcheck --error-exitcode 9 python3 bench/sanitize.py
   step racecheck compute-sanitizer --tool racecheck --error-exitcode 9 python3 bench/sanitize.py --small

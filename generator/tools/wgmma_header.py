@@ -1,4 +1,5 @@
-"""Writes templates/include/sf/mma_sm90.cuh: the wgmma wrappers.
+"""Writes templates/include/sf/mma_sm90.cuh: the wgmma wrappers (dense
+m64nNk16 and 2:4 sparse m64nNk32).
 
 A wgmma instruction names every accumulator register of the warpgroup's
 64 x N tile in its operand list (N/2 per thread), which the C preprocessor
@@ -14,7 +15,7 @@ import argparse
 import sys
 from pathlib import Path
 
-N_CHOICES = (64, 128, 256)        # the N of a warpgroup tile (rowgroup WG_N_CHOICES)
+N_CHOICES = (64, 128, 256)        # the N of a warpgroup tile (rowgroup WG_N_CHOICES, nm24's)
 TYPES = (("__half", "f16"), ("__nv_bfloat16", "bf16"))
 
 HEAD = """\
@@ -77,6 +78,13 @@ __device__ __forceinline__ void fence_proxy_async() {
 // d (64 x N, fp32) = A (64 x 16) . B (16 x N) + (scale_d ? d : 0).
 // TRANS_A / TRANS_B: the operand is MN-major in shared memory (else K-major).
 template <typename T, int N, int TRANS_A, int TRANS_B> struct Mma;
+
+// 2:4 sparse: d (64 x N, fp32) = A (64 x 32, two of every four along K
+// kept: 64 x 16 values in shared memory, K-major) . B (32 x N) + (scale_d ?
+// d : 0).  `meta` is this thread's metadata register: per warp the layout
+// of mma.sp m16n8k32 (PTX ISA, "Sparse WGMMA metadata"), read from the
+// thread pair SEL (0: lanes 4g, 4g+1; 1: lanes 4g+2, 4g+3) of each quad.
+template <typename T, int N, int SEL, int TRANS_B> struct SpMma;
 """
 
 TAIL = """
@@ -87,38 +95,58 @@ __device__ __forceinline__ void mma(float (&acc)[N / 8][4], unsigned long long d
   Mma<T, N, TRANS_A, TRANS_B>::run(reinterpret_cast<float *>(acc), desc_a, desc_b, scale_d);
 }
 
+// Calls the 2:4 wrapper on an accumulator held as N/8 fragments of 4.
+template <typename T, int N, int SEL, int TRANS_B>
+__device__ __forceinline__ void mma_sp(float (&acc)[N / 8][4], unsigned long long desc_a,
+                                       unsigned long long desc_b, unsigned meta,
+                                       int scale_d = 1) {
+  SpMma<T, N, SEL, TRANS_B>::run(reinterpret_cast<float *>(acc), desc_a, desc_b, meta, scale_d);
+}
+
 }  // namespace sm90
 }  // namespace sf
 """
 
 
+def _wrapper(head: list, instruction: str, operands: str, inputs: str, regs: int) -> str:
+    """One wrapper: `head` (the struct and run() lines), then the asm
+    statement: predicate from scale_d (the last input), `instruction`, the
+    accumulator list (8 registers a source line), `operands` after it, the
+    accumulators as read-write outputs and `inputs`."""
+    lines = head + ["    asm volatile(",
+                    '        "{\\n.reg .pred p;\\n"',
+                    f'        "setp.ne.b32 p, %{regs + inputs.count("(")}, 0;\\n"',
+                    f'        "{instruction} "',
+                    '        "{"']
+    chunks = [", ".join(f"%{i}" for i in range(j, min(regs, j + 8))) for j in range(0, regs, 8)]
+    for j, c in enumerate(chunks):
+        lines.append(f'        "{c}{"," if j + 1 < len(chunks) else ""}"')
+    lines.append(f'        "}}, {operands};\\n}}\\n"')
+    outs = [f'"+f"(d[{i}])' for i in range(regs)]
+    lines.append("        : " + ",\n          ".join(", ".join(outs[j:j + 4]) for j in range(0, regs, 4)))
+    lines += [f'        : {inputs}, "r"(scale_d));', "  }", "};"]
+    return "\n".join(lines) + "\n"
+
+
 def wrapper(elem: str, ptx: str, n: int) -> str:
     regs = n // 2
-    a, b, ta, tb = regs, regs + 1, regs + 2, regs + 3
-    operands = []
-    for i in range(regs):
-        operands.append(f'"+f"(d[{i}])')
-    sd = regs + 4
-    lines = [f"template <int TRANS_A, int TRANS_B> struct Mma<{elem}, {n}, TRANS_A, TRANS_B> {{",
-             "  __device__ __forceinline__ static void run(float *d, unsigned long long desc_a,",
-             "                                             unsigned long long desc_b, int scale_d) {",
-             "    asm volatile(",
-             '        "{\\n.reg .pred p;\\n"',
-             f'        "setp.ne.b32 p, %{sd}, 0;\\n"',
-             f'        "wgmma.mma_async.sync.aligned.m64n{n}k16.f32.{ptx}.{ptx} "']
-    # the register list, 8 per source line
-    chunks = [", ".join(f"%{i}" for i in range(j, min(regs, j + 8))) for j in range(0, regs, 8)]
-    lines.append('        "{"')
-    for j, c in enumerate(chunks):
-        sep = "," if j + 1 < len(chunks) else ""
-        lines.append(f'        "{c}{sep}"')
-    lines.append(f'        "}}, %{a}, %{b}, p, 1, 1, %{ta}, %{tb};\\n}}\\n"')
-    ops = [", ".join(operands[j:j + 4]) for j in range(0, regs, 4)]
-    lines.append("        : " + (",\n          ".join(ops)))
-    lines.append('        : "l"(desc_a), "l"(desc_b), "n"(TRANS_A), "n"(TRANS_B), "r"(scale_d));')
-    lines.append("  }")
-    lines.append("};")
-    return "\n".join(lines) + "\n"
+    head = [f"template <int TRANS_A, int TRANS_B> struct Mma<{elem}, {n}, TRANS_A, TRANS_B> {{",
+            "  __device__ __forceinline__ static void run(float *d, unsigned long long desc_a,",
+            "                                             unsigned long long desc_b, int scale_d) {"]
+    return _wrapper(head, f"wgmma.mma_async.sync.aligned.m64n{n}k16.f32.{ptx}.{ptx}",
+                    f"%{regs}, %{regs + 1}, p, 1, 1, %{regs + 2}, %{regs + 3}",
+                    '"l"(desc_a), "l"(desc_b), "n"(TRANS_A), "n"(TRANS_B)', regs)
+
+
+def sparse_wrapper(elem: str, ptx: str, n: int) -> str:
+    regs = n // 2
+    head = [f"template <int SEL, int TRANS_B> struct SpMma<{elem}, {n}, SEL, TRANS_B> {{",
+            "  __device__ __forceinline__ static void run(float *d, unsigned long long desc_a,",
+            "                                             unsigned long long desc_b, unsigned meta,",
+            "                                             int scale_d) {"]
+    return _wrapper(head, f"wgmma.mma_async.sp.sync.aligned.m64n{n}k32.f32.{ptx}.{ptx}",
+                    f"%{regs}, %{regs + 1}, %{regs + 2}, %{regs + 3}, p, 1, 1, 0, %{regs + 4}",
+                    '"l"(desc_a), "l"(desc_b), "r"(meta), "n"(SEL), "n"(TRANS_B)', regs)
 
 
 def header() -> str:
@@ -126,6 +154,9 @@ def header() -> str:
     for elem, ptx in TYPES:
         for n in N_CHOICES:
             parts.append("\n" + wrapper(elem, ptx, n))
+    for elem, ptx in TYPES:
+        for n in N_CHOICES:
+            parts.append("\n" + sparse_wrapper(elem, ptx, n))
     parts.append(TAIL)
     return "".join(parts)
 

@@ -173,9 +173,19 @@ def test_search_space_valid(device, layout):
     for c in space:
         FAM.check_config(c, m, op, {}, device)
         assert nm24_mod.smem_bytes(c, layout) <= limit
-        assert (c["bm"] // c["wm"] // 16) * (c["bn"] // c["wn"] // 8) * 4 <= 128
+        if c.get("wg"):
+            assert c["bn"] // c["wn"] // 2 <= 128 and c["bm"] == 64 * c["wm"]
+        else:
+            assert (c["bm"] // c["wm"] // 16) * (c["bn"] // c["wn"] // 8) * 4 <= 128
         names.add(FAM.generate(m, op, {}, c).name)
     assert len(names) == len(space)
+    # sparse wgmma where the device is sm_90a (or none is named), never elsewhere
+    assert any(c.get("wg") for c in space) == (device is None or device.get("arch") == "sm_90a"
+                                               or "arch" not in device)
+    if device is H100:
+        assert FAM.hint_configs(m, op, {}, device)[0].get("wg") == 1
+    if device is A100:
+        assert not any(c.get("wg") for c in FAM.hint_configs(m, op, {}, device))
 
 
 @pytest.mark.parametrize("bad,what", [
@@ -194,6 +204,59 @@ def test_check_config_refusals(bad, what):
     cfg = dict(BASE, **bad)
     with pytest.raises(ConfigError, match=what):
         FAM.check_config(cfg, m, Operation(), {}, {"smem_per_block_optin": 101376})
+
+
+WG = dict(bm=128, bn=256, bk=64, wm=2, wn=1, stages=4, wg=1)
+
+
+@pytest.mark.parametrize("bad,layout,what", [
+    (dict(wm=1), "fm", "bm == 64 \\* wm: a warpgroup's rows are one 64-row wgmma tile"),
+    (dict(bn=192), "fm", r"wg_n in \(64, 128, 256\): a warpgroup's columns"),
+    (dict(bn=64, wn=2), "fm", "a warpgroup's columns are one wgmma N of 64, 128 or 256"),
+    (dict(bk=32), "tm", "token-major X tile rows are whole 128-byte swizzle atoms"),
+    (dict(bm=256, wm=4), "fm", "the accumulators .* fit the registers"),
+    (dict(stages=2), "fm", r"stages in \(3, 4, 5, 6\)"),
+    (dict(stages=6, bk=128), "fm", "smem <= smem_limit"),
+])
+def test_check_config_refusals_wg(bad, layout, what):
+    m = random_24(64, 64, seed=8)
+    with pytest.raises(ConfigError, match=what):
+        FAM.check_config(dict(WG, **bad), m, Operation(layout=layout), {}, H100)
+
+
+def test_wg_needs_sm90a():
+    m = random_24(64, 64, seed=8)
+    FAM.check_config(WG, m, Operation(), {}, H100)
+    with pytest.raises(ConfigError, match="sm90a == 1: sparse wgmma needs sm_90a"):
+        FAM.check_config(WG, m, Operation(), {}, A100)
+
+
+def test_wgmma_value_order():
+    """Per (64-row tile, K step): value (r, c) of the 64 x 16 compressed
+    block at 256 (r/8) + 128 (c/8) + 16 (r%8) + 2 (c%8) bytes."""
+    r, kh = 128, 48
+    vals = np.arange(r * kh, dtype=np.float32).reshape(r, kh)
+    flat = nm24_pack.pack_values_sm90(vals)
+    ksteps = kh // 16
+    for (row, col) in [(0, 0), (1, 0), (0, 1), (8, 0), (0, 8), (63, 15), (64, 16), (127, 47), (70, 33)]:
+        t, s, rr, cc = row // 64, col // 16, row % 64, col % 16
+        off = (t * ksteps + s) * 1024 + (rr // 8) * 128 + (cc // 8) * 64 + (rr % 8) * 8 + cc % 8
+        assert flat[off] == vals[row, col], (row, col)
+    np.testing.assert_array_equal(nm24_pack.unpack_values_sm90(flat, r, kh), vals)
+
+
+@pytest.mark.parametrize("layout", ["fm", "tm"])
+def test_wg_plan_round_trip(layout):
+    m = random_24(150, 200, seed=12, zero_rows=(0, 149), dtype="bf16")
+    op = Operation(dtype="bf16", layout=layout)
+    plan = FAM.plan(m, op, {}, WG)
+    assert plan.mp == 256 and plan.kp == 256 and plan.threads == 256
+    same_matrix(FAM.unpack(plan), m, "bf16")
+    k = FAM.render(plan, op, WG)
+    assert "wgmma.mma_async.sp.sync.aligned.m64n256k32.f32.bf16.bf16" in k.source
+    assert k.launch["block"] == (256, 1, 1) and k.launch["n_tile"] == 256
+    assert k.launch["grid"] == (1, 2, 1)
+    assert k.launch["shared_bytes"] == nm24_mod.smem_bytes(WG, layout)
 
 
 def test_check_config_keys_and_ops():
@@ -237,6 +300,33 @@ COMPILE_CASES = [
     ("fp16", "tm", dict(bm=128, bn=64, bk=32, wm=4, wn=1, stages=2), Epilogue(activation="relu")),
     ("bf16", "tm", dict(bm=128, bn=256, bk=64, wm=2, wn=4, stages=3), Epilogue(bias=True)),
 ]
+
+
+WG_COMPILE_CASES = [
+    ("fp16", "fm", dict(WG), Epilogue()),
+    ("bf16", "tm", dict(WG, bn=128, stages=5), Epilogue(bias=True, activation="gelu")),
+    ("fp16", "fm", dict(WG, bm=64, bn=64, bk=32, wm=1, stages=3), Epilogue(activation="relu")),
+    ("bf16", "tm", dict(WG, bm=64, bn=256, bk=128, wm=1, stages=3), Epilogue(scale=0.5)),
+    ("fp16", "fm", dict(WG, bm=64, wm=1, wn=2), Epilogue(bias=True)),
+]
+
+
+@pytest.mark.parametrize("case", range(len(WG_COMPILE_CASES)))
+def test_wg_templates_compile_without_spills(case, nvrtc):
+    """Sparse wgmma kernels compile for sm_90a with no local-memory spills
+    and are refused for sm_80 with the reason."""
+    import re
+    from sparseforge.native import CompileError
+    dtype, layout, c, ep = WG_COMPILE_CASES[case]
+    m = random_24(150, 200 if layout == "fm" else 203, seed=30 + case)  # tm: K % 8 != 0 once
+    op = Operation(dtype=dtype, layout=layout, epilogue=ep)
+    k = FAM.generate(m, op, {}, c, bias=np.ones(150, np.float32) if ep.bias else None)
+    log = nvrtc(k.source, "sm_90a", k.name + ".cu", options=("--ptxas-options=-v",)).log
+    spills = re.findall(r"(\d+) bytes spill stores, (\d+) bytes spill loads", log)
+    assert spills and all(s == ("0", "0") for s in spills), log
+    assert "warning" not in log.lower(), log
+    with pytest.raises(CompileError, match="compile it for sm_90a"):
+        nvrtc(k.source, "sm_80", k.name + ".cu")
 
 
 @pytest.mark.parametrize("arch", ["sm_80", "sm_90a"])
@@ -316,4 +406,60 @@ def test_gpu_large_n(layout):
     m = random_24(512, 1024, seed=5, mode="full")
     op = Operation(dtype="fp16", layout=layout)
     for c in GPU_CONFIGS[:2]:
+        _verify(m, op, c, 4096)
+
+
+# ---- GPU: the sparse wgmma path (sm_90a) -------------------------------------------------
+
+WG_GPU_CONFIGS = [
+    dict(bm=128, bn=256, bk=64, wm=2, wn=1, stages=4, wg=1),
+    dict(bm=128, bn=128, bk=64, wm=2, wn=1, stages=5, wg=1),
+    dict(bm=64, bn=256, bk=128, wm=1, wn=2, stages=3, wg=1),
+    dict(bm=64, bn=64, bk=64, wm=1, wn=1, stages=6, wg=1),
+]
+WG_FM_ONLY = [dict(bm=64, bn=128, bk=32, wm=1, wn=1, stages=3, wg=1)]  # BK = 32: feature-major
+
+
+@pytest.fixture(scope="module")
+def hopper():
+    from sparseforge import native
+    info = native.Context(0).device_info()
+    if info["arch"] != "sm_90a":
+        pytest.skip(f"sparse wgmma needs sm_90a; this GPU is {info['arch']}")
+    return info
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", ["fp16", "bf16"])
+@pytest.mark.parametrize("layout", ["fm", "tm"])
+def test_gpu_wg_odd_shapes(hopper, layout, dtype):
+    """M and K not multiples of the tile (K % 8 != 0: the element-load
+    token-major path), empty rows; N = 1, odd N (the element-load
+    feature-major path), N ending inside a tile and past several."""
+    m = random_24(300, 523, seed=41, zero_rows=(0, 64, 299), dtype=dtype)
+    op = Operation(dtype=dtype, layout=layout)
+    for c in WG_GPU_CONFIGS + (WG_FM_ONLY if layout == "fm" else []):
+        for n in (1, 77, 264, 520):
+            _verify(m, op, c, n)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", ["fp16", "bf16"])
+@pytest.mark.parametrize("layout", ["fm", "tm"])
+def test_gpu_wg_epilogues(hopper, layout, dtype):
+    m = random_24(256, 512, seed=42, mode="full", dtype=dtype)
+    bias = np.random.default_rng(0).standard_normal(256).astype(np.float32)
+    for ep in (Epilogue(bias=True, activation="relu"), Epilogue(bias=True, activation="gelu", scale=0.5),
+               Epilogue(activation="gelu"), Epilogue(scale=-2.0)):
+        op = Operation(dtype=dtype, layout=layout, epilogue=ep)
+        for c in WG_GPU_CONFIGS[:2]:
+            _verify(m, op, c, 200, bias=bias if ep.bias else None)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("layout", ["fm", "tm"])
+def test_gpu_wg_large(hopper, layout):
+    m = random_24(1024, 2048, seed=43, mode="full")
+    op = Operation(dtype="fp16", layout=layout)
+    for c in WG_GPU_CONFIGS[:3]:
         _verify(m, op, c, 4096)

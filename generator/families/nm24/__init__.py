@@ -1,6 +1,12 @@
 """nm24: 2:4 semi-structured sparse W (in every aligned group of 4 along K,
-at most 2 nonzeros) times dense X on Sparse Tensor Cores, through
-`mma.sp::ordered_metadata` m16n8k32 (fp16 / bf16 in, fp32 accumulate).
+at most 2 nonzeros) times dense X on Sparse Tensor Cores (fp16 / bf16 in,
+fp32 accumulate), on two paths:
+
+- `mma.sp::ordered_metadata` m16n8k32 (sm_80 and later; templates/include/
+  sf/nm24.cuh), warps of a CTA tiling BM x BN;
+- on sm_90a, Hopper's sparse warpgroup MMA `wgmma.mma_async.sp` m64nNk32
+  (config key `wg`; sf/nm24_sm90.cuh): `wm` x `wn` warpgroups, each owning
+  a 64 x BN/wn tile, operands in shared memory.
 
 pack.py compresses and shuffles W into the order the kernel consumes it;
 the packed buffer holds the values, the metadata and the bias (fp32, MP
@@ -25,7 +31,7 @@ from ...kernel import ConfigError, Kernel, Operation, config_name, make_launch, 
 from ...matrix import SparseMatrix, from_device_bytes
 from ...space import Constraint, Space
 from .pack import (FRAG_BYTES, KSTEP, META_BYTES, MTILE, first_violation, pack_matrix,
-                   unpack_meta, unpack_values)
+                   unpack_meta, unpack_values, unpack_values_sm90)
 
 BM_CHOICES = (64, 128)
 BN_CHOICES = (64, 128, 256)
@@ -68,6 +74,64 @@ SPACE = Space(
     ])
 
 
+# The sm_90a path (`wg`: 1): wm x wn warpgroups, each a 64 x (bn / wn) tile
+# of sparse wgmma.
+WG_BM_CHOICES = (64, 128, 256)
+WG_BN_CHOICES = (64, 128, 256)
+WG_BK_CHOICES = (32, 64, 128)
+WG_STAGE_CHOICES = (3, 4, 5, 6)
+WG_KEYS = CONFIG_KEYS + ("wg",)
+WG_SPACE = Space(
+    choices={"bm": WG_BM_CHOICES, "bn": WG_BN_CHOICES, "bk": WG_BK_CHOICES, "wn": (1, 2),
+             "stages": WG_STAGE_CHOICES},
+    derived={
+        "wg_n": "bn // wn",
+        "threads": "128 * wm * wn",
+        "b_bytes": "bk * bn * 2",
+        "a_bytes": "bm * bk",
+        "e_bytes": "bm * bk // 8",
+        "stage_bytes": "cdiv(b_bytes + a_bytes + e_bytes, 1024) * 1024",
+        "c_bytes": "(bn if tm else bm) * ((bm if tm else bn) + 8) * 2",
+        "smem": "max(stages * stage_bytes, c_bytes) + 1024",
+        # the accumulators and about 72 registers of addresses and epilogue
+        "regs": "threads * (wg_n // 2 + 72)",
+    },
+    constraints=[
+        Constraint("wg == 1", "the sparse wgmma path"),
+        Constraint("bm == 64 * wm", "a warpgroup's rows are one 64-row wgmma tile"),
+        Constraint("wg_n * wn == bn and wg_n in (64, 128, 256)",
+                   "a warpgroup's columns are one wgmma N of 64, 128 or 256"),
+        Constraint("not tm or bk in (64, 128)",
+                   "token-major X tile rows are whole 128-byte swizzle atoms"),
+        Constraint("(bk * bn // 8) % threads == 0 and threads % ((bk if tm else bn) // 8) == 0",
+                   "the threads cover whole rows of the X tile"),
+        Constraint("regs <= 65536", "the accumulators (bn / wn / 2 a thread) and the rest fit "
+                   "the registers"),
+        Constraint(f"bm in {WG_BM_CHOICES}", "BM of a CTA tile"),
+        Constraint(f"bn in {WG_BN_CHOICES}", "BN of a CTA tile"),
+        Constraint(f"bk in {WG_BK_CHOICES}", "BK: one to four sparse wgmma K steps per stage"),
+        Constraint(f"stages in {WG_STAGE_CHOICES}", "pipeline depth (two stages behind the copies)"),
+        Constraint("wm in (1, 2, 4) and wn in (1, 2)", "1, 2 or 4 warpgroups along M, 1 or 2 along N"),
+        Constraint("sm90a == 1", "sparse wgmma needs sm_90a", device=True),
+        Constraint("smem <= smem_limit", "the shared memory fits the GPU's per-block limit",
+                   device=True),
+    ])
+
+
+def is_wg(config: dict) -> bool:
+    """Whether a configuration takes the sparse wgmma (sm_90a) path."""
+    return bool(config.get("wg", 0))
+
+
+def _space(config: dict) -> Space:
+    return WG_SPACE if is_wg(config) else SPACE
+
+
+def _device_env(device: Optional[dict]) -> dict:
+    return {"smem_limit": smem_limit(device),
+            "sm90a": int(not device or not device.get("arch") or device["arch"] == "sm_90a")}
+
+
 def _round_up(x: int, m: int) -> int:
     return max(m, -(-x // m) * m)
 
@@ -78,7 +142,7 @@ def _align16(x: int) -> int:
 
 def smem_bytes(config: dict, layout: str) -> int:
     """Dynamic shared memory of a configuration (the table's `smem`)."""
-    return SPACE.env(config, {"tm": int(layout == "tm")})["smem"]
+    return _space(config).env(config, {"tm": int(layout == "tm")})["smem"]
 
 
 # ---- analysis -------------------------------------------------------------------
@@ -218,31 +282,55 @@ class Nm24Family(Family):
     # ---- configurations -------------------------------------------------------
     def check_config(self, config: dict, matrix: SparseMatrix, op: Operation,
                      params: dict, device: Optional[dict] = None) -> None:
-        missing = [k for k in CONFIG_KEYS if k not in config]
+        keys = WG_KEYS if "wg" in config else CONFIG_KEYS
+        missing = [k for k in keys if k not in config]
         if missing:
-            raise ConfigError(f"nm24 config lacks {', '.join(missing)} (needs {', '.join(CONFIG_KEYS)})")
-        extra = sorted(set(config) - set(CONFIG_KEYS))
+            raise ConfigError(f"nm24 config lacks {', '.join(missing)} (needs {', '.join(keys)})")
+        extra = sorted(set(config) - set(WG_KEYS))
         if extra:
             raise ConfigError(f"nm24 config has unknown keys {', '.join(extra)}")
-        for k_ in CONFIG_KEYS:
+        for k_ in keys:
             if not isinstance(config[k_], (int, np.integer)) or isinstance(config[k_], bool):
                 raise ConfigError(f"{k_}: must be an integer, got {config[k_]!r}")
         self.check_op(op)
-        SPACE.check(config, {"tm": int(op.layout == "tm")}, {"smem_limit": smem_limit(device)})
+        _space(config).check(config, {"tm": int(op.layout == "tm")}, _device_env(device))
 
     def search_space(self, matrix: SparseMatrix, op: Operation, params: dict,
                      device: Optional[dict] = None) -> list[dict]:
+        """mma.sp configurations, and on sm_90a (or with no device named)
+        the sparse wgmma ones too."""
+        candidates = [dict(c, wm=wm, wn=wn, stages=stages)
+                      for c in SPACE.enumerate(("bm", "bn", "bk"))
+                      for wm, wn in WARP_LAYOUTS for stages in STAGE_CHOICES]
+        candidates += [dict(c, wm=c["bm"] // 64, wg=1) for c in WG_SPACE.enumerate()]
         out = []
-        for c in SPACE.enumerate(("bm", "bn", "bk")):
-            for wm, wn in WARP_LAYOUTS:
-                for stages in STAGE_CHOICES:
-                    cfg = dict(c, wm=wm, wn=wn, stages=stages)
-                    try:
-                        self.check_config(cfg, matrix, op, params, device)
-                    except ConfigError:
-                        continue
-                    out.append(cfg)
+        for cfg in candidates:
+            try:
+                self.check_config(cfg, matrix, op, params, device)
+            except ConfigError:
+                continue
+            out.append(cfg)
         return out
+
+    def hint_configs(self, matrix: SparseMatrix, op: Operation, params: dict,
+                     device: Optional[dict] = None) -> list[dict]:
+        """Large tiles of sparse wgmma first on sm_90a (two warpgroups along
+        M, the widest N the problem fills), then mma.sp's default."""
+        wg = [dict(bm=128, bn=256, bk=64, wm=2, wn=1, stages=4, wg=1),
+              dict(bm=128, bn=128, bk=64, wm=2, wn=1, stages=5, wg=1),
+              dict(bm=256, bn=128, bk=64, wm=4, wn=1, stages=4, wg=1),
+              dict(bm=128, bn=256, bk=64, wm=2, wn=2, stages=4, wg=1),
+              dict(bm=64, bn=256, bk=64, wm=1, wn=1, stages=5, wg=1),
+              dict(bm=64, bn=64, bk=128, wm=1, wn=1, stages=5, wg=1),
+              dict(bm=128, bn=64, bk=128, wm=2, wn=1, stages=5, wg=1)]
+        out = []
+        for cfg in wg + [dict(BASE_CONFIG)]:
+            try:
+                self.check_config(cfg, matrix, op, params, device)
+            except ConfigError:
+                continue
+            out.append(cfg)
+        return out or super().hint_configs(matrix, op, params, device)
 
     # ---- plan / unpack / render -------------------------------------------------
     def plan(self, matrix: SparseMatrix, op: Operation, params: dict, config: dict,
@@ -256,9 +344,10 @@ class Nm24Family(Family):
         m, k = matrix.shape
         bm, bk = config["bm"], config["bk"]
         mp, kp = _round_up(m, bm), _round_up(k, bk)
+        wg = is_wg(config)
         # the same for every configuration that pads alike: packed once
-        values, meta = matrix.cached(("nm24.pack", op.dtype, mp, kp),
-                                     lambda: pack_matrix(matrix, op.dtype, mp, kp))
+        values, meta = matrix.cached(("nm24.pack", op.dtype, mp, kp, wg),
+                                     lambda: pack_matrix(matrix, op.dtype, mp, kp, wgmma=wg))
 
         ep = op.epilogue
         bias_bytes = b""
@@ -286,15 +375,25 @@ class Nm24Family(Family):
         if ep.bias:
             buf[bias_offset:bias_offset + len(bias_bytes)] = bias_bytes
 
-        cfg = {key: int(config[key]) for key in CONFIG_KEYS}
+        cfg = {key: int(config[key]) for key in (WG_KEYS if wg else CONFIG_KEYS)}
         return Nm24Plan(
             name=config_name(self.tag(params), cfg, op), dtype=op.dtype, layout=op.layout,
             m=m, k=k, mp=mp, kp=kp, config=cfg, packed=bytes(buf),
             values_offset=values_offset, meta_offset=meta_offset, bias_offset=bias_offset,
             has_bias=ep.bias, smem_bytes=smem_bytes(cfg, op.layout),
-            threads=cfg["wm"] * cfg["wn"] * 32, grid=(1, mp // bm, 1),
+            threads=cfg["wm"] * cfg["wn"] * (128 if wg else 32), grid=(1, mp // bm, 1),
             perm=None if matrix.perm is None else matrix.perm.copy(),
             epilogue=dict(activation=ep.activation, scale=float(ep.scale)))
+
+    # ---- the benchmark peer ---------------------------------------------------------
+    peer = "cuSPARSELt"
+
+    def time_peer(self, ctx, matrix: SparseMatrix, params: dict, op: Operation, n: int,
+                  timing: dict) -> dict:
+        """cuSPARSELt's 2:4 matmul on the matrix's shape and layout, after
+        its own configuration search (sizes multiples of 16)."""
+        m, k = matrix.shape
+        return ctx.time_sparselt(op.dtype, m, k, n, layout=op.layout, **timing)
 
     def unpack(self, plan: Nm24Plan) -> SparseMatrix:
         """W back from the packed bytes (values rounded to the dtype; the
@@ -302,7 +401,8 @@ class Nm24Family(Family):
         mp, kp = plan.mp, plan.kp
         nv = mp * kp // 2
         raw = plan.packed[plan.values_offset:plan.values_offset + nv * 2]
-        values = unpack_values(from_device_bytes(raw, plan.dtype, nv), mp, kp // 2)
+        unshuffle = unpack_values_sm90 if is_wg(plan.config) else unpack_values
+        values = unshuffle(from_device_bytes(raw, plan.dtype, nv), mp, kp // 2)
         nw = (mp // MTILE) * (kp // KSTEP) * 16
         words = np.frombuffer(plan.packed, dtype="<u4", count=nw, offset=plan.meta_offset)
         nib = unpack_meta(words.astype(np.uint32), mp, kp // 4)
@@ -322,8 +422,9 @@ class Nm24Family(Family):
     def render(self, plan: Nm24Plan, op: Operation, config: dict) -> Kernel:
         c = plan.config
         scale = np.float32(plan.epilogue.get("scale", 1.0))
-        checks = SPACE.static_asserts(c, {"tm": int(plan.layout == "tm")}, TABLE_SOURCE)
-        source = render("nm24.cu.j2", name=plan.name, dtype=plan.dtype, layout=plan.layout,
+        checks = _space(c).static_asserts(c, {"tm": int(plan.layout == "tm")}, TABLE_SOURCE)
+        template = "nm24_sm90.cu.j2" if is_wg(c) else "nm24.cu.j2"
+        source = render(template, name=plan.name, dtype=plan.dtype, layout=plan.layout,
                         m=plan.m, k=plan.k, mp=plan.mp, kp=plan.kp,
                         bm=c["bm"], bn=c["bn"], bk=c["bk"], wm=c["wm"], wn=c["wn"],
                         stages=c["stages"], threads=plan.threads, smem_bytes=plan.smem_bytes,
@@ -334,6 +435,11 @@ class Nm24Family(Family):
                              n_tile=plan.config["bn"], shared_bytes=plan.smem_bytes)
         return Kernel(name=plan.name, source=source, packed=plan.packed, launch=launch,
                       config=dict(plan.config))
+
+
+# mma.sp's default (the first configuration a budgeted search measures
+# where sparse wgmma is not available)
+BASE_CONFIG = dict(bm=128, bn=128, bk=64, wm=2, wn=2, stages=3)
 
 
 def _float_literal(v: np.float32) -> str:

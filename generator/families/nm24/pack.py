@@ -23,11 +23,12 @@ KSTEP = 32          # dense K of one mma.sp m16n8k32
 MTILE = 16          # rows of one mma.sp
 FRAG_BYTES = 512    # compressed A of one (16-row tile, K step)
 META_BYTES = 64     # metadata of one (16-row tile, K step)
-ROW_CHUNK = 1024    # rows packed at a time (bounds host memory)
+ROW_CHUNK = 1024    # rows packed at a time (bounds host memory; a multiple of 64)
 
 # Axis orders of the shuffles (see pack_values / pack_meta).
 _VALUE_AXES = (0, 3, 2, 5, 4, 1, 6)
 _META_AXES = (0, 3, 2, 4, 1, 5)
+_WG_VALUE_AXES = (0, 3, 1, 4, 2, 5)
 
 
 def _group_keys(matrix: SparseMatrix) -> np.ndarray:
@@ -86,6 +87,20 @@ def unpack_values(flat: np.ndarray, r: int, kh: int) -> np.ndarray:
     return np.ascontiguousarray(v.transpose(np.argsort(_VALUE_AXES))).reshape(r, kh)
 
 
+def pack_values_sm90(values: np.ndarray) -> np.ndarray:
+    """Compressed values (R x KP/2, R % 64 == 0) in sparse wgmma order:
+    per (64-row tile, 32-wide K step) the 64 x 16 values in the no-swizzle
+    K-major operand layout, [tile][step][r / 8][c / 8][r % 8][c % 8]."""
+    r, kh = values.shape
+    v = values.reshape(r // 64, 8, 8, kh // 16, 2, 8)  # t rg rr s cg cr
+    return np.ascontiguousarray(v.transpose(_WG_VALUE_AXES)).ravel()
+
+
+def unpack_values_sm90(flat: np.ndarray, r: int, kh: int) -> np.ndarray:
+    v = flat.reshape(r // 64, kh // 16, 8, 2, 8, 8)
+    return np.ascontiguousarray(v.transpose(np.argsort(_WG_VALUE_AXES))).reshape(r, kh)
+
+
 def pack_meta(nibbles: np.ndarray) -> np.ndarray:
     """Nibbles (R x KP/4) as metadata words: [tile][step][g][h] (uint32)."""
     r, kq = nibbles.shape
@@ -103,8 +118,11 @@ def unpack_meta(words: np.ndarray, r: int, kq: int) -> np.ndarray:
     return np.ascontiguousarray(n).reshape(r, kq).astype(np.uint8)
 
 
-def pack_matrix(matrix: SparseMatrix, dtype: str, mp: int, kp: int) -> tuple[bytes, bytes]:
-    """(values bytes, metadata bytes) of `matrix` padded to mp x kp."""
+def pack_matrix(matrix: SparseMatrix, dtype: str, mp: int, kp: int,
+                wgmma: bool = False) -> tuple[bytes, bytes]:
+    """(values bytes, metadata bytes) of `matrix` padded to mp x kp; the
+    values in mma.sp fragment order, or with `wgmma` (mp % 64 == 0) in
+    sparse wgmma operand order.  The metadata is the same for both."""
     m, k = matrix.shape
     ks = kp // KSTEP
     vals_out = np.empty(mp * kp // 2, dtype=np.float32)
@@ -121,6 +139,6 @@ def pack_matrix(matrix: SparseMatrix, dtype: str, mp: int, kp: int) -> tuple[byt
             dense[rr, cc] = matrix.values[lo:hi]
             mask[rr, cc] = True
         values, nibbles = compress_rows(dense, mask)
-        vals_out[r0 * kp // 2:r1 * kp // 2] = pack_values(values)
+        vals_out[r0 * kp // 2:r1 * kp // 2] = (pack_values_sm90 if wgmma else pack_values)(values)
         meta_out[r0 // MTILE * ks * 16:r1 // MTILE * ks * 16] = pack_meta(nibbles)
     return to_device_bytes(vals_out, dtype), meta_out.astype("<u4").tobytes()
