@@ -65,8 +65,8 @@ def main(argv=None) -> int:
     ap.add_argument("--dtype", default="fp16", choices=["fp16", "bf16"])
     ap.add_argument("--budget", default="16", help="trials per problem (tuner --budget)")
     ap.add_argument("--strategy", default="greedy")
-    ap.add_argument("--configs", help="a JSON list of configurations: measure each on every "
-                                      "problem instead of tuning (a probe)")
+    ap.add_argument("--configs", help="a JSON list of configurations (or @FILE holding one): "
+                                      "measure each on every problem instead of tuning (a probe)")
     ap.add_argument("--no-variants", action="store_true",
                     help="skip the winner's bf16 and fused bias + GELU measurements")
     ap.add_argument("--results", help="append the table to this markdown file")
@@ -77,7 +77,8 @@ def main(argv=None) -> int:
 
     from sparseforge import native
     from sparseforge.cache import Cache
-    from sparseforge.generator.kernel import Epilogue, Operation
+    from sparseforge.generator.families import get_family
+    from sparseforge.generator.kernel import ConfigError, Epilogue, Operation
     from sparseforge.generator.synth import random_matrix
     from sparseforge.tuner.driver import QUICK_TIMING, Tuner, timing_for
     from sparseforge.tuner.model import Progress
@@ -102,7 +103,10 @@ def main(argv=None) -> int:
                 continue
             for layout in args.layouts.split(","):
                 problems.append((suite, shape, layout))
-    probe = json.loads(args.configs) if args.configs else None
+    probe = None
+    if args.configs:
+        text = Path(args.configs[1:]).read_text() if args.configs.startswith("@") else args.configs
+        probe = json.loads(text)
     rows = []
     t0 = time.time()
     with Cache(args.db) as cache:
@@ -117,6 +121,12 @@ def main(argv=None) -> int:
                 if probe:
                     peer = ctx.time_gemm(args.dtype, m, n, k, layout="best", **timing)["median_ms"]
                     for cfg in probe:
+                        try:
+                            get_family("nm24").check_config(cfg, mat, op, {}, dev)
+                        except ConfigError as e:
+                            print(f"  {suite} {m}x{k}x{n} {layout} {json.dumps(cfg, sort_keys=True)}: "
+                                  f"skipped ({e})", flush=True)
+                            continue
                         status, info = tuner.measure(mat, "nm24", {}, op, n, cfg)
                         ms = info.get("median_ms", math.nan) if status == "ok" else math.nan
                         print(f"  {suite} {m}x{k}x{n} {layout} {json.dumps(cfg, sort_keys=True)}: "

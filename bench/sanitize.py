@@ -30,7 +30,8 @@ for pattern, dtype, layout in CASES:
     # shared gather, the rest)
     paths: dict = {}
     for cfg in space:
-        key = "tn" if "tn" in cfg else "wg" if "wg" in cfg else "xr" if "xr" in cfg else ""
+        key = ("tn" if "tn" in cfg else "tma" if "tma" in cfg else "wg" if "wg" in cfg
+               else "xr" if "xr" in cfg else "")
         paths.setdefault(key, []).append(cfg)
     per = 2 if small else 4
     picks = [c for group in paths.values() for c in group[::max(1, len(group) // per)][:per]]

@@ -106,6 +106,12 @@ typedef struct sf__driver {
   CUresult (*ModuleLoadData)(CUmodule *, const void *);
   CUresult (*ModuleUnload)(CUmodule);
   CUresult (*ModuleGetFunction)(CUfunction *, CUmodule, const char *);
+  CUresult (*ModuleGetGlobal)(CUdeviceptr *, size_t *, CUmodule, const char *);
+  CUresult (*TensorMapEncodeTiled)(CUtensorMap *, CUtensorMapDataType, cuuint32_t,
+                                   void *, const cuuint64_t *, const cuuint64_t *,
+                                   const cuuint32_t *, const cuuint32_t *,
+                                   CUtensorMapInterleave, CUtensorMapSwizzle,
+                                   CUtensorMapL2promotion, CUtensorMapFloatOOBfill);
   CUresult (*FuncGetAttribute)(int *, CUfunction_attribute, CUfunction);
   CUresult (*FuncSetAttribute)(CUfunction, CUfunction_attribute, int);
   CUresult (*LaunchKernel)(CUfunction, unsigned, unsigned, unsigned, unsigned,
@@ -170,6 +176,9 @@ struct sf_kernel {
   CUfunction fn;
   char *name;
   int dyn_smem_limit;     /* MAX_DYNAMIC_SHARED_SIZE_BYTES set so far */
+  /* the module's sf_x_map: {layout (1 feature-major, 2 token-major), K,
+   * box width, box rows}; all 0 when it declares none */
+  int x_map[4];
   struct sf_kernel *next; /* in the module */
 };
 

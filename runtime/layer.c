@@ -243,11 +243,10 @@ sf_status sf_layer_run(sf_context *ctx, sf_layer *layer, sf_devptr x,
     if (r != CUDA_SUCCESS)
       return sf__cu_fail(ctx, SF_ERR_CUDA, r, "zeroing Y (cuMemsetD8Async)");
   }
-  CUdeviceptr packed = (CUdeviceptr)v->packed, dx = (CUdeviceptr)x,
-              dy = (CUdeviceptr)y;
-  int nn = (int)n;
-  void *args[4] = {&packed, &dx, &dy, &nn};
-  return sf_launch(ctx, v->kernel, &cfg, args);
+  sf_kernel_args args;
+  st = sf_kernel_args_set(ctx, v->kernel, v->packed, x, y, n, &args);
+  if (st != SF_OK) return st;
+  return sf_launch(ctx, v->kernel, &cfg, args.ptrs);
 }
 
 sf_status sf_layer_shape(const sf_layer *layer, int64_t *rows, int64_t *cols,

@@ -5,6 +5,7 @@
 #define SF_RUNTIME_INTERNAL
 #include "internal.h"
 
+#include <limits.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -64,6 +65,73 @@ void sf_module_unload(sf_module *m) {
 
 /* ---- kernels ----------------------------------------------------------- */
 
+/* The module's sf_x_map (sf_kernel_args_set), into k->x_map: zeros where
+ * the module declares none. */
+static sf_status read_x_map(sf_context *ctx, sf_module *mod, struct sf_kernel *k) {
+  CUdeviceptr ptr = 0;
+  size_t bytes = 0;
+  memset(k->x_map, 0, sizeof k->x_map);
+  CUresult r = ctx->drv->ModuleGetGlobal(&ptr, &bytes, mod->mod, "sf_x_map");
+  if (r == CUDA_ERROR_NOT_FOUND) return SF_OK;
+  if (r != CUDA_SUCCESS)
+    return sf__cu_fail(ctx, SF_ERR_CUDA, r, "cuModuleGetGlobal(\"sf_x_map\")");
+  int v[4] = {0, 0, 0, 0};
+  if (bytes != sizeof v)
+    return sf__fail(ctx, SF_ERR_INVALID_ARG,
+                    "the module's sf_x_map has %zu bytes, not 16 (int[4])", bytes);
+  r = ctx->drv->MemcpyDtoH(v, ptr, sizeof v);
+  if (r != CUDA_SUCCESS) return sf__cu_fail(ctx, SF_ERR_CUDA, r, "reading sf_x_map");
+  if ((v[0] != 1 && v[0] != 2) || v[1] < 1 || v[2] < 1 || v[2] > 256 || v[3] < 1 ||
+      v[3] > 256)
+    return sf__fail(ctx, SF_ERR_INVALID_ARG,
+                    "the module's sf_x_map {%d, %d, %d, %d} is malformed (layout 1 or 2, "
+                    "K >= 1, box of 1..256 by 1..256)",
+                    v[0], v[1], v[2], v[3]);
+  memcpy(k->x_map, v, sizeof v);
+  return SF_OK;
+}
+
+sf_status sf_kernel_args_set(sf_context *ctx, sf_kernel *k, sf_devptr packed,
+                             sf_devptr x, sf_devptr y, int64_t n,
+                             sf_kernel_args *out) {
+  if (!ctx) return SF_ERR_INVALID_ARG;
+  if (!out) return sf__fail(ctx, SF_ERR_INVALID_ARG, "out is NULL");
+  memset(out, 0, sizeof *out);
+  if (!k) return sf__fail(ctx, SF_ERR_INVALID_ARG, "kernel is NULL");
+  if (n < 1 || n > INT_MAX)
+    return sf__fail(ctx, SF_ERR_INVALID_ARG, "N = %lld is outside 1..%d",
+                    (long long)n, INT_MAX);
+  out->packed = packed;
+  out->x = x;
+  out->y = y;
+  out->n = (int)n;
+  out->ptrs[0] = &out->packed;
+  out->ptrs[1] = &out->x;
+  out->ptrs[2] = &out->y;
+  out->ptrs[3] = &out->n;
+  out->n_args = 4;
+  if (!k->x_map[0]) return SF_OK;
+  out->ptrs[4] = out->x_map;
+  out->n_args = 5;
+  const int fm = k->x_map[0] == 1;
+  const uint64_t kk = (uint64_t)k->x_map[1];
+  if (fm && n % 8 != 0) return SF_OK; /* rows not 16-byte aligned: no map */
+  cuuint64_t dims[2] = {fm ? (cuuint64_t)n : kk, fm ? kk : (cuuint64_t)n};
+  cuuint64_t strides[1] = {2 * dims[0]};
+  cuuint32_t box[2] = {(cuuint32_t)k->x_map[2], (cuuint32_t)k->x_map[3]};
+  cuuint32_t elem[2] = {1, 1};
+  CUtensorMap map;
+  CUresult r = ctx->drv->TensorMapEncodeTiled(
+      &map, CU_TENSOR_MAP_DATA_TYPE_UINT16, 2, (void *)(uintptr_t)x, dims, strides, box,
+      elem, CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
+      CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+  if (r != CUDA_SUCCESS)
+    return sf__cu_fail(ctx, SF_ERR_INVALID_ARG, r,
+                       "mapping X for the kernel's tensor loads (cuTensorMapEncodeTiled)");
+  memcpy(out->x_map, &map, sizeof out->x_map);
+  return SF_OK;
+}
+
 sf_status sf_kernel_get(sf_context *ctx, sf_module *mod, const char *name,
                         sf_kernel **out) {
   if (!ctx) return SF_ERR_INVALID_ARG;
@@ -105,6 +173,11 @@ sf_status sf_kernel_get(sf_context *ctx, sf_module *mod, const char *name,
   k->fn = fn;
   k->name = copy;
   k->dyn_smem_limit = SF_DEFAULT_DYN_SMEM;
+  if ((st = read_x_map(ctx, mod, k)) != SF_OK) {
+    free(k);
+    free(copy);
+    return st;
+  }
   k->next = mod->kernels;
   mod->kernels = k;
   *out = k;

@@ -282,6 +282,34 @@ typedef struct sf_launch_config {
   void *stream;          /* a CUstream, or NULL for the default stream */
 } sf_launch_config;
 
+/* The arguments of one launch of a generated kernel, made by
+ * sf_kernel_args_set: (packed, X, Y, N) and, for a kernel whose module
+ * declares a TMA tensor map of X, the map as a fifth parameter.  `ptrs`
+ * (what sf_launch and the timers take as `args`) points into the struct
+ * itself: fill it in place and do not copy it. */
+typedef struct sf_kernel_args {
+  void *ptrs[5];
+  uint64_t packed, x, y;
+  int n;
+  int n_args;                /* 4, or 5 with the map */
+  unsigned char x_map[128];  /* the CUtensorMap of X (zeros: none for this N) */
+} sf_kernel_args;
+
+/* Fills `out` for one launch of `k` on (packed, X, Y, N).  A module may
+ * declare, in a global `int sf_x_map[4]` = {layout, K, box width, box
+ * rows}, that its kernel reads X through a TMA tensor map (layout 1: X is
+ * K x N, row-major; 2: X is N x K), 16-bit elements, box of `box width`
+ * elements along X's contiguous dimension by `box rows`, 128-byte swizzle,
+ * zeros outside X: the map of this X and N is then encoded
+ * (cuTensorMapEncodeTiled) as the fifth argument.  X of layout 1 with N %
+ * 8 != 0 has rows that are not 16-byte aligned: the map is left zero and
+ * the kernel, which knows N, reads X without it.  SF_ERR_INVALID_ARG for N
+ * outside 1..INT_MAX, a malformed sf_x_map, or an X the driver cannot map
+ * (its message).  Touches no GPU memory. */
+SF_API sf_status sf_kernel_args_set(sf_context *ctx, sf_kernel *k, sf_devptr packed,
+                                    sf_devptr x, sf_devptr y, int64_t n,
+                                    sf_kernel_args *out);
+
 /* Launches `k` with `args` (an array of pointers to each argument, as
  * cuLaunchKernel takes them; NULL for a kernel without parameters).
  * Returns SF_ERR_LAUNCH when the launch is refused (bad configuration, too

@@ -122,6 +122,18 @@ class sf_launch_config(Structure):
     ]
 
 
+class sf_kernel_args(Structure):
+    _fields_ = [
+        ('ptrs', c_void_p * 5),
+        ('packed', c_uint64),
+        ('x', c_uint64),
+        ('y', c_uint64),
+        ('n', c_int),
+        ('n_args', c_int),
+        ('x_map', c_ubyte * 128),
+    ]
+
+
 class sf_timing_options(Structure):
     _fields_ = [
         ('warmup', c_int),
@@ -363,6 +375,7 @@ PROTOTYPES = {
     'sf_module_unload': (None, [c_void_p]),
     'sf_kernel_get': (c_int, [c_void_p, c_void_p, c_char_p, POINTER(c_void_p)]),
     'sf_kernel_attributes': (c_int, [c_void_p, c_void_p, POINTER(sf_kernel_attrs)]),
+    'sf_kernel_args_set': (c_int, [c_void_p, c_void_p, c_uint64, c_uint64, c_uint64, c_int64, POINTER(sf_kernel_args)]),
     'sf_launch': (c_int, [c_void_p, c_void_p, POINTER(sf_launch_config), POINTER(c_void_p)]),
     'sf_synchronize': (c_int, [c_void_p]),
     'sf_time_kernel': (c_int, [c_void_p, c_void_p, POINTER(sf_launch_config), POINTER(c_void_p), POINTER(sf_timing_options), POINTER(sf_timing)]),

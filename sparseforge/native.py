@@ -32,7 +32,7 @@ from typing import Any, Optional, Sequence
 
 from . import _abi
 from ._abi import (sf_blocked_ell_desc, sf_compile_options, sf_device_info, sf_gemm_desc,
-                   sf_gemm_timing, sf_kernel_attrs, sf_launch_config, sf_launch_record,
+                   sf_gemm_timing, sf_kernel_args, sf_kernel_attrs, sf_launch_config, sf_launch_record,
                    sf_sparselt_desc, sf_sparselt_timing, sf_timing, sf_timing_options)
 from ._lib import STATUS, SFError, error_for, load, raises
 
@@ -592,8 +592,25 @@ def _infer_sig(args) -> str:
     return "".join(out)
 
 
+class KernelArgs:
+    """The arguments of one launch of a generated kernel (packed, X, Y, N
+    and, where its module declares one, the tensor map of X), as
+    Context.kernel_args makes them (sf_kernel_args_set).  launch(), time()
+    and time_sets() take it in place of an argument list."""
+
+    def __init__(self, raw: sf_kernel_args, keep: tuple):
+        self._raw = raw
+        self._keep = keep   # the buffers it points at
+
+    @property
+    def has_x_map(self) -> bool:
+        return self._raw.n_args == 5
+
+
 def _kernel_args(args, sig: Optional[str]):
     """(void*[] array, keep-alive list) for cuLaunchKernel."""
+    if isinstance(args, KernelArgs):
+        return args._raw.ptrs, args
     args = list(args)
     if sig is None:
         sig = _infer_sig(args)
@@ -819,6 +836,17 @@ class Context:
         cfg.shared_bytes = shared
         cfg.stream = _stream(stream)
         return cfg
+
+    def kernel_args(self, kfn: KernelFn, packed, x, y, n: int) -> KernelArgs:
+        """The arguments of a generated kernel's launch on device buffers
+        (see sf_kernel_args_set): with the TMA map of X where its module
+        declares one."""
+        h = self._live_handle()
+        k = self._kernel_handle(kfn)
+        raw = sf_kernel_args()
+        _check(_clib().sf_kernel_args_set(h, k, _device_ptr(packed, "packed"), _device_ptr(x, "X"),
+                                          _device_ptr(y, "Y"), _as_int(n, "n"), byref(raw)), h)
+        return KernelArgs(raw, (packed, x, y))
 
     def launch(self, kfn: KernelFn, grid, block, args: Sequence[Any] = (),
                sig: Optional[str] = None, shared: int = 0, stream=None) -> None:

@@ -72,7 +72,7 @@ def run_kernel(kernel: Kernel, op: Operation, x: np.ndarray, n: int, rows: int,
         bufs.append(yb)
         ctx.memset(yb, 0 if kernel.launch["zero_output"] else POISON)
         cfg = kernel.launch_config(n)
-        ctx.launch(fn, cfg["grid"], cfg["block"], [packed, xb, yb, n], sig="PPPi",
+        ctx.launch(fn, cfg["grid"], cfg["block"], ctx.kernel_args(fn, packed, xb, yb, n),
                    shared=cfg["shared_bytes"])
         ctx.synchronize()
         y = from_device_bytes(ctx.download(yb, count * op.elem_size), op.dtype, count)

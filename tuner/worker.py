@@ -136,8 +136,8 @@ class _State:
         try:
             nbytes = s.rows * s.n * _elem(s.dtype)
             self.ctx.memset(self.y, 0 if t.zero_output else POISON)
-            args = [packed, self.x, self.y, s.n]
-            self.ctx.launch(fn, t.grid, t.block, args, sig="PPPi", shared=t.shared_bytes)
+            args = self.ctx.kernel_args(fn, packed, self.x, self.y, s.n)
+            self.ctx.launch(fn, t.grid, t.block, args, shared=t.shared_bytes)
             self.ctx.synchronize()
             y = checked_output(self.ctx.download(self.y, nbytes), s)
             err = compare(y, s.reference, s.dtype)
@@ -147,12 +147,12 @@ class _State:
                                  "phases": {"load": t1 - t0, "verify": t2 - t1}}
 
             copies = self._rotation(t, packed, nbytes)
-            sets = [args] + [[p, x, y, s.n] for p, x, y in copies]
+            sets = [args] + [self.ctx.kernel_args(fn, p, x, y, s.n) for p, x, y in copies]
 
             def time_fn(**timing):
                 timing = {k: v for k, v in timing.items() if k != "rotate_bytes"}
-                return self.ctx.time_sets(fn, t.grid, t.block, sets, sig="PPPi",
-                                          shared=t.shared_bytes, **timing)
+                return self.ctx.time_sets(fn, t.grid, t.block, sets, shared=t.shared_bytes,
+                                          **timing)
             try:
                 timing = timed(time_fn, s.timing, t.cutoff_ms)
             finally:

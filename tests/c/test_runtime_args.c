@@ -109,6 +109,11 @@ int main(void) {
   EXPECT_INVALID(sf_time_kernel_sets(ctx, NULL, &cfg, sets, 1, NULL, &timing),
                  "kernel is NULL");
 
+  sf_kernel_args kargs;
+  CHECK_EQ_INT(SF_ERR_INVALID_ARG, sf_kernel_args_set(NULL, NULL, 0, 0, 0, 1, &kargs));
+  EXPECT_INVALID(sf_kernel_args_set(ctx, NULL, 0, 0, 0, 1, NULL), "out is NULL");
+  EXPECT_INVALID(sf_kernel_args_set(ctx, NULL, 0, 0, 0, 1, &kargs), "kernel is NULL");
+
   /* memory */
   sf_devptr p = 99;
   unsigned char buf[4] = {0};

@@ -224,6 +224,40 @@ def test_check_config_refusals_wg(bad, layout, what):
         FAM.check_config(dict(WG, **bad), m, Operation(layout=layout), {}, H100)
 
 
+TMA = dict(bm=128, bn=256, bk=64, wm=2, wn=1, stages=4, wg=1, tma=1, cm=2)
+
+
+@pytest.mark.parametrize("bad,layout,k,what", [
+    (dict(cm=3), "fm", 64, r"cm in \(1, 2\)"),
+    (dict(bn=64, cm=2), "fm", 64, "the cluster's CTAs load whole 64-column boxes of X"),
+    (dict(), "tm", 60, "token-major X rows .* must be 16-byte aligned"),
+    (dict(tma=2), "fm", 64, "wg == 1 and tma == 1"),
+    (dict(bk=32), "tm", 64, "whole 128-byte swizzle atoms"),
+])
+def test_check_config_refusals_tma(bad, layout, k, what):
+    m = random_24(64, k, seed=8)
+    with pytest.raises(ConfigError, match=what):
+        FAM.check_config(dict(TMA, **bad), m, Operation(layout=layout), {}, H100)
+
+
+@pytest.mark.parametrize("layout", ["fm", "tm"])
+def test_tma_plan_round_trip(layout):
+    """The interleaved runs of values and metadata read back to W; M pads to
+    a cluster's rows; the module declares its map of X."""
+    m = random_24(150, 200, seed=13, zero_rows=(0, 149), dtype="fp16")
+    op = Operation(dtype="fp16", layout=layout, epilogue=Epilogue(bias=True))
+    plan = FAM.plan(m, op, {}, TMA, bias=np.arange(150, dtype=np.float32))
+    assert plan.mp == 256 and plan.kp == 256 and plan.threads == 288
+    assert plan.bias_offset == 256 // 64 * (256 // 32) * nm24_pack.AE_STEP
+    same_matrix(FAM.unpack(plan), m, "fp16")
+    k = FAM.render(plan, op, TMA)
+    assert "__cluster_dims__(1, 2, 1)" in k.source
+    assert f"SF_DECLARE_X_MAP({2 if layout == 'tm' else 1}, 200, Cfg::BOX_W, Cfg::BOX_ROWS)" in k.source
+    assert k.launch["block"] == (288, 1, 1) and k.launch["grid"] == (1, 2, 1)
+    ae = nm24_pack.interleave_ae(b"\1" * 4 * 2 * 2048, b"\2" * 16 * 2 * 64, 256, 64)
+    assert nm24_pack.split_ae(ae, 256, 64) == (b"\1" * 4 * 2 * 2048, b"\2" * 16 * 2 * 64)
+
+
 def test_wg_needs_sm90a():
     m = random_24(64, 64, seed=8)
     FAM.check_config(WG, m, Operation(), {}, H100)
@@ -303,6 +337,10 @@ COMPILE_CASES = [
 
 
 WG_COMPILE_CASES = [
+    ("fp16", "fm", dict(TMA), Epilogue()),
+    ("bf16", "tm", dict(TMA), Epilogue(bias=True, activation="gelu")),
+    ("fp16", "tm", dict(TMA, bn=128, cm=1, stages=6), Epilogue(activation="relu")),
+    ("bf16", "fm", dict(TMA, bm=64, wm=1, bn=128, bk=128, cm=1, stages=5), Epilogue(scale=0.5)),
     ("fp16", "fm", dict(WG), Epilogue()),
     ("bf16", "tm", dict(WG, bn=128, stages=5), Epilogue(bias=True, activation="gelu")),
     ("fp16", "fm", dict(WG, bm=64, bn=64, bk=32, wm=1, stages=3), Epilogue(activation="relu")),
@@ -318,7 +356,8 @@ def test_wg_templates_compile_without_spills(case, nvrtc):
     import re
     from sparseforge.native import CompileError
     dtype, layout, c, ep = WG_COMPILE_CASES[case]
-    m = random_24(150, 200 if layout == "fm" else 203, seed=30 + case)  # tm: K % 8 != 0 once
+    odd_k = layout == "tm" and not c.get("tma") and case % 2 == 1   # tm: K % 8 != 0 once
+    m = random_24(150, 203 if odd_k else 200, seed=30 + case)
     op = Operation(dtype=dtype, layout=layout, epilogue=ep)
     k = FAM.generate(m, op, {}, c, bias=np.ones(150, np.float32) if ep.bias else None)
     log = nvrtc(k.source, "sm_90a", k.name + ".cu", options=("--ptxas-options=-v",)).log
@@ -418,6 +457,12 @@ WG_GPU_CONFIGS = [
     dict(bm=64, bn=64, bk=64, wm=1, wn=1, stages=6, wg=1),
 ]
 WG_FM_ONLY = [dict(bm=64, bn=128, bk=32, wm=1, wn=1, stages=3, wg=1)]  # BK = 32: feature-major
+TMA_GPU_CONFIGS = [
+    dict(bm=128, bn=256, bk=64, wm=2, wn=1, stages=4, wg=1, tma=1, cm=2),
+    dict(bm=128, bn=128, bk=64, wm=2, wn=1, stages=6, wg=1, tma=1, cm=1),
+    dict(bm=64, bn=256, bk=128, wm=1, wn=2, stages=3, wg=1, tma=1, cm=2),
+    dict(bm=64, bn=64, bk=64, wm=1, wn=1, stages=5, wg=1, tma=1, cm=1),
+]
 
 
 @pytest.fixture(scope="module")
@@ -462,4 +507,42 @@ def test_gpu_wg_large(hopper, layout):
     m = random_24(1024, 2048, seed=43, mode="full")
     op = Operation(dtype="fp16", layout=layout)
     for c in WG_GPU_CONFIGS[:3]:
+        _verify(m, op, c, 4096)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", ["fp16", "bf16"])
+@pytest.mark.parametrize("layout", ["fm", "tm"])
+def test_gpu_tma_odd_shapes(hopper, layout, dtype):
+    """The warp-specialized TMA path: M not a multiple of a cluster's rows,
+    K not of the stage (token-major needs K % 8 == 0), empty rows; N = 1,
+    odd N (feature-major: rows of X not 16-byte aligned, loaded without the
+    map), N ending inside a tile and past several."""
+    m = random_24(300, 520 if layout == "tm" else 523, seed=44, zero_rows=(0, 64, 299),
+                  dtype=dtype)
+    op = Operation(dtype=dtype, layout=layout)
+    for c in TMA_GPU_CONFIGS:
+        for n in (1, 77, 264, 520):
+            _verify(m, op, c, n)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", ["fp16", "bf16"])
+@pytest.mark.parametrize("layout", ["fm", "tm"])
+def test_gpu_tma_epilogues(hopper, layout, dtype):
+    m = random_24(256, 512, seed=45, mode="full", dtype=dtype)
+    bias = np.random.default_rng(1).standard_normal(256).astype(np.float32)
+    for ep in (Epilogue(bias=True, activation="relu"), Epilogue(bias=True, activation="gelu", scale=0.5),
+               Epilogue(activation="gelu"), Epilogue(scale=-2.0)):
+        op = Operation(dtype=dtype, layout=layout, epilogue=ep)
+        for c in TMA_GPU_CONFIGS[:2]:
+            _verify(m, op, c, 200, bias=bias if ep.bias else None)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("layout", ["fm", "tm"])
+def test_gpu_tma_large(hopper, layout):
+    m = random_24(1024, 2048, seed=46, mode="full")
+    op = Operation(dtype="fp16", layout=layout)
+    for c in TMA_GPU_CONFIGS[:3]:
         _verify(m, op, c, 4096)

@@ -60,14 +60,20 @@ def test_every_configuration_of_the_space_compiles(case):
     assert not bad, f"{len(bad)} of {len(configs)} configurations do not compile: {bad[:3]}"
 
 
-def _tables(fam):
-    """The family's constraint table (one Space serves all its paths)."""
+def _rules(fam) -> set:
+    """The rules of the family's constraint tables (one Space serves all of
+    a family's paths, or the family lists one per path as TABLES)."""
     mod = __import__(type(fam).__module__, fromlist=["x"])
-    for name in ("SPACE", "TABLE"):
-        if isinstance(getattr(mod, name, None), Space):
-            return getattr(mod, name)
-    from sparseforge.generator.families.rowgroup import space
-    return space.SPACE
+    tables = getattr(mod, "TABLES", None)
+    if tables is None:
+        for name in ("SPACE", "TABLE"):
+            if isinstance(getattr(mod, name, None), Space):
+                tables = (getattr(mod, name),)
+                break
+        else:
+            from sparseforge.generator.families.rowgroup import space
+            tables = (space.SPACE,)
+    return {c.rule for t in tables for c in t.constraints if not c.device}
 
 
 # the values a broken configuration may take for each key
@@ -76,17 +82,18 @@ PROBES = {"bk": (8, 16, 32, 48, 64, 128), "bn": (8, 16, 32, 64, 96, 128, 256, 51
           "wg": (1, 2), "tn": (1, 2, 3, 4), "xr": (2, 4, 8, 16), "xu": (16, 24, 32, 64, 128, 512),
           "bm": (32, 48, 64, 96, 128), "vec": (1, 2, 3, 4), "rows": (1, 2, 4, 64),
           "split": (1, 2, 4, 8, 64), "unroll": (1, 3, 4, 8, 64),
-          "tables": ("global", "const", "imm")}
+          "tables": ("global", "const", "imm"), "cm": (1, 2, 3), "tma": (1, 2)}
 # Constraints no configuration of these problems can break first: those the
 # problem fixes for every plan (bm, m, k, nnz, const_bytes) and `wm >= 1 and
 # wn >= 1` (a zero divides in the derived sizes first; the compiler refuses
 # that too).  Named here, not silently skipped.
 UNREACHABLE = {"bm >= 16 and bm % 16 == 0", "m >= 1 and k >= 1", "am <= tile",
                "const_bytes <= 65536", "m <= 4096", "nnz <= 8192",
-               "wm >= 1 and wn >= 1"}
+               "wm >= 1 and wn >= 1", "not tm or k % 8 == 0"}
 TABLE_CASES = {"rowgroup": [CASES[0], CASES[1], CASES[2], CASES[3], CASES[4],
                             ("shflbw:128", 512, 256, "fp16", "fm", "sm_90a")],
-               "nm24": [CASES[5], CASES[6]], "csr": [CASES[7], CASES[8]]}
+               "nm24": [CASES[5], CASES[6], ("nm24", 256, 256, "bf16", "tm", "sm_90a")],
+               "csr": [CASES[7], CASES[8]]}
 
 
 def _broken_configs(case) -> dict:
@@ -114,7 +121,7 @@ def test_a_configuration_the_table_rejects_the_compiler_rejects(table, monkeypat
     cases = TABLE_CASES[table]
     found = [(case, _broken_configs(case)) for case in cases]
     fam = _problem(*cases[0][:5])[0]
-    rules = {c.rule for c in _tables(fam).constraints if not c.device}
+    rules = _rules(fam)
     covered = {rule for _, broken in found for rule in broken}
     missing = rules - covered - UNREACHABLE
     assert not missing, f"no probe breaks {sorted(missing)}"

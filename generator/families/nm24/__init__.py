@@ -30,8 +30,9 @@ from ...family import Family, Fit, PatternError, Pruned
 from ...kernel import ConfigError, Kernel, Operation, config_name, make_launch, render, smem_limit
 from ...matrix import SparseMatrix, from_device_bytes
 from ...space import Constraint, Space
-from .pack import (FRAG_BYTES, KSTEP, META_BYTES, MTILE, first_violation, pack_matrix,
-                   unpack_meta, unpack_values, unpack_values_sm90)
+from .pack import (AE_STEP, FRAG_BYTES, KSTEP, META_BYTES, MTILE, first_violation,
+                   interleave_ae, pack_matrix, split_ae, unpack_meta, unpack_values,
+                   unpack_values_sm90)
 
 BM_CHOICES = (64, 128)
 BN_CHOICES = (64, 128, 256)
@@ -107,7 +108,6 @@ WG_SPACE = Space(
                    "the threads cover whole rows of the X tile"),
         Constraint("regs <= 65536", "the accumulators (bn / wn / 2 a thread) and the rest fit "
                    "the registers"),
-        Constraint(f"bm in {WG_BM_CHOICES}", "BM of a CTA tile"),
         Constraint(f"bn in {WG_BN_CHOICES}", "BN of a CTA tile"),
         Constraint(f"bk in {WG_BK_CHOICES}", "BK: one to four sparse wgmma K steps per stage"),
         Constraint(f"stages in {WG_STAGE_CHOICES}", "pipeline depth (two stages behind the copies)"),
@@ -118,13 +118,69 @@ WG_SPACE = Space(
     ])
 
 
+# The warp-specialized TMA path (`wg`: 1, `tma`: 1): wm x wn consumer
+# warpgroups and a producer warp; the X tile shared by clusters of `cm`
+# CTAs along M.
+TMA_STAGE_CHOICES = (3, 4, 5, 6)
+TMA_KEYS = WG_KEYS + ("tma", "cm")
+TMA_SPACE = Space(
+    choices={"bm": WG_BM_CHOICES, "bn": WG_BN_CHOICES, "bk": WG_BK_CHOICES, "wn": (1, 2),
+             "stages": TMA_STAGE_CHOICES, "cm": (1, 2)},
+    derived={
+        "wg_n": "bn // wn",
+        "consumers": "128 * wm * wn",
+        "threads": "consumers + 32",
+        "b_bytes": "bk * bn * 2",
+        "ae_bytes": f"bm // 64 * (bk // 32) * {AE_STEP}",
+        "stage_bytes": "cdiv(b_bytes + ae_bytes, 1024) * 1024",
+        "c_bytes": "(bn if tm else bm) * ((bm if tm else bn) + 8) * 2",
+        "smem": "2048 + max(stages * stage_bytes, c_bytes)",
+        "regs": "threads * (wg_n // 2 + 72)",
+    },
+    constraints=[
+        Constraint("wg == 1 and tma == 1", "the warp-specialized TMA path"),
+        Constraint("bm == 64 * wm", "a warpgroup's rows are one 64-row wgmma tile"),
+        Constraint("wg_n * wn == bn and wg_n in (64, 128, 256)",
+                   "a warpgroup's columns are one wgmma N of 64, 128 or 256"),
+        Constraint("not tm or bk in (64, 128)",
+                   "token-major X tile rows are whole 128-byte swizzle atoms"),
+        Constraint("not tm or k % 8 == 0",
+                   "token-major X rows (K values) must be 16-byte aligned to be mapped"),
+        Constraint("cm in (1, 2)", "1 or 2 CTAs of a cluster share the X tile"),
+        Constraint("tm or (bn // 64) % cm == 0",
+                   "feature-major: the cluster's CTAs load whole 64-column boxes of X each"),
+        Constraint("regs <= 65536", "the accumulators (bn / wn / 2 a thread) and the rest fit "
+                   "the registers"),
+        Constraint(f"bn in {WG_BN_CHOICES}", "BN of a CTA tile"),
+        Constraint(f"bk in {WG_BK_CHOICES}", "BK: one to four sparse wgmma K steps per stage"),
+        Constraint(f"stages in {TMA_STAGE_CHOICES}", "pipeline depth"),
+        Constraint("wm in (1, 2, 4) and wn in (1, 2)", "1, 2 or 4 warpgroups along M, 1 or 2 along N"),
+        Constraint("sm90a == 1", "sparse wgmma and TMA need sm_90a", device=True),
+        Constraint("smem <= smem_limit", "the shared memory fits the GPU's per-block limit",
+                   device=True),
+    ])
+
+
+# one table per compute path (mma.sp, sparse wgmma, warp-specialized TMA)
+TABLES = (SPACE, WG_SPACE, TMA_SPACE)
+
+
 def is_wg(config: dict) -> bool:
-    """Whether a configuration takes the sparse wgmma (sm_90a) path."""
+    """Whether a configuration takes a sparse wgmma (sm_90a) path."""
     return bool(config.get("wg", 0))
 
 
+def is_tma(config: dict) -> bool:
+    """Whether it is the warp-specialized TMA path."""
+    return bool(config.get("tma", 0))
+
+
 def _space(config: dict) -> Space:
-    return WG_SPACE if is_wg(config) else SPACE
+    return TMA_SPACE if is_tma(config) else WG_SPACE if is_wg(config) else SPACE
+
+
+def _problem(op: Operation, k: int) -> dict:
+    return {"tm": int(op.layout == "tm"), "k": k}
 
 
 def _device_env(device: Optional[dict]) -> dict:
@@ -140,9 +196,9 @@ def _align16(x: int) -> int:
     return -(-x // 16) * 16
 
 
-def smem_bytes(config: dict, layout: str) -> int:
+def smem_bytes(config: dict, layout: str, k: int = 0) -> int:
     """Dynamic shared memory of a configuration (the table's `smem`)."""
-    return _space(config).env(config, {"tm": int(layout == "tm")})["smem"]
+    return _space(config).env(config, {"tm": int(layout == "tm"), "k": k})["smem"]
 
 
 # ---- analysis -------------------------------------------------------------------
@@ -282,18 +338,18 @@ class Nm24Family(Family):
     # ---- configurations -------------------------------------------------------
     def check_config(self, config: dict, matrix: SparseMatrix, op: Operation,
                      params: dict, device: Optional[dict] = None) -> None:
-        keys = WG_KEYS if "wg" in config else CONFIG_KEYS
+        keys = TMA_KEYS if "tma" in config else WG_KEYS if "wg" in config else CONFIG_KEYS
         missing = [k for k in keys if k not in config]
         if missing:
             raise ConfigError(f"nm24 config lacks {', '.join(missing)} (needs {', '.join(keys)})")
-        extra = sorted(set(config) - set(WG_KEYS))
+        extra = sorted(set(config) - set(TMA_KEYS))
         if extra:
             raise ConfigError(f"nm24 config has unknown keys {', '.join(extra)}")
         for k_ in keys:
             if not isinstance(config[k_], (int, np.integer)) or isinstance(config[k_], bool):
                 raise ConfigError(f"{k_}: must be an integer, got {config[k_]!r}")
         self.check_op(op)
-        _space(config).check(config, {"tm": int(op.layout == "tm")}, _device_env(device))
+        _space(config).check(config, _problem(op, matrix.cols), _device_env(device))
 
     def search_space(self, matrix: SparseMatrix, op: Operation, params: dict,
                      device: Optional[dict] = None) -> list[dict]:
@@ -303,6 +359,7 @@ class Nm24Family(Family):
                       for c in SPACE.enumerate(("bm", "bn", "bk"))
                       for wm, wn in WARP_LAYOUTS for stages in STAGE_CHOICES]
         candidates += [dict(c, wm=c["bm"] // 64, wg=1) for c in WG_SPACE.enumerate()]
+        candidates += [dict(c, wm=c["bm"] // 64, wg=1, tma=1) for c in TMA_SPACE.enumerate()]
         out = []
         for cfg in candidates:
             try:
@@ -316,7 +373,11 @@ class Nm24Family(Family):
                      device: Optional[dict] = None) -> list[dict]:
         """Large tiles of sparse wgmma first on sm_90a (two warpgroups along
         M, the widest N the problem fills), then mma.sp's default."""
-        wg = [dict(bm=128, bn=256, bk=64, wm=2, wn=1, stages=4, wg=1),
+        wg = [dict(bm=128, bn=256, bk=64, wm=2, wn=1, stages=4, wg=1, tma=1, cm=2),
+              dict(bm=128, bn=256, bk=64, wm=2, wn=1, stages=4, wg=1, tma=1, cm=1),
+              dict(bm=128, bn=128, bk=64, wm=2, wn=1, stages=6, wg=1, tma=1, cm=2),
+              dict(bm=64, bn=128, bk=128, wm=1, wn=1, stages=5, wg=1, tma=1, cm=1),
+              dict(bm=128, bn=256, bk=64, wm=2, wn=1, stages=4, wg=1),
               dict(bm=128, bn=128, bk=64, wm=2, wn=1, stages=5, wg=1),
               dict(bm=256, bn=128, bk=64, wm=4, wn=1, stages=4, wg=1),
               dict(bm=128, bn=256, bk=64, wm=2, wn=2, stages=4, wg=1),
@@ -343,11 +404,15 @@ class Nm24Family(Family):
                              f"columns {col}..{col + 3} (prune it to 2:4 first)")
         m, k = matrix.shape
         bm, bk = config["bm"], config["bk"]
-        mp, kp = _round_up(m, bm), _round_up(k, bk)
+        tma = is_tma(config)
+        mp, kp = _round_up(m, bm * (config["cm"] if tma else 1)), _round_up(k, bk)
         wg = is_wg(config)
         # the same for every configuration that pads alike: packed once
         values, meta = matrix.cached(("nm24.pack", op.dtype, mp, kp, wg),
                                      lambda: pack_matrix(matrix, op.dtype, mp, kp, wgmma=wg))
+        if tma:   # one run of weights and metadata per 64-row tile and K step
+            values, meta = matrix.cached(("nm24.ae", op.dtype, mp, kp),
+                                         lambda: (interleave_ae(values, meta, mp, kp), b""))
 
         ep = op.epilogue
         bias_bytes = b""
@@ -366,7 +431,7 @@ class Nm24Family(Family):
             raise ValueError("a bias was given but the epilogue has none")
 
         values_offset = 0
-        meta_offset = _align16(values_offset + len(values))
+        meta_offset = _align16(values_offset + len(values))   # (TMA: no section of its own)
         bias_offset = _align16(meta_offset + len(meta)) if ep.bias else 0
         total = _align16((bias_offset + len(bias_bytes)) if ep.bias else meta_offset + len(meta))
         buf = bytearray(total)
@@ -375,13 +440,14 @@ class Nm24Family(Family):
         if ep.bias:
             buf[bias_offset:bias_offset + len(bias_bytes)] = bias_bytes
 
-        cfg = {key: int(config[key]) for key in (WG_KEYS if wg else CONFIG_KEYS)}
+        cfg = {key: int(config[key]) for key in (TMA_KEYS if tma else WG_KEYS if wg else CONFIG_KEYS)}
         return Nm24Plan(
             name=config_name(self.tag(params), cfg, op), dtype=op.dtype, layout=op.layout,
             m=m, k=k, mp=mp, kp=kp, config=cfg, packed=bytes(buf),
             values_offset=values_offset, meta_offset=meta_offset, bias_offset=bias_offset,
-            has_bias=ep.bias, smem_bytes=smem_bytes(cfg, op.layout),
-            threads=cfg["wm"] * cfg["wn"] * (128 if wg else 32), grid=(1, mp // bm, 1),
+            has_bias=ep.bias, smem_bytes=smem_bytes(cfg, op.layout, k),
+            threads=cfg["wm"] * cfg["wn"] * (128 if wg else 32) + (32 if tma else 0),
+            grid=(1, mp // bm, 1),
             perm=None if matrix.perm is None else matrix.perm.copy(),
             epilogue=dict(activation=ep.activation, scale=float(ep.scale)))
 
@@ -401,10 +467,15 @@ class Nm24Family(Family):
         mp, kp = plan.mp, plan.kp
         nv = mp * kp // 2
         raw = plan.packed[plan.values_offset:plan.values_offset + nv * 2]
+        nw = (mp // MTILE) * (kp // KSTEP) * 16
+        if is_tma(plan.config):
+            raw, meta = split_ae(plan.packed[plan.values_offset:plan.values_offset +
+                                             mp // 64 * (kp // KSTEP) * AE_STEP], mp, kp)
+            words = np.frombuffer(meta, dtype="<u4", count=nw)
+        else:
+            words = np.frombuffer(plan.packed, dtype="<u4", count=nw, offset=plan.meta_offset)
         unshuffle = unpack_values_sm90 if is_wg(plan.config) else unpack_values
         values = unshuffle(from_device_bytes(raw, plan.dtype, nv), mp, kp // 2)
-        nw = (mp // MTILE) * (kp // KSTEP) * 16
-        words = np.frombuffer(plan.packed, dtype="<u4", count=nw, offset=plan.meta_offset)
         nib = unpack_meta(words.astype(np.uint32), mp, kp // 4)
         idx0 = (nib & 3).astype(np.int64)
         idx1 = (nib >> 2).astype(np.int64)
@@ -422,9 +493,11 @@ class Nm24Family(Family):
     def render(self, plan: Nm24Plan, op: Operation, config: dict) -> Kernel:
         c = plan.config
         scale = np.float32(plan.epilogue.get("scale", 1.0))
-        checks = _space(c).static_asserts(c, {"tm": int(plan.layout == "tm")}, TABLE_SOURCE)
-        template = "nm24_sm90.cu.j2" if is_wg(c) else "nm24.cu.j2"
-        source = render(template, name=plan.name, dtype=plan.dtype, layout=plan.layout,
+        checks = _space(c).static_asserts(c, {"tm": int(plan.layout == "tm"), "k": plan.k},
+                                          TABLE_SOURCE)
+        template = ("nm24_tma.cu.j2" if is_tma(c) else "nm24_sm90.cu.j2" if is_wg(c)
+                    else "nm24.cu.j2")
+        source = render(template, name=plan.name, cm=c.get("cm", 1), dtype=plan.dtype, layout=plan.layout,
                         m=plan.m, k=plan.k, mp=plan.mp, kp=plan.kp,
                         bm=c["bm"], bn=c["bn"], bk=c["bk"], wm=c["wm"], wn=c["wn"],
                         stages=c["stages"], threads=plan.threads, smem_bytes=plan.smem_bytes,

@@ -118,6 +118,28 @@ def unpack_meta(words: np.ndarray, r: int, kq: int) -> np.ndarray:
     return np.ascontiguousarray(n).reshape(r, kq).astype(np.uint8)
 
 
+AE_STEP = 2048 + 4 * META_BYTES   # one 64-row tile x one K step: values, then metadata
+
+
+def interleave_ae(values: bytes, meta: bytes, mp: int, kp: int) -> bytes:
+    """The TMA path's runs: per (64-row tile t, K step s), AE_STEP bytes at
+    (t * KSTEPS + s) * AE_STEP: the tile's values in sparse wgmma order
+    (2048 bytes), then the metadata of its four 16-row tiles (4 x 64)."""
+    ks = kp // KSTEP
+    v = np.frombuffer(values, np.uint8).reshape(mp // 64, ks, 2048)
+    e = np.frombuffer(meta, np.uint8).reshape(mp // 64, 4, ks, META_BYTES).transpose(0, 2, 1, 3)
+    return np.concatenate([v, e.reshape(mp // 64, ks, 4 * META_BYTES)], axis=2).tobytes()
+
+
+def split_ae(ae: bytes, mp: int, kp: int) -> tuple[bytes, bytes]:
+    """interleave_ae's inverse: (values in sparse wgmma order, metadata in
+    mma.sp order)."""
+    ks = kp // KSTEP
+    a = np.frombuffer(ae, np.uint8).reshape(mp // 64, ks, AE_STEP)
+    e = a[:, :, 2048:].reshape(mp // 64, ks, 4, META_BYTES).transpose(0, 2, 1, 3)
+    return a[:, :, :2048].tobytes(), np.ascontiguousarray(e).tobytes()
+
+
 def pack_matrix(matrix: SparseMatrix, dtype: str, mp: int, kp: int,
                 wgmma: bool = False) -> tuple[bytes, bytes]:
     """(values bytes, metadata bytes) of `matrix` padded to mp x kp; the

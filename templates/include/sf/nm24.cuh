@@ -327,9 +327,16 @@ __device__ __forceinline__ void compute_stage(unsigned sA, unsigned sE, unsigned
 }
 
 // ---- epilogue and store -------------------------------------------------------
+// The barrier between writing the staged tile and reading it back: the
+// whole CTA, or (warp-specialized kernels) the threads that store.
+struct CtaSync {
+  __device__ __forceinline__ static void sync() { __syncthreads(); }
+};
+
 // acc -> act(scale * acc + bias) -> T, staged in shared memory, then written
 // with 16-byte stores where the row alignment allows, else element by element.
-template <class C, class P, typename T>
+// C::THREADS threads (tid < C::THREADS) take part.
+template <class C, class P, typename T, class Sync = CtaSync>
 __device__ __forceinline__ void store_tile(unsigned char *smem, float (&acc)[C::MI][C::NI][4],
                                            const unsigned char *packed, unsigned short *Y,
                                            int m0, int n0, int N, int warp_m, int warp_n,
@@ -357,7 +364,7 @@ __device__ __forceinline__ void store_tile(unsigned char *smem, float (&acc)[C::
       }
     }
   }
-  __syncthreads();
+  Sync::sync();
   // Rows of the staged tile: m (fm) or n (tm); 8-element chunks along them.
   constexpr int CPR = C::C_COLS / 8;
   constexpr int COUNT = C::C_ROWS * CPR;

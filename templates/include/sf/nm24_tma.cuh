@@ -1,0 +1,304 @@
+// nm24_tma.cuh -- the warp-specialized sm_90a path of the 2:4 family:
+// sparse wgmma fed by the tensor-memory accelerator, the X tile shared by
+// the CTAs of a cluster.
+//
+// A CTA is WM x WN consumer warpgroups (each a 64 x WG_N tile of Y, WG_N =
+// BN / WN, as in nm24_sm90.cuh) and one producer warp.  The producer keeps
+// STAGES stages of shared memory filled, each stage one mbarrier `full`:
+//   - the compressed weights and their metadata: one 1-D bulk copy per
+//     64-row tile (the packing interleaves them, AE_STEP = 2048 bytes of
+//     values and 256 of metadata per 64 rows x 32 columns of K);
+//   - the X tile through the tensor map of X (the fifth kernel parameter,
+//     encoded by the runtime for each launch: sf_kernel_args_set), in the
+//     128-byte swizzle the B descriptors read.  With CM = 2 CTAs in a
+//     cluster along M (the same columns of N, rows two tiles apart) each
+//     CTA loads half of the tile and multicasts it to both, so X crosses L2
+//     once per pair.
+// Consumers wait on `full`, issue the stage's sparse wgmma, and once the
+// wgmma of the stage before is done release that stage by arriving on the
+// `empty` barrier of every CTA of the cluster (a multicast refills both).
+//
+// Feature-major X whose rows are not 16-byte aligned (N % 8 != 0) cannot
+// be mapped: the runtime passes a zero map and the producer warp loads the
+// tile itself, element by element, into the same swizzled layout (no
+// multicast; the `full` barrier then also counts its 32 lanes).
+//
+// Shared memory (from a 1024-byte aligned base): the barriers in the first
+// 1 KB, then the stages (X tile, then the weight and metadata runs), reused
+// at the end for the output tile.
+#pragma once
+
+#include "sf/nm24_sm90.cuh"
+#include "sf/tma_sm90.cuh"
+
+namespace sf {
+namespace nm24 {
+
+constexpr int AE_STEP = WG_A_BYTES + 4 * META_BYTES;  // one 64-row tile x one K step
+
+template <int BM_, int BN_, int BK_, int WM_, int WN_, int STAGES_, int CM_, bool TM_>
+struct TmaConfig {
+  static constexpr int BM = BM_;
+  static constexpr int BN = BN_;
+  static constexpr int BK = BK_;
+  static constexpr int WM = WM_;          // consumer warpgroups along M
+  static constexpr int WN = WN_;          // ... and along N
+  static constexpr int STAGES = STAGES_;
+  static constexpr int CM = CM_;          // CTAs of a cluster along M sharing the X tile
+  static constexpr bool TOKEN_MAJOR = TM_;
+
+  static constexpr int WG_N = BN / WN;
+  static constexpr int THREADS = 128 * WM * WN;      // the consumers (store_tile's threads)
+  static constexpr int BLOCK_THREADS = THREADS + 32;  // and the producer warp
+  static constexpr int PRODUCER_WARP = THREADS / 32;
+  static constexpr int KSTEPS = BK / KSTEP;
+  static constexpr int MTILES = BM / 16;
+
+  static constexpr int B_BYTES = BK * BN * 2;
+  static constexpr int AE_BYTES = (BM / 64) * KSTEPS * AE_STEP;
+  static constexpr int STAGE_BYTES = (B_BYTES + AE_BYTES + 1023) / 1024 * 1024;
+  // the X tile a CTA loads itself and multicasts: feature-major, columns of
+  // 64 (one box each) taken in turn by the CM ranks; token-major, rows
+  // split in CM boxes per 64-column atom of K
+  static constexpr int BOX_W = 64;
+  static constexpr int BOX_ROWS = TOKEN_MAJOR ? BN / CM : BK;
+
+  // store_tile's view (as WgConfig)
+  static constexpr int MI = 1;
+  static constexpr int NI = WG_N / 8;
+  static constexpr int WTM = 16;
+  static constexpr int WTN = WG_N;
+  static constexpr int C_ROWS = TOKEN_MAJOR ? BN : BM;
+  static constexpr int C_COLS = TOKEN_MAJOR ? BM : BN;
+  static constexpr int C_LD = C_COLS + 8;
+  static constexpr int C_BYTES = C_ROWS * C_LD * 2;
+  // 1 KB of alignment slack, 1 KB of barriers, then the stages
+  static constexpr int SMEM_BYTES = 2048 + cmax(STAGES * STAGE_BYTES, C_BYTES);
+
+  // The configuration's constraints are asserted by the generated source,
+  // from the table the search space filters with
+  // (generator/families/nm24/__init__.py).
+};
+
+// The consumers' barrier between the staged output tile's writes and reads.
+template <int THREADS>
+struct ConsumerSync {
+  __device__ __forceinline__ static void sync() { sm90::named_sync(1, THREADS); }
+};
+
+// Feature-major X (K x N) with N % 8 != 0, by the producer warp's 32 lanes:
+// element loads, zero past K and N, stored in the swizzled layout.
+template <class C, class P>
+__device__ __forceinline__ void tma_fallback_b_fm(unsigned sB, const unsigned short *X, int k0,
+                                                  int n0, int N, int lane) {
+  constexpr int CPR = C::BN / 8;
+#pragma unroll 1
+  for (int i = lane; i < C::BK * CPR; i += 32) {
+    const int row = i / CPR, c = i % CPR;
+    const int gk = k0 + row, gn = n0 + c * 8;
+    unsigned w[4];
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {
+      const int n = gn + 2 * j;
+      const unsigned lo = (gk < P::K && n < N) ? X[(size_t)gk * N + n] : 0u;
+      const unsigned hi = (gk < P::K && n + 1 < N) ? X[(size_t)gk * N + n + 1] : 0u;
+      w[j] = lo | (hi << 16);
+    }
+    sts128(sB + atom_chunk<C::BK>(row, c) * 16, w[0], w[1], w[2], w[3]);
+  }
+}
+
+// The producer warp: fills stage kt % STAGES for every kt, reusing a stage
+// once every consumer of the cluster has released it.
+template <class C, class P>
+__device__ __forceinline__ void tma_produce(const unsigned char *__restrict__ packed,
+                                            const unsigned short *__restrict__ X, int N,
+                                            const sm90::TensorMap *map, bool use_map,
+                                            unsigned stages, unsigned full, unsigned empty,
+                                            int m0, int n0, unsigned rank, int lane) {
+  constexpr int KT = P::KP / C::BK;
+  constexpr int S = C::STAGES;
+  const unsigned char *ae = packed + P::AE_OFFSET;
+  const int t0 = m0 / 64;
+#pragma unroll 1
+  for (int kt = 0; kt < KT; ++kt) {
+    const int s = kt % S;
+    if (kt >= S) sm90::mbar_wait(empty + 8 * s, ((kt / S) - 1) & 1);
+    const unsigned sB = stages + s * C::STAGE_BYTES;
+    const unsigned sAE = sB + C::B_BYTES;
+    if (lane == 0) {
+      sm90::mbar_arrive_expect(full + 8 * s, use_map ? C::B_BYTES + C::AE_BYTES : C::AE_BYTES);
+#pragma unroll
+      for (int t = 0; t < C::BM / 64; ++t)
+        sm90::bulk_load(sAE + t * C::KSTEPS * AE_STEP,
+                        ae + ((size_t)(t0 + t) * P::KSTEPS + (size_t)kt * C::KSTEPS) * AE_STEP,
+                        C::KSTEPS * AE_STEP, full + 8 * s);
+      if (use_map) {
+        const int k0 = kt * C::BK;
+        if constexpr (C::TOKEN_MAJOR) {
+#pragma unroll
+          for (int a = 0; a < C::BK / 64; ++a) {
+            const unsigned dst = sB + a * C::BN * 128 + rank * C::BOX_ROWS * 128;
+            const int c0 = k0 + 64 * a, c1 = n0 + rank * C::BOX_ROWS;
+            if constexpr (C::CM > 1)
+              sm90::tma_load_2d_multicast(dst, map, c0, c1, full + 8 * s, (1u << C::CM) - 1);
+            else
+              sm90::tma_load_2d(dst, map, c0, c1, full + 8 * s);
+          }
+        } else {
+#pragma unroll
+          for (int c = rank; c < C::BN / 64; c += C::CM) {
+            const unsigned dst = sB + c * C::BK * 128;
+            if constexpr (C::CM > 1)
+              sm90::tma_load_2d_multicast(dst, map, n0 + 64 * c, k0, full + 8 * s,
+                                          (1u << C::CM) - 1);
+            else
+              sm90::tma_load_2d(dst, map, n0 + 64 * c, k0, full + 8 * s);
+          }
+        }
+      }
+    }
+    if (!use_map) {
+      if constexpr (!C::TOKEN_MAJOR)
+        tma_fallback_b_fm<C, P>(sB, X, kt * C::BK, n0, N, lane);
+      sm90::fence_proxy_async();  // the stores -> the tensor cores' proxy
+      sm90::mbar_arrive(full + 8 * s);
+    }
+  }
+}
+
+// This warp's metadata registers for one stage (see wg_load_meta), read
+// from the interleaved weight and metadata runs.
+template <class C>
+__device__ __forceinline__ void tma_load_meta(unsigned (&e)[META_REGS<C>], unsigned sAE,
+                                              int wg_m, int warp, int lane) {
+  const int g = lane >> 2, t = lane & 3;
+  const unsigned base = sAE + wg_m * C::KSTEPS * AE_STEP + WG_A_BYTES + (warp & 3) * META_BYTES;
+  if constexpr (C::KSTEPS == 1) {
+    e[0] = lds32(base + (g * 2 + (t & 1)) * 4);
+  } else {
+#pragma unroll
+    for (int p = 0; p < C::KSTEPS / 2; ++p)
+      e[p] = lds32(base + (2 * p + (t >> 1)) * AE_STEP + (g * 2 + (t & 1)) * 4);
+  }
+}
+
+// One stage's sparse wgmma of this warpgroup (one committed group).
+template <class C, typename T>
+__device__ __forceinline__ void tma_compute_stage(float (&acc)[C::WG_N / 8][4], unsigned sAE,
+                                                  unsigned sB,
+                                                  const unsigned (&e)[META_REGS<C>], int wg_m,
+                                                  int wg_n) {
+  const unsigned a0 = sAE + wg_m * C::KSTEPS * AE_STEP;
+  sm90::fence();
+#pragma unroll
+  for (int s = 0; s < C::KSTEPS; ++s) {
+    const unsigned long long da = sm90::make_desc(a0 + s * AE_STEP, 128, 256, sm90::SWIZZLE_NONE);
+    if constexpr (C::TOKEN_MAJOR) {
+      const unsigned b = sB + (s >> 1) * C::BN * 128 + wg_n * C::WG_N * 128 + (s & 1) * 64;
+      const unsigned long long db = sm90::make_desc(b, 16, 1024, sm90::SWIZZLE_128B);
+      if (C::KSTEPS == 1 || (s & 1) == 0)
+        sm90::mma_sp<T, C::WG_N, 0, 0>(acc, da, db, e[s >> 1]);
+      else
+        sm90::mma_sp<T, C::WG_N, 1, 0>(acc, da, db, e[s >> 1]);
+    } else {
+      const unsigned b = sB + wg_n * (C::WG_N / 64) * C::BK * 128 + s * KSTEP * 128;
+      const unsigned long long db = sm90::make_desc(b, C::BK * 128, 1024, sm90::SWIZZLE_128B);
+      if (C::KSTEPS == 1 || (s & 1) == 0)
+        sm90::mma_sp<T, C::WG_N, 0, 1>(acc, da, db, e[s >> 1]);
+      else
+        sm90::mma_sp<T, C::WG_N, 1, 1>(acc, da, db, e[s >> 1]);
+    }
+  }
+  sm90::commit_group();
+}
+
+// The consumers' release of stage `s`: one thread of each warpgroup
+// arrives on `empty` of every CTA of the cluster.
+template <class C>
+__device__ __forceinline__ void tma_release(unsigned empty, int s) {
+  if ((threadIdx.x & 127) == 0) {
+    if constexpr (C::CM > 1) {
+#pragma unroll
+      for (int c = 0; c < C::CM; ++c) sm90::mbar_arrive_cluster(empty + 8 * s, c);
+    } else {
+      sm90::mbar_arrive(empty + 8 * s);
+    }
+  }
+}
+
+// ---- kernel body ------------------------------------------------------------------------
+template <class C, class P, typename T>
+__device__ __forceinline__ void tma_gemm(const unsigned char *__restrict__ packed,
+                                         const void *__restrict__ Xv, void *__restrict__ Yv,
+                                         int N, const sm90::TensorMap *map) {
+  static_assert(P::MP % (C::BM * C::CM) == 0 && P::KP % C::BK == 0,
+                "plan must pad M to the cluster's rows and K to the stage");
+  const unsigned short *X = static_cast<const unsigned short *>(Xv);
+  unsigned short *Y = static_cast<unsigned short *>(Yv);
+  extern __shared__ __align__(1024) unsigned char smem_raw[];
+  unsigned char *smem = smem_raw + ((1024u - (sm80::smem_addr(smem_raw) & 1023u)) & 1023u);
+  const unsigned base = sm80::smem_addr(smem);
+  const unsigned full = base, empty = base + 8 * C::STAGES, stages = base + 1024;
+  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+  const int n0 = blockIdx.x * C::BN, m0 = blockIdx.y * C::BM;
+  const unsigned rank = C::CM > 1 ? sm90::cluster_rank() : 0u;
+  // the runtime maps X unless its rows are not 16-byte aligned (layout 1, N % 8 != 0)
+  const bool use_map = C::TOKEN_MAJOR || (N & 7) == 0;
+  constexpr int KT = P::KP / C::BK;
+  constexpr int S = C::STAGES;
+
+  if (tid == 0) {
+    for (int s = 0; s < S; ++s) {
+      sm90::mbar_init(full + 8 * s, use_map ? 1 : 33);
+      sm90::mbar_init(empty + 8 * s, (C::THREADS / 128) * C::CM);
+    }
+    sm90::fence_mbar_init();
+  }
+  if constexpr (C::CM > 1)
+    sm90::cluster_sync();  // every CTA's barriers exist before any arrive or multicast
+  else
+    __syncthreads();
+
+  if (warp == C::PRODUCER_WARP) {
+    tma_produce<C, P>(packed, X, N, map, use_map, stages, full, empty, m0, n0, rank, lane);
+  } else {
+    const int wg = warp >> 2;
+    const int wg_m = wg % C::WM, wg_n = wg / C::WM;
+    float acc[1][C::WG_N / 8][4];
+#pragma unroll
+    for (int j = 0; j < C::WG_N / 8; ++j)
+#pragma unroll
+      for (int r = 0; r < 4; ++r) acc[0][j][r] = 0.0f;
+    unsigned e0[META_REGS<C>], e1[META_REGS<C>];
+    auto iteration = [&](int kt, unsigned(&e)[META_REGS<C>]) {
+      const int s = kt % S;
+      sm90::mbar_wait(full + 8 * s, (kt / S) & 1);
+      keep(e);  // its last reader, stage kt-2's wgmma, is done (the wait below, one stage ago)
+      const unsigned sB = stages + s * C::STAGE_BYTES;
+      tma_load_meta<C>(e, sB + C::B_BYTES, wg_m, warp, lane);
+      tma_compute_stage<C, T>(acc[0], sB + C::B_BYTES, sB, e, wg_m, wg_n);
+      sm90::wait_group<1>();  // stage kt-1's wgmma is done: release it
+      if (kt > 0) tma_release<C>(empty, (kt - 1) % S);
+    };
+    int kt = 0;
+    for (; kt + 1 < KT; kt += 2) {
+      iteration(kt, e0);
+      iteration(kt + 1, e1);
+    }
+    if (kt < KT) iteration(kt, e0);
+    sm90::wait_group<0>();
+    keep(e0);
+    keep(e1);
+    tma_release<C>(empty, (KT - 1) % S);
+    // every consumer is done with the stages before the output tile reuses them
+    sm90::named_sync(1, C::THREADS);
+    store_tile<C, P, T, ConsumerSync<C::THREADS>>(smem + 1024, acc, packed, Y, m0, n0, N,
+                                                  wg_m * 4 + (warp & 3), wg_n, lane, tid);
+  }
+  // no CTA leaves while another of its cluster may still arrive on its barriers
+  if constexpr (C::CM > 1) sm90::cluster_sync();
+}
+
+}  // namespace nm24
+}  // namespace sf

@@ -1,0 +1,123 @@
+// tma_sm90.cuh -- Hopper's asynchronous copies and barriers (sm_90): the
+// tensor map of X a kernel receives as its fifth parameter (the runtime
+// encodes it per launch: sf_kernel_args_set), TMA tile loads (optionally
+// multicast to the CTAs of a cluster), 1-D bulk copies, mbarriers (local
+// and across a cluster) and cluster barriers.  Thin wrappers over PTX
+// (PTX ISA: cp.async.bulk.tensor, cp.async.bulk, mbarrier, mapa,
+// barrier.cluster).
+#pragma once
+
+namespace sf {
+namespace sm90 {
+
+// A CUtensorMap by value (128 bytes, 64-byte aligned), passed as a
+// __grid_constant__ kernel parameter.
+struct alignas(64) TensorMap {
+  unsigned long long v[16];
+};
+
+// The module declares its map of X: {layout (1: X is K x N, 2: X is N x K),
+// K, box width (elements along X's contiguous dimension), box rows}.
+#define SF_DECLARE_X_MAP(layout, k, box_w, box_rows) \
+  extern "C" __device__ const int sf_x_map[4] = {(layout), (k), (box_w), (box_rows)}
+
+__device__ __forceinline__ unsigned cluster_rank() {
+  unsigned r;
+  asm volatile("mov.u32 %0, %%cluster_ctarank;\n" : "=r"(r));
+  return r;
+}
+
+// Every thread of every CTA of the cluster arrives and waits.
+__device__ __forceinline__ void cluster_sync() {
+  asm volatile("barrier.cluster.arrive.release.aligned;\n"
+               "barrier.cluster.wait.acquire.aligned;\n" ::: "memory");
+}
+
+__device__ __forceinline__ void mbar_init(unsigned bar, unsigned count) {
+  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(bar), "r"(count) : "memory");
+}
+
+// Makes barrier initializations visible to the cluster (and the async proxy).
+__device__ __forceinline__ void fence_mbar_init() {
+  asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+}
+
+// Arrives once and expects `bytes` more of transfers to complete on it.
+__device__ __forceinline__ void mbar_arrive_expect(unsigned bar, unsigned bytes) {
+  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(bar), "r"(bytes)
+               : "memory");
+}
+
+__device__ __forceinline__ void mbar_arrive(unsigned bar) {
+  asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(bar) : "memory");
+}
+
+// Arrives on the barrier at the same offset in CTA `cta` of the cluster.
+__device__ __forceinline__ void mbar_arrive_cluster(unsigned bar, unsigned cta) {
+  asm volatile(
+      "{\n.reg .b32 remote;\n"
+      "mapa.shared::cluster.u32 remote, %0, %1;\n"
+      "mbarrier.arrive.release.cluster.shared::cluster.b64 _, [remote];\n}\n" ::"r"(bar),
+      "r"(cta)
+      : "memory");
+}
+
+__device__ __forceinline__ bool mbar_try_wait(unsigned bar, unsigned parity) {
+  unsigned done;
+  asm volatile(
+      "{\n.reg .pred p;\n"
+      "mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\n"
+      "selp.u32 %0, 1, 0, p;\n}\n"
+      : "=r"(done)
+      : "r"(bar), "r"(parity)
+      : "memory");
+  return done != 0;
+}
+
+// Waits until the phase of parity `parity` has completed.
+__device__ __forceinline__ void mbar_wait(unsigned bar, unsigned parity) {
+  while (!mbar_try_wait(bar, parity)) {
+  }
+}
+
+// A 2-D box of the map at coordinates (c0 along the contiguous dimension,
+// c1) into shared memory, completing on `bar`.
+__device__ __forceinline__ void tma_load_2d(unsigned dst, const TensorMap *map, int c0, int c1,
+                                            unsigned bar) {
+  asm volatile(
+      "cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes"
+      " [%0], [%1, {%2, %3}], [%4];\n" ::"r"(dst),
+      "l"(reinterpret_cast<unsigned long long>(map)), "r"(c0), "r"(c1), "r"(bar)
+      : "memory");
+}
+
+// The same box written to the same offset of every CTA in `mask`, each
+// completing on its own barrier at `bar`'s offset.
+__device__ __forceinline__ void tma_load_2d_multicast(unsigned dst, const TensorMap *map, int c0,
+                                                      int c1, unsigned bar,
+                                                      unsigned short mask) {
+  asm volatile(
+      "cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes"
+      ".multicast::cluster [%0], [%1, {%2, %3}], [%4], %5;\n" ::"r"(dst),
+      "l"(reinterpret_cast<unsigned long long>(map)), "r"(c0), "r"(c1), "r"(bar), "h"(mask)
+      : "memory");
+}
+
+// `bytes` (a multiple of 16) contiguous bytes of global memory into shared
+// memory, completing on `bar`.
+__device__ __forceinline__ void bulk_load(unsigned dst, const void *src, unsigned bytes,
+                                          unsigned bar) {
+  asm volatile(
+      "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];\n" ::
+          "r"(dst),
+      "l"(src), "r"(bytes), "r"(bar)
+      : "memory");
+}
+
+// Named barrier `id` (1..15) over `threads` threads (a multiple of 32).
+__device__ __forceinline__ void named_sync(int id, int threads) {
+  asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
+}
+
+}  // namespace sm90
+}  // namespace sf
