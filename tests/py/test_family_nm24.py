@@ -232,6 +232,8 @@ TMA = dict(bm=128, bn=256, bk=64, wm=2, wn=1, stages=4, wg=1, tma=1, cm=2)
     (dict(bn=64, cm=2), "fm", 64, "the cluster's CTAs load whole 64-column boxes of X"),
     (dict(), "tm", 60, "token-major X rows .* must be 16-byte aligned"),
     (dict(tma=2), "fm", 64, "wg == 1 and tma == 1"),
+    (dict(ks=2), "fm", 64, "a cluster shares the X tile or splits K, not both"),
+    (dict(ks=3, cm=1), "fm", 64, r"ks in \(1, 2, 4, 8\)"),
     (dict(bk=32), "tm", 64, "whole 128-byte swizzle atoms"),
 ])
 def test_check_config_refusals_tma(bad, layout, k, what):
@@ -256,6 +258,18 @@ def test_tma_plan_round_trip(layout):
     assert k.launch["block"] == (288, 1, 1) and k.launch["grid"] == (1, 2, 1)
     ae = nm24_pack.interleave_ae(b"\1" * 4 * 2 * 2048, b"\2" * 16 * 2 * 64, 256, 64)
     assert nm24_pack.split_ae(ae, 256, 64) == (b"\1" * 4 * 2 * 2048, b"\2" * 16 * 2 * 64)
+
+
+def test_split_k_plan():
+    """Split K over a cluster along z: K pads to BK x KS, the grid's z is KS,
+    the partial tile fits the shared memory."""
+    m = random_24(100, 296, seed=14)
+    c = dict(TMA, bm=64, wm=1, bn=64, bk=128, cm=1, ks=4, stages=5)
+    plan = FAM.plan(m, Operation(layout="tm"), {}, c)
+    assert plan.kp == 512 and plan.grid == (1, 2, 4)
+    k = FAM.render(plan, Operation(layout="tm"), c)
+    assert "__cluster_dims__(1, 1, 4)" in k.source and k.launch["grid"] == (1, 2, 4)
+    same_matrix(FAM.unpack(plan), m, "fp16")
 
 
 def test_wg_needs_sm90a():
@@ -341,6 +355,8 @@ WG_COMPILE_CASES = [
     ("bf16", "tm", dict(TMA), Epilogue(bias=True, activation="gelu")),
     ("fp16", "tm", dict(TMA, bn=128, cm=1, stages=6), Epilogue(activation="relu")),
     ("bf16", "fm", dict(TMA, bm=64, wm=1, bn=128, bk=128, cm=1, stages=5), Epilogue(scale=0.5)),
+    ("fp16", "tm", dict(TMA, bm=64, wm=1, bn=64, bk=128, cm=1, ks=4, stages=5),
+     Epilogue(bias=True, activation="gelu")),
     ("fp16", "fm", dict(WG), Epilogue()),
     ("bf16", "tm", dict(WG, bn=128, stages=5), Epilogue(bias=True, activation="gelu")),
     ("fp16", "fm", dict(WG, bm=64, bn=64, bk=32, wm=1, stages=3), Epilogue(activation="relu")),
@@ -462,6 +478,8 @@ TMA_GPU_CONFIGS = [
     dict(bm=128, bn=128, bk=64, wm=2, wn=1, stages=6, wg=1, tma=1, cm=1),
     dict(bm=64, bn=256, bk=128, wm=1, wn=2, stages=3, wg=1, tma=1, cm=2),
     dict(bm=64, bn=64, bk=64, wm=1, wn=1, stages=5, wg=1, tma=1, cm=1),
+    dict(bm=64, bn=64, bk=128, wm=1, wn=1, stages=5, wg=1, tma=1, cm=1, ks=4),   # split K
+    dict(bm=128, bn=128, bk=64, wm=2, wn=1, stages=4, wg=1, tma=1, cm=1, ks=2),
 ]
 
 

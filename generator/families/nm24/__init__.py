@@ -122,10 +122,11 @@ WG_SPACE = Space(
 # warpgroups and a producer warp; the X tile shared by clusters of `cm`
 # CTAs along M.
 TMA_STAGE_CHOICES = (3, 4, 5, 6)
-TMA_KEYS = WG_KEYS + ("tma", "cm")
+TMA_KEYS = WG_KEYS + ("tma", "cm", "ks")
 TMA_SPACE = Space(
     choices={"bm": WG_BM_CHOICES, "bn": WG_BN_CHOICES, "bk": WG_BK_CHOICES, "wn": (1, 2),
-             "stages": TMA_STAGE_CHOICES, "cm": (1, 2)},
+             "stages": TMA_STAGE_CHOICES, "cm": (1, 2), "ks": (1, 2, 4, 8)},
+    defaults={"ks": 1},
     derived={
         "wg_n": "bn // wn",
         "consumers": "128 * wm * wn",
@@ -134,11 +135,14 @@ TMA_SPACE = Space(
         "ae_bytes": f"bm // 64 * (bk // 32) * {AE_STEP}",
         "stage_bytes": "cdiv(b_bytes + ae_bytes, 1024) * 1024",
         "c_bytes": "(bn if tm else bm) * ((bm if tm else bn) + 8) * 2",
-        "smem": "2048 + max(stages * stage_bytes, c_bytes)",
+        "p_bytes": "bm * (bn + 4) * 4 if ks > 1 else 0",
+        "smem": "2048 + max(max(stages * stage_bytes, c_bytes), p_bytes)",
         "regs": "threads * (wg_n // 2 + 72)",
     },
     constraints=[
         Constraint("wg == 1 and tma == 1", "the warp-specialized TMA path"),
+        Constraint("ks in (1, 2, 4, 8)", "K split over 1, 2, 4 or 8 CTAs of a cluster"),
+        Constraint("cm == 1 or ks == 1", "a cluster shares the X tile or splits K, not both"),
         Constraint("bm == 64 * wm", "a warpgroup's rows are one 64-row wgmma tile"),
         Constraint("wg_n * wn == bn and wg_n in (64, 128, 256)",
                    "a warpgroup's columns are one wgmma N of 64, 128 or 256"),
@@ -338,7 +342,8 @@ class Nm24Family(Family):
     # ---- configurations -------------------------------------------------------
     def check_config(self, config: dict, matrix: SparseMatrix, op: Operation,
                      params: dict, device: Optional[dict] = None) -> None:
-        keys = TMA_KEYS if "tma" in config else WG_KEYS if "wg" in config else CONFIG_KEYS
+        keys = (tuple(k_ for k_ in TMA_KEYS if k_ != "ks") if "tma" in config
+                else WG_KEYS if "wg" in config else CONFIG_KEYS)
         missing = [k for k in keys if k not in config]
         if missing:
             raise ConfigError(f"nm24 config lacks {', '.join(missing)} (needs {', '.join(keys)})")
@@ -377,6 +382,9 @@ class Nm24Family(Family):
               dict(bm=128, bn=256, bk=64, wm=2, wn=1, stages=4, wg=1, tma=1, cm=1),
               dict(bm=128, bn=128, bk=64, wm=2, wn=1, stages=6, wg=1, tma=1, cm=2),
               dict(bm=64, bn=128, bk=128, wm=1, wn=1, stages=5, wg=1, tma=1, cm=1),
+              dict(bm=64, bn=64, bk=128, wm=1, wn=1, stages=5, wg=1, tma=1, cm=1, ks=2),
+              dict(bm=64, bn=64, bk=128, wm=1, wn=1, stages=5, wg=1, tma=1, cm=1, ks=4),
+              dict(bm=128, bn=64, bk=128, wm=2, wn=1, stages=5, wg=1, tma=1, cm=1, ks=2),
               dict(bm=128, bn=256, bk=64, wm=2, wn=1, stages=4, wg=1),
               dict(bm=128, bn=128, bk=64, wm=2, wn=1, stages=5, wg=1),
               dict(bm=256, bn=128, bk=64, wm=4, wn=1, stages=4, wg=1),
@@ -405,7 +413,8 @@ class Nm24Family(Family):
         m, k = matrix.shape
         bm, bk = config["bm"], config["bk"]
         tma = is_tma(config)
-        mp, kp = _round_up(m, bm * (config["cm"] if tma else 1)), _round_up(k, bk)
+        ks = config.get("ks", 1) if tma else 1
+        mp, kp = _round_up(m, bm * (config["cm"] if tma else 1)), _round_up(k, bk * ks)
         wg = is_wg(config)
         # the same for every configuration that pads alike: packed once
         values, meta = matrix.cached(("nm24.pack", op.dtype, mp, kp, wg),
@@ -440,14 +449,15 @@ class Nm24Family(Family):
         if ep.bias:
             buf[bias_offset:bias_offset + len(bias_bytes)] = bias_bytes
 
-        cfg = {key: int(config[key]) for key in (TMA_KEYS if tma else WG_KEYS if wg else CONFIG_KEYS)}
+        cfg = {key: int(config[key]) for key in (TMA_KEYS if tma else WG_KEYS if wg else CONFIG_KEYS)
+               if key in config}
         return Nm24Plan(
             name=config_name(self.tag(params), cfg, op), dtype=op.dtype, layout=op.layout,
             m=m, k=k, mp=mp, kp=kp, config=cfg, packed=bytes(buf),
             values_offset=values_offset, meta_offset=meta_offset, bias_offset=bias_offset,
             has_bias=ep.bias, smem_bytes=smem_bytes(cfg, op.layout, k),
             threads=cfg["wm"] * cfg["wn"] * (128 if wg else 32) + (32 if tma else 0),
-            grid=(1, mp // bm, 1),
+            grid=(1, mp // bm, ks),
             perm=None if matrix.perm is None else matrix.perm.copy(),
             epilogue=dict(activation=ep.activation, scale=float(ep.scale)))
 
@@ -497,7 +507,7 @@ class Nm24Family(Family):
                                           TABLE_SOURCE)
         template = ("nm24_tma.cu.j2" if is_tma(c) else "nm24_sm90.cu.j2" if is_wg(c)
                     else "nm24.cu.j2")
-        source = render(template, name=plan.name, cm=c.get("cm", 1), dtype=plan.dtype, layout=plan.layout,
+        source = render(template, name=plan.name, cm=c.get("cm", 1), ks=c.get("ks", 1), dtype=plan.dtype, layout=plan.layout,
                         m=plan.m, k=plan.k, mp=plan.mp, kp=plan.kp,
                         bm=c["bm"], bn=c["bn"], bk=c["bk"], wm=c["wm"], wn=c["wn"],
                         stages=c["stages"], threads=plan.threads, smem_bytes=plan.smem_bytes,

@@ -23,9 +23,15 @@
 // tile itself, element by element, into the same swizzled layout (no
 // multicast; the `full` barrier then also counts its 32 lanes).
 //
+// Split K (KS > 1, for few columns of N: decode): the KS CTAs of a cluster
+// along z each take 1/KS of K; their fp32 partial tiles meet in shared
+// memory, and each CTA sums one slice of the tile's rows over the cluster
+// (distributed shared memory, in a fixed order), applies the epilogue and
+// stores it.
+//
 // Shared memory (from a 1024-byte aligned base): the barriers in the first
 // 1 KB, then the stages (X tile, then the weight and metadata runs), reused
-// at the end for the output tile.
+// at the end for the output tile (or the partial tile).
 #pragma once
 
 #include "sf/nm24_sm90.cuh"
@@ -36,7 +42,7 @@ namespace nm24 {
 
 constexpr int AE_STEP = WG_A_BYTES + 4 * META_BYTES;  // one 64-row tile x one K step
 
-template <int BM_, int BN_, int BK_, int WM_, int WN_, int STAGES_, int CM_, bool TM_>
+template <int BM_, int BN_, int BK_, int WM_, int WN_, int STAGES_, int CM_, int KS_, bool TM_>
 struct TmaConfig {
   static constexpr int BM = BM_;
   static constexpr int BN = BN_;
@@ -45,6 +51,7 @@ struct TmaConfig {
   static constexpr int WN = WN_;          // ... and along N
   static constexpr int STAGES = STAGES_;
   static constexpr int CM = CM_;          // CTAs of a cluster along M sharing the X tile
+  static constexpr int KS = KS_;          // CTAs of a cluster along z splitting K
   static constexpr bool TOKEN_MAJOR = TM_;
 
   static constexpr int WG_N = BN / WN;
@@ -72,8 +79,11 @@ struct TmaConfig {
   static constexpr int C_COLS = TOKEN_MAJOR ? BM : BN;
   static constexpr int C_LD = C_COLS + 8;
   static constexpr int C_BYTES = C_ROWS * C_LD * 2;
+  // split K: the fp32 partial tile, rows padded by 4 floats
+  static constexpr int P_LD = BN + 4;
+  static constexpr int P_BYTES = KS > 1 ? BM * P_LD * 4 : 0;
   // 1 KB of alignment slack, 1 KB of barriers, then the stages
-  static constexpr int SMEM_BYTES = 2048 + cmax(STAGES * STAGE_BYTES, C_BYTES);
+  static constexpr int SMEM_BYTES = 2048 + cmax(cmax(STAGES * STAGE_BYTES, C_BYTES), P_BYTES);
 
   // The configuration's constraints are asserted by the generated source,
   // from the table the search space filters with
@@ -115,8 +125,8 @@ __device__ __forceinline__ void tma_produce(const unsigned char *__restrict__ pa
                                             const unsigned short *__restrict__ X, int N,
                                             const sm90::TensorMap *map, bool use_map,
                                             unsigned stages, unsigned full, unsigned empty,
-                                            int m0, int n0, unsigned rank, int lane) {
-  constexpr int KT = P::KP / C::BK;
+                                            int m0, int n0, unsigned rank, int kz, int lane) {
+  constexpr int KT = P::KP / C::BK / C::KS;  // this CTA's stages: K tiles kz .. kz + KT - 1
   constexpr int S = C::STAGES;
   const unsigned char *ae = packed + P::AE_OFFSET;
   const int t0 = m0 / 64;
@@ -126,15 +136,16 @@ __device__ __forceinline__ void tma_produce(const unsigned char *__restrict__ pa
     if (kt >= S) sm90::mbar_wait(empty + 8 * s, ((kt / S) - 1) & 1);
     const unsigned sB = stages + s * C::STAGE_BYTES;
     const unsigned sAE = sB + C::B_BYTES;
+    const int kg = kz + kt;
     if (lane == 0) {
       sm90::mbar_arrive_expect(full + 8 * s, use_map ? C::B_BYTES + C::AE_BYTES : C::AE_BYTES);
 #pragma unroll
       for (int t = 0; t < C::BM / 64; ++t)
         sm90::bulk_load(sAE + t * C::KSTEPS * AE_STEP,
-                        ae + ((size_t)(t0 + t) * P::KSTEPS + (size_t)kt * C::KSTEPS) * AE_STEP,
+                        ae + ((size_t)(t0 + t) * P::KSTEPS + (size_t)kg * C::KSTEPS) * AE_STEP,
                         C::KSTEPS * AE_STEP, full + 8 * s);
       if (use_map) {
-        const int k0 = kt * C::BK;
+        const int k0 = kg * C::BK;
         if constexpr (C::TOKEN_MAJOR) {
 #pragma unroll
           for (int a = 0; a < C::BK / 64; ++a) {
@@ -147,9 +158,15 @@ __device__ __forceinline__ void tma_produce(const unsigned char *__restrict__ pa
           }
         } else {
 #pragma unroll
+#ifdef SF_NO_MULTICAST
+          for (int c = 0; c < C::BN / 64; c += 1) {
+            const unsigned dst = sB + c * C::BK * 128;
+            if constexpr (false)
+#else
           for (int c = rank; c < C::BN / 64; c += C::CM) {
             const unsigned dst = sB + c * C::BK * 128;
             if constexpr (C::CM > 1)
+#endif
               sm90::tma_load_2d_multicast(dst, map, n0 + 64 * c, k0, full + 8 * s,
                                           (1u << C::CM) - 1);
             else
@@ -160,7 +177,7 @@ __device__ __forceinline__ void tma_produce(const unsigned char *__restrict__ pa
     }
     if (!use_map) {
       if constexpr (!C::TOKEN_MAJOR)
-        tma_fallback_b_fm<C, P>(sB, X, kt * C::BK, n0, N, lane);
+        tma_fallback_b_fm<C, P>(sB, X, kg * C::BK, n0, N, lane);
       sm90::fence_proxy_async();  // the stores -> the tensor cores' proxy
       sm90::mbar_arrive(full + 8 * s);
     }
@@ -227,13 +244,57 @@ __device__ __forceinline__ void tma_release(unsigned empty, int s) {
   }
 }
 
+// ---- split K: the partial tiles summed over the cluster --------------------------------------
+// acc -> this CTA's fp32 partial tile in shared memory ([BM][P_LD], rows of Y).
+template <class C>
+__device__ __forceinline__ void tma_store_partial(unsigned part, const float (&acc)[C::WG_N / 8][4],
+                                                  int mt, int wg_n, int lane) {
+  const int g = lane >> 2, t = lane & 3;
+#pragma unroll
+  for (int j = 0; j < C::WG_N / 8; ++j)
+#pragma unroll
+    for (int half = 0; half < 2; ++half) {
+      const int r = mt * 16 + g + 8 * half, c = wg_n * C::WG_N + 8 * j + 2 * t;
+      asm volatile("st.shared.v2.f32 [%0], {%1, %2};\n" ::"r"(part + (r * C::P_LD + c) * 4),
+                   "f"(acc[j][2 * half]), "f"(acc[j][2 * half + 1])
+                   : "memory");
+    }
+}
+
+// This CTA's slice of rows (BM / KS of them): the KS partials summed in
+// rank order, then the epilogue, stored element by element (contiguous
+// along Y's rows in either layout).
+template <class C, class P, typename T>
+__device__ __forceinline__ void tma_reduce_store(unsigned part, const unsigned char *packed,
+                                                 unsigned short *Y, int m0, int n0, int N,
+                                                 int zrank, int tid) {
+  constexpr int ROWS = C::BM / C::KS;
+  const float *bias = section<float>(packed, P::BIAS_OFFSET);
+  const int r0 = zrank * ROWS;
+#pragma unroll 1
+  for (int i = tid; i < ROWS * C::BN; i += C::THREADS) {
+    const int r = C::TOKEN_MAJOR ? i % ROWS : i / C::BN;
+    const int c = C::TOKEN_MAJOR ? i / ROWS : i % C::BN;
+    const int m = m0 + r0 + r, n = n0 + c;
+    if (m >= P::M || n >= N) continue;
+    const unsigned off = part + ((r0 + r) * C::P_LD + c) * 4;
+    float v = 0.0f;
+#pragma unroll
+    for (int z = 0; z < C::KS; ++z) v += sm90::ld_cluster_f32(off, z);
+    const float bv = P::HAS_BIAS ? bias[m] : 0.0f;
+    const unsigned pair = sm80::epilogue_pair<T, P::HAS_BIAS, P::ACT>(v, 0.0f, P::SCALE, bv);
+    Y[C::TOKEN_MAJOR ? (size_t)n * P::M + m : (size_t)m * N + n] =
+        static_cast<unsigned short>(pair & 0xffffu);
+  }
+}
+
 // ---- kernel body ------------------------------------------------------------------------
 template <class C, class P, typename T>
 __device__ __forceinline__ void tma_gemm(const unsigned char *__restrict__ packed,
                                          const void *__restrict__ Xv, void *__restrict__ Yv,
                                          int N, const sm90::TensorMap *map) {
-  static_assert(P::MP % (C::BM * C::CM) == 0 && P::KP % C::BK == 0,
-                "plan must pad M to the cluster's rows and K to the stage");
+  static_assert(P::MP % (C::BM * C::CM) == 0 && P::KP % (C::BK * C::KS) == 0,
+                "plan must pad M to the cluster's rows and K to its stages");
   const unsigned short *X = static_cast<const unsigned short *>(Xv);
   unsigned short *Y = static_cast<unsigned short *>(Yv);
   extern __shared__ __align__(1024) unsigned char smem_raw[];
@@ -242,10 +303,13 @@ __device__ __forceinline__ void tma_gemm(const unsigned char *__restrict__ packe
   const unsigned full = base, empty = base + 8 * C::STAGES, stages = base + 1024;
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
   const int n0 = blockIdx.x * C::BN, m0 = blockIdx.y * C::BM;
-  const unsigned rank = C::CM > 1 ? sm90::cluster_rank() : 0u;
+  // cluster (1, CM, KS): rank along M (the X tile's share) and along z (K's slice)
+  const unsigned rank = C::CM > 1 ? blockIdx.y % C::CM : 0u;
+  const int zrank = C::KS > 1 ? blockIdx.z : 0;
+  constexpr bool CLUSTER = C::CM * C::KS > 1;
   // the runtime maps X unless its rows are not 16-byte aligned (layout 1, N % 8 != 0)
   const bool use_map = C::TOKEN_MAJOR || (N & 7) == 0;
-  constexpr int KT = P::KP / C::BK;
+  constexpr int KT = P::KP / C::BK / C::KS;
   constexpr int S = C::STAGES;
 
   if (tid == 0) {
@@ -255,13 +319,14 @@ __device__ __forceinline__ void tma_gemm(const unsigned char *__restrict__ packe
     }
     sm90::fence_mbar_init();
   }
-  if constexpr (C::CM > 1)
+  if constexpr (CLUSTER)
     sm90::cluster_sync();  // every CTA's barriers exist before any arrive or multicast
   else
     __syncthreads();
 
   if (warp == C::PRODUCER_WARP) {
-    tma_produce<C, P>(packed, X, N, map, use_map, stages, full, empty, m0, n0, rank, lane);
+    tma_produce<C, P>(packed, X, N, map, use_map, stages, full, empty, m0, n0, rank, zrank * KT,
+                      lane);
   } else {
     const int wg = warp >> 2;
     const int wg_m = wg % C::WM, wg_n = wg / C::WM;
@@ -293,11 +358,20 @@ __device__ __forceinline__ void tma_gemm(const unsigned char *__restrict__ packe
     tma_release<C>(empty, (KT - 1) % S);
     // every consumer is done with the stages before the output tile reuses them
     sm90::named_sync(1, C::THREADS);
-    store_tile<C, P, T, ConsumerSync<C::THREADS>>(smem + 1024, acc, packed, Y, m0, n0, N,
-                                                  wg_m * 4 + (warp & 3), wg_n, lane, tid);
+    if constexpr (C::KS > 1)
+      tma_store_partial<C>(stages, acc[0], wg_m * 4 + (warp & 3), wg_n, lane);
+    else
+      store_tile<C, P, T, ConsumerSync<C::THREADS>>(smem + 1024, acc, packed, Y, m0, n0, N,
+                                                    wg_m * 4 + (warp & 3), wg_n, lane, tid);
   }
-  // no CTA leaves while another of its cluster may still arrive on its barriers
-  if constexpr (C::CM > 1) sm90::cluster_sync();
+  if constexpr (C::KS > 1) {
+    sm90::cluster_sync();  // every partial tile of the cluster is written
+    if (warp != C::PRODUCER_WARP)
+      tma_reduce_store<C, P, T>(stages, packed, Y, m0, n0, N, zrank, tid);
+  }
+  // no CTA leaves while another of its cluster may still read its shared
+  // memory or arrive on its barriers
+  if constexpr (CLUSTER) sm90::cluster_sync();
 }
 
 }  // namespace nm24

@@ -74,10 +74,45 @@ __device__ __forceinline__ bool mbar_try_wait(unsigned bar, unsigned parity) {
   return done != 0;
 }
 
+__device__ __forceinline__ bool mbar_test_wait(unsigned bar, unsigned parity) {
+  unsigned done;
+  asm volatile(
+      "{\n.reg .pred p;\n"
+      "mbarrier.test_wait.parity.shared::cta.b64 p, [%1], %2;\n"
+      "selp.u32 %0, 1, 0, p;\n}\n"
+      : "=r"(done)
+      : "r"(bar), "r"(parity)
+      : "memory");
+  return done != 0;
+}
+
+__device__ __forceinline__ bool mbar_try_wait_hint(unsigned bar, unsigned parity, unsigned ns) {
+  unsigned done;
+  asm volatile(
+      "{\n.reg .pred p;\n"
+      "mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2, %3;\n"
+      "selp.u32 %0, 1, 0, p;\n}\n"
+      : "=r"(done)
+      : "r"(bar), "r"(parity), "r"(ns)
+      : "memory");
+  return done != 0;
+}
+
+#ifndef SF_MBAR_WAIT
+#define SF_MBAR_WAIT 0
+#endif
 // Waits until the phase of parity `parity` has completed.
 __device__ __forceinline__ void mbar_wait(unsigned bar, unsigned parity) {
+#if SF_MBAR_WAIT == 1
+  while (!mbar_test_wait(bar, parity)) {
+  }
+#elif SF_MBAR_WAIT == 2
+  while (!mbar_try_wait_hint(bar, parity, 0x989680u)) {
+  }
+#else
   while (!mbar_try_wait(bar, parity)) {
   }
+#endif
 }
 
 // A 2-D box of the map at coordinates (c0 along the contiguous dimension,
@@ -112,6 +147,19 @@ __device__ __forceinline__ void bulk_load(unsigned dst, const void *src, unsigne
           "r"(dst),
       "l"(src), "r"(bytes), "r"(bar)
       : "memory");
+}
+
+// A float at `local`'s offset in the shared memory of CTA `cta` of the cluster.
+__device__ __forceinline__ float ld_cluster_f32(unsigned local, unsigned cta) {
+  float v;
+  asm volatile(
+      "{\n.reg .b32 remote;\n"
+      "mapa.shared::cluster.u32 remote, %1, %2;\n"
+      "ld.shared::cluster.f32 %0, [remote];\n}\n"
+      : "=f"(v)
+      : "r"(local), "r"(cta)
+      : "memory");
+  return v;
 }
 
 // Named barrier `id` (1..15) over `threads` threads (a multiple of 32).
