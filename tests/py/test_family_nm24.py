@@ -174,7 +174,8 @@ def test_search_space_valid(device, layout):
         FAM.check_config(c, m, op, {}, device)
         assert nm24_mod.smem_bytes(c, layout) <= limit
         if c.get("wg"):
-            assert c["bn"] // c["wn"] // 2 <= 128 and c["bm"] == 64 * c["wm"]
+            mw = c.get("mw", 1)
+            assert mw * c["bn"] // c["wn"] // 2 <= 128 and c["bm"] == 64 * c["wm"] * mw
         else:
             assert (c["bm"] // c["wm"] // 16) * (c["bn"] // c["wn"] // 8) * 4 <= 128
         names.add(FAM.generate(m, op, {}, c).name)
@@ -234,6 +235,8 @@ TMA = dict(bm=128, bn=256, bk=64, wm=2, wn=1, stages=4, wg=1, tma=1, cm=2)
     (dict(tma=2), "fm", 64, "wg == 1 and tma == 1"),
     (dict(ks=2), "fm", 64, "a cluster shares the X tile or splits K, not both"),
     (dict(ks=3, cm=1), "fm", 64, r"ks in \(1, 2, 4, 8\)"),
+    (dict(mw=2), "fm", 64, "bm == 64 \\* mw \\* wm"),
+    (dict(mw=2, bm=256), "fm", 64, "the accumulators .* fit the registers"),
     (dict(bk=32), "tm", 64, "whole 128-byte swizzle atoms"),
 ])
 def test_check_config_refusals_tma(bad, layout, k, what):
@@ -357,6 +360,7 @@ WG_COMPILE_CASES = [
     ("bf16", "fm", dict(TMA, bm=64, wm=1, bn=128, bk=128, cm=1, stages=5), Epilogue(scale=0.5)),
     ("fp16", "tm", dict(TMA, bm=64, wm=1, bn=64, bk=128, cm=1, ks=4, stages=5),
      Epilogue(bias=True, activation="gelu")),
+    ("bf16", "fm", dict(TMA, bm=256, bn=128, cm=1, mw=2, stages=6), Epilogue(bias=True, activation="gelu")),
     ("fp16", "fm", dict(WG), Epilogue()),
     ("bf16", "tm", dict(WG, bn=128, stages=5), Epilogue(bias=True, activation="gelu")),
     ("fp16", "fm", dict(WG, bm=64, bn=64, bk=32, wm=1, stages=3), Epilogue(activation="relu")),
@@ -480,6 +484,8 @@ TMA_GPU_CONFIGS = [
     dict(bm=64, bn=64, bk=64, wm=1, wn=1, stages=5, wg=1, tma=1, cm=1),
     dict(bm=64, bn=64, bk=128, wm=1, wn=1, stages=5, wg=1, tma=1, cm=1, ks=4),   # split K
     dict(bm=128, bn=128, bk=64, wm=2, wn=1, stages=4, wg=1, tma=1, cm=1, ks=2),
+    dict(bm=256, bn=128, bk=64, wm=2, wn=1, stages=6, wg=1, tma=1, cm=1, mw=2),  # 2 tiles a warpgroup
+    dict(bm=128, bn=64, bk=128, wm=1, wn=1, stages=4, wg=1, tma=1, cm=1, mw=2, ks=2),
 ]
 
 

@@ -82,7 +82,7 @@ PROBES = {"bk": (8, 16, 32, 48, 64, 128), "bn": (8, 16, 32, 64, 96, 128, 256, 51
           "wg": (1, 2), "tn": (1, 2, 3, 4), "xr": (2, 4, 8, 16), "xu": (16, 24, 32, 64, 128, 512),
           "bm": (32, 48, 64, 96, 128), "vec": (1, 2, 3, 4), "rows": (1, 2, 4, 64),
           "split": (1, 2, 4, 8, 64), "unroll": (1, 3, 4, 8, 64),
-          "tables": ("global", "const", "imm"), "cm": (1, 2, 3), "tma": (1, 2), "ks": (1, 2, 3, 4)}
+          "tables": ("global", "const", "imm"), "cm": (1, 2, 3), "tma": (1, 2), "ks": (1, 2, 3, 4), "mw": (1, 2, 3)}
 # Constraints no configuration of these problems can break first: those the
 # problem fixes for every plan (bm, m, k, nnz, const_bytes) and `wm >= 1 and
 # wn >= 1` (a zero divides in the derived sizes first; the compiler refuses

@@ -122,28 +122,31 @@ WG_SPACE = Space(
 # warpgroups and a producer warp; the X tile shared by clusters of `cm`
 # CTAs along M.
 TMA_STAGE_CHOICES = (3, 4, 5, 6)
-TMA_KEYS = WG_KEYS + ("tma", "cm", "ks")
+TMA_KEYS = WG_KEYS + ("tma", "cm", "ks", "mw")
 TMA_SPACE = Space(
     choices={"bm": WG_BM_CHOICES, "bn": WG_BN_CHOICES, "bk": WG_BK_CHOICES, "wn": (1, 2),
-             "stages": TMA_STAGE_CHOICES, "cm": (1, 2), "ks": (1, 2, 4, 8)},
-    defaults={"ks": 1},
+             "stages": TMA_STAGE_CHOICES, "cm": (1, 2), "ks": (1, 2, 4, 8), "mw": (1, 2)},
+    defaults={"ks": 1, "mw": 1},
     derived={
         "wg_n": "bn // wn",
         "consumers": "128 * wm * wn",
         "threads": "consumers + 32",
         "b_bytes": "bk * bn * 2",
         "ae_bytes": f"bm // 64 * (bk // 32) * {AE_STEP}",
+        "acc_regs": "mw * wg_n // 2",
         "stage_bytes": "cdiv(b_bytes + ae_bytes, 1024) * 1024",
         "c_bytes": "(bn if tm else bm) * ((bm if tm else bn) + 8) * 2",
         "p_bytes": "bm * (bn + 4) * 4 if ks > 1 else 0",
         "smem": "2048 + max(max(stages * stage_bytes, c_bytes), p_bytes)",
-        "regs": "threads * (wg_n // 2 + 72)",
+        # the accumulators and about 40 registers of addresses and epilogue
+        "regs": "threads * (acc_regs + 40)",
     },
     constraints=[
         Constraint("wg == 1 and tma == 1", "the warp-specialized TMA path"),
+        Constraint("mw in (1, 2)", "1 or 2 wgmma tiles of 64 rows per warpgroup"),
         Constraint("ks in (1, 2, 4, 8)", "K split over 1, 2, 4 or 8 CTAs of a cluster"),
+        Constraint("bm == 64 * mw * wm", "a warpgroup's rows are mw 64-row wgmma tiles"),
         Constraint("cm == 1 or ks == 1", "a cluster shares the X tile or splits K, not both"),
-        Constraint("bm == 64 * wm", "a warpgroup's rows are one 64-row wgmma tile"),
         Constraint("wg_n * wn == bn and wg_n in (64, 128, 256)",
                    "a warpgroup's columns are one wgmma N of 64, 128 or 256"),
         Constraint("not tm or bk in (64, 128)",
@@ -153,8 +156,8 @@ TMA_SPACE = Space(
         Constraint("cm in (1, 2)", "1 or 2 CTAs of a cluster share the X tile"),
         Constraint("tm or (bn // 64) % cm == 0",
                    "feature-major: the cluster's CTAs load whole 64-column boxes of X each"),
-        Constraint("regs <= 65536", "the accumulators (bn / wn / 2 a thread) and the rest fit "
-                   "the registers"),
+        Constraint("regs <= 65536 and acc_regs + 40 <= 255",
+                   "the accumulators (mw x bn / wn / 2 a thread) and the rest fit the registers"),
         Constraint(f"bn in {WG_BN_CHOICES}", "BN of a CTA tile"),
         Constraint(f"bk in {WG_BK_CHOICES}", "BK: one to four sparse wgmma K steps per stage"),
         Constraint(f"stages in {TMA_STAGE_CHOICES}", "pipeline depth"),
@@ -342,7 +345,7 @@ class Nm24Family(Family):
     # ---- configurations -------------------------------------------------------
     def check_config(self, config: dict, matrix: SparseMatrix, op: Operation,
                      params: dict, device: Optional[dict] = None) -> None:
-        keys = (tuple(k_ for k_ in TMA_KEYS if k_ != "ks") if "tma" in config
+        keys = (tuple(k_ for k_ in TMA_KEYS if k_ not in ("ks", "mw")) if "tma" in config
                 else WG_KEYS if "wg" in config else CONFIG_KEYS)
         missing = [k for k in keys if k not in config]
         if missing:
@@ -364,7 +367,8 @@ class Nm24Family(Family):
                       for c in SPACE.enumerate(("bm", "bn", "bk"))
                       for wm, wn in WARP_LAYOUTS for stages in STAGE_CHOICES]
         candidates += [dict(c, wm=c["bm"] // 64, wg=1) for c in WG_SPACE.enumerate()]
-        candidates += [dict(c, wm=c["bm"] // 64, wg=1, tma=1) for c in TMA_SPACE.enumerate()]
+        candidates += [dict(c, wm=c["bm"] // 64 // c["mw"], wg=1, tma=1)
+                       for c in TMA_SPACE.enumerate() if c["bm"] >= 64 * c["mw"]]
         out = []
         for cfg in candidates:
             try:
@@ -378,9 +382,10 @@ class Nm24Family(Family):
                      device: Optional[dict] = None) -> list[dict]:
         """Large tiles of sparse wgmma first on sm_90a (two warpgroups along
         M, the widest N the problem fills), then mma.sp's default."""
-        wg = [dict(bm=128, bn=256, bk=64, wm=2, wn=1, stages=4, wg=1, tma=1, cm=2),
+        wg = [dict(bm=256, bn=128, bk=64, wm=2, wn=1, stages=6, wg=1, tma=1, cm=1, mw=2),
               dict(bm=128, bn=256, bk=64, wm=2, wn=1, stages=4, wg=1, tma=1, cm=1),
-              dict(bm=128, bn=128, bk=64, wm=2, wn=1, stages=6, wg=1, tma=1, cm=2),
+              dict(bm=256, bn=128, bk=64, wm=2, wn=1, stages=5, wg=1, tma=1, cm=1, mw=2),
+              dict(bm=128, bn=256, bk=64, wm=2, wn=1, stages=4, wg=1, tma=1, cm=2),
               dict(bm=64, bn=128, bk=128, wm=1, wn=1, stages=5, wg=1, tma=1, cm=1),
               dict(bm=64, bn=64, bk=128, wm=1, wn=1, stages=5, wg=1, tma=1, cm=1, ks=2),
               dict(bm=64, bn=64, bk=128, wm=1, wn=1, stages=5, wg=1, tma=1, cm=1, ks=4),
@@ -507,7 +512,8 @@ class Nm24Family(Family):
                                           TABLE_SOURCE)
         template = ("nm24_tma.cu.j2" if is_tma(c) else "nm24_sm90.cu.j2" if is_wg(c)
                     else "nm24.cu.j2")
-        source = render(template, name=plan.name, cm=c.get("cm", 1), ks=c.get("ks", 1), dtype=plan.dtype, layout=plan.layout,
+        source = render(template, name=plan.name, cm=c.get("cm", 1), ks=c.get("ks", 1),
+                        mw=c.get("mw", 1), dtype=plan.dtype, layout=plan.layout,
                         m=plan.m, k=plan.k, mp=plan.mp, kp=plan.kp,
                         bm=c["bm"], bn=c["bn"], bk=c["bk"], wm=c["wm"], wn=c["wn"],
                         stages=c["stages"], threads=plan.threads, smem_bytes=plan.smem_bytes,

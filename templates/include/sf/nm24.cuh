@@ -73,6 +73,8 @@ struct Config {
   static constexpr int C_LD = C_COLS + 8;
   static constexpr int C_BYTES = C_ROWS * C_LD * 2;
   static constexpr int SMEM_BYTES = cmax(STAGES * STAGE_BYTES, C_BYTES);
+  // the first row of warp `warp_m`'s m16 tile `mi` in the CTA tile
+  __device__ __forceinline__ static int row_of(int warp_m, int mi) { return warp_m * WTM + mi * 16; }
 
   // The configuration's constraints are asserted by the generated source,
   // from the table the search space filters with
@@ -335,7 +337,8 @@ struct CtaSync {
 
 // acc -> act(scale * acc + bias) -> T, staged in shared memory, then written
 // with 16-byte stores where the row alignment allows, else element by element.
-// C::THREADS threads (tid < C::THREADS) take part.
+// C::THREADS threads (tid < C::THREADS) take part; warp (warp_m, warp_n)'s
+// fragment row mi starts at row C::row_of(warp_m, mi) of the tile.
 template <class C, class P, typename T, class Sync = CtaSync>
 __device__ __forceinline__ void store_tile(unsigned char *smem, float (&acc)[C::MI][C::NI][4],
                                            const unsigned char *packed, unsigned short *Y,
@@ -348,7 +351,7 @@ __device__ __forceinline__ void store_tile(unsigned char *smem, float (&acc)[C::
   for (int mi = 0; mi < C::MI; ++mi) {
 #pragma unroll
     for (int half = 0; half < 2; ++half) {
-      const int ml = warp_m * C::WTM + mi * 16 + g + half * 8;
+      const int ml = C::row_of(warp_m, mi) + g + half * 8;
       const float bv = P::HAS_BIAS ? bias[m0 + ml] : 0.0f;
 #pragma unroll
       for (int ni = 0; ni < C::NI; ++ni) {

@@ -78,6 +78,7 @@ struct WgConfig {
   static constexpr int NI = WG_N / 8;
   static constexpr int WTM = 16;
   static constexpr int WTN = WG_N;
+  __device__ __forceinline__ static int row_of(int warp_m, int mi) { return warp_m * 16; }
   static constexpr int C_ROWS = TOKEN_MAJOR ? BN : BM;
   static constexpr int C_COLS = TOKEN_MAJOR ? BM : BN;
   static constexpr int C_LD = C_COLS + 8;

@@ -2,8 +2,9 @@
 // sparse wgmma fed by the tensor-memory accelerator, the X tile shared by
 // the CTAs of a cluster.
 //
-// A CTA is WM x WN consumer warpgroups (each a 64 x WG_N tile of Y, WG_N =
-// BN / WN, as in nm24_sm90.cuh) and one producer warp.  The producer keeps
+// A CTA is WM x WN consumer warpgroups (each MW 64-row wgmma tiles x WG_N
+// columns of Y, WG_N = BN / WN; MW = 2 halves the X tile's reads per row of
+// W) and one producer warp.  The producer keeps
 // STAGES stages of shared memory filled, each stage one mbarrier `full`:
 //   - the compressed weights and their metadata: one 1-D bulk copy per
 //     64-row tile (the packing interleaves them, AE_STEP = 2048 bytes of
@@ -42,12 +43,14 @@ namespace nm24 {
 
 constexpr int AE_STEP = WG_A_BYTES + 4 * META_BYTES;  // one 64-row tile x one K step
 
-template <int BM_, int BN_, int BK_, int WM_, int WN_, int STAGES_, int CM_, int KS_, bool TM_>
+template <int BM_, int BN_, int BK_, int WM_, int WN_, int MW_, int STAGES_, int CM_, int KS_,
+          bool TM_>
 struct TmaConfig {
-  static constexpr int BM = BM_;
+  static constexpr int BM = BM_;          // 64 x MW x WM
   static constexpr int BN = BN_;
   static constexpr int BK = BK_;
   static constexpr int WM = WM_;          // consumer warpgroups along M
+  static constexpr int MW = MW_;          // 64-row wgmma tiles of each
   static constexpr int WN = WN_;          // ... and along N
   static constexpr int STAGES = STAGES_;
   static constexpr int CM = CM_;          // CTAs of a cluster along M sharing the X tile
@@ -70,11 +73,14 @@ struct TmaConfig {
   static constexpr int BOX_W = 64;
   static constexpr int BOX_ROWS = TOKEN_MAJOR ? BN / CM : BK;
 
-  // store_tile's view (as WgConfig)
-  static constexpr int MI = 1;
+  // store_tile's view: warp w of warpgroup (wg_m, wg_n), passed as warp_m =
+  // 4 wg_m + w, owns 16 rows of each of its MW wgmma tiles
+  static constexpr int MI = MW;
   static constexpr int NI = WG_N / 8;
-  static constexpr int WTM = 16;
   static constexpr int WTN = WG_N;
+  __device__ __forceinline__ static int row_of(int warp_m, int mi) {
+    return ((warp_m >> 2) * MW + mi) * 64 + (warp_m & 3) * 16;
+  }
   static constexpr int C_ROWS = TOKEN_MAJOR ? BN : BM;
   static constexpr int C_COLS = TOKEN_MAJOR ? BM : BN;
   static constexpr int C_LD = C_COLS + 8;
@@ -184,47 +190,57 @@ __device__ __forceinline__ void tma_produce(const unsigned char *__restrict__ pa
   }
 }
 
-// This warp's metadata registers for one stage (see wg_load_meta), read
-// from the interleaved weight and metadata runs.
+// This warp's metadata registers for one stage (see wg_load_meta), for
+// each of its warpgroup's MW tiles, read from the interleaved runs.
 template <class C>
-__device__ __forceinline__ void tma_load_meta(unsigned (&e)[META_REGS<C>], unsigned sAE,
+constexpr int TMA_META_REGS = C::MW * META_REGS<C>;
+
+template <class C>
+__device__ __forceinline__ void tma_load_meta(unsigned (&e)[TMA_META_REGS<C>], unsigned sAE,
                                               int wg_m, int warp, int lane) {
   const int g = lane >> 2, t = lane & 3;
-  const unsigned base = sAE + wg_m * C::KSTEPS * AE_STEP + WG_A_BYTES + (warp & 3) * META_BYTES;
-  if constexpr (C::KSTEPS == 1) {
-    e[0] = lds32(base + (g * 2 + (t & 1)) * 4);
-  } else {
 #pragma unroll
-    for (int p = 0; p < C::KSTEPS / 2; ++p)
-      e[p] = lds32(base + (2 * p + (t >> 1)) * AE_STEP + (g * 2 + (t & 1)) * 4);
+  for (int i = 0; i < C::MW; ++i) {
+    const unsigned base = sAE + (wg_m * C::MW + i) * C::KSTEPS * AE_STEP + WG_A_BYTES +
+                          (warp & 3) * META_BYTES;
+    if constexpr (C::KSTEPS == 1) {
+      e[i] = lds32(base + (g * 2 + (t & 1)) * 4);
+    } else {
+#pragma unroll
+      for (int p = 0; p < C::KSTEPS / 2; ++p)
+        e[i * (C::KSTEPS / 2) + p] =
+            lds32(base + (2 * p + (t >> 1)) * AE_STEP + (g * 2 + (t & 1)) * 4);
+    }
   }
 }
 
-// One stage's sparse wgmma of this warpgroup (one committed group).
+// One stage's sparse wgmma of this warpgroup, every K step of each of its
+// MW tiles (one committed group).
 template <class C, typename T>
-__device__ __forceinline__ void tma_compute_stage(float (&acc)[C::WG_N / 8][4], unsigned sAE,
+__device__ __forceinline__ void tma_compute_stage(float (&acc)[C::MW][C::WG_N / 8][4], unsigned sAE,
                                                   unsigned sB,
-                                                  const unsigned (&e)[META_REGS<C>], int wg_m,
+                                                  const unsigned (&e)[TMA_META_REGS<C>], int wg_m,
                                                   int wg_n) {
-  const unsigned a0 = sAE + wg_m * C::KSTEPS * AE_STEP;
   sm90::fence();
 #pragma unroll
   for (int s = 0; s < C::KSTEPS; ++s) {
-    const unsigned long long da = sm90::make_desc(a0 + s * AE_STEP, 128, 256, sm90::SWIZZLE_NONE);
-    if constexpr (C::TOKEN_MAJOR) {
-      const unsigned b = sB + (s >> 1) * C::BN * 128 + wg_n * C::WG_N * 128 + (s & 1) * 64;
-      const unsigned long long db = sm90::make_desc(b, 16, 1024, sm90::SWIZZLE_128B);
+    unsigned long long db;
+    if constexpr (C::TOKEN_MAJOR)
+      db = sm90::make_desc(sB + (s >> 1) * C::BN * 128 + wg_n * C::WG_N * 128 + (s & 1) * 64, 16,
+                           1024, sm90::SWIZZLE_128B);
+    else
+      db = sm90::make_desc(sB + wg_n * (C::WG_N / 64) * C::BK * 128 + s * KSTEP * 128,
+                           C::BK * 128, 1024, sm90::SWIZZLE_128B);
+#pragma unroll
+    for (int i = 0; i < C::MW; ++i) {
+      const unsigned a = sAE + ((wg_m * C::MW + i) * C::KSTEPS + s) * AE_STEP;
+      const unsigned long long da = sm90::make_desc(a, 128, 256, sm90::SWIZZLE_NONE);
+      const unsigned meta = e[i * META_REGS<C> + (s >> 1)];
+      constexpr int TB = C::TOKEN_MAJOR ? 0 : 1;
       if (C::KSTEPS == 1 || (s & 1) == 0)
-        sm90::mma_sp<T, C::WG_N, 0, 0>(acc, da, db, e[s >> 1]);
+        sm90::mma_sp<T, C::WG_N, 0, TB>(acc[i], da, db, meta);
       else
-        sm90::mma_sp<T, C::WG_N, 1, 0>(acc, da, db, e[s >> 1]);
-    } else {
-      const unsigned b = sB + wg_n * (C::WG_N / 64) * C::BK * 128 + s * KSTEP * 128;
-      const unsigned long long db = sm90::make_desc(b, C::BK * 128, 1024, sm90::SWIZZLE_128B);
-      if (C::KSTEPS == 1 || (s & 1) == 0)
-        sm90::mma_sp<T, C::WG_N, 0, 1>(acc, da, db, e[s >> 1]);
-      else
-        sm90::mma_sp<T, C::WG_N, 1, 1>(acc, da, db, e[s >> 1]);
+        sm90::mma_sp<T, C::WG_N, 1, TB>(acc[i], da, db, meta);
     }
   }
   sm90::commit_group();
@@ -235,7 +251,11 @@ __device__ __forceinline__ void tma_compute_stage(float (&acc)[C::WG_N / 8][4], 
 template <class C>
 __device__ __forceinline__ void tma_release(unsigned empty, int s) {
   if ((threadIdx.x & 127) == 0) {
+#ifdef SF_LOCAL_RELEASE  // (a probe: no multicast, so no CTA needs another's release)
+    if constexpr (false) {
+#else
     if constexpr (C::CM > 1) {
+#endif
 #pragma unroll
       for (int c = 0; c < C::CM; ++c) sm90::mbar_arrive_cluster(empty + 8 * s, c);
     } else {
@@ -247,18 +267,21 @@ __device__ __forceinline__ void tma_release(unsigned empty, int s) {
 // ---- split K: the partial tiles summed over the cluster --------------------------------------
 // acc -> this CTA's fp32 partial tile in shared memory ([BM][P_LD], rows of Y).
 template <class C>
-__device__ __forceinline__ void tma_store_partial(unsigned part, const float (&acc)[C::WG_N / 8][4],
-                                                  int mt, int wg_n, int lane) {
+__device__ __forceinline__ void tma_store_partial(unsigned part,
+                                                  const float (&acc)[C::MW][C::WG_N / 8][4],
+                                                  int warp_m, int wg_n, int lane) {
   const int g = lane >> 2, t = lane & 3;
 #pragma unroll
-  for (int j = 0; j < C::WG_N / 8; ++j)
+  for (int i = 0; i < C::MW; ++i)
 #pragma unroll
-    for (int half = 0; half < 2; ++half) {
-      const int r = mt * 16 + g + 8 * half, c = wg_n * C::WG_N + 8 * j + 2 * t;
-      asm volatile("st.shared.v2.f32 [%0], {%1, %2};\n" ::"r"(part + (r * C::P_LD + c) * 4),
-                   "f"(acc[j][2 * half]), "f"(acc[j][2 * half + 1])
-                   : "memory");
-    }
+    for (int j = 0; j < C::WG_N / 8; ++j)
+#pragma unroll
+      for (int half = 0; half < 2; ++half) {
+        const int r = C::row_of(warp_m, i) + g + 8 * half, c = wg_n * C::WG_N + 8 * j + 2 * t;
+        asm volatile("st.shared.v2.f32 [%0], {%1, %2};\n" ::"r"(part + (r * C::P_LD + c) * 4),
+                     "f"(acc[i][j][2 * half]), "f"(acc[i][j][2 * half + 1])
+                     : "memory");
+      }
 }
 
 // This CTA's slice of rows (BM / KS of them): the KS partials summed in
@@ -315,7 +338,11 @@ __device__ __forceinline__ void tma_gemm(const unsigned char *__restrict__ packe
   if (tid == 0) {
     for (int s = 0; s < S; ++s) {
       sm90::mbar_init(full + 8 * s, use_map ? 1 : 33);
+#ifdef SF_LOCAL_RELEASE
+      sm90::mbar_init(empty + 8 * s, C::THREADS / 128);
+#else
       sm90::mbar_init(empty + 8 * s, (C::THREADS / 128) * C::CM);
+#endif
     }
     sm90::fence_mbar_init();
   }
@@ -330,19 +357,21 @@ __device__ __forceinline__ void tma_gemm(const unsigned char *__restrict__ packe
   } else {
     const int wg = warp >> 2;
     const int wg_m = wg % C::WM, wg_n = wg / C::WM;
-    float acc[1][C::WG_N / 8][4];
+    float acc[C::MW][C::WG_N / 8][4];
 #pragma unroll
-    for (int j = 0; j < C::WG_N / 8; ++j)
+    for (int i = 0; i < C::MW; ++i)
 #pragma unroll
-      for (int r = 0; r < 4; ++r) acc[0][j][r] = 0.0f;
-    unsigned e0[META_REGS<C>], e1[META_REGS<C>];
-    auto iteration = [&](int kt, unsigned(&e)[META_REGS<C>]) {
+      for (int j = 0; j < C::WG_N / 8; ++j)
+#pragma unroll
+        for (int r = 0; r < 4; ++r) acc[i][j][r] = 0.0f;
+    unsigned e0[TMA_META_REGS<C>], e1[TMA_META_REGS<C>];
+    auto iteration = [&](int kt, unsigned(&e)[TMA_META_REGS<C>]) {
       const int s = kt % S;
       sm90::mbar_wait(full + 8 * s, (kt / S) & 1);
       keep(e);  // its last reader, stage kt-2's wgmma, is done (the wait below, one stage ago)
       const unsigned sB = stages + s * C::STAGE_BYTES;
       tma_load_meta<C>(e, sB + C::B_BYTES, wg_m, warp, lane);
-      tma_compute_stage<C, T>(acc[0], sB + C::B_BYTES, sB, e, wg_m, wg_n);
+      tma_compute_stage<C, T>(acc, sB + C::B_BYTES, sB, e, wg_m, wg_n);
       sm90::wait_group<1>();  // stage kt-1's wgmma is done: release it
       if (kt > 0) tma_release<C>(empty, (kt - 1) % S);
     };
@@ -359,7 +388,7 @@ __device__ __forceinline__ void tma_gemm(const unsigned char *__restrict__ packe
     // every consumer is done with the stages before the output tile reuses them
     sm90::named_sync(1, C::THREADS);
     if constexpr (C::KS > 1)
-      tma_store_partial<C>(stages, acc[0], wg_m * 4 + (warp & 3), wg_n, lane);
+      tma_store_partial<C>(stages, acc, wg_m * 4 + (warp & 3), wg_n, lane);
     else
       store_tile<C, P, T, ConsumerSync<C::THREADS>>(smem + 1024, acc, packed, Y, m0, n0, N,
                                                     wg_m * 4 + (warp & 3), wg_n, lane, tid);
