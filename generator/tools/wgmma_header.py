@@ -16,6 +16,7 @@ import sys
 from pathlib import Path
 
 N_CHOICES = (64, 128, 256)        # the N of a warpgroup tile (rowgroup WG_N_CHOICES, nm24's)
+SPARSE_N_CHOICES = (16, 32, 64, 128, 256)   # nm24's, down to decode's few tokens
 TYPES = (("__half", "f16"), ("__nv_bfloat16", "bf16"))
 
 HEAD = """\
@@ -155,7 +156,7 @@ def header() -> str:
         for n in N_CHOICES:
             parts.append("\n" + wrapper(elem, ptx, n))
     for elem, ptx in TYPES:
-        for n in N_CHOICES:
+        for n in SPARSE_N_CHOICES:
             parts.append("\n" + sparse_wrapper(elem, ptx, n))
     parts.append(TAIL)
     return "".join(parts)

@@ -230,11 +230,11 @@ TMA = dict(bm=128, bn=256, bk=64, wm=2, wn=1, stages=4, wg=1, tma=1, cm=2)
 
 @pytest.mark.parametrize("bad,layout,k,what", [
     (dict(cm=3), "fm", 64, r"cm in \(1, 2\)"),
-    (dict(bn=64, cm=2), "fm", 64, "the cluster's CTAs load whole 64-column boxes of X"),
+    (dict(bn=64, cm=2), "fm", 64, "the X tile is shared only by tiles of 128 columns"),
     (dict(), "tm", 60, "token-major X rows .* must be 16-byte aligned"),
     (dict(tma=2), "fm", 64, "wg == 1 and tma == 1"),
     (dict(ks=2), "fm", 64, "a cluster shares the X tile or splits K, not both"),
-    (dict(ks=3, cm=1), "fm", 64, r"ks in \(1, 2, 4, 8\)"),
+    (dict(ks=3, cm=1), "fm", 64, r"ks in \(1, 2, 4\)"),
     (dict(mw=2), "fm", 64, "bm == 64 \\* mw \\* wm"),
     (dict(mw=2, bm=256), "fm", 64, "the accumulators .* fit the registers"),
     (dict(bk=32), "tm", 64, "whole 128-byte swizzle atoms"),
@@ -485,8 +485,11 @@ TMA_GPU_CONFIGS = [
     dict(bm=64, bn=64, bk=128, wm=1, wn=1, stages=5, wg=1, tma=1, cm=1, ks=4),   # split K
     dict(bm=128, bn=128, bk=64, wm=2, wn=1, stages=4, wg=1, tma=1, cm=1, ks=2),
     dict(bm=256, bn=128, bk=64, wm=2, wn=1, stages=6, wg=1, tma=1, cm=1, mw=2),  # 2 tiles a warpgroup
-    dict(bm=128, bn=64, bk=128, wm=1, wn=1, stages=4, wg=1, tma=1, cm=1, mw=2, ks=2),
+    dict(bm=256, bn=128, bk=64, wm=2, wn=1, stages=5, wg=1, tma=1, cm=2, mw=2),
+    dict(bm=64, bn=64, bk=64, wm=1, wn=1, stages=12, wg=1, tma=1, cm=1, ks=2),   # deep, split
 ]
+TMA_TM_ONLY = [dict(bm=128, bn=16, bk=64, wm=2, wn=1, stages=12, wg=1, tma=1, cm=1),  # decode
+               dict(bm=64, bn=32, bk=128, wm=1, wn=1, stages=8, wg=1, tma=1, cm=1, ks=4)]
 
 
 @pytest.fixture(scope="module")
@@ -545,7 +548,7 @@ def test_gpu_tma_odd_shapes(hopper, layout, dtype):
     m = random_24(300, 520 if layout == "tm" else 523, seed=44, zero_rows=(0, 64, 299),
                   dtype=dtype)
     op = Operation(dtype=dtype, layout=layout)
-    for c in TMA_GPU_CONFIGS:
+    for c in TMA_GPU_CONFIGS + (TMA_TM_ONLY if layout == "tm" else []):
         for n in (1, 77, 264, 520):
             _verify(m, op, c, n)
 
@@ -559,7 +562,7 @@ def test_gpu_tma_epilogues(hopper, layout, dtype):
     for ep in (Epilogue(bias=True, activation="relu"), Epilogue(bias=True, activation="gelu", scale=0.5),
                Epilogue(activation="gelu"), Epilogue(scale=-2.0)):
         op = Operation(dtype=dtype, layout=layout, epilogue=ep)
-        for c in TMA_GPU_CONFIGS[:2]:
+        for c in TMA_GPU_CONFIGS[:2] + TMA_GPU_CONFIGS[-2:] + (TMA_TM_ONLY if layout == "tm" else []):
             _verify(m, op, c, 200, bias=bias if ep.bias else None)
 
 

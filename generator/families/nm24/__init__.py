@@ -121,11 +121,12 @@ WG_SPACE = Space(
 # The warp-specialized TMA path (`wg`: 1, `tma`: 1): wm x wn consumer
 # warpgroups and a producer warp; the X tile shared by clusters of `cm`
 # CTAs along M.
-TMA_STAGE_CHOICES = (3, 4, 5, 6)
+TMA_STAGE_CHOICES = (3, 4, 5, 6, 8, 12)
 TMA_KEYS = WG_KEYS + ("tma", "cm", "ks", "mw")
+TMA_BN_CHOICES = (16, 32, 64, 128, 256)   # below 64: token-major (decode's few tokens)
 TMA_SPACE = Space(
-    choices={"bm": WG_BM_CHOICES, "bn": WG_BN_CHOICES, "bk": WG_BK_CHOICES, "wn": (1, 2),
-             "stages": TMA_STAGE_CHOICES, "cm": (1, 2), "ks": (1, 2, 4, 8), "mw": (1, 2)},
+    choices={"bm": WG_BM_CHOICES, "bn": TMA_BN_CHOICES, "bk": WG_BK_CHOICES, "wn": (1, 2),
+             "stages": TMA_STAGE_CHOICES, "cm": (1, 2), "ks": (1, 2, 4), "mw": (1, 2)},
     defaults={"ks": 1, "mw": 1},
     derived={
         "wg_n": "bn // wn",
@@ -144,21 +145,30 @@ TMA_SPACE = Space(
     constraints=[
         Constraint("wg == 1 and tma == 1", "the warp-specialized TMA path"),
         Constraint("mw in (1, 2)", "1 or 2 wgmma tiles of 64 rows per warpgroup"),
-        Constraint("ks in (1, 2, 4, 8)", "K split over 1, 2, 4 or 8 CTAs of a cluster"),
+        Constraint("ks in (1, 2, 4)", "K split over 1, 2 or 4 CTAs of a cluster"),
         Constraint("bm == 64 * mw * wm", "a warpgroup's rows are mw 64-row wgmma tiles"),
         Constraint("cm == 1 or ks == 1", "a cluster shares the X tile or splits K, not both"),
-        Constraint("wg_n * wn == bn and wg_n in (64, 128, 256)",
-                   "a warpgroup's columns are one wgmma N of 64, 128 or 256"),
+        # where each knob pays: splitting K and deep pipelines for decode's few
+        # columns, sharing the X tile for prefill's wide ones
+        Constraint("ks == 1 or bn <= 64", "K is split only for tiles of at most 64 columns"),
+        Constraint("stages <= 6 or bn <= 64", "pipelines deeper than 6 only for tiles of at "
+                   "most 64 columns"),
+        Constraint("cm == 1 or bn >= 128", "the X tile is shared only by tiles of 128 columns "
+                   "or more (in feature-major, whole 64-column boxes for each CTA)"),
+        Constraint("(mw == 1 and wn == 1) or bn >= 128",
+                   "two tiles per warpgroup, or two warpgroups along N, only for 128 columns or more"),
+        Constraint("wg_n * wn == bn and wg_n in (16, 32, 64, 128, 256)",
+                   "a warpgroup's columns are one wgmma N of 16, 32, 64, 128 or 256"),
+        Constraint("tm or bn % 64 == 0",
+                   "feature-major X tiles are whole 64-column swizzle atoms"),
         Constraint("not tm or bk in (64, 128)",
                    "token-major X tile rows are whole 128-byte swizzle atoms"),
         Constraint("not tm or k % 8 == 0",
                    "token-major X rows (K values) must be 16-byte aligned to be mapped"),
         Constraint("cm in (1, 2)", "1 or 2 CTAs of a cluster share the X tile"),
-        Constraint("tm or (bn // 64) % cm == 0",
-                   "feature-major: the cluster's CTAs load whole 64-column boxes of X each"),
         Constraint("regs <= 65536 and acc_regs + 40 <= 255",
                    "the accumulators (mw x bn / wn / 2 a thread) and the rest fit the registers"),
-        Constraint(f"bn in {WG_BN_CHOICES}", "BN of a CTA tile"),
+        Constraint(f"bn in {TMA_BN_CHOICES}", "BN of a CTA tile"),
         Constraint(f"bk in {WG_BK_CHOICES}", "BK: one to four sparse wgmma K steps per stage"),
         Constraint(f"stages in {TMA_STAGE_CHOICES}", "pipeline depth"),
         Constraint("wm in (1, 2, 4) and wn in (1, 2)", "1, 2 or 4 warpgroups along M, 1 or 2 along N"),
@@ -387,9 +397,12 @@ class Nm24Family(Family):
               dict(bm=256, bn=128, bk=64, wm=2, wn=1, stages=5, wg=1, tma=1, cm=1, mw=2),
               dict(bm=128, bn=256, bk=64, wm=2, wn=1, stages=4, wg=1, tma=1, cm=2),
               dict(bm=64, bn=128, bk=128, wm=1, wn=1, stages=5, wg=1, tma=1, cm=1),
-              dict(bm=64, bn=64, bk=128, wm=1, wn=1, stages=5, wg=1, tma=1, cm=1, ks=2),
-              dict(bm=64, bn=64, bk=128, wm=1, wn=1, stages=5, wg=1, tma=1, cm=1, ks=4),
-              dict(bm=128, bn=64, bk=128, wm=2, wn=1, stages=5, wg=1, tma=1, cm=1, ks=2),
+              dict(bm=256, bn=128, bk=64, wm=2, wn=1, stages=6, wg=1, tma=1, cm=2, mw=2),
+              dict(bm=128, bn=64, bk=128, wm=2, wn=1, stages=5, wg=1, tma=1, cm=1),
+              dict(bm=128, bn=16, bk=64, wm=2, wn=1, stages=12, wg=1, tma=1, cm=1),
+              dict(bm=64, bn=16, bk=64, wm=1, wn=1, stages=12, wg=1, tma=1, cm=1, ks=2),
+              dict(bm=128, bn=64, bk=64, wm=2, wn=1, stages=12, wg=1, tma=1, cm=1),
+              dict(bm=64, bn=64, bk=64, wm=1, wn=1, stages=12, wg=1, tma=1, cm=1, ks=2),
               dict(bm=128, bn=256, bk=64, wm=2, wn=1, stages=4, wg=1),
               dict(bm=128, bn=128, bk=64, wm=2, wn=1, stages=5, wg=1),
               dict(bm=256, bn=128, bk=64, wm=4, wn=1, stages=4, wg=1),

@@ -311,6 +311,43 @@ template <int TRANS_A, int TRANS_B> struct Mma<__nv_bfloat16, 256, TRANS_A, TRAN
   }
 };
 
+template <int SEL, int TRANS_B> struct SpMma<__half, 16, SEL, TRANS_B> {
+  __device__ __forceinline__ static void run(float *d, unsigned long long desc_a,
+                                             unsigned long long desc_b, unsigned meta,
+                                             int scale_d) {
+    asm volatile(
+        "{\n.reg .pred p;\n"
+        "setp.ne.b32 p, %13, 0;\n"
+        "wgmma.mma_async.sp.sync.aligned.m64n16k32.f32.f16.f16 "
+        "{"
+        "%0, %1, %2, %3, %4, %5, %6, %7"
+        "}, %8, %9, %10, %11, p, 1, 1, 0, %12;\n}\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]),
+          "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7])
+        : "l"(desc_a), "l"(desc_b), "r"(meta), "n"(SEL), "n"(TRANS_B), "r"(scale_d));
+  }
+};
+
+template <int SEL, int TRANS_B> struct SpMma<__half, 32, SEL, TRANS_B> {
+  __device__ __forceinline__ static void run(float *d, unsigned long long desc_a,
+                                             unsigned long long desc_b, unsigned meta,
+                                             int scale_d) {
+    asm volatile(
+        "{\n.reg .pred p;\n"
+        "setp.ne.b32 p, %21, 0;\n"
+        "wgmma.mma_async.sp.sync.aligned.m64n32k32.f32.f16.f16 "
+        "{"
+        "%0, %1, %2, %3, %4, %5, %6, %7,"
+        "%8, %9, %10, %11, %12, %13, %14, %15"
+        "}, %16, %17, %18, %19, p, 1, 1, 0, %20;\n}\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]),
+          "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
+          "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]),
+          "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15])
+        : "l"(desc_a), "l"(desc_b), "r"(meta), "n"(SEL), "n"(TRANS_B), "r"(scale_d));
+  }
+};
+
 template <int SEL, int TRANS_B> struct SpMma<__half, 64, SEL, TRANS_B> {
   __device__ __forceinline__ static void run(float *d, unsigned long long desc_a,
                                              unsigned long long desc_b, unsigned meta,
@@ -433,6 +470,43 @@ template <int SEL, int TRANS_B> struct SpMma<__half, 256, SEL, TRANS_B> {
           "+f"(d[116]), "+f"(d[117]), "+f"(d[118]), "+f"(d[119]),
           "+f"(d[120]), "+f"(d[121]), "+f"(d[122]), "+f"(d[123]),
           "+f"(d[124]), "+f"(d[125]), "+f"(d[126]), "+f"(d[127])
+        : "l"(desc_a), "l"(desc_b), "r"(meta), "n"(SEL), "n"(TRANS_B), "r"(scale_d));
+  }
+};
+
+template <int SEL, int TRANS_B> struct SpMma<__nv_bfloat16, 16, SEL, TRANS_B> {
+  __device__ __forceinline__ static void run(float *d, unsigned long long desc_a,
+                                             unsigned long long desc_b, unsigned meta,
+                                             int scale_d) {
+    asm volatile(
+        "{\n.reg .pred p;\n"
+        "setp.ne.b32 p, %13, 0;\n"
+        "wgmma.mma_async.sp.sync.aligned.m64n16k32.f32.bf16.bf16 "
+        "{"
+        "%0, %1, %2, %3, %4, %5, %6, %7"
+        "}, %8, %9, %10, %11, p, 1, 1, 0, %12;\n}\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]),
+          "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7])
+        : "l"(desc_a), "l"(desc_b), "r"(meta), "n"(SEL), "n"(TRANS_B), "r"(scale_d));
+  }
+};
+
+template <int SEL, int TRANS_B> struct SpMma<__nv_bfloat16, 32, SEL, TRANS_B> {
+  __device__ __forceinline__ static void run(float *d, unsigned long long desc_a,
+                                             unsigned long long desc_b, unsigned meta,
+                                             int scale_d) {
+    asm volatile(
+        "{\n.reg .pred p;\n"
+        "setp.ne.b32 p, %21, 0;\n"
+        "wgmma.mma_async.sp.sync.aligned.m64n32k32.f32.bf16.bf16 "
+        "{"
+        "%0, %1, %2, %3, %4, %5, %6, %7,"
+        "%8, %9, %10, %11, %12, %13, %14, %15"
+        "}, %16, %17, %18, %19, p, 1, 1, 0, %20;\n}\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]),
+          "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
+          "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]),
+          "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15])
         : "l"(desc_a), "l"(desc_b), "r"(meta), "n"(SEL), "n"(TRANS_B), "r"(scale_d));
   }
 };

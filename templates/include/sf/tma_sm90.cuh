@@ -52,12 +52,14 @@ __device__ __forceinline__ void mbar_arrive(unsigned bar) {
   asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(bar) : "memory");
 }
 
-// Arrives on the barrier at the same offset in CTA `cta` of the cluster.
+// Arrives on the barrier at the same offset in CTA `cta` of the cluster,
+// with the default (CTA-scope) release: what it hands over is shared memory
+// the tensor cores have finished reading; it publishes no data.
 __device__ __forceinline__ void mbar_arrive_cluster(unsigned bar, unsigned cta) {
   asm volatile(
       "{\n.reg .b32 remote;\n"
       "mapa.shared::cluster.u32 remote, %0, %1;\n"
-      "mbarrier.arrive.release.cluster.shared::cluster.b64 _, [remote];\n}\n" ::"r"(bar),
+      "mbarrier.arrive.shared::cluster.b64 _, [remote];\n}\n" ::"r"(bar),
       "r"(cta)
       : "memory");
 }
