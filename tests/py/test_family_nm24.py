@@ -483,7 +483,7 @@ TMA_GPU_CONFIGS = [
     dict(bm=64, bn=256, bk=128, wm=1, wn=2, stages=3, wg=1, tma=1, cm=2),
     dict(bm=64, bn=64, bk=64, wm=1, wn=1, stages=5, wg=1, tma=1, cm=1),
     dict(bm=64, bn=64, bk=128, wm=1, wn=1, stages=5, wg=1, tma=1, cm=1, ks=4),   # split K
-    dict(bm=128, bn=128, bk=64, wm=2, wn=1, stages=4, wg=1, tma=1, cm=1, ks=2),
+    dict(bm=128, bn=64, bk=64, wm=2, wn=1, stages=4, wg=1, tma=1, cm=1, ks=2),
     dict(bm=256, bn=128, bk=64, wm=2, wn=1, stages=6, wg=1, tma=1, cm=1, mw=2),  # 2 tiles a warpgroup
     dict(bm=256, bn=128, bk=64, wm=2, wn=1, stages=5, wg=1, tma=1, cm=2, mw=2),
     dict(bm=64, bn=64, bk=64, wm=1, wn=1, stages=12, wg=1, tma=1, cm=1, ks=2),   # deep, split
