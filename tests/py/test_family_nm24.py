@@ -184,7 +184,11 @@ def test_search_space_valid(device, layout):
     assert any(c.get("wg") for c in space) == (device is None or device.get("arch") == "sm_90a"
                                                or "arch" not in device)
     if device is H100:
-        assert FAM.hint_configs(m, op, {}, device)[0].get("wg") == 1
+        hints = FAM.hint_configs(m, op, {}, device)
+        assert hints[0].get("wg") == 1
+        # every hint is a configuration of the space, as the search matches them
+        from sparseforge.tuner.strategies import hinted
+        assert hinted(space, hints) == hints
     if device is A100:
         assert not any(c.get("wg") for c in FAM.hint_configs(m, op, {}, device))
 

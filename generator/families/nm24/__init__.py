@@ -406,6 +406,8 @@ class Nm24Family(Family):
               dict(bm=64, bn=64, bk=128, wm=1, wn=1, stages=5, wg=1)]
         out = []
         for cfg in wg + [dict(BASE_CONFIG)]:
+            if is_tma(cfg):   # the space's form: every key of the path, defaults included
+                cfg = {**TMA_SPACE.defaults, **cfg}
             try:
                 self.check_config(cfg, matrix, op, params, device)
             except ConfigError:
