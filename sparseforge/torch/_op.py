@@ -84,10 +84,10 @@ def load(device: int, name: str, rows: int, cols: int, elem_size: int, variants:
     code = [dict(v, packed=None) for v in variants]
     with lock:
         layer = ctx.load_layer(name, rows, cols, elem_size, elem_size, code)
-    key = next(_keys)
+    entry = LoadedLayer(next(_keys), device, name, layer, len(variants))
     with _lock:
-        _loaded[key] = LoadedLayer(key, device, name, layer, len(variants))
-    return key
+        _loaded[entry.key] = entry
+    return entry.key
 
 
 def release(key: int) -> None:
