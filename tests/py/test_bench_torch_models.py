@@ -23,6 +23,14 @@ from sparseforge.generator.families import families  # noqa: E402
 from sparseforge.generator.matrix import SparseMatrix  # noqa: E402
 
 
+@pytest.fixture(autouse=True)
+def no_gpu(monkeypatch):
+    """These tests compile without measuring, on any machine (a GPU's own
+    path is tests/py/test_torch_gpu.py)."""
+    from sparseforge import native
+    monkeypatch.setattr(native, "gpu_available", lambda: (False, "CPU tests: no GPU used"))
+
+
 def test_a_dry_run_converts_bert_and_checks_it_on_the_cpu(tmp_path, capsys):
     probe = SparseMatrix.from_dense(np.ones((64, 64)), dtype="fp16")
     lacking = [f.analyze(probe)[0].spec for f in families().values() if "tm" not in f.layouts]

@@ -21,6 +21,14 @@ from sparseforge.tuner.resolve import MissingLayersError, record_for_arch, resol
 ROOT = Path(__file__).resolve().parents[2]
 
 
+@pytest.fixture(autouse=True)
+def no_gpu(monkeypatch):
+    """These tests compile without measuring, on any machine (a GPU's own
+    path is tests/py/test_torch_gpu.py)."""
+    from sparseforge import native
+    monkeypatch.setattr(native, "gpu_available", lambda: (False, "CPU tests: no GPU used"))
+
+
 def test_the_record_for_an_architecture():
     env_arch = {"NVIDIA H100": "sm_90a", "NVIDIA H200": "sm_90a", "NVIDIA A100": "sm_80"}
     recs = [{"gpu_name": "untuned (sm_90a)"}, {"gpu_name": "NVIDIA H100"},

@@ -31,6 +31,14 @@ DT = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
 M, K = 37, 52          # odd sizes: neither a multiple of 8 nor of a block
 
 
+@pytest.fixture(autouse=True)
+def no_gpu(monkeypatch):
+    """These tests compile without measuring, on any machine (a GPU's own
+    path is tests/py/test_torch_gpu.py)."""
+    from sparseforge import native
+    monkeypatch.setattr(native, "gpu_available", lambda: (False, "CPU tests: no GPU used"))
+
+
 def pruned_weight(pattern: str, dtype: torch.dtype, m: int = M, k: int = K, density=0.3,
                   seed: int = 0) -> torch.Tensor:
     """A dense weight holding a random pattern of the family (its synth)."""
