@@ -45,6 +45,9 @@ class BuildWithCMake(build_py):
 def packages() -> dict[str, str]:
     """package name -> folder, for sparseforge and its subpackages."""
     out = {"sparseforge": "sparseforge", "sparseforge.templates": "templates"}
+    for init in sorted((ROOT / "sparseforge").rglob("__init__.py")):   # sparseforge.torch
+        rel = init.parent.relative_to(ROOT)
+        out[".".join(rel.parts)] = rel.as_posix()
     for top in ("generator", "tuner"):
         for init in sorted((ROOT / top).rglob("__init__.py")):
             rel = init.parent.relative_to(ROOT)

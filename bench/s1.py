@@ -92,6 +92,15 @@ def sparse_bytes(m, k, n, nnz, elem=2):
     return nnz * elem + k * n * elem + m * n * elem
 
 
+def publish(text: str, results=None) -> None:
+    """Prints a results table and appends it to the markdown file `results`
+    (when given)."""
+    print(text)
+    if results:
+        with open(results, "a") as f:
+            f.write("\n" + text.rstrip("\n") + "\n")
+
+
 def commit_id() -> str:
     """SF_COMMIT where set (the GPU machine's copy of the tree has no
     history of its own), else git's HEAD."""
@@ -193,11 +202,7 @@ def main(argv=None) -> int:
         finally:
             tuner.close()
             ctx.close()
-    table = format_table(rows, dev, bw, peak, args, l2)
-    print(table)
-    if args.results:
-        with open(args.results, "a") as f:
-            f.write(table + "\n")
+    publish(format_table(rows, dev, bw, peak, args, l2), args.results)
     print(f"total {time.time() - t0:.0f} s", file=sys.stderr)
     return 0
 

@@ -229,12 +229,8 @@ def main(argv=None) -> int:
         print(json.dumps(results[-1], indent=1, default=str), file=sys.stderr)
     if args.dry_run:
         return 0
-    from s1 import commit_id
-    text = table(results, args, commit_id())
-    print(text)
-    if args.results:
-        with open(args.results, "a") as f:
-            f.write("\n" + text)
+    from s1 import commit_id, publish
+    publish(table(results, args, commit_id()), args.results)
     return 0
 
 

@@ -5,7 +5,8 @@
  * packed weights.  Loading one (sf_layer_load) loads each variant's binary,
  * looks its kernel up and uploads each distinct packed blob once; running
  * it picks the variant tuned for the N nearest in ratio and launches it
- * with the configuration of the one grid rule (sf_launch_config_for).
+ * with the configuration of the one grid rule (sf_launch_config_for), on
+ * its own packed buffer or on one the caller holds (sf_layer_run_packed).
  * Nothing here compiles or reads a cache: sf_layer_open (layer_open.c, in
  * libsparseforge) builds a descriptor from the cache and loads it here.
  */
@@ -212,26 +213,24 @@ void sf__layer_set_compiled(sf_layer *layer, int compiled) {
 
 /* ---- run ----------------------------------------------------------------- */
 
-sf_status sf_layer_run(sf_context *ctx, sf_layer *layer, sf_devptr x,
-                       sf_devptr y, int64_t n, void *stream) {
-  if (!ctx) return SF_ERR_INVALID_ARG;
-  if (!layer) return sf__fail(ctx, SF_ERR_INVALID_ARG, "layer is NULL");
-  if (layer->ctx != ctx)
-    return sf__fail(ctx, SF_ERR_INVALID_ARG,
-                    "the layer belongs to another context");
+/* Runs the variant nearest to N, with its own packed buffer or, when
+ * `packed` is given, packed[variant]. */
+static sf_status run(sf_context *ctx, sf_layer *layer, const sf_devptr *packed,
+                     sf_devptr x, sf_devptr y, int64_t n, void *stream) {
   if (!x || !y)
     return sf__fail(ctx, SF_ERR_INVALID_ARG, "X or Y is a null pointer");
   /* The variant tuned for the N nearest in ratio (ties: the first); an N
    * below 1 keeps the first, and sf_launch_config_for refuses it. */
-  const layer_variant *v = &layer->variants[0];
+  int chosen = 0;
   double best = INFINITY;
   for (int i = 0; n >= 1 && i < layer->n_variants; i++) {
     double dist = fabs(log((double)n / (double)layer->variants[i].n_bucket));
     if (dist < best) {
       best = dist;
-      v = &layer->variants[i];
+      chosen = i;
     }
   }
+  const layer_variant *v = &layer->variants[chosen];
   sf_launch_config cfg;
   sf_status st = sf_launch_config_for(ctx, &v->launch, n, stream, &cfg);
   if (st == SF_OK) st = sf__ctx_enter(ctx);
@@ -244,9 +243,41 @@ sf_status sf_layer_run(sf_context *ctx, sf_layer *layer, sf_devptr x,
       return sf__cu_fail(ctx, SF_ERR_CUDA, r, "zeroing Y (cuMemsetD8Async)");
   }
   sf_kernel_args args;
-  st = sf_kernel_args_set(ctx, v->kernel, v->packed, x, y, n, &args);
+  st = sf_kernel_args_set(ctx, v->kernel, packed ? packed[chosen] : v->packed, x, y, n,
+                          &args);
   if (st != SF_OK) return st;
   return sf_launch(ctx, v->kernel, &cfg, args.ptrs);
+}
+
+static sf_status check_layer(sf_context *ctx, const sf_layer *layer) {
+  if (!layer) return sf__fail(ctx, SF_ERR_INVALID_ARG, "layer is NULL");
+  if (layer->ctx != ctx)
+    return sf__fail(ctx, SF_ERR_INVALID_ARG,
+                    "the layer belongs to another context");
+  return SF_OK;
+}
+
+sf_status sf_layer_run(sf_context *ctx, sf_layer *layer, sf_devptr x,
+                       sf_devptr y, int64_t n, void *stream) {
+  if (!ctx) return SF_ERR_INVALID_ARG;
+  sf_status st = check_layer(ctx, layer);
+  return st != SF_OK ? st : run(ctx, layer, NULL, x, y, n, stream);
+}
+
+sf_status sf_layer_run_packed(sf_context *ctx, sf_layer *layer,
+                              const sf_devptr *packed, int n_packed,
+                              sf_devptr x, sf_devptr y, int64_t n,
+                              void *stream) {
+  if (!ctx) return SF_ERR_INVALID_ARG;
+  sf_status st = check_layer(ctx, layer);
+  if (st != SF_OK) return st;
+  if (!packed)
+    return sf__fail(ctx, SF_ERR_INVALID_ARG, "packed is NULL");
+  if (n_packed != layer->n_variants)
+    return sf__fail(ctx, SF_ERR_INVALID_ARG,
+                    "%d packed pointers for a layer of %d variant%s", n_packed,
+                    layer->n_variants, layer->n_variants == 1 ? "" : "s");
+  return run(ctx, layer, packed, x, y, n, stream);
 }
 
 sf_status sf_layer_shape(const sf_layer *layer, int64_t *rows, int64_t *cols,

@@ -513,9 +513,25 @@ SF_API void sf_layer_close(sf_layer *layer);
  * the configuration sf_launch_config_for gives; with zero_output, rows * N
  * * y_elem_size bytes of Y are zeroed first on the same stream.
  * SF_ERR_INVALID_ARG for N outside 1..INT_MAX, a 0 X or Y, or a grid that
- * N makes too large.  Does not wait. */
+ * N makes too large.  Does not wait, allocates nothing and copies nothing,
+ * so a run on a capturing stream is captured into a CUDA graph. */
 SF_API sf_status sf_layer_run(sf_context *ctx, sf_layer *layer, sf_devptr x,
                               sf_devptr y, int64_t n, void *stream);
+
+/* sf_layer_run with the packed weights in memory the caller owns: variant
+ * i (in the descriptor's order) runs with packed[i], a device pointer on
+ * the layer's GPU, in place of the buffer sf_layer_load uploaded.  For a
+ * framework that keeps the packed weights as its own tensors: load the
+ * layer with NULL packed bytes (nothing is uploaded) and pass the tensors'
+ * addresses here.  A 0 entry reaches the kernel as is (a variant without
+ * packed bytes).  The variant, the zeroing of Y and the launch are
+ * sf_layer_run's; so is what it refuses, and SF_ERR_INVALID_ARG for a NULL
+ * packed or n_packed other than the layer's variant count.  Does not wait,
+ * allocates nothing and copies nothing (capturable, as sf_layer_run). */
+SF_API sf_status sf_layer_run_packed(sf_context *ctx, sf_layer *layer,
+                                     const sf_devptr *packed, int n_packed,
+                                     sf_devptr x, sf_devptr y, int64_t n,
+                                     void *stream);
 
 /* Shape and variant count of an open layer; any output may be NULL.
  * SF_ERR_INVALID_ARG for a NULL layer. */

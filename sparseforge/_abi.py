@@ -390,6 +390,7 @@ PROTOTYPES = {
     'sf_layer_load': (c_int, [c_void_p, POINTER(sf_layer_desc), POINTER(c_void_p)]),
     'sf_layer_close': (None, [c_void_p]),
     'sf_layer_run': (c_int, [c_void_p, c_void_p, c_uint64, c_uint64, c_int64, c_void_p]),
+    'sf_layer_run_packed': (c_int, [c_void_p, c_void_p, POINTER(c_uint64), c_int, c_uint64, c_uint64, c_int64, c_void_p]),
     'sf_layer_shape': (c_int, [c_void_p, POINTER(c_int64), POINTER(c_int64), POINTER(c_int)]),
     'sf_layer_compiled_count': (c_int, [c_void_p]),
     'sf_compile': (c_int, [c_void_p, c_char_p, c_char_p, POINTER(sf_compile_options), POINTER(c_void_p)]),

@@ -112,11 +112,6 @@ def _ident(name: str) -> str:
     return ("L_" + s) if s[0].isdigit() else s
 
 
-def _arch_of_record(rec: dict, env_arch: dict) -> Optional[str]:
-    m = re.fullmatch(r"untuned \((sm_\w+)\)", rec["gpu_name"])
-    return m.group(1) if m else env_arch.get(rec["gpu_name"])
-
-
 def collect(cache, layer_names: Optional[Sequence[str]], archs: Optional[Sequence[str]],
             bundle_name: str) -> Bundle:
     """The bundle's contents from `cache`: for each architecture, each
@@ -124,7 +119,8 @@ def collect(cache, layer_names: Optional[Sequence[str]], archs: Optional[Sequenc
     it) with the cubin of every N bucket."""
     from . import native
     from .tuner.compiler import binary_key
-    env_arch = {e["name"]: e["arch"] for e in cache.envs() if e.get("arch")}
+    from .tuner.resolve import arch_of_record, env_archs, record_for_arch
+    env_arch = env_archs(cache)
     records = cache.layers()
     by_name: dict[str, list] = {}
     skipped = []
@@ -143,7 +139,7 @@ def collect(cache, layer_names: Optional[Sequence[str]], archs: Optional[Sequenc
         raise ExportError("the database holds no usable layer to export")
     if not archs:
         archs = sorted({a for n in names for r in by_name[n]
-                        if (a := _arch_of_record(r, env_arch)) is not None})
+                        if (a := arch_of_record(r, env_arch)) is not None})
     bundle = Bundle(bundle_name, list(archs), [], skipped=skipped)
     ctx = native.Context(0)
     nvrtc = "%d.%d" % native.nvrtc_version()
@@ -157,11 +153,9 @@ def collect(cache, layer_names: Optional[Sequence[str]], archs: Optional[Sequenc
         layer = Layer(name, ident, first["rows"], first["cols"], first["x_elem_size"],
                       first["y_elem_size"], first["op"])
         for arch in archs:
-            recs = [r for r in by_name[name] if _arch_of_record(r, env_arch) == arch]
-            tuned = [r for r in recs if not r["gpu_name"].startswith("untuned")]
-            rec = (tuned or recs or [None])[0]
+            rec = record_for_arch(by_name[name], arch, env_arch)
             if rec is None:
-                have = ", ".join(f"{r['gpu_name']} ({_arch_of_record(r, env_arch) or '?'})"
+                have = ", ".join(f"{r['gpu_name']} ({arch_of_record(r, env_arch) or '?'})"
                                  for r in by_name[name])
                 raise ExportError(f"layer {name!r} has no record for {arch}: it was tuned on "
                                   f"{have}; tune it on a GPU of that architecture (or "

@@ -453,7 +453,8 @@ class Module(_Owned):
 
 
 class Layer(_Owned):
-    """A tuned layer opened from the cache."""
+    """A tuned layer: opened from the cache (Context.open_layer) or loaded
+    from memory (Context.load_layer)."""
 
     def __init__(self, ctx: "Context", handle: c_void_p, name: str):
         super().__init__(ctx)
@@ -465,13 +466,22 @@ class Layer(_Owned):
             raise ValueError(f"layer {self.name!r} is closed")
         return self._h
 
-    def run(self, x, y, n: int, stream=None) -> None:
+    def run(self, x, y, n: int, stream=None, packed: Optional[Sequence] = None) -> None:
         """Y = layer(X) for n columns; x and y are device pointers
-        (DeviceBuffer, int, or a CUDA array).  Does not wait."""
+        (DeviceBuffer, int, or a CUDA array).  `packed`: one device pointer
+        per variant, in the order they were loaded, holding its packed
+        weights (sf_layer_run_packed), for a layer loaded without them.
+        Does not wait, allocates and copies nothing."""
         h = self._handle_of_ctx()
         n = _as_int(n, "n")
-        _check(_clib().sf_layer_run(h, self._live(), _device_ptr(x, "x"), _device_ptr(y, "y"),
-                                   n, _stream(stream)), h)
+        if packed is None:
+            _check(_clib().sf_layer_run(h, self._live(), _device_ptr(x, "x"),
+                                        _device_ptr(y, "y"), n, _stream(stream)), h)
+            return
+        ptrs = [_device_ptr(p, f"packed[{i}]") for i, p in enumerate(packed)]
+        arr = (c_uint64 * max(1, len(ptrs)))(*ptrs)
+        _check(_clib().sf_layer_run_packed(h, self._live(), arr, len(ptrs), _device_ptr(x, "x"),
+                                           _device_ptr(y, "y"), n, _stream(stream)), h)
 
     @property
     def shape(self) -> tuple[int, int, int]:
@@ -1053,6 +1063,46 @@ class Context:
         handle = _cache_handle(cache)
         out = c_void_p()
         _check(_clib().sf_layer_open(h, handle, _bytes(name, "layer name"), byref(out)), h)
+        return Layer(self, out, name)
+
+    def load_layer(self, name: str, rows: int, cols: int, x_elem_size: int, y_elem_size: int,
+                   variants: Sequence[dict]) -> Layer:
+        """Loads a layer held in memory on this GPU (sf_layer_load); nothing
+        is compiled.  Each variant is a dict with n_bucket, kernel_name,
+        launch (the launch record as a dict), binary (a Binary, or cubin
+        bytes) and packed: bytes, uploaded once per distinct blob, or None
+        when the caller keeps the packed weights on the GPU itself and
+        passes them to Layer.run(packed=...)."""
+        h = self._live_handle()
+        if isinstance(variants, dict) or not isinstance(variants, Sequence):
+            raise TypeError("variants must be a list of dicts")
+        codes = (_abi.sf_layer_code * max(1, len(variants)))()
+        keep: list = []
+        for i, v in enumerate(variants):
+            missing = [f for f in ("n_bucket", "kernel_name", "launch", "binary", "packed")
+                       if f not in v]
+            if missing:
+                raise ValueError(f"layer {name!r} variant {i} lacks {', '.join(missing)}")
+            binary = v["binary"] if isinstance(v["binary"], Binary) else Binary(v["binary"])
+            kname = _bytes(v["kernel_name"], f"variant {i} kernel_name")
+            c = codes[i]
+            c.n_bucket = _as_int(v["n_bucket"], f"variant {i} n_bucket")
+            c.kernel_name = kname
+            c.launch = launch_record(v["launch"], f"layer {name!r} variant {i} launch")
+            c.binary = ctypes.cast(c_char_p(binary.data), c_void_p)
+            c.binary_size = len(binary.data)
+            c.binary_kind = binary.kind
+            keep += [binary, kname]
+            if v["packed"] is not None:
+                addr, nbytes, k = _host_buffer(v["packed"])
+                c.packed, c.packed_size = (addr if nbytes else None), nbytes
+                keep.append(k)
+        desc = _abi.sf_layer_desc(_bytes(name, "layer name"), _as_int(rows, "rows"),
+                                  _as_int(cols, "cols"), _as_int(x_elem_size, "x_elem_size"),
+                                  _as_int(y_elem_size, "y_elem_size"), len(variants), codes)
+        out = c_void_p()
+        _check(_clib().sf_layer_load(h, byref(desc), byref(out)), h)
+        del keep
         return Layer(self, out, name)
 
     def __repr__(self) -> str:

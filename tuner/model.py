@@ -8,6 +8,8 @@ import time
 from dataclasses import dataclass, replace
 from typing import Callable, Optional
 
+import numpy as np
+
 from ..generator.families import auto_pattern, family_of, parse_pattern
 from ..generator.kernel import Epilogue, Operation
 from ..generator.matrix import SparseMatrix
@@ -18,12 +20,12 @@ SPARSE_DENSITY_LIMIT = 0.75
 
 
 def op_for(pattern: str, matrix: SparseMatrix, activation: str = "none",
-           layout: str = "fm") -> Operation:
+           layout: str = "fm", bias: bool = False) -> Operation:
     """The operation a pattern's family computes `matrix` in: the family's
     dtype for the matrix's (fp16 for an fp32 matrix on a 16-bit family)."""
     fam, _ = family_of(pattern)
     return Operation(dtype=fam.dtype_for(matrix.dtype), layout=layout,
-                     epilogue=Epilogue(activation=activation))
+                     epilogue=Epilogue(bias=bias, activation=activation))
 
 
 class Progress:
@@ -80,6 +82,7 @@ class Entry:
     first: str = ""
     cost: float = 0.0       # the work it is expected to take, for sharing it out
     make: Optional[Callable[[], SparseMatrix]] = None   # the matrix, made when needed
+    bias: Optional[np.ndarray] = None   # added in the epilogue (op's epilogue has bias)
 
     def get_matrix(self) -> SparseMatrix:
         if self.matrix is None:
@@ -88,11 +91,13 @@ class Entry:
 
 
 def plan_model(matrices: list[tuple[str, SparseMatrix]], pattern: Optional[str] = None,
-               activation: str = "none", layout: str = "fm", log=None) -> list[Entry]:
+               activation: str = "none", layout: str = "fm", log=None,
+               biases: Optional[dict] = None) -> list[Entry]:
     """Each 2-D weight's entry: dense ones skipped (unless --pattern), the
     family each fits, identical matrices tied to the first; a note where
     an explicit pattern meets a dense or non-fitting matrix (on `log`,
-    stderr by default)."""
+    stderr by default).  `biases`: name -> bias (M values) of the weights
+    whose epilogue adds one."""
     log = log or sys.stderr
     entries: list[Entry] = []
     firsts: dict = {}
@@ -102,7 +107,8 @@ def plan_model(matrices: list[tuple[str, SparseMatrix]], pattern: Optional[str] 
             continue
         pat = pattern or auto_pattern(m)
         fam, params = parse_pattern(pat)
-        op = op_for(pat, m, activation, layout)
+        bias = (biases or {}).get(name)
+        op = op_for(pat, m, activation, layout, bias=bias is not None)
         if pattern is not None and m.density >= SPARSE_DENSITY_LIMIT:
             print(f"note: {name} is dense (density {m.density:.2f}); tuning it as {pat} as "
                   "asked (without --pattern, dense layers are listed and skipped)", file=log)
@@ -113,7 +119,8 @@ def plan_model(matrices: list[tuple[str, SparseMatrix]], pattern: Optional[str] 
         key = (m.fingerprint(), pat, op)
         first = firsts.setdefault(key, name)
         entries.append(Entry(index, name, m, pattern=pat, op=op, key=key,
-                             first="" if first == name else first, cost=float(max(1, m.nnz))))
+                             first="" if first == name else first, cost=float(max(1, m.nnz)),
+                             bias=bias))
     return entries
 
 
@@ -128,12 +135,12 @@ def tune_entry(tuner: Tuner, entry: Entry, ns: list[int], force: bool = False,
     m = entry.get_matrix()
     fam, params = parse_pattern(entry.pattern)
     if entry.first:
-        res = tuner.tune(m, fam, params, entry.op, ns, entry.name, force=False)
+        res = tuner.tune(m, fam, params, entry.op, ns, entry.name, bias=entry.bias, force=False)
         res.note = f"same matrix as {entry.first}"
     else:
         print(f"tuning {entry.name}: {m.rows}x{m.cols} density {m.density:.3f} as "
               f"{entry.pattern} ({entry.op.dtype})", file=log)
-        res = tuner.tune(m, fam, params, entry.op, ns, entry.name, force=force)
+        res = tuner.tune(m, fam, params, entry.op, ns, entry.name, bias=entry.bias, force=force)
     return ModelRow(entry.name, res, index=entry.index)
 
 

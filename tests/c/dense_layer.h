@@ -58,8 +58,11 @@ static const sf_launch_record kRowColLaunch = {{1, M, 1}, 0, 32, {32, 1, 1}, 0, 
 static const sf_launch_record kSplitKLaunch = {{1, M, 2}, 0, 64, {64, 1, 1}, 0, 1};
 
 /* Runs the layer for n columns into a poisoned Y and checks it exactly
- * (the values are small multiples of 1/8, so fp32 sums are exact). */
-static void check_run(sf_context *ctx, sf_layer *layer, int n) {
+ * (the values are small multiples of 1/8, so fp32 sums are exact): with
+ * the layer's own packed weights (packed NULL), else with packed[i] for
+ * variant i (sf_layer_run_packed). */
+static void check_run_packed(sf_context *ctx, sf_layer *layer, int n,
+                             const sf_devptr *packed, int n_packed) {
   size_t xs = (size_t)K * n, ys = (size_t)M * n;
   float *x = malloc(xs * sizeof *x), *y = malloc(ys * sizeof *y);
   for (int k = 0; k < K; k++)
@@ -69,7 +72,10 @@ static void check_run(sf_context *ctx, sf_layer *layer, int n) {
   CHECK_EQ_INT(SF_OK, sf_mem_alloc(ctx, ys * sizeof *y, &dy));
   CHECK_EQ_INT(SF_OK, sf_memcpy_htod(ctx, dx, x, xs * sizeof *x));
   CHECK_EQ_INT(SF_OK, sf_memset_d8(ctx, dy, 0xff, ys * sizeof *y)); /* NaN */
-  CHECK_EQ_INT(SF_OK, sf_layer_run(ctx, layer, dx, dy, n, NULL));
+  if (packed)
+    CHECK_EQ_INT(SF_OK, sf_layer_run_packed(ctx, layer, packed, n_packed, dx, dy, n, NULL));
+  else
+    CHECK_EQ_INT(SF_OK, sf_layer_run(ctx, layer, dx, dy, n, NULL));
   CHECK_EQ_INT(SF_OK, sf_synchronize(ctx));
   CHECK_EQ_INT(SF_OK, sf_memcpy_dtoh(ctx, y, dy, ys * sizeof *y));
   int bad = 0;
@@ -85,6 +91,10 @@ static void check_run(sf_context *ctx, sf_layer *layer, int n) {
   sf_mem_free(ctx, dy);
   free(x);
   free(y);
+}
+
+static void check_run(sf_context *ctx, sf_layer *layer, int n) {
+  check_run_packed(ctx, layer, n, NULL, 0);
 }
 
 #endif

@@ -2,7 +2,8 @@
  * holds it: the dense test layer's kernels compiled with NVRTC here (one
  * cubin, one PTX), loaded with sf_layer_load from a descriptor that is
  * freed right after, and run for each N bucket (split-K with zeroed
- * output included).  Also: a kernel missing from its binary, a cubin for
+ * output included), on its own packed weights and on the caller's
+ * (sf_layer_run_packed).  Also: a kernel missing from its binary, a cubin for
  * another GPU, a grid that N makes too large, and layers left open for
  * sf_context_destroy.  Skipped without a GPU. */
 #include <stdint.h>
@@ -145,6 +146,37 @@ int main(void) {
     CHECK_CONTAINS(sf_errmsg(ctx2), "the layer belongs to another context");
   }
   sf_context_destroy(ctx2);
+
+  /* Packed weights the caller holds: loaded without them (nothing is
+   * uploaded), run on the caller's buffer for each variant. */
+  sf_layer_code held[2] = {code_of(16, "dense_rowcol", kRowColLaunch, rowcol),
+                           code_of(1024, "dense_splitk", kSplitKLaunch, splitk)};
+  for (int i = 0; i < 2; i++) {
+    held[i].packed = NULL;
+    held[i].packed_size = 0;
+  }
+  d = (sf_layer_desc){"test.caller_weights", M, K, 4, 4, 2, held};
+  layer = NULL;
+  CHECK_EQ_INT(SF_OK, sf_layer_load(ctx, &d, &layer));
+  sf_devptr w = 0;
+  CHECK_EQ_INT(SF_OK, sf_mem_alloc(ctx, sizeof W, &w));
+  CHECK_EQ_INT(SF_OK, sf_memcpy_htod(ctx, w, W, sizeof W));
+  if (layer && w) {
+    const sf_devptr both[2] = {w, w};
+    check_run_packed(ctx, layer, 10, both, 2);   /* the cubin variant */
+    check_run_packed(ctx, layer, 1000, both, 2); /* split-K, zeroed first */
+    CHECK_EQ_INT(SF_ERR_INVALID_ARG,
+                 sf_layer_run_packed(ctx, layer, NULL, 2, 0x1000, 0x2000, 4, NULL));
+    CHECK_STREQ("packed is NULL", sf_errmsg(ctx));
+    CHECK_EQ_INT(SF_ERR_INVALID_ARG,
+                 sf_layer_run_packed(ctx, layer, both, 1, 0x1000, 0x2000, 4, NULL));
+    CHECK_STREQ("1 packed pointers for a layer of 2 variants", sf_errmsg(ctx));
+    CHECK_EQ_INT(SF_ERR_INVALID_ARG,
+                 sf_layer_run_packed(ctx, layer, both, 2, 0x1000, 0x2000, 0, NULL));
+    CHECK_CONTAINS(sf_errmsg(ctx), "N = 0 is outside 1..2147483647");
+    sf_layer_close(layer);
+  }
+  sf_mem_free(ctx, w);
 
   /* One more layer left open, sharing one packed buffer between variants. */
   sf_layer_code shared[2] = {code_of(16, "dense_rowcol", kRowColLaunch, rowcol),

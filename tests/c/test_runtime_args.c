@@ -142,6 +142,9 @@ int main(void) {
   sf_layer_close(NULL);
   CHECK_EQ_INT(SF_ERR_INVALID_ARG, sf_layer_run(NULL, NULL, 1, 1, 1, NULL));
   EXPECT_INVALID(sf_layer_run(ctx, NULL, 1, 1, 1, NULL), "layer is NULL");
+  const sf_devptr packed[1] = {1};
+  CHECK_EQ_INT(SF_ERR_INVALID_ARG, sf_layer_run_packed(NULL, NULL, packed, 1, 1, 1, 1, NULL));
+  EXPECT_INVALID(sf_layer_run_packed(ctx, NULL, packed, 1, 1, 1, 1, NULL), "layer is NULL");
   int64_t rows = 0;
   CHECK_EQ_INT(SF_ERR_INVALID_ARG, sf_layer_shape(NULL, &rows, NULL, NULL));
   CHECK_EQ_INT(-1, sf_layer_compiled_count(NULL));

@@ -331,3 +331,49 @@ def test_open_layer(ctx, tmp_path):
             layer.close()
         with pytest.raises(native.NotFoundError, match='no layer named "py.missing"'):
             ctx.open_layer(cache, "py.missing")
+
+
+def test_load_layer_refuses_a_malformed_descriptor_before_the_gpu(ctx):
+    from sparseforge.generator.kernel import make_launch
+    launch = make_launch(grid=(1, 16), block=(32,), n_axis=0, n_tile=32)
+    v = {"n_bucket": 0, "kernel_name": "dense", "launch": launch, "binary": b"\x7fELF",
+         "packed": None}
+    with pytest.raises(native.InvalidArgumentError,
+                       match=r'layer "py.bad" variant 0 \(n_bucket 0\): n_bucket is below 1'):
+        ctx.load_layer("py.bad", 16, 8, 4, 4, [v])
+    with pytest.raises(ValueError, match="layer 'py.bad' variant 0 lacks packed"):
+        ctx.load_layer("py.bad", 16, 8, 4, 4, [{k: v[k] for k in v if k != "packed"}])
+
+
+@pytest.mark.gpu
+def test_load_layer_runs_on_packed_weights_the_caller_holds(ctx):
+    """A layer loaded from memory without its packed weights, run on device
+    buffers the caller owns (one per variant): what the PyTorch module does
+    with its tensors."""
+    from sparseforge.generator.kernel import make_launch
+    rows, cols = 16, 8
+    w = ((np.arange(rows * cols) % 7) - 3).astype(np.float32) * 0.25
+    binary = ctx.compile(LAYER_SOURCE)
+    launch = make_launch(grid=(1, rows), block=(32,), n_axis=0, n_tile=32)
+    layer = ctx.load_layer("py.held", rows, cols, 4, 4,
+                           [{"n_bucket": 16, "kernel_name": "dense", "launch": launch,
+                             "binary": binary, "packed": None},
+                            {"n_bucket": 256, "kernel_name": "dense", "launch": launch,
+                             "binary": binary.data, "packed": None}])
+    assert layer.shape == (rows, cols, 2) and layer.compiled_count == 0
+    n = 50
+    x = (np.arange(cols * n) % 5 - 2).astype(np.float32).reshape(cols, n)
+    xb, yb = ctx.upload(x), ctx.alloc(4 * rows * n)
+    wb, zero = ctx.upload(w), ctx.alloc(4 * rows * cols)
+    ctx.memset(zero, 0)
+    for packed, want in (([wb, zero], w.reshape(rows, cols) @ x),     # N = 50: the first
+                         ([zero, wb], np.zeros((rows, n), np.float32))):
+        ctx.memset(yb, 0xFF)
+        layer.run(xb, yb, n, packed=packed)
+        ctx.synchronize()
+        y = np.frombuffer(ctx.download(yb), np.float32).reshape(rows, n)
+        np.testing.assert_array_equal(y, want)
+    with pytest.raises(native.InvalidArgumentError,
+                       match="1 packed pointers for a layer of 2 variants"):
+        layer.run(xb, yb, n, packed=[wb])
+    layer.close()

@@ -1,0 +1,418 @@
+"""Whole models through sparseforge.torch, beside the dense model, each
+forward captured in a CUDA graph.
+
+The models are plain PyTorch with seeded random weights (nn.Linear's own
+initialization), every Linear pruned by sparseforge (generator/prune.py)
+to the pattern, tuned and converted with sparseforge.torch.sparsify, and
+run in the same process as the dense model holding the same pruned
+weights:
+
+- bert: a BERT-base encoder, 12 layers, hidden 768, 12 heads, FFN 3072
+  (GELU), post-LayerNorm, biases; prefill of 8 sequences x 512 tokens
+  (hidden states in: no embeddings).
+- llama: a Llama-style decoder stack, 4 layers, hidden 4096, 32 heads,
+  FFN 11008 gated by SiLU, RMSNorm, rotary positions, no biases; prefill
+  of 2048 tokens, and decode of 16 tokens: one forward of 16 new tokens
+  of that sequence over its 2048-token KV cache (as a speculative
+  decoder's verification step).
+
+Patterns (PATTERN[@SPARSITY]): shflbw:64@0.75, bsr:64x64@0.75, nm24 and
+csr@0.5, csr@0.7.  The model computes in fp16 where the family has fp16
+kernels, else in the family's own dtype (csr: fp32); a family without
+token-major kernels is reported as skipped, with the reason.
+
+For each model, phase and pattern: the time of all Linear layers (a CUDA
+graph of the model's Linear calls, in order, on inputs of their shapes)
+and of the whole forward (a CUDA graph of it), dense and sparse (median of
+--reps replays, CUDA events), the speedups, the output's relative error
+(Frobenius) against the dense pruned model, and the tuning time
+(sparsify's wall time against --db: empty, a first run; the pruning is
+not in it).
+
+    python3 bench/torch_models.py --model bert --results bench/RESULTS.md    # on a GPU
+    python3 bench/torch_models.py --dry-run --model bert --layers 1
+
+--dry-run (no GPU): builds and prunes the models, converts them (kernels
+compiled untuned for --arch), runs both forwards on the CPU for a few
+tokens and checks that they agree; no timing.
+"""
+from __future__ import annotations
+
+import argparse
+import copy
+import datetime
+import math
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "bench"))
+
+import torch  # noqa: E402
+import torch.nn.functional as F  # noqa: E402
+from torch import nn  # noqa: E402
+from tune_model import parse_pruning  # noqa: E402  (PATTERN[@SPARSITY])
+
+PATTERNS = "shflbw:64@0.75,bsr:64x64@0.75,nm24,csr@0.5,csr@0.7"
+FP16_ERROR_TARGET = 1e-2
+
+
+# ---- the models ----------------------------------------------------------------------------
+
+@dataclass
+class Config:
+    layers: int
+    hidden: int
+    heads: int
+    ffn: int
+    phases: dict = field(default_factory=dict)   # phase -> (batch, tokens, past tokens)
+
+
+MODELS = {
+    "bert": Config(12, 768, 12, 3072, {"prefill 8x512": (8, 512, 0)}),
+    "llama": Config(4, 4096, 32, 11008, {"prefill 2048": (1, 2048, 0),
+                                         "decode 16": (1, 16, 2048)}),
+}
+
+
+def attention(q, k, v, heads: int, causal: bool, past=None):
+    """Multi-head attention of (B, T, H) projections; `past`: (k, v) of
+    earlier tokens, (B, P, H), which every new token attends to."""
+    b, t, h = q.shape
+    split = lambda z: z.view(b, z.shape[1], heads, h // heads).transpose(1, 2)  # noqa: E731
+    mask = None
+    if past is not None:
+        p = past[0].shape[1]
+        k, v = torch.cat([past[0], k], dim=1), torch.cat([past[1], v], dim=1)
+        mask = torch.ones(t, p + t, dtype=torch.bool, device=q.device).tril(diagonal=p)
+    out = F.scaled_dot_product_attention(split(q), split(k), split(v), attn_mask=mask,
+                                         is_causal=causal and mask is None)
+    return out.transpose(1, 2).reshape(b, t, h)
+
+
+class BertLayer(nn.Module):
+    def __init__(self, c: Config):
+        super().__init__()
+        self.heads = c.heads
+        self.query, self.key, self.value = (nn.Linear(c.hidden, c.hidden) for _ in range(3))
+        self.attn_out = nn.Linear(c.hidden, c.hidden)
+        self.ln1 = nn.LayerNorm(c.hidden)
+        self.intermediate = nn.Linear(c.hidden, c.ffn)
+        self.output = nn.Linear(c.ffn, c.hidden)
+        self.ln2 = nn.LayerNorm(c.hidden)
+
+    def forward(self, x):
+        a = attention(self.query(x), self.key(x), self.value(x), self.heads, causal=False)
+        x = self.ln1(x + self.attn_out(a))
+        return self.ln2(x + self.output(F.gelu(self.intermediate(x))))
+
+
+class Bert(nn.Module):
+    def __init__(self, c: Config):
+        super().__init__()
+        self.layers = nn.ModuleList(BertLayer(c) for _ in range(c.layers))
+
+    def forward(self, x, past=None):
+        for layer in self.layers:
+            x = layer(x)
+        return x
+
+
+class RMSNorm(nn.Module):
+    def __init__(self, h: int):
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(h))
+
+    def forward(self, x):
+        xf = x.float()
+        return (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + 1e-6)).to(x.dtype) * self.weight
+
+
+def rotary(x, pos0: int, heads: int):
+    """Rotary positions for (B, T, H) from position pos0."""
+    b, t, h = x.shape
+    d = h // heads
+    inv = 1.0 / (10000 ** (torch.arange(0, d, 2, device=x.device, dtype=torch.float32) / d))
+    ang = torch.arange(pos0, pos0 + t, device=x.device, dtype=torch.float32)[:, None] * inv
+    cos, sin = ang.cos().to(x.dtype), ang.sin().to(x.dtype)
+    z = x.view(b, t, heads, d // 2, 2)
+    r0, r1 = z[..., 0], z[..., 1]
+    cos, sin = cos[None, :, None, :], sin[None, :, None, :]
+    return torch.stack([r0 * cos - r1 * sin, r0 * sin + r1 * cos], dim=-1).view(b, t, h)
+
+
+class LlamaLayer(nn.Module):
+    def __init__(self, c: Config):
+        super().__init__()
+        self.heads = c.heads
+        self.q_proj, self.k_proj, self.v_proj, self.o_proj = (
+            nn.Linear(c.hidden, c.hidden, bias=False) for _ in range(4))
+        self.gate_proj = nn.Linear(c.hidden, c.ffn, bias=False)
+        self.up_proj = nn.Linear(c.hidden, c.ffn, bias=False)
+        self.down_proj = nn.Linear(c.ffn, c.hidden, bias=False)
+        self.norm1, self.norm2 = RMSNorm(c.hidden), RMSNorm(c.hidden)
+
+    def forward(self, x, past=None):
+        p = past[0].shape[1] if past is not None else 0
+        h = self.norm1(x)
+        q = rotary(self.q_proj(h), p, self.heads)
+        k = rotary(self.k_proj(h), p, self.heads)
+        x = x + self.o_proj(attention(q, k, self.v_proj(h), self.heads, True, past))
+        h = self.norm2(x)
+        return x + self.down_proj(F.silu(self.gate_proj(h)) * self.up_proj(h))
+
+
+class Llama(nn.Module):
+    def __init__(self, c: Config):
+        super().__init__()
+        self.layers = nn.ModuleList(LlamaLayer(c) for _ in range(c.layers))
+
+    def forward(self, x, past=None):
+        for i, layer in enumerate(self.layers):
+            x = layer(x, past[i] if past is not None else None)
+        return x
+
+
+def build(name: str, c: Config, seed: int = 0) -> nn.Module:
+    """The model with seeded weights (nn.Linear's initialization), fp32, CPU."""
+    torch.manual_seed(seed)
+    return {"bert": Bert, "llama": Llama}[name](c)
+
+
+def prune_model(model: nn.Module, pattern: str, sparsity, dtype: str) -> float:
+    """Prunes every Linear weight in place (sparseforge's magnitude pruning,
+    seeded); returns the seconds it took."""
+    from sparseforge.generator.prune import prune
+    t0 = time.perf_counter()
+    with torch.no_grad():
+        for i, mod in enumerate(m for m in model.modules() if type(m) is nn.Linear):
+            w = mod.weight.float().numpy()
+            mat, _ = prune(w, pattern, 0.5 if sparsity is None else sparsity, seed=i,
+                           dtype=dtype)
+            mod.weight.copy_(torch.from_numpy(mat.to_dense()))
+    return time.perf_counter() - t0
+
+
+def family_dtype(pattern: str) -> tuple[str, str]:
+    """(the model's dtype for the pattern, why it is skipped or "")."""
+    from sparseforge.generator.families import family_of
+    fam, _ = family_of(pattern)
+    if "tm" not in fam.layouts:
+        return "", f"no token-major kernel yet (its kernels take {', '.join(fam.layouts)})"
+    return ("fp16" if "fp16" in fam.dtypes else fam.dtypes[0]), ""
+
+
+TORCH_DTYPE = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
+
+
+# ---- inputs and timing -----------------------------------------------------------------------
+
+def inputs(c: Config, phase: tuple, dtype, device, seed: int = 1):
+    """(x, past) of a phase: x (B, T, H); past: per layer (k, v) of the
+    earlier tokens, or None."""
+    b, t, p = phase
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(b, t, c.hidden, generator=g).to(device, dtype)
+    past = None
+    if p:
+        past = [tuple(torch.randn(b, p, c.hidden, generator=g).to(device, dtype)
+                      for _ in range(2)) for _ in range(c.layers)]
+    return x, past
+
+
+def linear_calls(model: nn.Module, x, past) -> list:
+    """(module, its input) of every Linear-like call of one forward, in
+    order, the inputs cloned (static buffers for a graph)."""
+    calls = []
+    from sparseforge.torch import SparseLinear
+    mods = [m for m in model.modules() if type(m) in (nn.Linear, SparseLinear)]
+    hooks = [m.register_forward_pre_hook(lambda m, a: calls.append((m, a[0].clone())))
+             for m in mods]
+    try:
+        with torch.no_grad():
+            model(x, past)
+    finally:
+        for h in hooks:
+            h.remove()
+    return calls
+
+
+def graph_time(fn, reps: int) -> float:
+    """Median ms of `fn` replayed as a CUDA graph (captured after a warm-up
+    on a side stream), each replay between two events."""
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s), torch.no_grad():
+        for _ in range(2):
+            fn()
+    torch.cuda.current_stream().wait_stream(s)
+    g = torch.cuda.CUDAGraph()
+    with torch.no_grad(), torch.cuda.graph(g):
+        fn()
+    for _ in range(3):
+        g.replay()
+    times = []
+    for _ in range(reps):
+        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        a.record()
+        g.replay()
+        b.record()
+        b.synchronize()
+        times.append(a.elapsed_time(b))
+    del g
+    return sorted(times)[len(times) // 2]
+
+
+def measure(model, x, past, reps: int) -> dict:
+    calls = linear_calls(model, x, past)
+
+    def linears():
+        for m, xi in calls:
+            m(xi)
+
+    out = {"linear_ms": graph_time(linears, reps),
+           "forward_ms": graph_time(lambda: model(x, past), reps), "linears": len(calls)}
+    del calls
+    torch.cuda.empty_cache()
+    return out
+
+
+def relative_error(y, ref) -> float:
+    return float((y.float() - ref.float()).norm() / ref.float().norm())
+
+
+# ---- one model and pattern -------------------------------------------------------------------
+
+def run(args, name: str, c: Config, spec: str) -> list:
+    """The rows of one model and pattern: one per phase."""
+    from sparseforge.torch import sparsify
+    pattern, sparsity = parse_pruning(spec)
+    dtype, why = family_dtype(pattern)
+    if why:
+        return [{"model": name, "phase": ph, "pattern": spec, "skipped": f"{pattern}: {why}"}
+                for ph in c.phases]
+    tdt = TORCH_DTYPE[dtype]
+    model = build(name, c, args.seed)
+    prune_s = prune_model(model, pattern, sparsity, dtype)
+    dense = model.to(tdt).eval()
+    sparse = copy.deepcopy(dense)
+    tokens = sorted({b * t for b, t, _ in c.phases.values()})
+    t0 = time.perf_counter()
+    report = sparsify(sparse, db=args.db, pattern=pattern,
+                      n=tokens,
+                      budget=args.budget, quick=args.quick, archs=args.arch,
+                      progress=not args.quiet)
+    tune_s = time.perf_counter() - t0
+    print(report, file=sys.stderr)
+    device = "cpu" if args.dry_run else "cuda"
+    dense, sparse = dense.to(device), sparse.eval().to(device)
+    rows = []
+    for phase_name, phase in c.phases.items():
+        if args.dry_run:      # a few tokens, the past shortened alike
+            phase = (1, args.dry_tokens, min(phase[2], args.dry_tokens))
+        x, past = inputs(c, phase, tdt, device)
+        with torch.no_grad():
+            err = relative_error(sparse(x, past), dense(x, past))
+        row = {"model": name, "phase": phase_name, "pattern": spec, "dtype": dtype,
+               "converted": len(report.converted), "linears": len(report.layers),
+               "error": err, "tune_s": tune_s, "prune_s": prune_s}
+        if not args.dry_run:
+            d, s = measure(dense, x, past, args.reps), measure(sparse, x, past, args.reps)
+            row.update(dense_linear_ms=d["linear_ms"], sparse_linear_ms=s["linear_ms"],
+                       dense_forward_ms=d["forward_ms"], sparse_forward_ms=s["forward_ms"])
+        rows.append(row)
+        print(row, file=sys.stderr)
+    del dense, sparse
+    if device == "cuda":
+        torch.cuda.empty_cache()
+    return rows
+
+
+def _f(v, spec: str, unit: str = "") -> str:
+    return format(v, spec) + unit if isinstance(v, float) and math.isfinite(v) else "-"
+
+
+def table(rows: list, gpu: str, commit: str, args) -> str:
+    tuning = "quick" if args.quick else "default"
+    lines = [f"## PyTorch models through sparseforge.torch: {datetime.date.today()}, {gpu}, "
+             f"commit {commit}", "",
+             f"Every forward a CUDA graph; medians of {args.reps} replays.  Linear: the "
+             "model's Linear calls alone, in a graph.  Error: relative (Frobenius) against "
+             f"the dense pruned model.  Tuning: sparsify from {args.db_note} "
+             f"({tuning} timing{', budget ' + args.budget if args.budget else ''}).", "",
+             "| model | phase | pattern | dtype | converted | Linear dense ms | Linear sparse ms "
+             "| Linear speedup | forward dense ms | forward sparse ms | forward speedup "
+             "| error | tuning s |",
+             "| --- | --- | --- | --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"]
+    for r in rows:
+        if "skipped" in r:
+            lines.append(f"| {r['model']} | {r['phase']} | {r['pattern']} | | skipped: "
+                         f"{r['skipped']} | | | | | | | | |")
+            continue
+        ls = r.get("dense_linear_ms", math.nan) / r.get("sparse_linear_ms", math.nan)
+        fs = r.get("dense_forward_ms", math.nan) / r.get("sparse_forward_ms", math.nan)
+        lines.append(
+            f"| {r['model']} | {r['phase']} | {r['pattern']} | {r['dtype']} | "
+            f"{r['converted']}/{r['linears']} | {_f(r.get('dense_linear_ms'), '.3f')} | "
+            f"{_f(r.get('sparse_linear_ms'), '.3f')} | {_f(ls, '.2f', 'x')} | "
+            f"{_f(r.get('dense_forward_ms'), '.3f')} | {_f(r.get('sparse_forward_ms'), '.3f')} | "
+            f"{_f(fs, '.2f', 'x')} | {r['error']:.2e} | {r['tune_s']:.0f} |")
+    return "\n".join(lines) + "\n"
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--model", default="bert,llama", help="bert, llama or both (comma-separated)")
+    ap.add_argument("--patterns", default=PATTERNS, help="comma-separated PATTERN[@SPARSITY]")
+    ap.add_argument("--layers", type=int, help="transformer layers (default: the model's)")
+    ap.add_argument("--db", default="/tmp/sparseforge-torch-bench.db",
+                    help="the database sparsify tunes into (an empty one: a first run)")
+    ap.add_argument("--budget", help="the tuner's --budget (default: its own)")
+    ap.add_argument("--quick", action="store_true", help="the tuner's shorter timing protocol")
+    ap.add_argument("--reps", type=int, default=50, help="timed graph replays")
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--results", help="append the table to this markdown file")
+    ap.add_argument("--quiet", action="store_true", help="no progress bars")
+    ap.add_argument("--dry-run", action="store_true",
+                    help="no GPU: build, prune, convert (kernels compiled untuned), CPU forwards")
+    ap.add_argument("--dry-tokens", type=int, default=8, help="--dry-run: tokens per forward")
+    ap.add_argument("--arch", default=None,
+                    help="--dry-run: the architectures compiled for (default sm_80,sm_90a)")
+    args = ap.parse_args(argv)
+    if args.dry_run:
+        args.budget = args.budget or "1"
+    else:
+        from sparseforge import native
+        ok, why = native.gpu_available()
+        if not ok or not torch.cuda.is_available():
+            print(f"torch_models: no GPU ({why if not ok else 'torch sees none'}); --dry-run "
+                  "runs everything but the timing without one", file=sys.stderr)
+            return 1
+    args.db_note = "an empty database" if not Path(args.db).exists() else f"the database {args.db}"
+    rows = []
+    for name in [m.strip() for m in args.model.split(",") if m.strip()]:
+        if name not in MODELS:
+            ap.error(f"unknown model {name!r}; expected {', '.join(MODELS)}")
+        c = copy.deepcopy(MODELS[name])
+        if args.layers:
+            c.layers = args.layers
+        for spec in [p.strip() for p in args.patterns.split(",") if p.strip()]:
+            rows += run(args, name, c, spec)
+    for r in rows:
+        if "error" in r and r.get("dtype") == "fp16" and r["error"] > FP16_ERROR_TARGET:
+            print(f"torch_models: {r['model']} {r['phase']} {r['pattern']}: relative error "
+                  f"{r['error']:.2e} over {FP16_ERROR_TARGET:g}", file=sys.stderr)
+    if args.dry_run:
+        print(table(rows, "none (dry run: no timing)", "-", args))
+        return 0
+    from s1 import commit_id, publish
+    publish(table(rows, torch.cuda.get_device_name(), commit_id(), args), args.results)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,156 @@
+"""The launch of a SparseLinear on a GPU: the custom op
+`sparseforge::linear` and the layers it runs.
+
+    torch.ops.sparseforge.linear(x, packed, layer, out_features) -> y
+
+`x` is (..., K), token-major; `packed` holds one uint8 tensor per variant
+of the layer (its packed weights, tables and bias: the module's buffers);
+`layer` is the key `load` gave the loaded layer; `y` is (..., M) in x's
+dtype.  The CUDA kernel allocates y with torch and calls the C runtime's
+sf_layer_run_packed, the one implementation of a layer's launch (the
+variant tuned for the N nearest to the number of tokens, the grid rule,
+Y zeroed first where the kernel accumulates), with the tensors' addresses
+and torch.cuda.current_stream(): nothing synchronizes, copies or
+allocates outside torch's allocator, so the op runs inside CUDA graph
+capture.  An input that is not contiguous, or not 16-byte aligned (the
+kernels read X in 16-byte pieces), is first copied by torch.  The fake
+implementation gives y's shape and dtype, so torch.compile traces the op
+without running it (fullgraph: no graph break).
+
+The C runtime's context for a GPU is the device's primary context
+(cuDevicePrimaryCtxRetain), the one the CUDA runtime under PyTorch uses:
+the kernels read and write torch's memory directly.  A loaded layer holds
+the modules of its cubins (loaded once, never compiled here); a released
+one is closed at the next load outside capture, once its device is idle.
+"""
+from __future__ import annotations
+
+import itertools
+import threading
+from typing import Optional
+
+import torch
+
+from .. import native
+
+OP = "sparseforge::linear"
+_LIB = torch.library.Library("sparseforge", "FRAGMENT")
+_LIB.define("linear(Tensor x, Tensor[] packed, int layer, int out_features) -> Tensor")
+
+_lock = threading.Lock()
+_contexts: dict = {}          # device ordinal -> (native.Context, lock)
+_loaded: dict = {}            # layer key -> LoadedLayer
+_released: list = []         # LoadedLayers to close
+_keys = itertools.count(1)
+
+
+def context(device: int):
+    """(native.Context, its lock) of a GPU by ordinal, one per process."""
+    with _lock:
+        if device not in _contexts:
+            _contexts[device] = (native.Context(device), threading.Lock())
+        return _contexts[device]
+
+
+def device_info(device: int) -> dict:
+    """The sf_device_info of a GPU by ordinal (its arch, name, ...)."""
+    ctx, lock = context(device)
+    with lock:
+        return ctx.device_info()
+
+
+class LoadedLayer:
+    """A layer loaded on one GPU without its packed weights (the module's
+    tensors hold them)."""
+
+    def __init__(self, key: int, device: int, name: str, layer: "native.Layer",
+                 n_variants: int):
+        self.key, self.device, self.name = key, device, name
+        self.layer, self.n_variants = layer, n_variants
+        self.ctx, self.lock = context(device)
+
+    def run(self, x: int, y: int, n: int, packed: list, stream: int) -> None:
+        with self.lock:
+            self.layer.run(x, y, n, stream=stream, packed=packed)
+
+
+def load(device: int, name: str, rows: int, cols: int, elem_size: int, variants: list) -> int:
+    """Loads a layer on GPU `device` from its variants (dicts with
+    n_bucket, kernel_name, launch, binary; no packed bytes) and returns
+    its key for the op.  Closes the layers released before, when the GPU
+    is not capturing a graph."""
+    _close_released()
+    ctx, lock = context(device)
+    code = [dict(v, packed=None) for v in variants]
+    with lock:
+        layer = ctx.load_layer(name, rows, cols, elem_size, elem_size, code)
+    entry = LoadedLayer(next(_keys), device, name, layer, len(variants))
+    with _lock:
+        _loaded[entry.key] = entry
+    return entry.key
+
+
+def release(key: int) -> None:
+    """The layer `key` is no longer used: it is closed at a later load (a
+    graph captured earlier may still launch its kernels until then)."""
+    with _lock:
+        entry = _loaded.pop(key, None)
+        if entry is not None:
+            _released.append(entry)
+
+
+def loaded(key: int) -> Optional[LoadedLayer]:
+    return _loaded.get(key)
+
+
+def _close_released() -> None:
+    with _lock:
+        if not _released or torch.cuda.is_current_stream_capturing():
+            return
+        entries, _released[:] = list(_released), []
+    for device in {e.device for e in entries}:
+        torch.cuda.synchronize(device)
+    for e in entries:
+        with e.lock:
+            e.layer.close()
+
+
+def _linear_cuda(x: torch.Tensor, packed: list, layer: int, out_features: int) -> torch.Tensor:
+    entry = _loaded.get(layer)
+    if entry is None:
+        raise RuntimeError(f"{OP}: no layer {layer} is loaded (its module was deleted, moved "
+                           "or loaded again); call the module, not the op")
+    if x.device.index != entry.device:
+        raise RuntimeError(f"{OP}: layer {entry.name!r} is loaded on cuda:{entry.device}, "
+                           f"the input is on {x.device}")
+    if len(packed) != entry.n_variants:
+        raise RuntimeError(f"{OP}: layer {entry.name!r} has {entry.n_variants} variants, "
+                           f"{len(packed)} packed tensors were given")
+    if not x.is_contiguous():
+        x = x.contiguous()
+    if x.data_ptr() % 16:
+        x = x.clone()
+    y = torch.empty((*x.shape[:-1], out_features), dtype=x.dtype, device=x.device)
+    n = x.numel() // x.shape[-1] if x.shape[-1] else 0
+    if n == 0 or out_features == 0:
+        return y
+    ptrs = [p.data_ptr() for p in packed]
+    if torch.cuda.current_device() == entry.device:
+        stream = torch.cuda.current_stream(x.device).cuda_stream
+        entry.run(x.data_ptr(), y.data_ptr(), n, ptrs, stream)
+    else:
+        with torch.cuda.device(x.device):
+            stream = torch.cuda.current_stream(x.device).cuda_stream
+            entry.run(x.data_ptr(), y.data_ptr(), n, ptrs, stream)
+    return y
+
+
+def _linear_fake(x: torch.Tensor, packed: list, layer: int, out_features: int) -> torch.Tensor:
+    return x.new_empty((*x.shape[:-1], out_features))
+
+
+_LIB.impl("linear", _linear_cuda, "CUDA")
+if hasattr(torch.library, "register_fake"):            # torch >= 2.4
+    torch.library.register_fake(OP, _linear_fake, lib=_LIB)
+else:                                                   # torch 2.3
+    torch.library.impl_abstract(OP, _linear_fake, lib=_LIB)

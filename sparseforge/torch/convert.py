@@ -1,0 +1,253 @@
+"""Converting a PyTorch model: `sparsify` replaces each nn.Linear whose
+weight is sparse enough by a SparseLinear with kernels tuned for it, and
+`load_state_dict` loads a sparsified model's state into the dense model it
+came from.
+
+The choices are `sparseforge tune`'s (tuner/model.py plan_model): a weight
+at or above the density limit stays dense; "auto" takes the family that
+analysis finds the matrix fits.  The kernels come from the database
+(tuner/resolve.py), tuned on the spot where it lacks them.  A layer whose
+family has no token-major kernel in its dtype stays dense with the reason
+under "auto", and is refused when the pattern was named.
+"""
+from __future__ import annotations
+
+import math
+import os
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Optional
+
+from torch import nn
+
+from ..generator.families import family_of
+from ..generator.kernel import Epilogue, Operation
+from ..tuner.model import SPARSE_DENSITY_LIMIT, Entry, plan_model
+from .linear import DTYPES, FORMAT, TORCH_DTYPES, SparseLinear, matrix_of
+
+DEFAULT_N = (16, 256, 4096)
+LAYOUT = "tm"     # a Linear's activations: tokens x features
+
+
+@dataclass
+class LayerReport:
+    """One nn.Linear of the model: converted (pattern, the kernels' GPU,
+    per N bucket the configuration and the times measured when tuning)
+    or kept dense (`dense`: why)."""
+    name: str
+    shape: tuple                  # (out_features, in_features)
+    density: float
+    pattern: str = ""
+    dense: str = ""
+    gpu: str = ""                 # what the kernels were tuned on, or "untuned (sm_90a)"
+    buckets: dict = field(default_factory=dict)   # N -> {config, median_ms, peer_ms, speedup}
+    tuned_now: bool = False
+
+    @property
+    def converted(self) -> bool:
+        return not self.dense
+
+
+@dataclass
+class Report:
+    """What sparsify did: a row per nn.Linear, the database, the GPU and
+    the wall time.  str() is the table."""
+    layers: list
+    database: str
+    device: str
+    seconds: float
+
+    @property
+    def converted(self) -> list:
+        return [r for r in self.layers if r.converted]
+
+    def table(self) -> str:
+        head = (f"{'layer':36s} {'family':12s} {'N':>6s} {'config':40s} {'time ms':>9s} "
+                f"{'cuBLAS ms':>9s} {'speedup':>8s}")
+        out = [f"GPU: {self.device}; database: {self.database}", head, "-" * len(head)]
+        for r in self.layers:
+            if not r.converted:
+                out.append(f"{r.name[:36]:36s} stays dense: {r.dense}")
+                continue
+            for n, b in sorted(r.buckets.items()):
+                cfg = ",".join(f"{k}={v}" for k, v in sorted(b["config"].items()))
+                out.append(f"{r.name[:36]:36s} {r.pattern:12s} {n:6d} {cfg[:40]:40s} "
+                           f"{_ms(b['median_ms'])} {_ms(b['peer_ms'])} "
+                           f"{_x(b['speedup'])}")
+        n_conv = len(self.converted)
+        out.append(f"{n_conv} of {len(self.layers)} Linear layers converted in "
+                   f"{self.seconds:.1f} s")
+        return "\n".join(out)
+
+    __str__ = table
+
+
+def _ms(v: float) -> str:
+    return f"{v:9.4f}" if math.isfinite(v) else f"{'-':>9s}"
+
+
+def _x(v: float) -> str:
+    return f"{v:7.2f}x" if math.isfinite(v) else f"{'-':>8s}"
+
+
+def _unsupported(pattern: str, dtype: str) -> str:
+    """Why a family has no kernel for a Linear in `dtype` ("" when it has)."""
+    fam, _ = family_of(pattern)
+    if LAYOUT not in fam.layouts:
+        return (f"{pattern} has no token-major kernel yet (its kernels take "
+                f"{', '.join(fam.layouts)})")
+    if dtype not in fam.dtypes:
+        return f"{pattern} computes in {', '.join(fam.dtypes)}, the layer is {dtype}"
+    return ""
+
+
+def sparsify(model: nn.Module, db=None, pattern: str = "auto", n=DEFAULT_N, tune: bool = True,
+             progress: bool = True, *, budget: Optional[str] = None, strategy: str = "auto",
+             quick: bool = False, device: Optional[int] = None, archs=None,
+             log=None) -> Report:
+    """Replaces, in place, each nn.Linear of `model` whose weight is sparse
+    enough (density below 0.75) by a SparseLinear, and returns the Report.
+
+    `db`: the database (default: the user's, ~/.cache/sparseforge).
+    `pattern`: "auto" (the family analysis finds each weight fits, as
+    `sparseforge tune` does) or one pattern for every layer ("bsr:64x64").
+    `n`: the N buckets (tokens per call) the kernels are tuned for.
+    `tune`: tune what the database lacks for this GPU; False: a layer the
+    database lacks raises MissingLayersError naming all of them.  Without
+    a GPU, tuning compiles each layer's default configuration for `archs`
+    (default sm_80 and sm_90a), untuned, as `sparseforge tune` does.
+    `budget`, `strategy`, `quick` (the shorter timing protocol): as the
+    command line's; `device`: the GPU ordinal to tune on (default: the
+    model's, else 0).  Progress and the tuning lines go to stderr unless
+    `progress` is False."""
+    t0 = time.perf_counter()
+    log = log or (sys.stderr if progress else open(os.devnull, "w"))
+    rows, candidates = [], []
+    for name, mod in model.named_modules():
+        if type(mod) is not nn.Linear:
+            continue
+        shape = tuple(mod.weight.shape)
+        if mod.weight.dtype not in DTYPES:
+            rows.append(LayerReport(name, shape, 1.0, dense=f"no kernels for {mod.weight.dtype}"))
+            continue
+        m = matrix_of(mod.weight, f"{name}.weight")
+        if m.density >= SPARSE_DENSITY_LIMIT:
+            rows.append(LayerReport(name, shape, m.density, dense=f"density {m.density:.2f}"))
+            continue
+        if not name:
+            raise ValueError("sparsify: the model is itself an nn.Linear; build a SparseLinear "
+                             "with SparseLinear.from_dense(weight, bias) instead")
+        candidates.append((name, mod, m))
+    entries = plan_model([(f"{name}.weight", m) for name, _, m in candidates],
+                         None if pattern == "auto" else pattern, layout=LAYOUT, log=log)
+    todo, refused = [], {}
+    for (name, mod, m), entry in zip(candidates, entries):
+        why = _unsupported(entry.pattern, m.dtype)
+        if why and pattern != "auto":
+            refused.setdefault(why, []).append(name)
+        elif why:
+            rows.append(LayerReport(name, tuple(mod.weight.shape), m.density, dense=why))
+        else:
+            todo.append((name, mod, entry.pattern, m))
+    if refused:
+        raise ValueError("sparsify: " + "; ".join(f"{why}: {', '.join(names)}"
+                                                  for why, names in refused.items()))
+    layers = [SparseLinear._of_matrix(m, mod.bias, pattern=pat, name=f"{name}.weight",
+                                      dtype=mod.weight.dtype, device=mod.weight.device)
+              for name, mod, pat, m in todo]
+    if device is None:
+        device = next((p.device.index for p in model.parameters() if p.device.type == "cuda"), 0)
+    codes, where, gpu = kernels_for(layers, db, n, tune, progress, budget=budget,
+                                    strategy=strategy, quick=quick, device=device, archs=archs,
+                                    log=log)
+    for (name, mod, pat, m), layer, code in zip(todo, layers, codes):
+        parent, _, child = name.rpartition(".")
+        setattr(model.get_submodule(parent), child, layer)
+        rows.append(_row(name, m, pat, code))
+    order = {name: i for i, (name, _) in enumerate(model.named_modules())}
+    rows.sort(key=lambda r: order.get(r.name, -1))
+    return Report(rows, where, gpu, time.perf_counter() - t0)
+
+
+def _row(name: str, m, pattern: str, code) -> LayerReport:
+    """The report row of a converted layer: its first architecture's
+    record (the GPU's own, where there is one)."""
+    ac = next(iter(code.archs.values()))
+    buckets = {v.n_bucket: {"config": v.config, "median_ms": v.median_ms,
+                            "peer_ms": v.peer_ms, "speedup": v.speedup} for v in ac.variants}
+    return LayerReport(name, m.shape, m.density, pattern, gpu=ac.gpu_name, buckets=buckets,
+                       tuned_now=code.tuned_now)
+
+
+def _entry(index: int, layer: SparseLinear) -> Entry:
+    op = Operation(layer.dtype_name, LAYOUT, Epilogue(bias=layer.bias is not None))
+    why = _unsupported(layer.pattern, layer.dtype_name)
+    if why:
+        raise ValueError(f"{layer._where()}: {why}")
+    return Entry(index, layer.name, layer.matrix(), pattern=layer.pattern, op=op,
+                 bias=layer.bias_array())
+
+
+def kernels_for(layers: list, db=None, n=DEFAULT_N, tune: bool = True, progress: bool = False,
+                *, budget: Optional[str] = None, strategy: str = "auto", quick: bool = False,
+                device: int = 0, archs=None, log=None):
+    """Gives each SparseLinear of `layers` its kernels from the database
+    (tuning what it lacks: see sparsify) and loads them where the layer is
+    on a GPU.  Returns (the tuner/resolve.py LayerCodes, the database's
+    path, the GPU's name or what was compiled for)."""
+    from .. import native
+    from ..cache import Cache, default_path
+    from ..tuner.driver import DEFAULT_TIMING, NO_GPU_ARCHS, QUICK_TIMING, Tuner
+    from ..tuner.model import Progress
+    from ..tuner.resolve import resolve
+    from . import _op
+    log = log or (sys.stderr if progress else open(os.devnull, "w"))
+    if isinstance(archs, str):
+        archs = [a.strip() for a in archs.split(",") if a.strip()]
+    entries = [_entry(i, layer) for i, layer in enumerate(layers)]
+    ok, why = native.gpu_available()
+    info = _op.device_info(device) if ok else None
+    path = Path(db) if db else default_path()
+    if not path.exists():
+        path.parent.mkdir(parents=True, exist_ok=True)
+    with Cache(path) as cache:
+        def make_tuner():
+            return Tuner(cache, arch=None if ok else ",".join(archs or NO_GPU_ARCHS),
+                         strategy=strategy, budget=budget,
+                         timing=QUICK_TIMING if quick else DEFAULT_TIMING,
+                         progress=Progress(log) if progress else None, device=device)
+        if not ok and tune and entries:
+            print(f"no GPU ({why}): compiling for {', '.join(archs or NO_GPU_ARCHS)}, untuned; "
+                  "nothing is measured", file=log)
+        codes = resolve(cache, entries, list(n), tune, make_tuner, info,
+                        None if ok else (archs or (list(NO_GPU_ARCHS) if tune else None)),
+                        log=log)
+    for layer, code in zip(layers, codes):
+        layer.attach(code)
+    gpu = info["name"] if info else f"none (kernels for {', '.join(archs or NO_GPU_ARCHS)})"
+    return codes, str(path), gpu
+
+
+def load_state_dict(model: nn.Module, state_dict: dict, strict: bool = True):
+    """Loads the state_dict of a sparsified model into `model`, the same
+    model before sparsify: each nn.Linear the state holds as a SparseLinear
+    is replaced by one (on the Linear's device) before the state is loaded,
+    so its kernels load with it.  Returns what Module.load_state_dict
+    returns."""
+    suffix = "._extra_state"
+    for key, state in state_dict.items():
+        if not (key.endswith(suffix) and isinstance(state, dict) and "cubins" in state
+                and state.get("format") == FORMAT):
+            continue
+        path = key[:-len(suffix)]
+        mod = model.get_submodule(path)
+        if type(mod) is nn.Linear:
+            layer = SparseLinear(state["in_features"], state["out_features"], state["bias"],
+                                 pattern=state["pattern"], name=state["name"],
+                                 dtype=TORCH_DTYPES.get(state["dtype"]),
+                                 device=mod.weight.device)
+            parent, _, child = path.rpartition(".")
+            setattr(model.get_submodule(parent), child, layer)
+    return model.load_state_dict(state_dict, strict=strict)

@@ -1,0 +1,56 @@
+"""bench/torch_models.py without a GPU: --dry-run builds and prunes the
+model, converts it with sparsify (kernels compiled untuned) and checks the
+sparse forward against the dense one on the CPU; a family without
+token-major kernels is reported skipped; the Llama-style stack (here at a
+small size) runs its decode phase over a KV cache."""
+from __future__ import annotations
+
+import argparse
+import math
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+pytest.importorskip("torch", reason="torch is not installed (pip install .[torch])")
+ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT / "bench"))
+
+import torch_models  # noqa: E402
+
+from sparseforge.generator.families import families  # noqa: E402
+from sparseforge.generator.matrix import SparseMatrix  # noqa: E402
+
+
+@pytest.fixture(autouse=True)
+def no_gpu(monkeypatch):
+    """These tests compile without measuring, on any machine (a GPU's own
+    path is tests/py/test_torch_gpu.py)."""
+    from sparseforge import native
+    monkeypatch.setattr(native, "gpu_available", lambda: (False, "CPU tests: no GPU used"))
+
+
+def test_a_dry_run_converts_bert_and_checks_it_on_the_cpu(tmp_path, capsys):
+    probe = SparseMatrix.from_dense(np.ones((64, 64)), dtype="fp16")
+    lacking = [f.analyze(probe)[0].spec for f in families().values() if "tm" not in f.layouts]
+    patterns = ["nm24"] + lacking
+    argv = ["--dry-run", "--model", "bert", "--layers", "1", "--patterns", ",".join(patterns),
+            "--arch", "sm_90a", "--quiet", "--db", str(tmp_path / "b.db")]
+    assert torch_models.main(argv) == 0
+    out = capsys.readouterr().out
+    assert ("| bert | prefill 8x512 | nm24 | fp16 | 6/6 | - | - | - | - | - | - | 0.00e+00 |"
+            in out)
+    for p in patterns[1:]:
+        assert f"| bert | prefill 8x512 | {p} | | skipped: {p}: no token-major kernel yet" in out
+
+
+def test_the_llama_stack_prefills_and_decodes_over_its_cache(tmp_path):
+    args = argparse.Namespace(seed=0, db=str(tmp_path / "l.db"), budget="1", quick=False,
+                              arch="sm_90a", quiet=True, dry_run=True, dry_tokens=8, reps=1)
+    small = torch_models.Config(1, 256, 4, 512, {"prefill 2048": (1, 2048, 0),
+                                                 "decode 16": (1, 16, 2048)})
+    rows = torch_models.run(args, "llama", small, "nm24")
+    assert [(r["phase"], r["converted"], r["linears"], r["dtype"]) for r in rows] == [
+        ("prefill 2048", 7, 7, "fp16"), ("decode 16", 7, 7, "fp16")]
+    assert all(r["error"] == 0.0 and math.isfinite(r["tune_s"]) for r in rows)

@@ -1,0 +1,264 @@
+"""sparseforge.torch without a GPU: SparseLinear computes F.linear with the
+pruned weight for every family, dtype and odd shape; its state (weights,
+packed buffers, the cubins of each architecture) round-trips through
+torch.save / torch.load(weights_only=True) into an empty layer and into
+the dense model; sparsify converts what is sparse, keeps what is dense
+and reports it; the custom op has a fake implementation; torch.compile
+traces the module with no graph break; every error says what is wrong.
+
+Kernels here are compiled without a GPU (the untuned default
+configuration, as `sparseforge tune` does on a machine without one);
+tests/py/test_torch_gpu.py runs them.  Skipped where torch is missing
+(scripts/test.sh installs it)."""
+from __future__ import annotations
+
+import copy
+import io
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch", reason="torch is not installed (pip install .[torch])")
+import torch.nn.functional as F  # noqa: E402
+from torch import nn  # noqa: E402
+
+from sparseforge.generator.families import families, family_of  # noqa: E402
+from sparseforge.generator.prune import prune  # noqa: E402
+from sparseforge.torch import (MissingLayersError, SparseLinear, load_state_dict,  # noqa: E402
+                               sparsify)
+
+DT = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
+M, K = 37, 52          # odd sizes: neither a multiple of 8 nor of a block
+
+
+@pytest.fixture(autouse=True)
+def no_gpu(monkeypatch):
+    """These tests compile without measuring, on any machine (a GPU's own
+    path is tests/py/test_torch_gpu.py)."""
+    from sparseforge import native
+    monkeypatch.setattr(native, "gpu_available", lambda: (False, "CPU tests: no GPU used"))
+
+
+def pruned_weight(pattern: str, dtype: torch.dtype, m: int = M, k: int = K, density=0.3,
+                  seed: int = 0) -> torch.Tensor:
+    """A dense weight holding a random pattern of the family (its synth)."""
+    fam, params = family_of(pattern)
+    rng = np.random.default_rng(seed)
+    mask, _ = fam.synth(params, m, k, density, rng)
+    w = rng.standard_normal((m, k)).astype(np.float32) * mask
+    return torch.from_numpy(w).to(dtype)
+
+
+def family_cases():
+    """(pattern, dtype) for every registered family and dtype: the first
+    pattern `inspect` reports for it."""
+    rng = np.random.default_rng(1)
+    from sparseforge.generator.matrix import SparseMatrix
+    probe = SparseMatrix.from_dense(rng.standard_normal((64, 64)), dtype="fp16")
+    out = []
+    for fam in families().values():
+        spec = fam.analyze(probe)[0].spec
+        out += [(spec, d) for d in fam.dtypes]
+    return out
+
+
+def small_model(dtype=torch.float16) -> nn.Module:
+    """Three Linears: one pruned to 2:4, one to 16 x 16 blocks, one dense."""
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(96, 64), nn.ReLU(), nn.Linear(64, 128, bias=False),
+                          nn.Linear(128, 32)).to(dtype)
+    with torch.no_grad():
+        for i, (pattern, sparsity) in ((0, ("nm24", 0.5)), (2, ("bsr:16x16", 0.75))):
+            w = model[i].weight.float().numpy()
+            m, _ = prune(w, pattern, sparsity, dtype={torch.float16: "fp16",
+                                                      torch.bfloat16: "bf16"}[dtype])
+            model[i].weight.copy_(torch.from_numpy(m.to_dense()).to(dtype))
+    return model
+
+
+@pytest.mark.parametrize("pattern,dtype", family_cases())
+def test_matches_f_linear_for_every_family(pattern, dtype):
+    torch_dtype = DT[dtype]
+    w = pruned_weight(pattern, torch_dtype)
+    bias = torch.randn(M).to(torch_dtype)
+    for b in (bias, None):
+        layer = SparseLinear.from_dense(w, b, pattern=pattern, name="w")
+        assert (layer.in_features, layer.out_features) == (K, M)
+        assert layer.pattern == pattern and layer.density == pytest.approx(
+            float((w != 0).float().mean()))
+        torch.testing.assert_close(layer.dense_weight(), w, rtol=0, atol=0)
+        for shape in ((K,), (5, K), (2, 3, K), (0, K), (1, 1, 1, K)):
+            x = torch.randn(shape).to(torch_dtype)
+            with torch.no_grad():
+                y = layer(x)
+            assert y.shape == (*shape[:-1], M) and y.dtype == torch_dtype
+            assert torch.equal(y, F.linear(x, w, b)), (pattern, dtype, shape)
+
+
+def test_auto_takes_the_family_the_weight_fits():
+    w = pruned_weight("bsr:16x16", torch.float16, m=64, k=48)
+    assert SparseLinear.from_dense(w).pattern == "bsr:16x16"
+    assert SparseLinear.from_dense(pruned_weight("nm24", torch.bfloat16, density=0.5)).pattern == "nm24"
+    assert SparseLinear.from_dense(pruned_weight("csr", torch.float32)).pattern == "csr"
+
+
+def test_sparsify_converts_the_sparse_layers_and_keeps_the_dense(tmp_path):
+    model = small_model()
+    x = torch.randn(3, 5, 96).half()
+    with torch.no_grad():
+        want = model(x)
+    report = sparsify(model, db=tmp_path / "m.db", n=(16, 256), budget="1", archs="sm_90a",
+                      progress=False)
+    assert [type(m).__name__ for m in model] == ["SparseLinear", "ReLU", "SparseLinear",
+                                                 "Linear"]
+    assert [(r.name, r.pattern, r.dense) for r in report.layers] == [
+        ("0", "nm24", ""), ("2", "bsr:16x16", ""), ("3", "", "density 1.00")]
+    assert report.converted[0].gpu == "untuned (sm_90a)"
+    assert sorted(report.converted[1].buckets) == [16, 256]
+    assert report.database == str(tmp_path / "m.db")
+    table = str(report)
+    assert "3                                    stays dense: density 1.00" in table
+    assert "2 of 3 Linear layers converted" in table
+    assert model[0].name == "0.weight" and sorted(model[0].kernels) == ["sm_90a"]
+    variants = model[2].kernels["sm_90a"]["variants"]
+    assert [v["n_bucket"] for v in variants] == [16, 256]
+    assert variants[0]["kernel"].startswith("sf_bsr16x16_fp16_tm_plain_")
+    with torch.no_grad():
+        assert torch.equal(model(x), want)
+    # served from the database: nothing is tuned again, and tune=False finds it
+    again = sparsify(small_model(), db=tmp_path / "m.db", n=(16, 256), tune=False,
+                     archs="sm_90a", progress=False)
+    assert [r.tuned_now for r in again.converted] == [False, False]
+
+
+def test_a_layer_the_database_lacks_is_named_with_tune_false(tmp_path):
+    with pytest.raises(MissingLayersError) as e:
+        sparsify(small_model(), db=tmp_path / "empty.db", tune=False, progress=False)
+    assert e.value.names == ["0.weight", "2.weight"]
+    assert str(e.value) == (f"the database {tmp_path / 'empty.db'} holds no tuned layer for "
+                            "any architecture of 2 layer(s): 0.weight, 2.weight; tune them "
+                            "first (tune=True, or `sparseforge tune`)")
+
+
+def sixteen_bit_family():
+    """(family, its first pattern) of a token-major family without fp32."""
+    fam = next(f for f in families().values() if "fp32" not in f.dtypes and "tm" in f.layouts)
+    return fam, fam.analyze(SparseLinear.from_dense(pruned_weight("csr", torch.float32)).matrix())[0].spec
+
+
+def test_a_named_pattern_without_kernels_for_the_dtype_is_refused(tmp_path):
+    fam, spec = sixteen_bit_family()
+    model = nn.Sequential(nn.Linear(K, M))
+    with torch.no_grad():
+        model[0].weight.copy_(pruned_weight("csr", torch.float32))
+    with pytest.raises(ValueError, match=rf"^sparsify: {spec} computes in "
+                                         rf"{', '.join(fam.dtypes)}, the layer is fp32: 0$"):
+        sparsify(model, db=tmp_path / "x.db", pattern=spec, progress=False)
+
+
+def test_state_dict_round_trips_with_the_kernels(tmp_path):
+    model = small_model()
+    sparsify(model, db=tmp_path / "m.db", n=(16, 4096), budget="1", archs="sm_80,sm_90a",
+             progress=False)
+    x = torch.randn(7, 96).half()
+    with torch.no_grad():
+        want = model(x)
+    buf = io.BytesIO()
+    torch.save(model.state_dict(), buf)
+    buf.seek(0)
+    state = torch.load(buf, weights_only=True)
+    assert [k for k in state if k.startswith("2.")] == [
+        "2.weight_indptr", "2.weight_indices", "2.weight_values", "2.packed_0",
+        "2._extra_state"]
+    extra = state["2._extra_state"]
+    assert sorted(extra["kernels"]) == ["sm_80", "sm_90a"]
+    assert all(c[:4] == b"\x7fELF" for c in extra["cubins"])
+
+    # into the dense model it came from: the Linears become SparseLinears
+    fresh = nn.Sequential(nn.Linear(96, 64), nn.ReLU(), nn.Linear(64, 128, bias=False),
+                          nn.Linear(128, 32)).half()
+    result = load_state_dict(fresh, state)
+    assert not result.missing_keys and not result.unexpected_keys
+    assert isinstance(fresh[0], SparseLinear) and isinstance(fresh[3], nn.Linear)
+    assert fresh[2].kernels == model[2].kernels
+    for k, v in fresh.state_dict().items():
+        if not k.endswith("_extra_state"):
+            assert torch.equal(v, model.state_dict()[k]), k
+    with torch.no_grad():
+        assert torch.equal(fresh(x), want)
+
+    # into an empty layer (no nonzeros, no kernels): shaped as the state
+    empty = SparseLinear(96, 64, bias=True, dtype=torch.float16)
+    empty.load_state_dict({k[2:]: v for k, v in state.items() if k.startswith("0.")})
+    assert empty.pattern == "nm24" and empty.name == "0.weight"
+    with torch.no_grad():
+        assert torch.equal(empty(torch.ones(96).half()), model[0](torch.ones(96).half()))
+
+    # a copy is independent of the original
+    twin = copy.deepcopy(model)
+    assert twin[2].kernels == model[2].kernels and twin[2].packed_0 is not model[2].packed_0
+
+
+def test_a_state_of_another_shape_or_kind_is_refused():
+    layer = SparseLinear.from_dense(pruned_weight("nm24", torch.float16, density=0.5), name="a")
+    other = SparseLinear(K, M + 1, dtype=torch.float16, name="b")
+    with pytest.raises(RuntimeError, match=r"SparseLinear 'b': the state is of a 37 x 52 "
+                                           r"layer, this one is 38 x 52"):
+        other.load_state_dict(layer.state_dict())
+    state = layer.state_dict()
+    state["_extra_state"] = {"format": 99}
+    with pytest.raises(RuntimeError, match=r"SparseLinear 'a': not a SparseLinear state"):
+        layer.load_state_dict(state)
+
+
+def test_forward_errors_say_what_is_wrong():
+    layer = SparseLinear.from_dense(pruned_weight("nm24", torch.float16, density=0.5),
+                                    torch.zeros(M).half(), name="enc.fc.weight")
+    with pytest.raises(TypeError, match=r"^SparseLinear 'enc.fc.weight' computes in "
+                                        r"torch.float16, the input is torch.float32$"):
+        layer(torch.randn(2, K))
+    with pytest.raises(ValueError, match=r"^SparseLinear 'enc.fc.weight': the input's last "
+                                         r"dimension must be in_features = 52, got shape "
+                                         r"\(2, 51\)$"):
+        layer(torch.randn(2, K - 1).half())
+    x = torch.randn(2, K).half().requires_grad_()
+    with pytest.raises(RuntimeError, match=r"^SparseLinear 'enc.fc.weight' is for inference "
+                                           r"only: its input requires grad; run it under "
+                                           r"torch.no_grad\(\) or torch.inference_mode\(\)$"):
+        layer(x)
+    with torch.no_grad():
+        assert layer(x).shape == (2, M)
+    with pytest.raises(TypeError, match="sparseforge computes float32, float16 and bfloat16, "
+                                        "not torch.float64"):
+        SparseLinear.from_dense(torch.zeros(3, 4, dtype=torch.float64))
+
+
+def test_load_kernels_on_one_layer(tmp_path):
+    w = pruned_weight("bsr:16x16", torch.bfloat16)
+    fam, spec = sixteen_bit_family()
+    fp32 = SparseLinear.from_dense(w.float(), pattern=spec, name="solo.weight")
+    with pytest.raises(ValueError, match=rf"^SparseLinear 'solo.weight': {spec} computes in "
+                                         rf"{', '.join(fam.dtypes)}, the layer is fp32$"):
+        fp32.load_kernels(tmp_path / "one.db", tune=False)
+    layer = SparseLinear.from_dense(w, torch.randn(M).bfloat16(), pattern="bsr:16x16",
+                                    name="solo.weight")
+    assert layer.kernels == {}
+    layer.load_kernels(tmp_path / "one.db", n=(64,), budget="1", archs="sm_80")
+    (v,) = layer.kernels["sm_80"]["variants"]
+    assert v["n_bucket"] == 64 and v["kernel"].startswith("sf_bsr16x16_bf16_tm_bias_")
+    assert "kernels=sm_80" in repr(layer)
+
+
+def test_the_op_has_a_fake_implementation():
+    x = torch.empty(2, 3, K, dtype=torch.float16, device="meta")
+    packed = [torch.empty(100, dtype=torch.uint8, device="meta")]
+    y = torch.ops.sparseforge.linear(x, packed, 1, M)
+    assert y.shape == (2, 3, M) and y.dtype == torch.float16 and y.device.type == "meta"
+
+
+def test_compile_traces_the_module_in_one_graph():
+    layer = SparseLinear.from_dense(pruned_weight("bsr:16x16", torch.float32), torch.randn(M))
+    compiled = torch.compile(layer, fullgraph=True, backend="eager")
+    x = torch.randn(4, K)
+    with torch.no_grad():
+        assert torch.equal(compiled(x), layer(x))

@@ -1,0 +1,200 @@
+"""sparseforge.torch on a GPU: sparsify on a small model matches the dense
+pruned model; every family with token-major kernels matches F.linear
+(shflbw's rows come back in their original order); the custom op runs
+under torch.compile(fullgraph=True), inside a captured CUDA graph and on a
+non-default stream; the C runtime shares PyTorch's primary context; moving
+a module or loading its state compiles nothing; a GPU the module has no
+kernels for is named.  Skipped without a GPU, or without torch (with
+CUDA)."""
+from __future__ import annotations
+
+import ctypes
+import io
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch", reason="torch is not installed (pip install .[torch])")
+import torch.nn.functional as F  # noqa: E402
+from torch import nn  # noqa: E402
+
+from sparseforge import native  # noqa: E402
+from sparseforge.generator.families import family_of  # noqa: E402
+from sparseforge.generator.prune import prune  # noqa: E402
+from sparseforge.torch import SparseLinear, load_state_dict, sparsify  # noqa: E402
+
+pytestmark = [pytest.mark.gpu,
+              pytest.mark.skipif(not torch.cuda.is_available(),
+                                 reason="torch was built without CUDA or sees no GPU")]
+
+TUNING = {"budget": "3", "quick": True, "progress": False}
+
+
+def relative_error(y: torch.Tensor, ref: torch.Tensor) -> float:
+    return float((y.float() - ref.float()).norm() / ref.float().norm())
+
+
+def make_model(dtype=torch.float16) -> nn.Module:
+    """Linears pruned to 2:4 and to 64 x 64 blocks (with bias and without),
+    and a dense one: seeded."""
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(512, 768), nn.GELU(), nn.Linear(768, 512, bias=False),
+                          nn.GELU(), nn.Linear(512, 256)).to(dtype)
+    with torch.no_grad():
+        for i, (pattern, sparsity) in ((0, ("nm24", 0.5)), (2, ("bsr:64x64", 0.75))):
+            m, _ = prune(model[i].weight.float().numpy(), pattern, sparsity, dtype="fp16")
+            model[i].weight.copy_(torch.from_numpy(m.to_dense()).to(dtype))
+    return model
+
+
+@pytest.fixture(scope="module")
+def db(tmp_path_factory):
+    return tmp_path_factory.mktemp("torch_gpu") / "t.db"
+
+
+@pytest.fixture(scope="module")
+def sparse_and_dense(db):
+    """(sparsified model, dense pruned model), both on the GPU."""
+    dense = make_model()
+    model = make_model()
+    report = sparsify(model, db=db, n=(16, 256), **TUNING)
+    assert [r.pattern for r in report.converted] == ["nm24", "bsr:64x64"]
+    return model.cuda().eval(), dense.cuda().eval()
+
+
+def test_sparsify_matches_the_dense_pruned_model(sparse_and_dense):
+    model, dense = sparse_and_dense
+    assert isinstance(model[0], SparseLinear) and isinstance(model[4], nn.Linear)
+    for shape in ((16, 512), (3, 100, 512), (1, 512)):
+        x = torch.randn(shape, device="cuda", dtype=torch.float16)
+        with torch.no_grad():
+            err = relative_error(model(x), dense(x))
+        assert err <= 1e-2, (shape, err)
+
+
+@pytest.mark.parametrize("spec,dtype", [("nm24", "fp16"), ("bsr:32x32", "bf16"),
+                                        ("shflbw:64", "fp16"), ("shflbw:32", "bf16"),
+                                        ("csr", "fp32")])
+def test_every_family_with_token_major_kernels_matches_f_linear(spec, dtype, db):
+    fam, params = family_of(spec)
+    if "tm" not in fam.layouts:
+        pytest.skip(f"{spec} has no token-major kernel yet")
+    if dtype not in fam.dtypes:
+        pytest.skip(f"{spec} has no {dtype} kernel")
+    tdt = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}[dtype]
+    rng = np.random.default_rng(3)
+    m, k = 200, 136                   # groups and blocks cut at the edges
+    mask, perm = fam.synth(params, m, k, 0.3 if spec != "nm24" else 0.5, rng)
+    w = torch.from_numpy(rng.standard_normal((m, k)).astype(np.float32) * mask).to(tdt)
+    bias = torch.randn(m).to(tdt)
+    layer = SparseLinear.from_dense(w, bias, pattern=spec, name=f"family.{spec}")
+    layer.load_kernels(db, n=(8, 128), **TUNING).cuda()
+    wc, bc = w.cuda(), bias.cuda()
+    tol = 1e-5 if dtype == "fp32" else 1e-2
+    for shape in ((k,), (5, k), (2, 77, k), (300, k)):
+        x = torch.randn(shape, device="cuda").to(tdt)
+        with torch.no_grad():
+            y = layer(x)
+        assert y.shape == (*shape[:-1], m)
+        assert relative_error(y, F.linear(x.float(), wc.float(), bc.float())) <= tol, shape
+
+
+def test_compile_fullgraph_no_graph_break(sparse_and_dense):
+    model, _ = sparse_and_dense
+    x = torch.randn(4, 64, 512, device="cuda", dtype=torch.float16)
+    with torch.no_grad():
+        want = model(x)
+        explained = torch._dynamo.explain(model)(x)
+        assert explained.graph_break_count == 0 and explained.graph_count == 1
+        compiled = torch.compile(model, fullgraph=True)
+        assert relative_error(compiled(x), want) <= 2e-3     # inductor fuses the GELUs
+
+
+def test_inside_a_captured_cuda_graph(sparse_and_dense):
+    model, dense = sparse_and_dense
+    static_x = torch.randn(16, 512, device="cuda", dtype=torch.float16)
+    with torch.no_grad():
+        s = torch.cuda.Stream()
+        s.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(s):
+            model(static_x)                       # warm up off the capture
+        torch.cuda.current_stream().wait_stream(s)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            static_y = model(static_x)
+        for _ in range(3):
+            x = torch.randn(16, 512, device="cuda", dtype=torch.float16)
+            static_x.copy_(x)
+            graph.replay()
+            torch.cuda.synchronize()
+            assert torch.equal(static_y, model(x))
+            assert relative_error(static_y, dense(x)) <= 1e-2
+
+
+def test_on_a_non_default_stream(sparse_and_dense):
+    """The op launches on torch.cuda.current_stream(): queued behind a long
+    sleep and a copy into x on stream s, it must see the new x."""
+    model, _ = sparse_and_dense
+    layer = model[0]
+    x = torch.zeros(256, 512, device="cuda", dtype=torch.float16)
+    new = torch.randn(256, 512, device="cuda", dtype=torch.float16)
+    torch.cuda.synchronize()
+    s = torch.cuda.Stream()
+    with torch.no_grad(), torch.cuda.stream(s):
+        torch.cuda._sleep(50_000_000)             # tens of milliseconds
+        x.copy_(new)
+        y = layer(x)
+    s.synchronize()
+    with torch.no_grad():
+        assert torch.equal(y, layer(new))
+    assert y.abs().sum() > 0
+
+
+def test_the_runtime_shares_the_primary_context():
+    torch.cuda.init()
+    torch.zeros(1, device="cuda")
+    cuda = ctypes.CDLL("libcuda.so.1")
+    current, primary, dev = ctypes.c_void_p(), ctypes.c_void_p(), ctypes.c_int()
+    assert cuda.cuCtxGetCurrent(ctypes.byref(current)) == 0
+    assert cuda.cuDeviceGet(ctypes.byref(dev), torch.cuda.current_device()) == 0
+    assert cuda.cuDevicePrimaryCtxRetain(ctypes.byref(primary), dev) == 0
+    try:
+        assert current.value == primary.value     # PyTorch runs in the primary context
+    finally:
+        cuda.cuDevicePrimaryCtxRelease(dev)
+
+
+def test_moving_and_loading_compile_nothing(sparse_and_dense, monkeypatch):
+    model, _ = sparse_and_dense
+
+    def no_compiling(*a, **k):
+        raise AssertionError("compiled while moving or loading a module")
+
+    monkeypatch.setattr(native.Context, "compile", no_compiling)
+    x = torch.randn(8, 512, device="cuda", dtype=torch.float16)
+    with torch.no_grad():
+        want = model(x)
+        model.cpu()
+        assert model[0]._layer_key == 0
+        model.cuda()
+        assert torch.equal(model(x), want)
+        buf = io.BytesIO()
+        torch.save(model.state_dict(), buf)
+        buf.seek(0)
+        fresh = make_model().cuda()
+        load_state_dict(fresh, torch.load(buf, weights_only=True))
+        assert isinstance(fresh[2], SparseLinear)
+        assert torch.equal(fresh(x), want)
+
+
+def test_a_gpu_without_kernels_is_named(sparse_and_dense):
+    model, _ = sparse_and_dense
+    layer = SparseLinear(512, 768, dtype=torch.float16)
+    state = model[0].state_dict()
+    extra = state["_extra_state"]
+    arch = native.Context(0).device_info()["arch"]
+    extra["kernels"] = {"sm_1": extra["kernels"][arch]}
+    layer.load_state_dict(state)                 # on CPU: nothing to load
+    with pytest.raises(RuntimeError, match=rf"SparseLinear '0.weight': no kernels for {arch} "
+                                           r"\(.*\); it holds sm_1 \(from "):
+        layer.cuda()
