@@ -243,6 +243,44 @@ def test_kernel_launch_record_and_name():
     assert k.launch["shared_bytes"] == tc.SPACE.env(cfg, tc.problem("tm", p.vmax))["smem"]
 
 
+def test_the_command_line_tunes_16_bit_weights_on_tensor_cores(tmp_path):
+    """prune --pattern csr keeps the dtype; generate and tune (no GPU:
+    compile only) take the tensor-core kernels for fp16 weights and the
+    CUDA-core ones for fp32."""
+    import json
+    import subprocess
+    import sys
+    from pathlib import Path
+    from sparseforge.generator import io
+    root = Path(__file__).resolve().parents[2]
+    env = dict(os.environ, SF_CUDA_DRIVER="/nonexistent/libcuda.so.1",
+               PYTHONPATH=str(root) + os.pathsep + os.environ.get("PYTHONPATH", ""))
+
+    def run(*args):
+        r = subprocess.run([sys.executable, "-m", "sparseforge", *map(str, args)], cwd=root,
+                           env=env, capture_output=True, text=True, timeout=600)
+        assert r.returncode == 0, r.stderr
+        return r.stdout + r.stderr
+
+    dense = np.random.default_rng(0).standard_normal((96, 80)).astype(np.float16)
+    np.save(tmp_path / "w.npy", dense)
+    run("prune", tmp_path / "w.npy", "--pattern", "csr", "--sparsity", "0.7",
+        "-o", tmp_path / "p.npz")
+    (_, pruned), = io.load(str(tmp_path / "p.npz"))
+    assert pruned.dtype == "fp16" and pruned.density == pytest.approx(0.3, abs=0.01)
+    run("generate", tmp_path / "p.npz", "--pattern", "csr", "--arch", "sm_90a",
+        "-o", tmp_path / "gen")
+    meta = json.loads(next((tmp_path / "gen").glob("*.json")).read_text())
+    assert meta["op"].startswith("csr.fp16.") and "ksw" in meta["config"]
+    out = run("tune", tmp_path / "p.npz", "--db", tmp_path / "t.db", "--n", "16",
+              "--budget", "2")
+    assert "nothing was measured (no GPU)" in out
+    run("generate", tmp_path / "p.npz", "--pattern", "csr", "--dtype", "fp32",
+        "--arch", "sm_80", "-o", tmp_path / "gen32")
+    meta = json.loads(next((tmp_path / "gen32").glob("*.json")).read_text())
+    assert meta["op"].startswith("csr.fp32.") and "tables" in meta["config"]
+
+
 # ---- compiling ------------------------------------------------------------------------------
 
 def _cuobjdump():

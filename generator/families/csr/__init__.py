@@ -322,6 +322,16 @@ class CsrFamily(Family):
             return tc.hint_configs(matrix, op, device)
         return super().hint_configs(matrix, op, params, device)
 
+    def default_config(self, matrix: SparseMatrix, op: Operation, params: dict,
+                       device: Optional[dict] = None) -> dict:
+        """Untuned: fp32, the first of the space; fp16/bf16, the first hint
+        (the decode-shaped kernel)."""
+        if op.dtype != "fp32":
+            hints = tc.hint_configs(matrix, op, device)
+            if hints:
+                return hints[0]
+        return super().default_config(matrix, op, params, device)
+
     @staticmethod
     def _check_params(params: dict) -> None:
         if params:
