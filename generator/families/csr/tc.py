@@ -161,14 +161,17 @@ def search_space(matrix: SparseMatrix, op: Operation, device: Optional[dict]) ->
     each regime's likely best first."""
     consts = device_constants(device) or {"sm90a": 1, "sm90": 1}
     ck_choices = CK_CHOICES[:3] if consts.get("sm90") else (1,)
-    shapes = MMA_SHAPES + (SMALL_SHAPES if matrix.rows <= 512 else ())
+    # blocks of 16 and 32 rows: for few rows, and without clusters (sm_80)
+    # the parallelism of decode
+    small = SMALL_SHAPES if matrix.rows <= 512 or not consts.get("sm90") else ()
     cands = []
-    for mf, wm in shapes:
+    for mf, wm in MMA_SHAPES + small:
         for wk in (1, 2, 4):
             for ksw in (1, 2):
                 for bn in DECODE_BN:
                     for ck in ck_choices:
                         cands.append(dict(mf=mf, wm=wm, wk=wk, ksw=ksw, bn=bn, stages=4, ck=ck))
+    for mf, wm in MMA_SHAPES + (SMALL_SHAPES if matrix.rows <= 512 else ()):
         for ksw in (1, 2, 4):
             for bn in PREFILL_BN + (256,) * (mf == 1):
                 for stages in (3, 4):
@@ -206,15 +209,18 @@ def _valid(cands: list[dict], matrix: SparseMatrix, op: Operation,
 def hint_configs(matrix: SparseMatrix, op: Operation, device: Optional[dict]) -> list[dict]:
     """Measured first: one per regime.  Decode (N <= 64): rows in blocks of
     64, K split over 2 warps and, on Hopper, a cluster of 4 (enough CTAs to
-    fill the GPU with 4096-row matrices); prefill: wgmma 128 x 256 (Hopper)
-    or mma.sync 64 x 128."""
+    fill the GPU with 4096-row matrices; elsewhere blocks of 32 rows and 4
+    warps along K); prefill: wgmma 128 x 256 (Hopper) or mma.sync 64 x 128."""
     consts = device_constants(device) or {"sm90a": 1, "sm90": 1}
-    ck = 4 if consts.get("sm90") else 1
-    hints = [dict(mf=1, wm=4, wk=2, ksw=2, bn=16, stages=4, ck=ck),
-             dict(mf=1, wm=4, wk=2, ksw=2, bn=64, stages=4, ck=ck)]
+    if consts.get("sm90"):
+        hints = [dict(mf=1, wm=4, wk=2, ksw=2, bn=16, stages=4, ck=4),
+                 dict(mf=1, wm=4, wk=2, ksw=2, bn=64, stages=4, ck=4)]
+    else:  # no clusters: smaller blocks, more warps along K
+        hints = [dict(mf=1, wm=2, wk=4, ksw=1, bn=16, stages=4, ck=1),
+                 dict(mf=1, wm=2, wk=4, ksw=1, bn=64, stages=4, ck=1)]
     if consts.get("sm90a"):
         hints += [dict(mf=1, wm=8, wk=1, ksw=2, bn=256, stages=4, ck=1, wg=1),
-                  dict(mf=1, wm=4, wk=1, ksw=2, bn=64, stages=4, ck=ck, wg=1)]
+                  dict(mf=1, wm=4, wk=1, ksw=2, bn=64, stages=4, ck=4, wg=1)]
     hints.append(dict(mf=2, wm=2, wk=1, ksw=2, bn=128, stages=3, ck=1))
     return _valid(hints, matrix, op, device)
 
@@ -276,7 +282,10 @@ def min_blocks(config: dict) -> int:
     thread."""
     warps = config["wm"] * config["wk"]
     acc = (config["bn"] // 2) if config.get("wg") else config["mf"] * config["bn"] // 2
-    need = min(255, acc + 72 + 24 * (config["mf"] - 1) + 8 * (config["ksw"] - 1))
+    # the X loader's copies a thread issues per stage (each keeps a k-step
+    # and an address)
+    xiters = -(-(2 * config["ksw"] * config["wk"] * config["bn"]) // (32 * warps))
+    need = min(255, acc + 72 + 24 * (config["mf"] - 1) + 8 * (config["ksw"] - 1) + 3 * xiters)
     best = 1
     for b in range(1, 9):
         if b * warps > 64 or (512 // -(-b * warps // 4)) // 8 * 8 < need:
