@@ -77,6 +77,9 @@ TABLE = [
     Constraint(f"acc <= {MAX_ACC}", "at most 128 fp32 accumulators per thread", when=MMA),
     Constraint("ksw <= 2 or acc <= 32",
                "four k-steps a stage, unrolled, with more than 32 accumulators spill", when=MMA),
+    Constraint("(acc + 72 + 24 * (mf - 1)) * threads <= 65536",
+               "the accumulators and ~72 registers of decode and addressing fit the register "
+               "file", when=MMA),
     # wgmma
     Constraint("wg == 1", "wg = 1 selects the wgmma path (omit the key for mma.sync)", when=WG),
     Constraint("sm90a", "the wgmma path needs sm_90a", when=WG, device=True),

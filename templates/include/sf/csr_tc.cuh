@@ -261,32 +261,51 @@ struct StageLoader {
 
 // ---- decode: one tile's A fragment --------------------------------------------------------------
 
-// The four A registers of tile (entry j, strip s) of the stage at `stage`
-// (shared memory): the lane's slot mask, its first value and its values
-// in slot order.
+// What a lane decodes with in every tile: its bitmap word (q), the bits
+// of the lanes before it in that word (`below`), and where its own byte
+// starts (`shift`).
+struct LaneBits {
+  int q;
+  unsigned below, shift;
+  __device__ __forceinline__ explicit LaneBits(int lane)
+      : q(lane >> 2), below((1u << (8 * (lane & 3))) - 1u), shift(8u * (lane & 3)) {}
+};
+
+// The stage's values as the decode reads them: the copy starts at the
+// stage's first value rounded down to 8 (load_tables), so the first value
+// sits `meta` values in.
 template <class C>
-__device__ __forceinline__ void decode_tile(unsigned (&a)[4], const unsigned char *stage, int j,
-                                            int s, int lane) {
-  const unsigned char *rec = stage + C::X_BYTES + (j * C::MS + s) * REC_BYTES;
+__device__ __forceinline__ const unsigned short *stage_values(const unsigned char *stage) {
   const unsigned char *val = stage + C::X_BYTES + C::REC_STAGE;
-  const int q = lane >> 2, r = lane & 3;
-  const unsigned word = reinterpret_cast<const unsigned *>(rec)[q];
-  const unsigned pre = rec[REC_P + q];
-  const unsigned base = *reinterpret_cast<const unsigned *>(rec + REC_BASE);
-  const unsigned shift = *reinterpret_cast<const unsigned *>(val + C::VAL_BYTES);
-  const unsigned below = r == 0 ? 0u : word & ((1u << (8 * r)) - 1u);
-  const unsigned mask = word >> (8 * r);
-  const unsigned short *v =
-      reinterpret_cast<const unsigned short *>(val) + (shift + base + pre + __popc(below));
+  return reinterpret_cast<const unsigned short *>(val) +
+         *reinterpret_cast<const unsigned *>(val + C::VAL_BYTES);
+}
+
+// The four A registers of tile (entry j, strip s) of the stage at `stage`
+// (shared memory): the lane's slot mask, its first value (the tile's
+// base, the word's prefix, the popcount of the lanes before it in the
+// word) and its values, taken in slot order.
+template <class C>
+__device__ __forceinline__ void decode_tile(unsigned (&a)[4], const unsigned char *stage,
+                                            const unsigned short *vals, int j, int s,
+                                            const LaneBits &lb) {
+  const unsigned char *rec = stage + C::X_BYTES + (j * C::MS + s) * REC_BYTES;
+  const unsigned word = reinterpret_cast<const unsigned *>(rec)[lb.q];
+  const unsigned first = *reinterpret_cast<const unsigned *>(rec + REC_BASE) + rec[REC_P + lb.q] +
+                         __popc(word & lb.below);
+  const unsigned mask = word >> lb.shift;
+  const unsigned short *v = vals + first;
   unsigned h[8];
 #pragma unroll
   for (int i = 0; i < 8; ++i) {
-    const bool on = (mask >> i) & 1u;
-    h[i] = on ? *v : 0u;
-    v += on ? 1 : 0;
+    h[i] = 0u;
+    if (mask & (1u << i)) {
+      h[i] = *v;
+      ++v;
+    }
   }
 #pragma unroll
-  for (int i = 0; i < 4; ++i) a[i] = h[2 * i] | (h[2 * i + 1] << 16);
+  for (int i = 0; i < 4; ++i) a[i] = __byte_perm(h[2 * i], h[2 * i + 1], 0x5410);
 }
 
 // ---- compute ------------------------------------------------------------------------------------
@@ -294,11 +313,12 @@ __device__ __forceinline__ void decode_tile(unsigned (&a)[4], const unsigned cha
 // mma.sync: entry j of the stage for this warp's MF strips and all BN columns.
 template <class C>
 __device__ __forceinline__ void mma_entry(float (&acc)[C::MF][C::NF][4], const unsigned char *stage,
-                                          unsigned s_stage, int j, int wm, int lane) {
+                                          const unsigned short *vals, unsigned s_stage, int j,
+                                          int wm, int lane, const LaneBits &lb) {
   using T = typename C::elem_t;
   unsigned a[C::MF][4];
 #pragma unroll
-  for (int mi = 0; mi < C::MF; ++mi) decode_tile<C>(a[mi], stage, j, wm * C::MF + mi, lane);
+  for (int mi = 0; mi < C::MF; ++mi) decode_tile<C>(a[mi], stage, vals, j, wm * C::MF + mi, lb);
 #pragma unroll
   for (int nj = 0; nj < C::NF / 2; ++nj) {
     unsigned r[4];
@@ -340,12 +360,13 @@ __device__ __forceinline__ unsigned long long x_desc(unsigned s_stage, int j) {
 template <class C>
 __device__ __forceinline__ void wg_stage(float (&acc)[C::NF][4], unsigned (&a)[2][4],
                                          const unsigned char *stage, unsigned s_stage, int wk,
-                                         int strip, int lane) {
+                                         int strip, const LaneBits &lb) {
   using T = typename C::elem_t;
+  const unsigned short *vals = stage_values<C>(stage);
 #pragma unroll
   for (int jj = 0; jj < C::KSW; ++jj) {
     const int j = wk * C::KSW + jj;
-    decode_tile<C>(a[jj & 1], stage, j, strip, lane);
+    decode_tile<C>(a[jj & 1], stage, vals, j, strip, lb);
     sm90::fence();
     sm90::mma_rs<T, C::BN, C::TM ? 0 : 1>(acc, a[jj & 1], x_desc<C>(s_stage, j));
     sm90::commit_group();
@@ -555,6 +576,7 @@ __device__ __forceinline__ void gemm_block(const unsigned char *__restrict__ pac
 #pragma unroll
       for (int e = 0; e < 4; ++e) acc[mi][ni][e] = 0.0f;
   unsigned a_wg[2][4];  // WG: the two sets of A registers
+  const LaneBits lb(lane);
 
   int read_stage = 0, write_stage = AHEAD % S;
   for (int it = 0; it < n; ++it) {
@@ -574,10 +596,12 @@ __device__ __forceinline__ void gemm_block(const unsigned char *__restrict__ pac
     const unsigned st = s_base + read_stage * C::STAGE_BYTES;
     const unsigned char *stage = smem + read_stage * C::STAGE_BYTES;
     if constexpr (C::WG) {
-      wg_stage<C>(acc[0], a_wg, stage, st, wk, wm, lane);
+      wg_stage<C>(acc[0], a_wg, stage, st, wk, wm, lb);
     } else {
+      const unsigned short *vals = stage_values<C>(stage);
 #pragma unroll
-      for (int jj = 0; jj < C::KSW; ++jj) mma_entry<C>(acc, stage, st, wk * C::KSW + jj, wm, lane);
+      for (int jj = 0; jj < C::KSW; ++jj)
+        mma_entry<C>(acc, stage, vals, st, wk * C::KSW + jj, wm, lane, lb);
     }
     read_stage = read_stage + 1 == S ? 0 : read_stage + 1;
     write_stage = write_stage + 1 == S ? 0 : write_stage + 1;
