@@ -64,7 +64,7 @@ DERIVED = {
 
 TABLE = [
     # every path
-    Constraint(f"mf in (1, 2) and wm in (1, 2, 4, 8) and wk in (1, 2, 4)",
+    Constraint("mf in (1, 2) and wm in (1, 2, 4, 8) and wk in (1, 2, 4)",
                "strips per warp, warps along M and along K"),
     Constraint("ksw in (1, 2, 4)", "k-steps per warp and stage"),
     Constraint(f"bn in {BN_CHOICES}", "BN: whole pairs of n8 fragments"),
