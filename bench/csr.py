@@ -21,7 +21,7 @@ rotating W, X and Y through copies holding twice the L2.  Every fp16 row is
 also run in bf16 with the winner's configuration (target: within 3%).
 
     python3 bench/csr.py --results bench/RESULTS.md                  # all suites
-    python3 bench/csr.py --suites decode --layout tm --budget 24
+    python3 bench/csr.py --suites decode --layout tm --budget 24 --only 11008x4096
     python3 bench/csr.py --dry-run [--small]                         # no GPU
 
 --dry-run makes every problem's matrix, counts each search space and
@@ -146,6 +146,12 @@ def dlmc_problems(small: bool) -> list[Problem]:
 
 # ---- measuring -----------------------------------------------------------------------------
 
+def selected(args) -> list[Problem]:
+    """The suites' problems, those named by --only where given."""
+    probs = problems(args.suites.split(","), args.small)
+    return [p for p in probs if args.only in p.name] if args.only else probs
+
+
 def run(args) -> int:
     from sparseforge import native
     from sparseforge.cache import Cache
@@ -164,7 +170,7 @@ def run(args) -> int:
     dev = ctx.device_info()
     bw = measure_copy_bandwidth(ctx)
     print(f"{dev['name']}: copy {bw / 1e12:.2f} TB/s", flush=True)
-    probs = problems(args.suites.split(","), args.small)
+    probs = selected(args)
     t0 = time.time()
     with Cache(args.db) as cache:
         tuner = Tuner(cache, strategy=args.strategy, budget=args.budget, timing=QUICK_TIMING,
@@ -288,7 +294,7 @@ def dry_run(args) -> int:
     fam = get_family("csr")
     ctx = native.Context(0)
     device = target_of_arch(args.arch)
-    probs = problems(args.suites.split(","), args.small)
+    probs = selected(args)
     made: dict = {}
     compiled: set = set()
     total = 0
@@ -332,6 +338,8 @@ def main(argv=None) -> int:
     ap.add_argument("--label", default="", help="a note for the results heading")
     ap.add_argument("--no-bf16", action="store_true", help="skip the bf16 runs of fp16 rows")
     ap.add_argument("--small", action="store_true", help="decode/prefill shapes and N / 16")
+    ap.add_argument("--only", default="",
+                    help="run the problems whose name holds this text (e.g. 11008x4096, rn50)")
     ap.add_argument("--dry-run", action="store_true", help="no GPU: make, count and compile")
     ap.add_argument("--arch", default="sm_90a", help="--dry-run: the architecture compiled for")
     ap.add_argument("--compile", type=int, default=2,

@@ -90,3 +90,7 @@ def test_dry_run_makes_counts_and_compiles(capsys):
     assert "6 kernels compiled; nothing was measured (dry run)" in out
     with pytest.raises(SystemExit):
         bench.main(["--dry-run", "--suites", "bogus"])
+    assert bench.main(["--dry-run", "--small", "--suites", "decode", "--only", "688x256",
+                       "--compile", "0"]) == 0
+    out = capsys.readouterr().out
+    assert "6 problems (decode)" in out and "256x688 " not in out
