@@ -214,17 +214,12 @@ def run(args) -> int:
 
 # ---- the report ---------------------------------------------------------------------------
 
-def geomean(xs):
-    xs = [x for x in xs if x == x and x > 0]
-    return math.exp(sum(math.log(x) for x in xs) / len(xs)) if xs else math.nan
-
-
 def _f(v: float, spec: str = ".4f", suffix: str = "") -> str:
     return "-" if v != v else f"{v:{spec}}{suffix}"
 
 
 def report(probs: list[Problem], gpu: str, bw: float, args) -> str:
-    from s1 import commit_id
+    from s1 import commit_id, geomean
     from sparseforge.generator.families.csr import tc
     date = datetime.date.today().isoformat()
     out = [f"\n## csr (unstructured) against cuBLAS and cuSPARSE CSR: {date}, {gpu}, "
