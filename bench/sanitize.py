@@ -14,7 +14,8 @@ from sparseforge.tuner.execute import default_context, verify  # noqa: E402
 
 small = "--small" in sys.argv
 device = default_context().device_info()  # on sm_90a the spaces hold the wgmma kernels
-CASES = [("csr", "fp32", "fm"), ("csr", "fp32", "tm"), ("bsr:32x32", "fp16", "fm"),
+CASES = [("csr", "fp32", "fm"), ("csr", "fp32", "tm"), ("csr", "fp16", "fm"), ("csr", "bf16", "tm"),
+         ("bsr:32x32", "fp16", "fm"),
          ("bsr:64x64", "bf16", "fm"), ("shflbw:64", "fp16", "fm"), ("shflbw:32", "bf16", "fm"),
          ("nm24", "fp16", "fm"), ("nm24", "bf16", "tm")]
 bad = 0
@@ -27,11 +28,11 @@ for pattern, dtype, layout in CASES:
     op = Operation(dtype, layout, Epilogue(bias=True, activation="gelu"))
     space = fam.search_space(mat, op, params, device)
     # a spread of each compute path's kernels (wgmma, its streamed tiles,
-    # shared gather, the rest)
+    # shared gather, clusters, the rest)
     paths: dict = {}
     for cfg in space:
         key = ("tn" if "tn" in cfg else "tma" if "tma" in cfg else "wg" if "wg" in cfg
-               else "xr" if "xr" in cfg else "")
+               else "xr" if "xr" in cfg else "ck" if cfg.get("ck", 1) > 1 else "")
         paths.setdefault(key, []).append(cfg)
     per = 2 if small else 4
     picks = [c for group in paths.values() for c in group[::max(1, len(group) // per)][:per]]

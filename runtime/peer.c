@@ -267,7 +267,13 @@ enum { CUSPARSE_OPERATION_NON_TRANSPOSE_ = 0 };
 enum { CUSPARSE_ORDER_COL_ = 1, CUSPARSE_ORDER_ROW_ = 2 };
 enum { CUSPARSE_INDEX_32I_ = 2 };
 enum { CUSPARSE_INDEX_BASE_ZERO_ = 0 };
-enum { CUSPARSE_SPMM_BLOCKED_ELL_ALG1_ = 13 };
+enum {
+  CUSPARSE_SPMM_ALG_DEFAULT_ = 0,
+  CUSPARSE_SPMM_CSR_ALG1_ = 4,
+  CUSPARSE_SPMM_CSR_ALG2_ = 6,
+  CUSPARSE_SPMM_CSR_ALG3_ = 12,
+  CUSPARSE_SPMM_BLOCKED_ELL_ALG1_ = 13
+};
 enum {
   CUSPARSE_STATUS_INVALID_VALUE_ = 3,
   CUSPARSE_STATUS_ARCH_MISMATCH_ = 4,
@@ -280,6 +286,8 @@ typedef int (*cusparse_destroy_t)(void *);
 typedef int (*cusparse_set_stream_t)(void *, void *);
 typedef int (*cusparse_create_bell_t)(void **, int64_t, int64_t, int64_t,
                                       int64_t, void *, void *, int, int, int);
+typedef int (*cusparse_create_csr_t)(void **, int64_t, int64_t, int64_t, void *,
+                                     void *, void *, int, int, int, int);
 typedef int (*cusparse_create_dnmat_t)(void **, int64_t, int64_t, int64_t,
                                        void *, int, int);
 typedef int (*cusparse_destroy_descr_t)(const void *);
@@ -300,6 +308,7 @@ typedef struct cusparse_api {
   cusparse_destroy_t destroy;
   cusparse_set_stream_t set_stream;
   cusparse_create_bell_t create_blocked_ell;
+  cusparse_create_csr_t create_csr;
   cusparse_create_dnmat_t create_dn_mat;
   cusparse_destroy_descr_t destroy_sp_mat, destroy_dn_mat;
   cusparse_spmm_size_t spmm_buffer_size;
@@ -308,13 +317,16 @@ typedef struct cusparse_api {
   cusparse_error_name_t error_name; /* NULL where the library lacks it */
 } cusparse_api;
 
-/* One SpMM, as the timing callback replays it. */
+/* One SpMM, as the timing callback replays it: launch after launch it takes
+ * the next of its n_sets operand sets (descriptors a, b, c over their own
+ * copies of W, X and Y, and their own workspace, which may be NULL). */
 typedef struct spmm_call {
   const cusparse_api *api;
   void *handle;
-  void *a, *b, *c; /* descriptors */
-  void *buffer;    /* workspace (may be NULL) */
-  int compute_type;
+  int n_sets, next;
+  void *a[SF_MAX_ROTATION_SETS], *b[SF_MAX_ROTATION_SETS], *c[SF_MAX_ROTATION_SETS];
+  void *buffer[SF_MAX_ROTATION_SETS];
+  int compute_type, alg;
   float alpha, beta;
 } spmm_call;
 
@@ -335,15 +347,76 @@ static sf_status cusparse_fail(sf_context *ctx, const cusparse_api *api,
 
 static sf_status spmm_cb(sf_context *ctx, void *user, CUstream stream) {
   spmm_call *s = user;
+  int i = s->next;
+  s->next = (s->next + 1) % s->n_sets;
   int r = s->api->set_stream(s->handle, stream);
   if (r != 0)
     return cusparse_fail(ctx, s->api, SF_ERR_LAUNCH, r, "cusparseSetStream");
   r = s->api->spmm(s->handle, CUSPARSE_OPERATION_NON_TRANSPOSE_,
-                   CUSPARSE_OPERATION_NON_TRANSPOSE_, &s->alpha, s->a, s->b,
-                   &s->beta, s->c, s->compute_type,
-                   CUSPARSE_SPMM_BLOCKED_ELL_ALG1_, s->buffer);
+                   CUSPARSE_OPERATION_NON_TRANSPOSE_, &s->alpha, s->a[i], s->b[i],
+                   &s->beta, s->c[i], s->compute_type, s->alg, s->buffer[i]);
   if (r != 0) return cusparse_fail(ctx, s->api, SF_ERR_LAUNCH, r, "cusparseSpMM");
   return SF_OK;
+}
+
+/* The dense descriptors of set i: X (K x N) and Y (M x N) of `type`, over
+ * x and y.  Feature-major: row-major X and Y.  Token-major: X (N x K) and
+ * Y (N x M) row-major are column-major K x N (ld K) and M x N (ld M). */
+static sf_status spmm_dense(sf_context *ctx, spmm_call *s, int i, int64_t m,
+                            int64_t n, int64_t k, sf_devptr x, sf_devptr y,
+                            int type, int fm) {
+  const cusparse_api *api = s->api;
+  int order = fm ? CUSPARSE_ORDER_ROW_ : CUSPARSE_ORDER_COL_;
+  int r = api->create_dn_mat(&s->b[i], k, n, fm ? n : k, (void *)(uintptr_t)x, type,
+                             order);
+  if (r != 0) {
+    s->b[i] = NULL;
+    return cusparse_fail(ctx, api, SF_ERR_CUDA, r, "cusparseCreateDnMat(X)");
+  }
+  r = api->create_dn_mat(&s->c[i], m, n, fm ? n : m, (void *)(uintptr_t)y, type,
+                         order);
+  if (r != 0) {
+    s->c[i] = NULL;
+    return cusparse_fail(ctx, api, SF_ERR_CUDA, r, "cusparseCreateDnMat(Y)");
+  }
+  return SF_OK;
+}
+
+/* Every set's workspace for s->alg (allocated into work[i]) and, where the
+ * library has it, its preprocessing: what precedes the timed launches. */
+static sf_status spmm_prepare(sf_context *ctx, spmm_call *s, sf_devptr *work) {
+  const cusparse_api *api = s->api;
+  for (int i = 0; i < s->n_sets; i++) {
+    size_t size = 0;
+    int r = api->spmm_buffer_size(s->handle, CUSPARSE_OPERATION_NON_TRANSPOSE_,
+                                  CUSPARSE_OPERATION_NON_TRANSPOSE_, &s->alpha,
+                                  s->a[i], s->b[i], &s->beta, s->c[i],
+                                  s->compute_type, s->alg, &size);
+    if (r != 0) return cusparse_fail(ctx, api, SF_ERR_CUDA, r, "cusparseSpMM_bufferSize");
+    s->buffer[i] = NULL;
+    if (size > 0) {
+      sf_status st = sf_mem_alloc(ctx, size, &work[i]);
+      if (st != SF_OK) return st;
+      s->buffer[i] = (void *)(uintptr_t)work[i];
+    }
+    if (api->spmm_preprocess &&
+        (r = api->spmm_preprocess(s->handle, CUSPARSE_OPERATION_NON_TRANSPOSE_,
+                                  CUSPARSE_OPERATION_NON_TRANSPOSE_, &s->alpha,
+                                  s->a[i], s->b[i], &s->beta, s->c[i],
+                                  s->compute_type, s->alg, s->buffer[i])) != 0)
+      return cusparse_fail(ctx, api, SF_ERR_CUDA, r, "cusparseSpMM_preprocess");
+  }
+  return SF_OK;
+}
+
+/* Destroys the descriptors of every set (and the handle). */
+static void spmm_release(spmm_call *s) {
+  for (int i = 0; i < SF_MAX_ROTATION_SETS; i++) {
+    if (s->a[i]) s->api->destroy_sp_mat(s->a[i]);
+    if (s->b[i]) s->api->destroy_dn_mat(s->b[i]);
+    if (s->c[i]) s->api->destroy_dn_mat(s->c[i]);
+  }
+  if (s->handle) s->api->destroy(s->handle);
 }
 
 /* Loads cuSPARSE and resolves every entry point the peer uses. */
@@ -359,6 +432,7 @@ static sf_status load_cusparse(sf_context *ctx, cusparse_api *api) {
   api->set_stream = (cusparse_set_stream_t)dlsym(lib, "cusparseSetStream");
   api->create_blocked_ell =
       (cusparse_create_bell_t)dlsym(lib, "cusparseCreateBlockedEll");
+  api->create_csr = (cusparse_create_csr_t)dlsym(lib, "cusparseCreateCsr");
   api->create_dn_mat = (cusparse_create_dnmat_t)dlsym(lib, "cusparseCreateDnMat");
   api->destroy_sp_mat = (cusparse_destroy_descr_t)dlsym(lib, "cusparseDestroySpMat");
   api->destroy_dn_mat = (cusparse_destroy_descr_t)dlsym(lib, "cusparseDestroyDnMat");
@@ -368,7 +442,8 @@ static sf_status load_cusparse(sf_context *ctx, cusparse_api *api) {
   api->spmm = (cusparse_spmm_t)dlsym(lib, "cusparseSpMM");
   api->error_name = (cusparse_error_name_t)dlsym(lib, "cusparseGetErrorName");
   if (!api->create || !api->destroy || !api->set_stream ||
-      !api->create_blocked_ell || !api->create_dn_mat || !api->destroy_sp_mat ||
+      !api->create_blocked_ell || !api->create_csr || !api->create_dn_mat ||
+      !api->destroy_sp_mat ||
       !api->destroy_dn_mat || !api->spmm_buffer_size || !api->spmm) {
     dlclose(lib);
     api->lib = NULL;
@@ -437,7 +512,9 @@ sf_status sf_time_blocked_ell(sf_context *ctx, const sf_blocked_ell_desc *desc,
   spmm_call s;
   memset(&s, 0, sizeof s);
   s.api = &api;
+  s.n_sets = 1;
   s.compute_type = CUDA_R_32F_;
+  s.alg = CUSPARSE_SPMM_BLOCKED_ELL_ALG1_;
   s.alpha = 1.0f;
   s.beta = 0.0f;
   sf_devptr values = 0, idx = 0, x = 0, y = 0, work = 0;
@@ -458,64 +535,173 @@ sf_status sf_time_blocked_ell(sf_context *ctx, const sf_blocked_ell_desc *desc,
     st = cusparse_fail(ctx, &api, SF_ERR_CUDA, r, "cusparseCreate");
     goto done;
   }
-  /* W (M x K) is A.  Feature-major: X (K x N) and Y (M x N) row-major.
-   * Token-major: X (N x K) and Y (N x M) row-major are B (K x N, ld K) and
-   * C (M x N, ld M) column-major. */
+  /* W (M x K) is A; X and Y as spmm_dense says. */
   int type = cuda_type(desc->dtype);
-  int fm = desc->layout == 0;
-  int order = fm ? CUSPARSE_ORDER_ROW_ : CUSPARSE_ORDER_COL_;
-  if ((r = api.create_blocked_ell(&s.a, m, k, desc->block, desc->ell_cols,
+  if ((r = api.create_blocked_ell(&s.a[0], m, k, desc->block, desc->ell_cols,
                                   (void *)(uintptr_t)idx,
                                   (void *)(uintptr_t)values, CUSPARSE_INDEX_32I_,
                                   CUSPARSE_INDEX_BASE_ZERO_, type)) != 0) {
-    s.a = NULL;
+    s.a[0] = NULL;
     st = cusparse_fail(ctx, &api, SF_ERR_CUDA, r, "cusparseCreateBlockedEll");
     goto done;
   }
-  if ((r = api.create_dn_mat(&s.b, k, n, fm ? n : k, (void *)(uintptr_t)x, type,
-                             order)) != 0) {
-    s.b = NULL;
-    st = cusparse_fail(ctx, &api, SF_ERR_CUDA, r, "cusparseCreateDnMat(X)");
+  if ((st = spmm_dense(ctx, &s, 0, m, n, k, x, y, type, desc->layout == 0)) != SF_OK ||
+      (st = spmm_prepare(ctx, &s, &work)) != SF_OK)
     goto done;
-  }
-  if ((r = api.create_dn_mat(&s.c, m, n, fm ? n : m, (void *)(uintptr_t)y, type,
-                             order)) != 0) {
-    s.c = NULL;
-    st = cusparse_fail(ctx, &api, SF_ERR_CUDA, r, "cusparseCreateDnMat(Y)");
-    goto done;
-  }
-  size_t work_size = 0;
-  if ((r = api.spmm_buffer_size(s.handle, CUSPARSE_OPERATION_NON_TRANSPOSE_,
-                                CUSPARSE_OPERATION_NON_TRANSPOSE_, &s.alpha, s.a,
-                                s.b, &s.beta, s.c, s.compute_type,
-                                CUSPARSE_SPMM_BLOCKED_ELL_ALG1_, &work_size)) != 0) {
-    st = cusparse_fail(ctx, &api, SF_ERR_CUDA, r, "cusparseSpMM_bufferSize");
-    goto done;
-  }
-  if (work_size > 0) {
-    if ((st = sf_mem_alloc(ctx, work_size, &work)) != SF_OK) goto done;
-    s.buffer = (void *)(uintptr_t)work;
-  }
-  if (api.spmm_preprocess &&
-      (r = api.spmm_preprocess(s.handle, CUSPARSE_OPERATION_NON_TRANSPOSE_,
-                               CUSPARSE_OPERATION_NON_TRANSPOSE_, &s.alpha, s.a,
-                               s.b, &s.beta, s.c, s.compute_type,
-                               CUSPARSE_SPMM_BLOCKED_ELL_ALG1_, s.buffer)) != 0) {
-    st = cusparse_fail(ctx, &api, SF_ERR_CUDA, r, "cusparseSpMM_preprocess");
-    goto done;
-  }
   st = sf__time_launches(ctx, spmm_cb, &s, NULL, opts, out);
 done:
-  if (s.a) api.destroy_sp_mat(s.a);
-  if (s.b) api.destroy_dn_mat(s.b);
-  if (s.c) api.destroy_dn_mat(s.c);
-  if (s.handle) api.destroy(s.handle);
+  spmm_release(&s);
   free(host);
   sf_mem_free(ctx, values);
   sf_mem_free(ctx, idx);
   sf_mem_free(ctx, x);
   sf_mem_free(ctx, y);
   sf_mem_free(ctx, work);
+  dlclose(api.lib);
+  return st;
+}
+
+/* ------------------------------------------------------------------------
+ * cuSPARSE CSR SpMM
+ * ---------------------------------------------------------------------- */
+
+static sf_status check_csr_desc(sf_context *ctx, const sf_csr_desc *d) {
+  if (d->m < 1 || d->n < 1 || d->k < 1 || d->m > INT32_MAX || d->n > INT32_MAX ||
+      d->k > INT32_MAX)
+    return sf__fail(ctx, SF_ERR_INVALID_ARG,
+                    "CSR sizes must be in [1, 2^31): m %lld, n %lld, k %lld",
+                    (long long)d->m, (long long)d->n, (long long)d->k);
+  if (d->dtype != SF_DTYPE_FP32 && d->dtype != SF_DTYPE_FP16 &&
+      d->dtype != SF_DTYPE_BF16)
+    return sf__fail(ctx, SF_ERR_INVALID_ARG, "unknown dtype %d", (int)d->dtype);
+  if (d->layout != 0 && d->layout != 1)
+    return sf__fail(ctx, SF_ERR_INVALID_ARG,
+                    "unknown layout %d (0 feature-major, 1 token-major)", d->layout);
+  if (d->nnz < 0 || d->nnz > INT32_MAX)
+    return sf__fail(ctx, SF_ERR_INVALID_ARG, "nnz (%lld) must be in [0, 2^31)",
+                    (long long)d->nnz);
+  if (!d->row_ptr || (d->nnz > 0 && !d->col_ind))
+    return sf__fail(ctx, SF_ERR_INVALID_ARG, "row_ptr or col_ind is NULL");
+  if (d->row_ptr[0] != 0 || d->row_ptr[d->m] != d->nnz)
+    return sf__fail(ctx, SF_ERR_INVALID_ARG,
+                    "row_ptr must run from 0 to nnz = %lld, got %d .. %d",
+                    (long long)d->nnz, (int)d->row_ptr[0], (int)d->row_ptr[d->m]);
+  for (int64_t i = 0; i < d->m; i++)
+    if (d->row_ptr[i + 1] < d->row_ptr[i])
+      return sf__fail(ctx, SF_ERR_INVALID_ARG,
+                      "row_ptr decreases at row %lld (%d -> %d)", (long long)i,
+                      (int)d->row_ptr[i], (int)d->row_ptr[i + 1]);
+  for (int64_t j = 0; j < d->nnz; j++)
+    if (d->col_ind[j] < 0 || d->col_ind[j] >= d->k)
+      return sf__fail(ctx, SF_ERR_INVALID_ARG,
+                      "col_ind[%lld] = %d: column indices must be in [0, K = %lld)",
+                      (long long)j, (int)d->col_ind[j], (long long)d->k);
+  if (d->alg != -1 && d->alg != CUSPARSE_SPMM_ALG_DEFAULT_ &&
+      d->alg != CUSPARSE_SPMM_CSR_ALG1_ && d->alg != CUSPARSE_SPMM_CSR_ALG2_ &&
+      d->alg != CUSPARSE_SPMM_CSR_ALG3_)
+    return sf__fail(ctx, SF_ERR_INVALID_ARG,
+                    "alg %d is not a CSR SpMM algorithm (0 default, 4 CSR_ALG1, "
+                    "6 CSR_ALG2, 12 CSR_ALG3; -1: the fastest of them)", d->alg);
+  return SF_OK;
+}
+
+sf_status sf_time_csr(sf_context *ctx, const sf_csr_desc *desc,
+                      const sf_timing_options *opts, sf_csr_timing *out) {
+  if (!ctx) return SF_ERR_INVALID_ARG;
+  if (!desc || !out)
+    return sf__fail(ctx, SF_ERR_INVALID_ARG, "desc or out is NULL");
+  sf_status st = check_csr_desc(ctx, desc);
+  if (st != SF_OK) return st;
+  memset(out, 0, sizeof *out);
+  out->alg_used = -1;
+  if ((st = sf__ctx_enter(ctx)) != SF_OK) return st;
+  cusparse_api api;
+  if ((st = load_cusparse(ctx, &api)) != SF_OK) return st;
+
+  const int64_t m = desc->m, n = desc->n, k = desc->k, nnz = desc->nnz;
+  const size_t elem = desc->dtype == SF_DTYPE_FP32 ? 4 : 2;
+  const size_t nx = (size_t)k * n, nv = (size_t)(nnz > 0 ? nnz : 1);
+  /* one set: row offsets, column indices, values, X, Y */
+  const size_t b_ptr = (size_t)(m + 1) * 4, b_col = nv * 4, b_val = nv * elem,
+               b_x = nx * elem, b_y = (size_t)m * n * elem;
+  spmm_call s;
+  memset(&s, 0, sizeof s);
+  s.api = &api;
+  s.n_sets = sf__rotation_sets(opts, (uint64_t)b_ptr + b_col + b_val + b_x + b_y);
+  s.compute_type = CUDA_R_32F_;
+  s.alpha = 1.0f;
+  s.beta = 0.0f;
+  sf_devptr buf[5][SF_MAX_ROTATION_SETS], work[SF_MAX_ROTATION_SETS];
+  memset(buf, 0, sizeof buf);
+  memset(work, 0, sizeof work);
+  unsigned char *vals = malloc(b_val), *xs = malloc(b_x);
+  int type = cuda_type(desc->dtype), r;
+  if (!vals || !xs) {
+    st = sf__fail(ctx, SF_ERR_NOMEM, "out of host memory");
+    goto done;
+  }
+  fill_random(vals, nv, desc->dtype);
+  fill_random(xs, nx, desc->dtype);
+  if ((r = api.create(&s.handle)) != 0) {
+    s.handle = NULL;
+    st = cusparse_fail(ctx, &api, SF_ERR_CUDA, r, "cusparseCreate");
+    goto done;
+  }
+  for (int i = 0; i < s.n_sets; i++) {
+    const size_t bytes[5] = {b_ptr, b_col, b_val, b_x, b_y};
+    const void *host[5] = {desc->row_ptr, desc->col_ind, vals, xs, NULL};
+    for (int j = 0; j < 5; j++) {
+      if ((st = sf_mem_alloc(ctx, bytes[j], &buf[j][i])) != SF_OK) goto done;
+      if (host[j] && (j != 1 || nnz > 0) &&
+          (st = sf_memcpy_htod(ctx, buf[j][i], host[j], bytes[j])) != SF_OK)
+        goto done;
+    }
+    if ((r = api.create_csr(&s.a[i], m, k, nnz, (void *)(uintptr_t)buf[0][i],
+                            (void *)(uintptr_t)buf[1][i], (void *)(uintptr_t)buf[2][i],
+                            CUSPARSE_INDEX_32I_, CUSPARSE_INDEX_32I_,
+                            CUSPARSE_INDEX_BASE_ZERO_, type)) != 0) {
+      s.a[i] = NULL;
+      st = cusparse_fail(ctx, &api, SF_ERR_CUDA, r, "cusparseCreateCsr");
+      goto done;
+    }
+    if ((st = spmm_dense(ctx, &s, i, m, n, k, buf[3][i], buf[4][i], type,
+                         desc->layout == 0)) != SF_OK)
+      goto done;
+  }
+  /* the algorithm asked for, or each CSR algorithm in turn (one that
+   * cuSPARSE refuses for this problem is passed over): the fastest counts */
+  static const int algs[] = {CUSPARSE_SPMM_CSR_ALG1_, CUSPARSE_SPMM_CSR_ALG2_,
+                             CUSPARSE_SPMM_CSR_ALG3_, CUSPARSE_SPMM_ALG_DEFAULT_};
+  const int n_algs = desc->alg >= 0 ? 1 : (int)(sizeof algs / sizeof *algs);
+  sf_status refused = SF_OK;
+  for (int ai = 0; ai < n_algs; ai++) {
+    s.alg = desc->alg >= 0 ? desc->alg : algs[ai];
+    s.next = 0;
+    sf_timing t;
+    st = spmm_prepare(ctx, &s, work);
+    if (st == SF_OK) st = sf__time_rotating(ctx, spmm_cb, &s, NULL, s.n_sets, opts, &t);
+    for (int i = 0; i < s.n_sets; i++) {
+      sf_mem_free(ctx, work[i]);
+      work[i] = 0;
+    }
+    if (st == SF_ERR_INVALID_ARG) {  /* cuSPARSE refused this algorithm */
+      refused = st;
+      continue;
+    }
+    if (st != SF_OK) goto done;
+    if (out->alg_used < 0 || t.median_ms < out->timing.median_ms) {
+      out->timing = t;
+      out->alg_used = s.alg;
+    }
+  }
+  st = out->alg_used >= 0 ? SF_OK : refused;  /* every one refused: the last reason */
+done:
+  spmm_release(&s);
+  for (int j = 0; j < 5; j++)
+    for (int i = 0; i < SF_MAX_ROTATION_SETS; i++) sf_mem_free(ctx, buf[j][i]);
+  for (int i = 0; i < SF_MAX_ROTATION_SETS; i++) sf_mem_free(ctx, work[i]);
+  free(vals);
+  free(xs);
   dlclose(api.lib);
   return st;
 }

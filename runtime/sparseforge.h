@@ -84,7 +84,7 @@ SF_API sf_status sf_compile_canonical_options(sf_context *ctx,
 SF_API sf_status sf_nvrtc_version(int *major, int *minor);
 
 /* ------------------------------------------------------------------------
- * The peers: cuBLAS (dense) and cuSPARSE (Blocked-ELL), timed by the same
+ * The peers: cuBLAS (dense) and cuSPARSE (Blocked-ELL, CSR), timed by the same
  * protocol
  * ---------------------------------------------------------------------- */
 
@@ -170,6 +170,55 @@ SF_API sf_status sf_time_blocked_ell(sf_context *ctx,
                                      const sf_blocked_ell_desc *desc,
                                      const sf_timing_options *opts,
                                      sf_timing *out);
+
+/* A CSR pattern for cuSPARSE's SpMM: W (M x K) holds nnz nonzeros, row by
+ * row. */
+typedef struct sf_csr_desc {
+  sf_dtype dtype;          /* of W, X and Y: SF_DTYPE_FP32, SF_DTYPE_FP16 or
+                              SF_DTYPE_BF16; accumulation is fp32 */
+  int64_t m, n, k;         /* Y (M x N) = W (M x K) X (K x N) */
+  int64_t nnz;             /* stored nonzeros, in [0, 2^31) */
+  const int32_t *row_ptr;  /* host array of M + 1 row offsets, 0 .. nnz,
+                              non-decreasing; copied during the call */
+  const int32_t *col_ind;  /* host array of nnz column indices in [0, K)
+                              (sorted within a row, as CSR has them);
+                              copied during the call */
+  int layout;              /* 0 feature-major (X K x N, Y M x N, row-major),
+                              1 token-major (X N x K, Y N x M, row-major) */
+  int alg;                 /* a cusparseSpMMAlg_t for CSR (0 default, 4
+                              CSR_ALG1, 6 CSR_ALG2, 12 CSR_ALG3), or -1: each
+                              of them, the fastest counts */
+} sf_csr_desc;
+
+typedef struct sf_csr_timing {
+  sf_timing timing;
+  int alg_used;            /* the algorithm the timing is for */
+} sf_csr_timing;
+
+/*
+ * Times cusparseSpMM on the described CSR pattern (fp32 compute type, A = W
+ * not transposed, B = X and C = Y not transposed: row-major in
+ * feature-major, column-major views in token-major) on the context's GPU
+ * with the protocol of sf_time_kernel (`opts` as there, rotate_bytes
+ * included: the row offsets, column indices, values, X and Y are copied
+ * that many times over, each copy with its own descriptors and workspace,
+ * and the launches rotate through the copies).  W's values and X are drawn
+ * in [-1, 1); Y is overwritten (beta = 0).  With alg -1 every CSR
+ * algorithm is timed and the fastest counts (alg_used says which): an
+ * algorithm cuSPARSE refuses for the problem is passed over, and when it
+ * refuses all of them the call fails with the last refusal.  Workspaces
+ * are preprocessed (cusparseSpMM_preprocess, where the library has it)
+ * before timing.  cuSPARSE is loaded with dlopen ($SF_CUSPARSE, else
+ * libcusparse.so.12, libcusparse.so): without it SF_ERR_NOT_FOUND.
+ * Checked before touching the GPU (SF_ERR_INVALID_ARG, naming the field):
+ * sizes in [1, 2^31), the dtype, the layout, nnz, row_ptr from 0 to nnz
+ * and non-decreasing, column indices in [0, K), the algorithm.  A refusal
+ * by cuSPARSE is SF_ERR_INVALID_ARG with its status in the message; a
+ * failed SpMM during timing SF_ERR_LAUNCH.  Device memory is allocated and
+ * freed inside the call.
+ */
+SF_API sf_status sf_time_csr(sf_context *ctx, const sf_csr_desc *desc,
+                             const sf_timing_options *opts, sf_csr_timing *out);
 
 /* A 2:4 matmul for cuSPARSELt: W (M x K, row-major) keeps 2 of every 4
  * values along K. */

@@ -233,6 +233,27 @@ class sf_blocked_ell_desc(Structure):
     ]
 
 
+class sf_csr_desc(Structure):
+    _fields_ = [
+        ('dtype', c_int),
+        ('m', c_int64),
+        ('n', c_int64),
+        ('k', c_int64),
+        ('nnz', c_int64),
+        ('row_ptr', POINTER(c_int32)),
+        ('col_ind', POINTER(c_int32)),
+        ('layout', c_int),
+        ('alg', c_int),
+    ]
+
+
+class sf_csr_timing(Structure):
+    _fields_ = [
+        ('timing', sf_timing),
+        ('alg_used', c_int),
+    ]
+
+
 class sf_sparselt_desc(Structure):
     _fields_ = [
         ('dtype', c_int),
@@ -398,6 +419,7 @@ PROTOTYPES = {
     'sf_nvrtc_version': (c_int, [POINTER(c_int), POINTER(c_int)]),
     'sf_time_dense_gemm': (c_int, [c_void_p, POINTER(sf_gemm_desc), POINTER(sf_timing_options), POINTER(sf_gemm_timing)]),
     'sf_time_blocked_ell': (c_int, [c_void_p, POINTER(sf_blocked_ell_desc), POINTER(sf_timing_options), POINTER(sf_timing)]),
+    'sf_time_csr': (c_int, [c_void_p, POINTER(sf_csr_desc), POINTER(sf_timing_options), POINTER(sf_csr_timing)]),
     'sf_time_sparselt': (c_int, [c_void_p, POINTER(sf_sparselt_desc), POINTER(sf_timing_options), POINTER(sf_sparselt_timing)]),
     'sf_cache_open': (c_int, [c_char_p, c_int, POINTER(c_void_p)]),
     'sf_cache_close': (None, [c_void_p]),

@@ -31,9 +31,10 @@ from ctypes import POINTER, byref, c_char, c_char_p, c_int, c_int64, c_size_t, c
 from typing import Any, Optional, Sequence
 
 from . import _abi
-from ._abi import (sf_blocked_ell_desc, sf_compile_options, sf_device_info, sf_gemm_desc,
-                   sf_gemm_timing, sf_kernel_args, sf_kernel_attrs, sf_launch_config, sf_launch_record,
-                   sf_sparselt_desc, sf_sparselt_timing, sf_timing, sf_timing_options)
+from ._abi import (sf_blocked_ell_desc, sf_compile_options, sf_csr_desc, sf_csr_timing,
+                   sf_device_info, sf_gemm_desc, sf_gemm_timing, sf_kernel_args, sf_kernel_attrs,
+                   sf_launch_config, sf_launch_record, sf_sparselt_desc, sf_sparselt_timing,
+                   sf_timing, sf_timing_options)
 from ._lib import STATUS, SFError, error_for, load, raises
 
 __all__ = [
@@ -661,6 +662,21 @@ def _int32_matrix(v, what: str):
     if a.ndim != 2 or a.shape[1] < 1:
         raise ValueError(f"{what} must be a 2-D array with at least one column, "
                          f"got shape {a.shape}")
+    return _int32(a, what)
+
+
+def _int32_vector(v, what: str):
+    """A C-contiguous int32 copy of a 1-D integer array (values checked to
+    fit)."""
+    import numpy as np
+    a = np.asarray(v)
+    if a.ndim != 1:
+        raise ValueError(f"{what} must be a 1-D array, got shape {a.shape}")
+    return _int32(a, what)
+
+
+def _int32(a, what: str):
+    import numpy as np
     if a.dtype.kind not in "iu":
         raise TypeError(f"{what} must hold integers, not {a.dtype}")
     if a.size and (a.min() < -(1 << 31) or a.max() >= 1 << 31):
@@ -957,6 +973,43 @@ class Context:
         t = sf_timing()
         _check(_clib().sf_time_blocked_ell(h, byref(d), byref(o), byref(t)), h)
         return {**_timing_dict(t), "layout": layout}
+
+    def time_csr(self, dtype: str, m: int, k: int, n: int, row_ptr, col_ind,
+                 layout: str = "fm", alg: int = -1, warmup: int = 3, min_reps: int = 30,
+                 max_reps: int = 1000, min_total_ms: float = 100.0, flush_l2: bool = True,
+                 graph_batch: int = 0, rotate_bytes: int = 0) -> dict:
+        """Times cuSPARSE's CSR SpMM on Y (M x N) = W (M x K) X, W the
+        pattern `row_ptr` (M + 1 offsets) and `col_ind`, with the protocol
+        of time() (see sf_time_csr; rotate_bytes > 0: the launches rotate
+        through copies of W, X and Y holding that many bytes).  alg: a
+        cusparseSpMMAlg_t, or -1 for the fastest CSR algorithm.  dtype
+        "fp32", "fp16" or "bf16"; layout "fm" or "tm".
+        dict(median_ms, ..., layout, alg)."""
+        import numpy as np
+        h = self._live_handle()
+        if dtype not in _DTYPES:
+            raise ValueError(f"unknown dtype {dtype!r}; expected one of {sorted(_DTYPES)}")
+        if layout not in ("fm", "tm"):
+            raise ValueError(f"unknown layout {layout!r}; expected fm or tm")
+        m, k, n, alg = (_as_int(v, name) for v, name in ((m, "m"), (k, "k"), (n, "n"),
+                                                          (alg, "alg")))
+        ptr = _int32_vector(row_ptr, "row_ptr")
+        col = _int32_vector(col_ind, "col_ind")
+        if ptr.size != m + 1:
+            raise ValueError(f"row_ptr has {ptr.size} entries, expected M + 1 = {m + 1}")
+        nnz = int(ptr[-1]) if ptr.size else 0
+        if col.size < nnz:
+            raise ValueError(f"col_ind has {col.size} entries, row_ptr says {nnz}")
+        if col.size == 0:
+            col = np.zeros(1, np.int32)          # a valid pointer for an empty matrix
+        d = sf_csr_desc(_DTYPES[dtype], m, n, k, nnz,
+                        ptr.ctypes.data_as(POINTER(ctypes.c_int32)),
+                        col.ctypes.data_as(POINTER(ctypes.c_int32)), _LAYOUTS[layout], alg)
+        o = _timing_options(warmup, min_reps, max_reps, min_total_ms, flush_l2, graph_batch,
+                            rotate_bytes)
+        t = sf_csr_timing()
+        _check(_clib().sf_time_csr(h, byref(d), byref(o), byref(t)), h)
+        return {**_timing_dict(t.timing), "layout": layout, "alg": t.alg_used}
 
     def time_sparselt(self, dtype: str, m: int, k: int, n: int, layout: str = "fm",
                       warmup: int = 3, min_reps: int = 30, max_reps: int = 1000,

@@ -1,5 +1,5 @@
 """Writes templates/include/sf/mma_sm90.cuh: the wgmma wrappers (dense
-m64nNk16 and 2:4 sparse m64nNk32).
+m64nNk16 with A from shared memory or registers, and 2:4 sparse m64nNk32).
 
 A wgmma instruction names every accumulator register of the warpgroup's
 64 x N tile in its operand list (N/2 per thread), which the C preprocessor
@@ -86,6 +86,13 @@ template <typename T, int N, int TRANS_A, int TRANS_B> struct Mma;
 // of mma.sp m16n8k32 (PTX ISA, "Sparse WGMMA metadata"), read from the
 // thread pair SEL (0: lanes 4g, 4g+1; 1: lanes 4g+2, 4g+3) of each quad.
 template <typename T, int N, int SEL, int TRANS_B> struct SpMma;
+
+// The dense one with A (64 x 16) in registers: each warp w of the warpgroup
+// holds rows 16w..16w+15 as the four registers of an mma.sync m16n8k16 A
+// fragment (a[0]: row lane/4, k 2(lane%4)..+1; a[1]: row +8; a[2]: k +8;
+// a[3]: both).  The registers are read asynchronously: they must not be
+// written again before a wait_group says the wgmma is done.
+template <typename T, int N, int TRANS_B> struct MmaRegA;
 """
 
 TAIL = """
@@ -102,6 +109,13 @@ __device__ __forceinline__ void mma_sp(float (&acc)[N / 8][4], unsigned long lon
                                        unsigned long long desc_b, unsigned meta,
                                        int scale_d = 1) {
   SpMma<T, N, SEL, TRANS_B>::run(reinterpret_cast<float *>(acc), desc_a, desc_b, meta, scale_d);
+}
+
+// The same with A from registers.
+template <typename T, int N, int TRANS_B>
+__device__ __forceinline__ void mma_rs(float (&acc)[N / 8][4], const unsigned (&a)[4],
+                                       unsigned long long desc_b, int scale_d = 1) {
+  MmaRegA<T, N, TRANS_B>::run(reinterpret_cast<float *>(acc), a, desc_b, scale_d);
 }
 
 }  // namespace sm90
@@ -150,11 +164,25 @@ def sparse_wrapper(elem: str, ptx: str, n: int) -> str:
                     '"l"(desc_a), "l"(desc_b), "r"(meta), "n"(SEL), "n"(TRANS_B)', regs)
 
 
+def reg_a_wrapper(elem: str, ptx: str, n: int) -> str:
+    regs = n // 2
+    head = [f"template <int TRANS_B> struct MmaRegA<{elem}, {n}, TRANS_B> {{",
+            "  __device__ __forceinline__ static void run(float *d, const unsigned (&a)[4],",
+            "                                             unsigned long long desc_b, int scale_d) {"]
+    return _wrapper(head, f"wgmma.mma_async.sync.aligned.m64n{n}k16.f32.{ptx}.{ptx}",
+                    f"{{%{regs}, %{regs + 1}, %{regs + 2}, %{regs + 3}}}, %{regs + 4}, p, 1, 1, "
+                    f"%{regs + 5}",
+                    '"r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b), "n"(TRANS_B)', regs)
+
+
 def header() -> str:
     parts = [HEAD]
     for elem, ptx in TYPES:
         for n in N_CHOICES:
             parts.append("\n" + wrapper(elem, ptx, n))
+    for elem, ptx in TYPES:
+        for n in N_CHOICES:
+            parts.append("\n" + reg_a_wrapper(elem, ptx, n))
     for elem, ptx in TYPES:
         for n in SPARSE_N_CHOICES:
             parts.append("\n" + sparse_wrapper(elem, ptx, n))

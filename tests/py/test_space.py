@@ -32,7 +32,10 @@ CASES = [("shflbw:64", 512, 256, "fp16", "fm", "sm_90a"),
          ("nm24", 256, 256, "fp16", "fm", "sm_90a"),
          ("nm24", 256, 256, "bf16", "tm", "sm_80"),
          ("csr", 300, 200, "fp32", "fm", "sm_90a"),
-         ("csr", 300, 200, "fp32", "tm", "sm_80")]
+         ("csr", 300, 200, "fp32", "tm", "sm_80"),
+         ("csr", 300, 200, "fp16", "fm", "sm_90a"),
+         ("csr", 300, 200, "bf16", "tm", "sm_90a"),
+         ("csr", 300, 200, "fp16", "tm", "sm_80")]
 
 
 def _problem(pattern, m, k, dtype, layout):
@@ -60,9 +63,13 @@ def test_every_configuration_of_the_space_compiles(case):
     assert not bad, f"{len(bad)} of {len(configs)} configurations do not compile: {bad[:3]}"
 
 
-def _rules(fam) -> set:
+def _rules(fam, dtype="fp16") -> set:
     """The rules of the family's constraint tables (one Space serves all of
-    a family's paths, or the family lists one per path as TABLES)."""
+    a family's paths, or the family lists one per path as TABLES; csr has
+    one per kernel: fp32, and the tensor cores' for fp16 and bf16)."""
+    if fam.name == "csr" and dtype != "fp32":
+        from sparseforge.generator.families.csr import tc
+        return {c.rule for c in tc.SPACE.constraints if not c.device}
     mod = __import__(type(fam).__module__, fromlist=["x"])
     tables = getattr(mod, "TABLES", None)
     if tables is None:
@@ -82,18 +89,23 @@ PROBES = {"bk": (8, 16, 32, 48, 64, 128), "bn": (8, 16, 32, 64, 96, 128, 256, 51
           "wg": (1, 2), "tn": (1, 2, 3, 4), "xr": (2, 4, 8, 16), "xu": (16, 24, 32, 64, 128, 512),
           "bm": (32, 48, 64, 96, 128), "vec": (1, 2, 3, 4), "rows": (1, 2, 4, 64),
           "split": (1, 2, 4, 8, 64), "unroll": (1, 3, 4, 8, 64),
-          "tables": ("global", "const", "imm"), "cm": (1, 2, 3), "tma": (1, 2), "ks": (1, 2, 3, 4), "mw": (1, 2, 3)}
+          "tables": ("global", "const", "imm"), "cm": (1, 2, 3), "tma": (1, 2), "ks": (1, 2, 3, 4),
+          "mw": (1, 2, 3), "mf": (1, 2, 3), "wk": (1, 2, 3, 4, 8), "ksw": (1, 2, 3, 4, 8),
+          "ck": (1, 2, 3, 4, 8, 16)}
 # Constraints no configuration of these problems can break first: those the
 # problem fixes for every plan (bm, m, k, nnz, const_bytes) and `wm >= 1 and
 # wn >= 1` (a zero divides in the derived sizes first; the compiler refuses
 # that too).  Named here, not silently skipped.
 UNREACHABLE = {"bm >= 16 and bm % 16 == 0", "m >= 1 and k >= 1", "am <= tile",
                "const_bytes <= 65536", "m <= 4096", "nnz <= 8192",
-               "wm >= 1 and wn >= 1", "not tm or k % 8 == 0"}
+               "wm >= 1 and wn >= 1", "not tm or k % 8 == 0",
+               # csr on tensor cores: powers of two that always divide
+               "threads % x_row_ch == 0", "stage_bytes % 128 == 0"}
 TABLE_CASES = {"rowgroup": [CASES[0], CASES[1], CASES[2], CASES[3], CASES[4],
                             ("shflbw:128", 512, 256, "fp16", "fm", "sm_90a")],
                "nm24": [CASES[5], CASES[6], ("nm24", 256, 256, "bf16", "tm", "sm_90a")],
-               "csr": [CASES[7], CASES[8]]}
+               "csr": [CASES[7], CASES[8]],
+               "csr_tc": [CASES[9], CASES[10], CASES[11]]}
 
 
 def _broken_configs(case) -> dict:
@@ -103,7 +115,8 @@ def _broken_configs(case) -> dict:
     fam, params, mat, op, _ = _problem(pattern, m, k, dtype, layout)
     valid = fam.search_space(mat, op, params, {"arch": arch})
     keys = sorted({k_ for c in valid for k_ in c} | ({"wg", "tn", "xr", "xu"} if "bk" in valid[0]
-                                                        and "bm" not in valid[0] else set()))
+                                                        and "bm" not in valid[0] else set())
+                  | ({"wg"} if "ksw" in valid[0] else set()))
     broken: dict[str, dict] = {}
     for base in valid[:: max(1, len(valid) // 6)]:
         for k1, k2 in itertools.combinations_with_replacement(keys, 2):
@@ -121,7 +134,7 @@ def test_a_configuration_the_table_rejects_the_compiler_rejects(table, monkeypat
     cases = TABLE_CASES[table]
     found = [(case, _broken_configs(case)) for case in cases]
     fam = _problem(*cases[0][:5])[0]
-    rules = _rules(fam)
+    rules = _rules(fam, cases[0][3])
     covered = {rule for _, broken in found for rule in broken}
     missing = rules - covered - UNREACHABLE
     assert not missing, f"no probe breaks {sorted(missing)}"

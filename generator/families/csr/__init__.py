@@ -1,10 +1,14 @@
-"""The `csr` family: unstructured sparse W (fp32) times dense X (fp32) on
-CUDA cores, specialized to one matrix as SparseRT does.
+"""The `csr` family: unstructured sparse W, any pattern, specialized to one
+matrix as SparseRT does.  One family to the user, two kernels by dtype:
 
-The plan sorts the rows by their nonzero count, descending (a row swizzle:
-the warps of a block, and the blocks launched first, get similar and large
-work), and packs the CSR in that slot order.  A configuration chooses where
-the index lists live (`tables`):
+  fp32         CSR on CUDA cores (below; templates/include/sf/csr.cuh);
+  fp16, bf16   tiled bitmaps decoded into tensor-core fragments, fp32
+               accumulation (tc.py, bitmap.py; templates/include/sf/csr_tc.cuh).
+
+fp32.  The plan sorts the rows by their nonzero count, descending (a row
+swizzle: the warps of a block, and the blocks launched first, get similar
+and large work), and packs the CSR in that slot order.  A configuration
+chooses where the index lists live (`tables`):
 
   "global"  the packed CSR in the device buffer; a warp stages 32 nonzeros
             at a time and broadcasts them by shuffle;
@@ -36,6 +40,7 @@ from ...kernel import ConfigError, Kernel, Operation, config_name, make_launch, 
 from ...matrix import SparseMatrix, round_to_dtype
 from ...prune import top_mask
 from ...space import Constraint, Space
+from . import tc
 
 MAGIC = 0x53434653          # 'SFCS' little-endian
 ALIGN = 16                  # every packed section starts at a multiple of this
@@ -237,11 +242,15 @@ def _join(items, per_line: int = 16) -> str:
 
 class CsrFamily(Family):
     name = "csr"
-    dtypes = ("fp32",)
+    dtypes = ("fp32", "fp16", "bf16")
     layouts = ("fm", "tm")
     syntax = "csr"
-    summary = "unstructured: any pattern (fp32, CUDA cores)"
+    summary = "unstructured: any pattern (fp32 on CUDA cores; fp16/bf16 on tensor cores)"
     auto_rank = 90       # every matrix is a CSR: asked last
+
+    def dtype_for(self, dtype: str) -> str:
+        """Each dtype in its own kernels: 16-bit weights on tensor cores."""
+        return dtype if dtype in self.dtypes else "fp32"
 
     # ---- the pattern -------------------------------------------------------
     def fits(self, matrix: SparseMatrix, params: dict) -> bool:
@@ -281,6 +290,9 @@ class CsrFamily(Family):
     def search_space(self, matrix: SparseMatrix, op: Operation, params: dict,
                      device: Optional[dict] = None) -> list[dict]:
         self.check_op(op)
+        if op.dtype != "fp32":
+            self._check_params(params)
+            return tc.search_space(matrix, op, device)
         space = SPACE[op.layout]
         out = []
         for tables in self.tables_allowed(matrix):
@@ -304,11 +316,34 @@ class CsrFamily(Family):
         m, k = matrix.shape
         return {"m": m, "k": k, "nnz": matrix.nnz, "const_bytes": const_bytes(m, k, matrix.nnz)}
 
+    def hint_configs(self, matrix: SparseMatrix, op: Operation, params: dict,
+                     device: Optional[dict] = None) -> list[dict]:
+        if op.dtype != "fp32":
+            return tc.hint_configs(matrix, op, device)
+        return super().hint_configs(matrix, op, params, device)
+
+    def default_config(self, matrix: SparseMatrix, op: Operation, params: dict,
+                       device: Optional[dict] = None) -> dict:
+        """Untuned: fp32, the first of the space; fp16/bf16, the first hint
+        (the decode-shaped kernel)."""
+        if op.dtype != "fp32":
+            hints = tc.hint_configs(matrix, op, device)
+            if hints:
+                return hints[0]
+        return super().default_config(matrix, op, params, device)
+
+    @staticmethod
+    def _check_params(params: dict) -> None:
+        if params:
+            raise ConfigError(f"csr takes no pattern parameters (got {params!r})")
+
     def check_config(self, config: dict, matrix: SparseMatrix, op: Operation, params: dict,
                      device: Optional[dict] = None) -> None:
         self.check_op(op)
-        if params:
-            raise ConfigError(f"csr takes no pattern parameters (got {params!r})")
+        self._check_params(params)
+        if op.dtype != "fp32":
+            tc.check(config, matrix, op, device)
+            return
         missing = [k for k in CONFIG_KEYS if k not in config]
         extra = [k for k in config if k not in CONFIG_KEYS]
         if missing or extra:
@@ -322,9 +357,25 @@ class CsrFamily(Family):
             limit = int(device["max_threads_per_block"])
         TABLE.check(config, self.problem(matrix), {"max_threads": limit})
 
+    # ---- the benchmark peer ---------------------------------------------------
+    peer = "cuSPARSE CSR"
+
+    def time_peer(self, ctx, matrix: SparseMatrix, params: dict, op: Operation, n: int,
+                  timing: dict) -> dict:
+        """cuSPARSE's CSR SpMM on the matrix's pattern in op's dtype and
+        layout (its fastest CSR algorithm)."""
+        self._check_params(params)
+        m, k = matrix.shape
+        return ctx.time_csr(op.dtype, m, k, n, matrix.indptr, matrix.indices,
+                            layout=op.layout, **timing)
+
     # ---- plan, unpack, generate ----------------------------------------------
     def plan(self, matrix: SparseMatrix, op: Operation, params: dict, config: dict,
-             bias: Optional[np.ndarray] = None) -> CsrPlan:
+             bias: Optional[np.ndarray] = None):
+        if op.dtype != "fp32":
+            self.check_op(op)
+            self._check_params(params)
+            return tc.plan(matrix, op, self.tag({}), config, bias)
         self.check_config(config, matrix, op, params)
         if op.epilogue.bias and bias is None:
             raise ValueError("the epilogue adds a bias but none was given")
@@ -332,15 +383,19 @@ class CsrFamily(Family):
             raise ValueError("a bias was given but the epilogue adds none")
         return pack(matrix, bias)
 
-    def unpack(self, plan: CsrPlan) -> SparseMatrix:
+    def unpack(self, plan) -> SparseMatrix:
         """The matrix the plan's packed buffer holds (original row order,
         values as the kernel reads them, the permutation carried along)."""
+        if isinstance(plan, tc.TcPlan):
+            return tc.unpack(plan)
         mat, _ = unpack_packed(plan.packed, plan.dtype)
         mat.perm = None if plan.perm is None else plan.perm.copy()
         mat.name = plan.name
         return mat
 
-    def render(self, p: CsrPlan, op: Operation, config: dict) -> Kernel:
+    def render(self, p, op: Operation, config: dict) -> Kernel:
+        if isinstance(p, tc.TcPlan):
+            return tc.render_kernel(p, op, _float_literal)
         m, k = p.shape
         tables, vec, rows, split, unroll = (int(config[k_]) if k_ != "tables" else config[k_]
                                             for k_ in CONFIG_KEYS)

@@ -1,0 +1,368 @@
+"""The tensor-core format of `csr`: W as tiled bitmaps in the order of the
+mma fragments (templates/include/sf/csr_tc.cuh describes the layout the
+kernel reads; this module writes it, reads it back and emulates the lanes'
+decode).
+
+W (M x K) is cut into 16 x 16 tiles.  A row block of `bm` rows (bm / 16
+strips) keeps the k-steps (16-column slices) where any of its rows has a
+nonzero; `ks` of them at a time form a stage.  Each tile has a 48-byte
+record (its 256-bit bitmap, a byte of prefix count per bitmap word, the
+offset of its first value within the stage, its count) and its nonzeros
+in fragment order:
+
+    lane = 4 g + t, slot = 2 reg + half, bit = 8 lane + slot, for the entry
+    at tile row  g + 8 (reg % 2)  and tile column  2 t + half + 8 (reg // 2)
+
+(g < 8, t < 4, reg < 4: the mma.sync m16n8k16 A fragment of the PTX ISA,
+a[reg] holding two consecutive columns).  Stored bytes per 16 x 16 tile:
+48 of record and 2 per nonzero: at density d, 0.19 + 2 d bytes per entry
+of W against dense's 2.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Optional
+
+import numpy as np
+
+from ...matrix import SparseMatrix, from_device_bytes, round_to_dtype, to_device_bytes
+
+MAGIC = 0x42435346           # 'FSCB' little-endian
+ALIGN = 16
+TILE = 16
+REC_BYTES = 48
+HEADER_WORDS = 16            # uint32: magic, m, k, nnz, bm, ks, dtype, blocks, stages, has_bias
+DTYPE_CODES = {"fp16": 1, "bf16": 2}
+RECORD = np.dtype([("w", "<u4", (8,)), ("p", "u1", (8,)), ("base", "<u4"), ("count", "<u4")])
+assert RECORD.itemsize == REC_BYTES
+
+
+def _align(n: int) -> int:
+    return -(-n // ALIGN) * ALIGN
+
+
+def slot_position(bit: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(row, column) within a 16 x 16 tile of each bit of its bitmap."""
+    bit = np.asarray(bit, dtype=np.int64)
+    lane, slot = bit // 8, bit % 8
+    g, t = lane // 4, lane % 4
+    reg, half = slot // 2, slot % 2
+    return g + 8 * (reg % 2), 2 * t + half + 8 * (reg // 2)
+
+
+def position_bit(row: np.ndarray, col: np.ndarray) -> np.ndarray:
+    """The bitmap bit of tile entry (row, col): slot_position's inverse."""
+    row = np.asarray(row, dtype=np.int64)
+    col = np.asarray(col, dtype=np.int64)
+    g, hi_r = row % 8, row // 8
+    t, half, hi_k = (col % 8) // 2, col % 2, col // 8
+    return 8 * (4 * g + t) + 2 * (hi_r + 2 * hi_k) + half
+
+
+@dataclass
+class Layout:
+    """The stage structure of a matrix for (bm, ks), before packing: what
+    the search space needs (sizes) and what the packer fills."""
+    bm: int
+    ks: int
+    blocks: np.ndarray        # int64 [slots]: the row block of each schedule slot
+    first_stage: np.ndarray   # int64 [slots]
+    stages: np.ndarray        # int64 [slots]
+    entry_block: np.ndarray   # int64 [entries]: block of each nonempty (block, k-step)
+    entry_kstep: np.ndarray   # int64 [entries]
+    entry_stage: np.ndarray   # int64 [entries]: global stage
+    entry_j: np.ndarray       # int64 [entries]: position in its stage
+    nz_entry: np.ndarray      # int64 [nnz]: entry of each nonzero
+    stage_values: np.ndarray  # int64 [total stages]: nonzeros per stage
+
+    @property
+    def total_stages(self) -> int:
+        return int(self.stage_values.size)
+
+    @property
+    def vmax(self) -> int:
+        return int(self.stage_values.max()) if self.stage_values.size else 0
+
+
+def layout(matrix: SparseMatrix, bm: int, ks: int) -> Layout:
+    """Blocks, their nonempty k-steps in stages of `ks`, the schedule (the
+    blocks with the most stages first; ties in row order)."""
+    m, k = matrix.shape
+    kt = max(1, -(-k // TILE))
+    nb = -(-m // bm) if m else 0
+    rows = matrix.row_ids()
+    cols = matrix.indices.astype(np.int64)
+    key = rows // bm * kt + cols // TILE
+    uniq, nz_entry = np.unique(key, return_inverse=True)
+    eb, ek = uniq // kt, uniq % kt
+    per_block = np.bincount(eb, minlength=nb).astype(np.int64)
+    stages = -(-per_block // ks)
+    order = np.argsort(-stages, kind="stable")
+    slot_stages = stages[order]
+    first = np.zeros(nb, dtype=np.int64)
+    if nb:
+        first[1:] = np.cumsum(slot_stages)[:-1]
+    block_first = np.empty(nb, dtype=np.int64)
+    block_first[order] = first
+    block_entry0 = np.zeros(nb, dtype=np.int64)
+    if nb:
+        block_entry0[1:] = np.cumsum(per_block)[:-1]
+    e_idx = np.arange(uniq.size, dtype=np.int64) - block_entry0[eb]
+    e_stage = block_first[eb] + e_idx // ks
+    total = int(stages.sum())
+    stage_values = np.bincount(e_stage[nz_entry], minlength=total).astype(np.int64) \
+        if total else np.zeros(0, np.int64)
+    return Layout(bm, ks, order.astype(np.int64), first, slot_stages, eb, ek, e_stage,
+                  e_idx % ks, nz_entry.astype(np.int64), stage_values)
+
+
+def cached_layout(matrix: SparseMatrix, bm: int, ks: int) -> Layout:
+    return matrix.cached(("csr.bitmap.layout", bm, ks), lambda: layout(matrix, bm, ks))
+
+
+@dataclass
+class Packed:
+    """A packed buffer and where its sections start."""
+    data: bytes
+    offsets: dict              # header, blocks, kid, rec, voff, val, bias (0 without)
+    num_blocks: int
+    total_stages: int
+    vmax: int
+
+
+def pack(matrix: SparseMatrix, dtype: str, bm: int, ks: int,
+         bias: Optional[np.ndarray] = None) -> Packed:
+    """The packed buffer of `matrix` (values rounded to `dtype`) for row
+    blocks of `bm` rows and stages of `ks` k-steps (see the module
+    docstring and csr_tc.cuh)."""
+    if dtype not in DTYPE_CODES:
+        raise ValueError(f"the tensor-core csr format holds fp16 or bf16, not {dtype}")
+    if bm % TILE or bm < TILE or ks < 1:
+        raise ValueError(f"bm must be a multiple of 16 and ks >= 1, got {bm}, {ks}")
+    m, k = matrix.shape
+    if m < 1 or k < 1:
+        raise ValueError(f"csr needs at least one row and one column, got {m} x {k}")
+    lay = cached_layout(matrix, bm, ks)
+    ms = bm // TILE
+    nb = lay.blocks.size
+    total = lay.total_stages
+    ntiles = total * ks * ms
+
+    # per nonzero: its tile and bit
+    rows = matrix.row_ids()
+    cols = matrix.indices.astype(np.int64)
+    ent = lay.nz_entry
+    tile = (lay.entry_stage[ent] * ks + lay.entry_j[ent]) * ms + (rows % bm) // TILE
+    bit = position_bit(rows % TILE, cols % TILE)
+    order = np.lexsort((bit, tile))
+    vals = round_to_dtype(matrix.values, dtype)[order]
+
+    rec = np.zeros(ntiles, dtype=RECORD)
+    if ntiles:
+        word_key = tile * 8 + bit // 32
+        words = np.bincount(word_key, weights=np.ldexp(1.0, (bit % 32).astype(np.int32)),
+                            minlength=ntiles * 8)
+        rec["w"] = words.astype(np.uint64).astype(np.uint32).reshape(ntiles, 8)
+        per_word = np.bincount(word_key, minlength=ntiles * 8).reshape(ntiles, 8)
+        pre = np.zeros((ntiles, 8), dtype=np.int64)
+        pre[:, 1:] = np.cumsum(per_word, axis=1)[:, :-1]
+        rec["p"] = pre.astype(np.uint8)
+        counts = per_word.sum(axis=1)
+        start = np.zeros(ntiles, dtype=np.int64)
+        start[1:] = np.cumsum(counts)[:-1]
+        voff = np.zeros(total + 1, dtype=np.int64)
+        voff[:-1] = start[::ks * ms]
+        voff[-1] = matrix.nnz
+        rec["base"] = (start - np.repeat(voff[:-1], ks * ms)).astype(np.uint32)
+        rec["count"] = counts.astype(np.uint32)
+    else:
+        voff = np.zeros(total + 1, dtype=np.int64)
+
+    # k-step of each stage entry; the padding entries of a last stage repeat
+    # the block's last k-step (their tiles are empty)
+    kid = np.full(total * ks, -1, dtype=np.int64)
+    kid[lay.entry_stage * ks + lay.entry_j] = lay.entry_kstep
+    if kid.size:
+        idx = np.where(kid >= 0, np.arange(kid.size), 0)
+        np.maximum.accumulate(idx, out=idx)
+        kid = kid[idx]
+        kid[kid < 0] = 0
+
+    blocks = np.zeros((nb, 4), dtype=np.int32)
+    blocks[:, 0] = lay.first_stage
+    blocks[:, 1] = lay.stages
+    blocks[:, 2] = lay.blocks * bm
+
+    head = np.zeros(HEADER_WORDS, dtype=np.uint32)
+    head[:10] = [MAGIC, m, k, matrix.nnz, bm, ks, DTYPE_CODES[dtype], nb, total,
+                 int(bias is not None)]
+    sections = [("header", head.tobytes()), ("blocks", blocks.tobytes()),
+                ("kid", kid.astype(np.int32).tobytes()), ("rec", rec.tobytes()),
+                ("voff", voff.astype(np.uint32).tobytes()),
+                # 16 bytes of slack: the kernel copies whole 16-byte chunks
+                ("val", to_device_bytes(vals, dtype) + b"\0" * 16)]
+    if bias is not None:
+        b = np.zeros(nb * bm, dtype=np.float32)
+        b[:m] = np.asarray(bias, dtype=np.float32).reshape(-1)
+        sections.append(("bias", b.tobytes()))
+    offsets, out = {}, bytearray()
+    for name, data in sections:
+        offsets[name] = len(out)
+        out += data + b"\0" * (_align(len(data)) - len(data))
+    offsets.setdefault("bias", 0)
+    return Packed(bytes(out), offsets, nb, total, lay.vmax)
+
+
+# ---- reading a packed buffer back ---------------------------------------------------
+
+@dataclass
+class Sections:
+    m: int
+    k: int
+    nnz: int
+    bm: int
+    ks: int
+    dtype: str
+    blocks: np.ndarray   # int32 [nb, 4]
+    kid: np.ndarray      # int32 [stages * ks]
+    rec: np.ndarray      # RECORD [stages * ks * ms]
+    voff: np.ndarray     # uint32 [stages + 1]
+    values: np.ndarray   # float32 [nnz]
+    bias: Optional[np.ndarray]
+
+
+def sections(packed: bytes) -> Sections:
+    """The sections of a packed buffer, located from its header alone."""
+    head = np.frombuffer(packed, dtype="<u4", count=HEADER_WORDS)
+    if head[0] != MAGIC:
+        raise ValueError("not a tensor-core csr buffer (bad magic)")
+    m, k, nnz, bm, ks, code, nb, total, has_bias = (int(v) for v in head[1:10])
+    dtype = {v: n for n, v in DTYPE_CODES.items()}[code]
+    ms = bm // TILE
+    pos = _align(HEADER_WORDS * 4)
+
+    def take(dt, count):
+        nonlocal pos
+        a = np.frombuffer(packed, dtype=dt, count=count, offset=pos).copy()
+        pos += _align(a.nbytes)
+        return a
+
+    blocks = take("<i4", nb * 4).reshape(nb, 4)
+    kid = take("<i4", total * ks)
+    rec = take(RECORD, total * ks * ms)
+    voff = take("<u4", total + 1)
+    raw = packed[pos:pos + 2 * nnz]
+    values = from_device_bytes(raw, dtype, nnz)
+    pos += _align(2 * nnz + 16)
+    bias = take("<f4", nb * bm)[:m] if has_bias else None
+    return Sections(m, k, nnz, bm, ks, dtype, blocks, kid, rec, voff, values, bias)
+
+
+def _repeats(a: np.ndarray, is_sorted: bool = False) -> bool:
+    """Whether any value of `a` occurs twice."""
+    a = a if is_sorted else np.sort(a)
+    return bool(a.size > 1 and np.any(a[1:] == a[:-1]))
+
+
+def unpack(packed: bytes) -> tuple[SparseMatrix, Optional[np.ndarray]]:
+    """The matrix (and bias) a packed buffer holds, read the way the format
+    defines it: every set bit of a tile is a nonzero, the tile's values in
+    bit order from voff[stage] + base."""
+    s = sections(packed)
+    ms = s.bm // TILE
+    ntiles = s.rec.size
+    stage_of = np.arange(ntiles) // (s.ks * ms)
+    j_of = np.arange(ntiles) // ms % s.ks
+    strip_of = np.arange(ntiles) % ms
+    # the first row of each stage's block
+    stage_row = np.zeros(s.voff.size - 1, dtype=np.int64)
+    for first, count, row, _ in s.blocks:
+        stage_row[first:first + count] = row
+    bits = np.unpackbits(s.rec["w"].astype("<u4").view(np.uint8).reshape(ntiles, 32),
+                         axis=1, bitorder="little").astype(bool)
+    t_idx, b_idx = np.nonzero(bits)
+    counts = bits.sum(axis=1)
+    if np.any(counts != s.rec["count"]):
+        raise ValueError("corrupt buffer: a tile's count differs from its bitmap")
+    rank = np.arange(t_idx.size) - np.repeat(np.cumsum(counts) - counts, counts)
+    vidx = s.voff[stage_of[t_idx]].astype(np.int64) + s.rec["base"][t_idx] + rank
+    if vidx.size and (vidx.max() >= s.nnz or _repeats(vidx)):
+        raise ValueError("corrupt buffer: tiles' values overlap or overrun")
+    tr, tc = slot_position(b_idx)
+    rows = stage_row[stage_of[t_idx]] + 16 * strip_of[t_idx] + tr
+    cols = 16 * s.kid[stage_of[t_idx] * s.ks + j_of[t_idx]].astype(np.int64) + tc
+    if rows.size and (rows.max() >= s.m or cols.max() >= s.k):
+        raise ValueError("corrupt buffer: a nonzero in the padding")
+    dense_key = rows * s.k + cols
+    order = np.argsort(dense_key, kind="stable")
+    if _repeats(dense_key[order], is_sorted=True):
+        raise ValueError("corrupt buffer: an entry stored twice")
+    indptr = np.zeros(s.m + 1, dtype=np.int64)
+    np.cumsum(np.bincount(rows, minlength=s.m), out=indptr[1:])
+    mat = SparseMatrix((s.m, s.k), indptr, cols[order], s.values[vidx[order]], dtype=s.dtype)
+    return mat, s.bias
+
+
+# ---- the lanes' decode, emulated -----------------------------------------------------
+
+def emulate_decode(packed: bytes, stage: int, j: int, strip: int) -> np.ndarray:
+    """The A fragment registers every lane of a warp builds for tile (stage,
+    entry j, strip), computed as decode_tile does (the lane's bitmap word,
+    its prefix byte, a popcount, then its values in slot order): float32
+    [32 lanes, 4 registers, 2 halves]."""
+    s = sections(packed)
+    ms = s.bm // TILE
+    r = s.rec[(stage * s.ks + j) * ms + strip]
+    v0 = int(s.voff[stage])
+    shift = v0 % 8                       # where the stage's first value lands
+    chunk = s.values[v0 - shift:]        # the copy starts at v0 rounded down
+    out = np.zeros((32, 4, 2), dtype=np.float32)
+    for lane in range(32):
+        q, rr = lane >> 2, lane & 3
+        word = int(r["w"][q])
+        below = word & ((1 << (8 * rr)) - 1)
+        mask = (word >> (8 * rr)) & 0xFF
+        ptr = shift + int(r["base"]) + int(r["p"][q]) + bin(below).count("1")
+        for i in range(8):
+            if (mask >> i) & 1:
+                out[lane, i // 2, i % 2] = chunk[ptr]
+                ptr += 1
+    return out
+
+
+def fragment_positions() -> tuple[np.ndarray, np.ndarray]:
+    """(row, column) in a 16 x 16 tile of A register `reg`, half `h` of
+    lane L, by the PTX ISA's statement of the m16n8k16 A fragment: a0 =
+    (g, 2t..2t+1), a1 = (g+8, 2t..), a2 = (g, 2t+8..), a3 = (g+8, 2t+8..)."""
+    lane = np.arange(32)[:, None, None]
+    reg = np.arange(4)[None, :, None]
+    h = np.arange(2)[None, None, :]
+    g, t = lane // 4, lane % 4
+    row = g + 8 * (reg % 2) + 0 * h
+    col = 2 * t + h + 8 * (reg // 2)
+    return np.broadcast_to(row, (32, 4, 2)), np.broadcast_to(col, (32, 4, 2))
+
+
+def emulate_product(packed: bytes, x_kn: np.ndarray) -> np.ndarray:
+    """W X (M x N, float64) computed the way the kernel walks the buffer:
+    per block and stage, per entry and strip, the emulated A fragments
+    times the rows of X its k-step names.  For tests on small matrices."""
+    s = sections(packed)
+    ms = s.bm // TILE
+    n = x_kn.shape[1]
+    kt = -(-s.k // TILE)
+    xp = np.zeros((kt * TILE, n), dtype=np.float64)
+    xp[:s.k] = x_kn
+    nb = s.blocks.shape[0]
+    y = np.zeros((nb * s.bm, n), dtype=np.float64)
+    frow, fcol = fragment_positions()
+    for first, count, row0, _ in s.blocks:
+        for st in range(first, first + count):
+            for j in range(s.ks):
+                kstep = int(s.kid[st * s.ks + j])
+                for strip in range(ms):
+                    a = np.zeros((TILE, TILE))
+                    a[frow, fcol] = emulate_decode(packed, st, j, strip)
+                    rows = slice(row0 + 16 * strip, row0 + 16 * strip + 16)
+                    y[rows] += a @ xp[16 * kstep:16 * kstep + 16]
+    return y[:s.m]

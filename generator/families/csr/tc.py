@@ -1,0 +1,334 @@
+"""The `csr` family's tensor-core path: unstructured W in fp16 or bf16 (the
+format is bitmap.py, the device code templates/include/sf/csr_tc.cuh),
+its search space as data and its kernels.
+
+A configuration takes one of two compute paths:
+
+    mma.sync   mf wm wk ksw bn stages ck       (sm_80 and newer; ck > 1: sm_90)
+    wgmma      the same and wg = 1             (sm_90a; A decoded into registers)
+
+mf: 16-row strips per warp; wm: warps along M (wgmma: 4 per warpgroup);
+wk: warps (warpgroups) along K inside a CTA; ksw: k-steps (16 columns of
+K) per warp and stage; bn: columns of N per CTA; stages: the cp.async
+pipeline's depth; ck: CTAs of a cluster splitting each row block's stages
+(their sums meet in distributed shared memory).  A row block is
+bm = 16 mf wm rows; a stage is ks = ksw wk k-steps.
+"""
+from __future__ import annotations
+
+import math
+import re
+from dataclasses import dataclass, field
+from typing import Optional
+
+import numpy as np
+
+from ...kernel import ConfigError, Kernel, Operation, config_name, make_launch, render, smem_limit
+from ...matrix import SparseMatrix
+from ...space import Constraint, Space
+from . import bitmap
+
+TABLE_SOURCE = "generator/families/csr/tc.py"
+KEYS = ("bn", "ck", "ksw", "mf", "stages", "wk", "wm")
+WG_KEYS = tuple(sorted(KEYS + ("wg",)))
+
+BN_CHOICES = (16, 32, 64, 128, 256)
+WG_BN_CHOICES = (64, 128, 256)       # the register-A wgmma wrappers (mma_sm90.cuh)
+STAGE_CHOICES = (2, 3, 4)
+WG_STAGE_CHOICES = (3, 4, 5)
+CK_CHOICES = (1, 2, 4, 8)            # portable cluster sizes
+MAX_ACC = 128
+
+MMA = "not wg"
+WG = "wg"
+
+DERIVED = {
+    "threads": "32 * wm * wk",
+    "bm": "16 * mf * wm",
+    "ms": "bm // 16",
+    "ks": "ksw * wk",
+    "bk": "16 * ks",
+    "nf": "bn // 8",
+    "acc": "mf * nf * 4",
+    "x_row_ch": "bk // 8 if tm else bn // 8",
+    "x_bytes": "bk * bn * 2",
+    "rec_stage": f"ms * ks * {bitmap.REC_BYTES}",
+    "val_bytes": "(2 * vmax + 15) // 16 * 16 + 32",
+    "stage_raw": "x_bytes + rec_stage + val_bytes + 16",
+    "stage_align": "1024 if wg else 128",
+    "stage_bytes": "cdiv(stage_raw, stage_align) * stage_align",
+    "c_bytes": "(bn if tm else bm) * ((bm if tm else bn) + 8) * 2",
+    "r_bytes": "wk * bm * (bn + 4) * 4 if wk > 1 or ck > 1 else 0",
+    "smem": "max(max(stages * stage_bytes, c_bytes), r_bytes) + (1024 if wg else 0)",
+}
+
+TABLE = [
+    # every path
+    Constraint("mf in (1, 2) and wm in (1, 2, 4, 8) and wk in (1, 2, 4)",
+               "strips per warp, warps along M and along K"),
+    Constraint("ksw in (1, 2, 4)", "k-steps per warp and stage"),
+    Constraint(f"bn in {BN_CHOICES}", "BN: whole pairs of n8 fragments"),
+    Constraint(f"ck in {CK_CHOICES}", "CTAs of a cluster along K (portable cluster sizes)"),
+    Constraint("threads <= 512", "at most 16 warps"),
+    Constraint("threads % x_row_ch == 0", "a thread keeps one chunk column of the X tile"),
+    Constraint("stage_bytes % 128 == 0", "stages stay 128-byte aligned"),
+    # mma.sync
+    Constraint(f"stages in {STAGE_CHOICES}", "pipeline depth of the mma.sync path", when=MMA),
+    Constraint(f"acc <= {MAX_ACC}", "at most 128 fp32 accumulators per thread", when=MMA),
+    Constraint("ksw <= 2 or acc <= 32",
+               "four k-steps a stage, unrolled, with more than 32 accumulators spill", when=MMA),
+    Constraint("(acc + 72 + 24 * (mf - 1)) * threads <= 65536",
+               "the accumulators and ~72 registers of decode and addressing fit the register "
+               "file", when=MMA),
+    # wgmma
+    Constraint("wg == 1", "wg = 1 selects the wgmma path (omit the key for mma.sync)", when=WG),
+    Constraint("sm90a", "the wgmma path needs sm_90a", when=WG, device=True),
+    Constraint("mf == 1 and wm % 4 == 0", "wgmma: a warpgroup is 4 warps of one strip each",
+               when=WG),
+    Constraint("ksw % 2 == 0", "wgmma: the A registers alternate between two sets", when=WG),
+    Constraint(f"bn in {WG_BN_CHOICES}", "BN of the wgmma path (its register-A wrappers)",
+               when=WG),
+    Constraint(f"stages in {WG_STAGE_CHOICES}", "pipeline depth of the wgmma path", when=WG),
+    Constraint("bk <= 64 or not tm", "wgmma, token-major: X rows of at most 128 bytes (swizzle)",
+               when=WG),
+    Constraint("(bn // 2 + 48) * threads <= 65536",
+               "the accumulators and ~48 other registers fit the register file", when=WG),
+    # the GPU's (Python only)
+    Constraint("ck == 1 or sm90", "clusters need sm_90", device=True),
+    Constraint("smem <= smem_limit", "the shared memory fits the GPU's per-block limit",
+               device=True),
+]
+
+SPACE = Space(choices={"bn": BN_CHOICES, "stages": STAGE_CHOICES, "ck": CK_CHOICES},
+              constraints=TABLE, derived=DERIVED, defaults={"wg": 0})
+
+
+def problem(layout_: str, vmax: int) -> dict:
+    """The table's constants the problem fixes: the layout and the largest
+    stage's values (the plan's, for the (bm, ks) of a configuration)."""
+    return {"tm": int(layout_ == "tm"), "vmax": int(vmax)}
+
+
+def bm_ks(config: dict) -> tuple[int, int]:
+    return 16 * int(config["mf"]) * int(config["wm"]), int(config["ksw"]) * int(config["wk"])
+
+
+def device_constants(device: Optional[dict]) -> Optional[dict]:
+    if device is None:
+        return None
+    arch = str(device.get("arch", ""))
+    major = int(device.get("cc_major", 0) or 0)
+    found = re.fullmatch(r"(?:sm|compute)_(\d+?)\d[af]?", arch)
+    if not major and found:
+        major = int(found.group(1))
+    return {"smem_limit": smem_limit(device), "sm90a": int(arch == "sm_90a"),
+            "sm90": int(major >= 9)}
+
+
+def check_keys(config: dict) -> None:
+    keys = tuple(sorted(config))
+    if keys not in (KEYS, WG_KEYS):
+        raise ConfigError(f"csr (fp16/bf16) config needs the keys {', '.join(KEYS)} "
+                          f"(and wg = 1 for wgmma), got {', '.join(keys)}")
+    for key in keys:
+        v = config[key]
+        if not isinstance(v, (int, np.integer)) or isinstance(v, bool):
+            raise ConfigError(f"{key} must be an integer, got {v!r}")
+
+
+def check(config: dict, matrix: SparseMatrix, op: Operation,
+          device: Optional[dict] = None) -> None:
+    check_keys(config)
+    bm, ks = bm_ks(config)
+    # the structural rules first (bm and ks index the plan)
+    SPACE.check(config, problem(op.layout, 0))
+    if bm < 16 or ks < 1:
+        raise ConfigError(f"bm = {bm} and ks = {ks}: at least one strip and one k-step")
+    vmax = bitmap.cached_layout(matrix, bm, ks).vmax
+    SPACE.check(config, problem(op.layout, vmax), device_constants(device))
+
+
+# ---- the search space ---------------------------------------------------------------------
+# (mf, wm) pairs: rows of a row block 64 or 128 (16, 32 for matrices of few rows)
+MMA_SHAPES = ((1, 4), (2, 2), (2, 4), (1, 8))
+SMALL_SHAPES = ((1, 1), (1, 2))
+DECODE_BN = (16, 64)
+PREFILL_BN = (64, 128)
+
+
+def search_space(matrix: SparseMatrix, op: Operation, device: Optional[dict]) -> list[dict]:
+    """The configurations the tuner searches (about 100 on sm_80, 250 on
+    sm_90a): decode-shaped ones (BN 16 or 64, 4 stages, warps and clusters
+    splitting K for parallelism) and prefill-shaped ones (BN 64-256; wgmma
+    on sm_90a).  N is not known here: the space covers both; the hints put
+    each regime's likely best first."""
+    consts = device_constants(device) or {"sm90a": 1, "sm90": 1}
+    ck_choices = CK_CHOICES[:3] if consts.get("sm90") else (1,)
+    # blocks of 16 and 32 rows: for few rows, and without clusters (sm_80)
+    # the parallelism of decode
+    small = SMALL_SHAPES if matrix.rows <= 512 or not consts.get("sm90") else ()
+    cands = []
+    for mf, wm in MMA_SHAPES + small:
+        for wk in (1, 2, 4):
+            for ksw in (1, 2):
+                for bn in DECODE_BN:
+                    for ck in ck_choices:
+                        cands.append(dict(mf=mf, wm=wm, wk=wk, ksw=ksw, bn=bn, stages=4, ck=ck))
+    for mf, wm in MMA_SHAPES + (SMALL_SHAPES if matrix.rows <= 512 else ()):
+        for ksw in (1, 2, 4):
+            for bn in PREFILL_BN + (256,) * (mf == 1):
+                for stages in (3, 4):
+                    cands.append(dict(mf=mf, wm=wm, wk=1, ksw=ksw, bn=bn, stages=stages, ck=1))
+    if consts.get("sm90a"):
+        for wm in (4, 8):
+            for ksw in (2, 4):
+                for bn in WG_BN_CHOICES:
+                    for stages in (3, 4):
+                        cands.append(dict(mf=1, wm=wm, wk=1, ksw=ksw, bn=bn, stages=stages,
+                                          ck=1, wg=1))
+            for wk in (1, 2):
+                for ck in (2, 4):
+                    cands.append(dict(mf=1, wm=wm, wk=wk, ksw=2, bn=64, stages=4, ck=ck, wg=1))
+    return _valid(cands, matrix, op, device)
+
+
+def _valid(cands: list[dict], matrix: SparseMatrix, op: Operation,
+           device: Optional[dict]) -> list[dict]:
+    """The candidates that pass the table, each once, in order."""
+    out, seen = [], set()
+    for c in cands:
+        key = tuple(sorted(c.items()))
+        if key in seen:
+            continue
+        seen.add(key)
+        try:
+            check(c, matrix, op, device)
+        except ConfigError:
+            continue
+        out.append(c)
+    return out
+
+
+def hint_configs(matrix: SparseMatrix, op: Operation, device: Optional[dict]) -> list[dict]:
+    """Measured first: one per regime.  Decode (N <= 64): rows in blocks of
+    64, K split over 2 warps and, on Hopper, a cluster of 4 (enough CTAs to
+    fill the GPU with 4096-row matrices; elsewhere blocks of 32 rows and 4
+    warps along K); prefill: wgmma 128 x 256 (Hopper) or mma.sync 64 x 128."""
+    consts = device_constants(device) or {"sm90a": 1, "sm90": 1}
+    if consts.get("sm90"):
+        hints = [dict(mf=1, wm=4, wk=2, ksw=2, bn=16, stages=4, ck=4),
+                 dict(mf=1, wm=4, wk=2, ksw=2, bn=64, stages=4, ck=4)]
+    else:  # no clusters: smaller blocks, more warps along K
+        hints = [dict(mf=1, wm=2, wk=4, ksw=1, bn=16, stages=4, ck=1),
+                 dict(mf=1, wm=2, wk=4, ksw=1, bn=64, stages=4, ck=1)]
+    if consts.get("sm90a"):
+        hints += [dict(mf=1, wm=8, wk=1, ksw=2, bn=256, stages=4, ck=1, wg=1),
+                  dict(mf=1, wm=4, wk=1, ksw=2, bn=64, stages=4, ck=4, wg=1)]
+    hints.append(dict(mf=2, wm=2, wk=1, ksw=2, bn=128, stages=3, ck=1))
+    return _valid(hints, matrix, op, device)
+
+
+# ---- plan and render ------------------------------------------------------------------------
+
+@dataclass
+class TcPlan:
+    """What a tensor-core csr kernel is built from."""
+    name: str
+    dtype: str
+    layout: str
+    shape: tuple[int, int]
+    nnz: int
+    config: dict
+    packed: bytes
+    offsets: dict
+    num_blocks: int
+    total_stages: int
+    vmax: int
+    has_bias: bool
+    perm: Optional[np.ndarray] = None
+    matrix_name: str = ""
+    epilogue: dict = field(default_factory=dict)
+
+
+def plan(matrix: SparseMatrix, op: Operation, tag: str, config: dict,
+         bias: Optional[np.ndarray]) -> TcPlan:
+    check(config, matrix, op)
+    bm, ks = bm_ks(config)
+    if bias is not None:
+        bias = np.asarray(bias, dtype=np.float64).reshape(-1)
+        if bias.shape != (matrix.rows,):
+            raise ValueError(f"bias has {bias.size} entries, expected M = {matrix.rows}")
+        if not np.all(np.isfinite(bias)):
+            raise ValueError("bias contains NaN or infinity")
+    if op.epilogue.bias and bias is None:
+        raise ValueError("the epilogue adds a bias but none was given")
+    if not op.epilogue.bias and bias is not None:
+        raise ValueError("a bias was given but the epilogue adds none")
+    key = ("csr.bitmap.pack", op.dtype, bm, ks)
+    if bias is None:
+        p = matrix.cached(key, lambda: bitmap.pack(matrix, op.dtype, bm, ks))
+    else:
+        p = bitmap.pack(matrix, op.dtype, bm, ks, bias)
+    cfg = {key_: int(config[key_]) for key_ in config}
+    return TcPlan(config_name(tag, cfg, op), op.dtype, op.layout, matrix.shape, matrix.nnz, cfg,
+                  p.data, p.offsets, p.num_blocks, p.total_stages, p.vmax, bias is not None,
+                  None if matrix.perm is None else matrix.perm.copy(), matrix.name,
+                  dict(activation=op.epilogue.activation, scale=float(op.epilogue.scale)))
+
+
+def min_blocks(config: dict) -> int:
+    """CTAs per SM the register allocation must allow (__launch_bounds__):
+    as many as leave each thread room for its accumulators, the decode and
+    the addressing (an estimate; the full-space compile test holds it to
+    no spills).  A quarter of the SM's warps share each 16K-register
+    partition, so b CTAs of w warps leave 512 / ceil(b w / 4) registers a
+    thread."""
+    warps = config["wm"] * config["wk"]
+    acc = (config["bn"] // 2) if config.get("wg") else config["mf"] * config["bn"] // 2
+    # the X loader's copies a thread issues per stage (each keeps a k-step
+    # and an address)
+    xiters = -(-(2 * config["ksw"] * config["wk"] * config["bn"]) // (32 * warps))
+    need = min(255, acc + 72 + 24 * (config["mf"] - 1) + 8 * (config["ksw"] - 1) + 3 * xiters)
+    best = 1
+    for b in range(1, 9):
+        if b * warps > 64 or (512 // -(-b * warps // 4)) // 8 * 8 < need:
+            break
+        best = b
+    return best
+
+
+def render_kernel(p: TcPlan, op: Operation, float_literal) -> Kernel:
+    c = p.config
+    m, k = p.shape
+    wg = int(c.get("wg", 0))
+    threads = 32 * c["wm"] * c["wk"]
+    checks = SPACE.static_asserts(c, problem(p.layout, p.vmax), TABLE_SOURCE)
+    env = SPACE.env(c, problem(p.layout, p.vmax))
+    source = render("csr_tc.cu.j2", name=p.name, dtype=p.dtype, layout=p.layout, m=m, k=k,
+                    nnz=p.nnz, mf=c["mf"], wm=c["wm"], wk=c["wk"], ksw=c["ksw"], bn=c["bn"],
+                    stages=c["stages"], ck=c["ck"], wg=wg, vmax=p.vmax, bm=env["bm"],
+                    num_blocks=p.num_blocks, off=p.offsets, has_bias=p.has_bias,
+                    act=op.act_code, scale=float_literal(np.float32(op.epilogue.scale)),
+                    threads=threads, min_blocks=min_blocks(c), constraints=checks)
+    launch = make_launch(grid=(max(1, p.num_blocks) * c["ck"],), block=(threads,), n_axis=1,
+                         n_tile=c["bn"], shared_bytes=env["smem"])
+    return Kernel(name=p.name, source=source, packed=p.packed, launch=launch, config=dict(c))
+
+
+def unpack(p: TcPlan) -> SparseMatrix:
+    mat, _ = bitmap.unpack(p.packed)
+    mat.perm = None if p.perm is None else p.perm.copy()
+    mat.name = p.matrix_name
+    return mat
+
+
+def bytes_per_entry(density: float) -> float:
+    """Bytes the format stores per entry of W at `density` (random
+    pattern, every tile nonempty): 48 per 256 entries and 2 per nonzero."""
+    return bitmap.REC_BYTES / 256 + 2 * density
+
+
+def speedup_limit(density: float) -> float:
+    """Dense fp16 weight bytes over the format's: what a memory-bound
+    decode can gain at most."""
+    return 2.0 / bytes_per_entry(density) if density < 1 else math.nan

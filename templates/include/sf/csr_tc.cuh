@@ -1,0 +1,652 @@
+// csr_tc.cuh -- unstructured sparse W (fp16 or bf16) times dense X on tensor
+// cores, fp32 accumulation: "load as sparse, compute as dense".  W travels
+// as tiled bitmaps in the order the mma fragments consume it and is decoded
+// straight into A-fragment registers (no dense copy of W anywhere); X tiles
+// are staged in shared memory by cp.async; mma.sync m16n8k16 (sm_80 and
+// newer) or, WG, wgmma m64nBNk16 with A from registers (sm_90a).
+// Feature-major (X is K x N, Y is M x N) or token-major (X is N x K, Y is
+// N x M), row-major.  The plan is generator/families/csr/tc.py.
+//
+// The format.  W (padded to whole 16 x 16 tiles) is cut into row blocks of
+// BM rows (MS = BM / 16 strips of 16 rows).  A block's k-steps (16-column
+// slices of K) that hold no nonzero in any of its rows are dropped; the
+// others, in order, form the block's stages of KS k-steps (the last one
+// padded with empty tiles).  Per stage the packed buffer holds
+//     kid     int32[KS]              the k-step of each entry (-> rows of X)
+//     records [KS][MS] x 48 bytes    one per 16 x 16 tile (entry j, strip s):
+//         w[8]  u32  bitmap in fragment order: byte (lane % 4) of word
+//                    (lane / 4) is lane's 8-bit slot mask, slot i = 2 reg + half
+//                    of the A fragment (reg 0: row g, k 2t..; 1: row g+8;
+//                    2: k 2t+8..; 3: row g+8, k 2t+8..; g = lane/4, t = lane%4)
+//         p[8]  u8   p[q] = nonzeros of words 0..q-1 (exclusive prefix)
+//         base  u32  the tile's first value, from the stage's first
+//         count u32  its nonzeros
+//     values  fp16/bf16, from voff[stage] to voff[stage + 1]: each tile's
+//             nonzeros in fragment order (lane, then slot)
+// A lane's first value is base + p[lane/4] + popc(its word's bits below
+// its byte), and its slots take the following values in slot order.
+//
+// Sections (16-byte aligned, offsets in Problem): blocks int4[NUM_BLOCKS]
+// {first stage, stages, first row, 0} in schedule order (the most stages
+// first), kid, records, voff u32[stages + 1], values (16 bytes of slack at
+// the end), bias fp32[MP] (HAS_BIAS).
+//
+// Work: a CTA owns one row block (a slot of the schedule) and BN columns of
+// N; with CK > 1 (sm_90, a cluster of CK CTAs) each CTA of the cluster takes
+// a share of the block's stages and the partial sums meet in distributed
+// shared memory.  Inside a CTA, WM warps along M (MF strips each; WG: a
+// warpgroup per 4 of them) and WK along K: warp (wm, wk) computes entries
+// wk*KSW .. wk*KSW+KSW-1 of every stage.  Per stage: cp.async of X's rows
+// (the entries' k-steps), the records and the values; per entry and strip:
+// decode (decode_tile), then the MMAs.  Epilogue: without a split, the
+// fragments go through the epilogue to a 16-bit tile in shared memory and
+// out in 16-byte stores; with WK > 1 or CK > 1 the fp32 partials are added
+// in shared memory first.
+//
+// Compiles under NVRTC with -I templates/include; no host headers.
+#pragma once
+
+#include "sf/common.cuh"
+#include "sf/mma_sm80.cuh"
+#include "sf/mma_sm90.cuh"
+
+namespace sf {
+namespace csr_tc {
+
+constexpr int REC_BYTES = 48;  // one tile's record
+constexpr int REC_P = 32;      // offset of p[8] in a record
+constexpr int REC_BASE = 40;   // offset of base
+
+__host__ __device__ constexpr int cmax(int a, int b) { return a > b ? a : b; }
+__host__ __device__ constexpr int cdiv(int a, int b) { return (a + b - 1) / b; }
+
+// ---- configuration -----------------------------------------------------------------
+
+template <typename T, int MF_, int WM_, int WK_, int KSW_, int BN_, int STAGES_, bool TM_,
+          bool WG_, int CK_, int VMAX_>
+struct Config {
+  using elem_t = T;
+  static constexpr int MF = MF_;          // 16-row strips per warp (WG: 1)
+  static constexpr int WM = WM_;          // warps along M (WG: 4 per warpgroup)
+  static constexpr int WK = WK_;          // warps (WG: warpgroups) along K
+  static constexpr int KSW = KSW_;        // k-steps per warp and stage
+  static constexpr int BN = BN_;          // columns of N per CTA
+  static constexpr int STAGES = STAGES_;  // cp.async pipeline depth
+  static constexpr bool TM = TM_;         // token-major X and Y
+  static constexpr bool WG = WG_;         // wgmma (sm_90a) instead of mma.sync
+  static constexpr int CK = CK_;          // CTAs of a cluster splitting a block's stages
+  static constexpr int VMAX = VMAX_;      // values of the largest stage (the plan's)
+
+  static constexpr int WARPS = WM * WK;
+  static constexpr int THREADS = 32 * WARPS;
+  static constexpr int BM = 16 * MF * WM;  // rows of a block
+  static constexpr int MS = BM / 16;       // strips of a block
+  static constexpr int KS = KSW * WK;      // k-steps of a stage
+  static constexpr int BK = 16 * KS;       // columns of K of a stage
+  static constexpr int NF = BN / 8;        // n8 fragments of a warp's tile
+
+  // X tile of a stage: fm BK rows (k) x BN, tm BN rows (tokens) x BK; rows
+  // of 16-byte chunks.  mma.sync: swizzled by row (swizzle<>).  WG, fm: 64-column
+  // atoms of BK rows x 128 bytes, 128-byte swizzle; WG, tm: K-major rows,
+  // swizzled to the row width (BK = 16, 32, 64: 32-, 64-, 128-byte swizzle).
+  static constexpr int X_ROWS = TM ? BN : BK;
+  static constexpr int X_ROW_CH = TM ? BK / 8 : BN / 8;
+  static constexpr int X_BYTES = BK * BN * 2;
+  static constexpr int REC_STAGE = MS * KS * REC_BYTES;
+  static constexpr int VAL_BYTES = (2 * VMAX + 15) / 16 * 16 + 32;  // + alignment slack
+  static constexpr int META_BYTES = 16;    // the stage's first value (u32)
+  static constexpr int STAGE_RAW = X_BYTES + REC_STAGE + VAL_BYTES + META_BYTES;
+  static constexpr int STAGE_ALIGN = WG ? 1024 : 128;
+  static constexpr int STAGE_BYTES = cdiv(STAGE_RAW, STAGE_ALIGN) * STAGE_ALIGN;
+  static constexpr int PIPE_BYTES = STAGES * STAGE_BYTES;
+  // The epilogue's shared tiles: the 16-bit output tile (fm BM x BN, tm
+  // BN x BM, rows padded by 16 bytes) and, split, the fp32 partials
+  // [WK][BM][BN + 4].
+  static constexpr int C_LD = TM ? BM + 8 : BN + 8;
+  static constexpr int C_BYTES = (TM ? BN : BM) * C_LD * 2;
+  static constexpr bool SPLIT = WK > 1 || CK > 1;
+  static constexpr int R_LD = BN + 4;
+  static constexpr int R_BYTES = SPLIT ? WK * BM * R_LD * 4 : 0;
+  static constexpr int ALIGN_PAD = WG ? 1024 : 0;  // the base is rounded up to 1024 (WG)
+  static constexpr int SMEM_BYTES = cmax(cmax(PIPE_BYTES, C_BYTES), R_BYTES) + ALIGN_PAD;
+
+  static_assert(sizeof(T) == 2, "tensor-core path takes 16-bit elements");
+  static_assert(!WG || (MF == 1 && WM % 4 == 0), "WG: one strip per warp, whole warpgroups");
+  static_assert(!WG || KSW % 2 == 0, "WG: the A registers alternate between two sets");
+  // The configuration's constraints are asserted by the generated source,
+  // from the table the search space filters with
+  // (generator/families/csr/tc.py).
+};
+
+// ---- shared-memory layout of the X tile --------------------------------------------------
+
+// 16-byte chunk (row, ch) of the X tile, in 16-byte units.
+template <class C>
+__device__ __forceinline__ int x_chunk(int row, int ch) {
+  if constexpr (C::WG && !C::TM) {  // 64-column atoms, 128-byte swizzle
+    return (ch >> 3) * (C::BK * 8) + row * 8 + ((ch & 7) ^ (row & 7));
+  } else {  // rows of X_ROW_CH chunks, XOR-swizzled (the wgmma K-major swizzle too)
+    constexpr int RC = C::X_ROW_CH;
+    constexpr int LINE_ROWS = RC >= 8 ? 1 : 8 / RC;
+    constexpr int MASK = RC >= 8 ? 7 : RC - 1;
+    return row * RC + (ch ^ ((row / LINE_ROWS) & MASK));
+  }
+}
+
+// ---- the block a CTA owns --------------------------------------------------------------------
+
+struct Block {
+  int first_stage;  // global index of its first stage
+  int stages;       // this CTA's share of them (a cluster splits them)
+  int first_row;    // its first row of W (and Y)
+};
+
+template <class C, class P>
+__device__ __forceinline__ Block load_block(const unsigned char *packed, int slot, int rank) {
+  const int4 v = __ldg(section<int4>(packed, P::BLK_OFF) + slot);
+  Block b{v.x, v.y, v.z};
+  if constexpr (C::CK > 1) {  // an even share of the stages per cluster rank
+    const int lo = v.y * rank / C::CK, hi = v.y * (rank + 1) / C::CK;
+    b.first_stage += lo;
+    b.stages = hi - lo;
+  }
+  return b;
+}
+
+// ---- loading a stage --------------------------------------------------------------------------
+
+// What the copies of one stage need from global memory before they can be
+// issued, fetched one stage early: the k-steps of the X rows this thread
+// copies, and the stage's value range.
+template <class C, class P>
+struct StageLoader {
+  // fm: a thread keeps one chunk column and walks rows XSTEP apart (rows
+  // of different entries need their own k-steps); tm: one chunk column
+  // (one entry) and walks tokens.
+  static constexpr int XCH = C::X_ROWS * C::X_ROW_CH;
+  static constexpr int XSTEP = C::THREADS / C::X_ROW_CH;
+  static constexpr int XITERS = cdiv(XCH, C::THREADS);
+  static constexpr int KIDS = C::TM ? 1 : XITERS;
+  static_assert(C::THREADS % C::X_ROW_CH == 0, "a thread keeps one chunk column of the X tile");
+
+  struct Ahead {
+    int kid[KIDS];
+    unsigned v0, v1;  // the stage's values: [v0, v1)
+  };
+
+  const unsigned char *packed;
+  int row0, col;  // this thread's first row and its chunk column of the X tile
+
+  __device__ __forceinline__ StageLoader(const unsigned char *p)
+      : packed(p), row0(threadIdx.x / C::X_ROW_CH), col(threadIdx.x % C::X_ROW_CH) {}
+
+  __device__ __forceinline__ void fetch(Ahead &a, int stage) const {
+    const int *kid = section<int>(packed, P::KID_OFF) + (size_t)stage * C::KS;
+#pragma unroll
+    for (int i = 0; i < KIDS; ++i) {
+      const int entry = C::TM ? col / 2 : (row0 + i * XSTEP) / 16;
+      a.kid[i] = (C::TM || XCH % C::THREADS == 0 || row0 + i * XSTEP < C::X_ROWS)
+                     ? __ldg(kid + entry) : 0;
+    }
+    const unsigned *voff = section<unsigned>(packed, P::VOFF_OFF) + stage;
+    a.v0 = __ldg(voff);
+    a.v1 = __ldg(voff + 1);
+  }
+
+  // X rows of the stage: fm, row r of the tile is k = 16 kid[r / 16] + r % 16,
+  // columns [n0, n0 + BN); tm, token n0 + r, columns 16 kid + 8 (col % 2) ..
+  // + 7.  Past K or N: zeros.  VEC: 16-byte copies (fm: N % 8 == 0 and X
+  // aligned; tm: K % 8 == 0 and X aligned), else element loads.
+  template <bool VEC>
+  __device__ __forceinline__ void load_x(unsigned s_x, const Ahead &a,
+                                         const unsigned short *x, int n_len, int n0) const {
+#pragma unroll
+    for (int i = 0; i < XITERS; ++i) {
+      const int row = row0 + i * XSTEP;
+      if (XCH % C::THREADS != 0 && row >= C::X_ROWS) break;
+      const unsigned dst = s_x + 16u * x_chunk<C>(row, col);
+      int gk, gn;  // the chunk's first element of X: row gk, column gn (fm) / token gn, column gk (tm)
+      if constexpr (C::TM) {
+        gn = n0 + row;
+        gk = 16 * a.kid[0] + 8 * (col & 1);
+      } else {
+        gk = 16 * a.kid[i] + (row & 15);
+        gn = n0 + 8 * col;
+      }
+      if constexpr (VEC) {
+        const bool ok = gk < P::K && gn < n_len;
+        const unsigned short *src =
+            ok ? (C::TM ? x + (size_t)gn * P::K + gk : x + (size_t)gk * n_len + gn) : x;
+        sm80::cp_async_16(dst, src, ok);
+      } else {
+        unsigned w[4];
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          unsigned h[2];
+#pragma unroll
+          for (int u = 0; u < 2; ++u) {
+            const int k = C::TM ? gk + 2 * e + u : gk;
+            const int n = C::TM ? gn : gn + 2 * e + u;
+            h[u] = (k < P::K && n < n_len)
+                       ? (C::TM ? x[(size_t)n * P::K + k] : x[(size_t)k * n_len + n]) : 0u;
+          }
+          w[e] = h[0] | (h[1] << 16);
+        }
+        sm80::st_shared_16(dst, w);
+      }
+    }
+  }
+
+  // The stage's records (contiguous) and values: the 16-byte chunks that
+  // cover [v0, v1), from v0 rounded down to 8 values; the meta slot keeps
+  // v0 % 8, where the stage's first value sits.
+  __device__ __forceinline__ void load_tables(unsigned s_stage, const Ahead &a, int stage) const {
+    const unsigned s_rec = s_stage + C::X_BYTES;
+    const unsigned char *rec = packed + P::REC_OFF + (size_t)stage * C::REC_STAGE;
+    constexpr int RCH = C::REC_STAGE / 16;
+#pragma unroll
+    for (int i = 0; i < cdiv(RCH, C::THREADS); ++i) {
+      const int c = threadIdx.x + i * C::THREADS;
+      if (RCH % C::THREADS == 0 || c < RCH) sm80::cp_async_16(s_rec + 16 * c, rec + 16 * c, true);
+    }
+    const unsigned s_val = s_rec + C::REC_STAGE;
+    const unsigned first = a.v0 & ~7u;
+    const int chunks = static_cast<int>((a.v1 + 7 - first) / 8);
+    const unsigned short *val = section<unsigned short>(packed, P::VAL_OFF) + first;
+    for (int c = threadIdx.x; c < chunks; c += C::THREADS)
+      sm80::cp_async_16(s_val + 16 * c, val + 8 * c, true);
+    if (threadIdx.x == 0) sm80::st_shared_u32(s_val + C::VAL_BYTES, a.v0 & 7u);
+  }
+};
+
+// ---- decode: one tile's A fragment --------------------------------------------------------------
+
+// What a lane decodes with in every tile: its bitmap word (q), the bits
+// of the lanes before it in that word (`below`), and where its own byte
+// starts (`shift`).
+struct LaneBits {
+  int q;
+  unsigned below, shift;
+  __device__ __forceinline__ explicit LaneBits(int lane)
+      : q(lane >> 2), below((1u << (8 * (lane & 3))) - 1u), shift(8u * (lane & 3)) {}
+};
+
+// The stage's values as the decode reads them: the copy starts at the
+// stage's first value rounded down to 8 (load_tables), so the first value
+// sits `meta` values in.
+template <class C>
+__device__ __forceinline__ const unsigned short *stage_values(const unsigned char *stage) {
+  const unsigned char *val = stage + C::X_BYTES + C::REC_STAGE;
+  return reinterpret_cast<const unsigned short *>(val) +
+         *reinterpret_cast<const unsigned *>(val + C::VAL_BYTES);
+}
+
+// The four A registers of tile (entry j, strip s) of the stage at `stage`
+// (shared memory): the lane's slot mask, its first value (the tile's
+// base, the word's prefix, the popcount of the lanes before it in the
+// word) and its values, taken in slot order.
+template <class C>
+__device__ __forceinline__ void decode_tile(unsigned (&a)[4], const unsigned char *stage,
+                                            const unsigned short *vals, int j, int s,
+                                            const LaneBits &lb) {
+  const unsigned char *rec = stage + C::X_BYTES + (j * C::MS + s) * REC_BYTES;
+  const unsigned word = reinterpret_cast<const unsigned *>(rec)[lb.q];
+  const unsigned first = *reinterpret_cast<const unsigned *>(rec + REC_BASE) + rec[REC_P + lb.q] +
+                         __popc(word & lb.below);
+  const unsigned mask = word >> lb.shift;
+  const unsigned short *v = vals + first;
+  unsigned h[8];
+#pragma unroll
+  for (int i = 0; i < 8; ++i) {
+    h[i] = 0u;
+    if (mask & (1u << i)) {
+      h[i] = *v;
+      ++v;
+    }
+  }
+#pragma unroll
+  for (int i = 0; i < 4; ++i) a[i] = __byte_perm(h[2 * i], h[2 * i + 1], 0x5410);
+}
+
+// ---- compute ------------------------------------------------------------------------------------
+
+// mma.sync: entry j of the stage for this warp's MF strips and all BN columns.
+template <class C>
+__device__ __forceinline__ void mma_entry(float (&acc)[C::MF][C::NF][4], const unsigned char *stage,
+                                          const unsigned short *vals, unsigned s_stage, int j,
+                                          int wm, int lane, const LaneBits &lb) {
+  using T = typename C::elem_t;
+  unsigned a[C::MF][4];
+#pragma unroll
+  for (int mi = 0; mi < C::MF; ++mi) decode_tile<C>(a[mi], stage, vals, j, wm * C::MF + mi, lb);
+#pragma unroll
+  for (int nj = 0; nj < C::NF / 2; ++nj) {
+    unsigned r[4];
+    if constexpr (C::TM) {
+      // BN x BK tile: lanes 0-7 tokens 0-7 at k 0-7, 8-15 at k 8-15, 16-31 tokens 8-15
+      const int row = nj * 16 + (lane & 7) + ((lane >> 4) << 3);
+      const int ch = 2 * j + ((lane >> 3) & 1);
+      sm80::ldmatrix_x4(r, s_stage + 16 * x_chunk<C>(row, ch));
+    } else {
+      // BK x BN tile: lanes 0-15 k 0-15 at columns 0-7, 16-31 at columns 8-15
+      const int row = 16 * j + (lane & 15);
+      const int ch = 2 * nj + (lane >> 4);
+      sm80::ldmatrix_x4_trans(r, s_stage + 16 * x_chunk<C>(row, ch));
+    }
+    const unsigned b0[2] = {r[0], r[1]}, b1[2] = {r[2], r[3]};
+#pragma unroll
+    for (int mi = 0; mi < C::MF; ++mi) {
+      sm80::mma_16816<T>(acc[mi][2 * nj], a[mi], b0);
+      sm80::mma_16816<T>(acc[mi][2 * nj + 1], a[mi], b1);
+    }
+  }
+}
+
+// wgmma: the B descriptor of entry j (16 rows of k) of the stage's X tile.
+template <class C>
+__device__ __forceinline__ unsigned long long x_desc(unsigned s_stage, int j) {
+  if constexpr (C::TM) {  // K-major: rows of BK elements, swizzled to the row width
+    constexpr sm90::Swizzle SW = C::BK == 64 ? sm90::SWIZZLE_128B
+                                             : (C::BK == 32 ? sm90::SWIZZLE_64B : sm90::SWIZZLE_32B);
+    return sm90::make_desc(s_stage + 32 * j, 16, 8 * C::BK * 2, SW);
+  } else {  // MN-major 64-column atoms: from one atom to the next BK * 128 bytes
+    return sm90::make_desc(s_stage + 2048 * j, C::BK * 128, 1024, sm90::SWIZZLE_128B);
+  }
+}
+
+// wgmma: the warp's KSW entries of the stage (its warpgroup's 64 rows, all
+// BN columns), one wgmma each, the A registers alternating between two
+// sets: a set is written again only after the wgmma that read it is done.
+template <class C>
+__device__ __forceinline__ void wg_stage(float (&acc)[C::NF][4], unsigned (&a)[2][4],
+                                         const unsigned char *stage, unsigned s_stage, int wk,
+                                         int strip, const LaneBits &lb) {
+  using T = typename C::elem_t;
+  const unsigned short *vals = stage_values<C>(stage);
+#pragma unroll
+  for (int jj = 0; jj < C::KSW; ++jj) {
+    const int j = wk * C::KSW + jj;
+    decode_tile<C>(a[jj & 1], stage, vals, j, strip, lb);
+    sm90::fence();
+    sm90::mma_rs<T, C::BN, C::TM ? 0 : 1>(acc, a[jj & 1], x_desc<C>(s_stage, j));
+    sm90::commit_group();
+    sm90::wait_group<1>();
+  }
+}
+
+// ---- epilogue -------------------------------------------------------------------------------------
+
+// Where a warp's fragments sit: its first strip and rows.
+template <class C>
+__device__ __forceinline__ int warp_row0(int wm) { return wm * C::MF * 16; }
+
+// Fragments -> act(scale acc + bias) in T -> the 16-bit output tile (fm
+// [BM][C_LD], tm [BN][C_LD]).
+template <class C, class P>
+__device__ __forceinline__ void fragments_to_tile(const float (&acc)[C::MF][C::NF][4],
+                                                  unsigned short *s_c, const unsigned char *packed,
+                                                  int m0, int wm, int lane) {
+  using T = typename C::elem_t;
+  const float *bias = section<float>(packed, P::BIAS_OFF);
+#pragma unroll
+  for (int mi = 0; mi < C::MF; ++mi) {
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      const int row = warp_row0<C>(wm) + mi * 16 + (lane >> 2) + 8 * h;
+      const float bv = P::HAS_BIAS ? __ldg(bias + m0 + row) : 0.0f;
+#pragma unroll
+      for (int ni = 0; ni < C::NF; ++ni) {
+        const int col = ni * 8 + 2 * (lane & 3);
+        const unsigned pair = sm80::epilogue_pair<T, P::HAS_BIAS, P::ACT>(
+            acc[mi][ni][2 * h], acc[mi][ni][2 * h + 1], P::SCALE, bv, (ni & 1) != 0);
+        if constexpr (C::TM) {
+          s_c[col * C::C_LD + row] = static_cast<unsigned short>(pair & 0xffffu);
+          s_c[(col + 1) * C::C_LD + row] = static_cast<unsigned short>(pair >> 16);
+        } else {
+          *reinterpret_cast<unsigned *>(s_c + row * C::C_LD + col) = pair;
+        }
+      }
+    }
+  }
+}
+
+// The output tile -> Y: rows m0 .. m0 + BM - 1 (those below M), columns
+// n0 .. n0 + BN - 1 (those below N); 16-byte stores where the rows allow.
+template <class C, class P>
+__device__ __forceinline__ void store_tile(const unsigned short *s_c, unsigned short *y, int n_len,
+                                           int m0, int n0) {
+  constexpr int ROWS = C::TM ? C::BN : C::BM;      // tile rows: tokens (tm) or rows of W (fm)
+  constexpr int COLS = C::TM ? C::BM : C::BN;
+  constexpr int CPR = COLS / 8;
+  const int rows_valid = C::TM ? n_len - n0 : P::M - m0;
+  const int cols_valid = C::TM ? P::M - m0 : n_len - n0;
+  const size_t ld = C::TM ? (size_t)P::M : (size_t)n_len;
+  unsigned short *ybase = y + (C::TM ? (size_t)n0 * P::M + m0 : (size_t)m0 * n_len + n0);
+  const bool vec = (C::TM ? P::M % 8 == 0 : n_len % 8 == 0) &&
+                   (reinterpret_cast<unsigned long long>(y) & 15) == 0;
+  for (int i = threadIdx.x; i < ROWS * CPR; i += C::THREADS) {
+    const int row = i / CPR, c = i % CPR;
+    if (row >= rows_valid || 8 * c >= cols_valid) continue;
+    const unsigned short *src = s_c + row * C::C_LD + 8 * c;
+    unsigned short *dst = ybase + (size_t)row * ld + 8 * c;
+    if (vec && 8 * c + 8 <= cols_valid) {
+      *reinterpret_cast<uint4 *>(dst) = *reinterpret_cast<const uint4 *>(src);
+    } else {
+#pragma unroll
+      for (int e = 0; e < 8; ++e)
+        if (8 * c + e < cols_valid) dst[e] = src[e];
+    }
+  }
+}
+
+// Split: the warp's fp32 partials -> R[wk][row][col].
+template <class C>
+__device__ __forceinline__ void fragments_to_partials(const float (&acc)[C::MF][C::NF][4],
+                                                      float *s_r, int wm, int wk, int lane) {
+  float *r = s_r + (size_t)wk * C::BM * C::R_LD;
+#pragma unroll
+  for (int mi = 0; mi < C::MF; ++mi)
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      const int row = warp_row0<C>(wm) + mi * 16 + (lane >> 2) + 8 * h;
+#pragma unroll
+      for (int ni = 0; ni < C::NF; ++ni) {
+        const int col = ni * 8 + 2 * (lane & 3);
+        *reinterpret_cast<float2 *>(r + row * C::R_LD + col) =
+            make_float2(acc[mi][ni][2 * h], acc[mi][ni][2 * h + 1]);
+      }
+    }
+}
+
+// Cluster helpers (sm_90): this CTA's rank, the barrier, a float of another
+// CTA's shared memory.
+__device__ __forceinline__ unsigned cluster_rank() {
+  unsigned r = 0;
+#if __CUDA_ARCH__ >= 900
+  asm volatile("mov.u32 %0, %%cluster_ctarank;\n" : "=r"(r));
+#endif
+  return r;
+}
+
+__device__ __forceinline__ void cluster_sync() {
+#if __CUDA_ARCH__ >= 900
+  asm volatile("barrier.cluster.arrive.release.aligned;\n"
+               "barrier.cluster.wait.acquire.aligned;\n" ::: "memory");
+#endif
+}
+
+__device__ __forceinline__ float ld_cluster_f32(unsigned local_addr, unsigned rank) {
+  float v = 0.0f;
+#if __CUDA_ARCH__ >= 900
+  unsigned remote;
+  asm volatile("mapa.shared::cluster.u32 %0, %1, %2;\n" : "=r"(remote) : "r"(local_addr), "r"(rank));
+  asm volatile("ld.shared::cluster.f32 %0, [%1];\n" : "=f"(v) : "r"(remote) : "memory");
+#endif
+  return v;
+}
+
+// Split: the partials added (over WK, then over the cluster's CK CTAs),
+// through the epilogue, into Y.  Each CTA of a cluster finishes a share of
+// the rows; element stores (decode-sized tiles).
+template <class C, class P>
+__device__ __forceinline__ void finish_split(float *s_r, const unsigned char *packed,
+                                             unsigned short *y, int n_len, int m0, int n0) {
+  using T = typename C::elem_t;
+  constexpr int ELEMS = C::BM * C::BN;
+  if constexpr (C::WK > 1) {  // into R[0]
+    for (int i = threadIdx.x; i < ELEMS; i += C::THREADS) {
+      const int row = i / C::BN, col = i % C::BN;
+      float v = s_r[row * C::R_LD + col];
+#pragma unroll
+      for (int w = 1; w < C::WK; ++w) v += s_r[(w * C::BM + row) * C::R_LD + col];
+      s_r[row * C::R_LD + col] = v;
+    }
+  }
+  int row_lo = 0, row_hi = C::BM;
+  const unsigned rank = C::CK > 1 ? cluster_rank() : 0u;
+  if constexpr (C::CK > 1) {
+    cluster_sync();  // every CTA's R[0] is complete
+    row_lo = C::BM * static_cast<int>(rank) / C::CK;
+    row_hi = C::BM * static_cast<int>(rank + 1) / C::CK;
+  } else {
+    __syncthreads();
+  }
+  const float *bias = section<float>(packed, P::BIAS_OFF);
+  const int rows = row_hi - row_lo;
+  // fm: threads run along N (Y rows contiguous); tm: along M
+  for (int i = threadIdx.x; i < rows * C::BN; i += C::THREADS) {
+    const int row = row_lo + (C::TM ? i % rows : i / C::BN);
+    const int col = C::TM ? i / rows : i % C::BN;
+    const int m = m0 + row, n = n0 + col;
+    if (m >= P::M || n >= n_len) continue;
+    float v = s_r[row * C::R_LD + col];
+    if constexpr (C::CK > 1) {
+      const unsigned addr = sm80::smem_addr(s_r + row * C::R_LD + col);
+#pragma unroll
+      for (int k = 1; k < C::CK; ++k) v += ld_cluster_f32(addr, (rank + k) % C::CK);
+    }
+    const float bv = P::HAS_BIAS ? __ldg(bias + m) : 0.0f;
+    const float out = epilogue<P::HAS_BIAS, P::ACT, true>(v, P::SCALE, bv);
+    const unsigned short bits = static_cast<unsigned short>(sm80::pack2<T>(out, 0.0f) & 0xffffu);
+    y[C::TM ? (size_t)n * P::M + m : (size_t)m * n_len + n] = bits;
+  }
+  if constexpr (C::CK > 1) cluster_sync();  // no CTA leaves while another reads its partials
+}
+
+// ---- the kernel body ----------------------------------------------------------------------------
+
+template <class C, class P, bool VEC>
+__device__ __forceinline__ void gemm_block(const unsigned char *__restrict__ packed,
+                                           const unsigned short *__restrict__ x,
+                                           unsigned short *__restrict__ y, int n_len, int n0,
+                                           const Block &blk, unsigned char *smem) {
+  constexpr int S = C::STAGES;
+  constexpr int AHEAD = C::WG ? S - 2 : S - 1;  // stages in flight ahead of the one computed
+  const int lane = threadIdx.x & 31;
+  const int warp = threadIdx.x >> 5;
+  const int wm = warp % C::WM, wk = warp / C::WM;
+  const unsigned s_base = sm80::smem_addr(smem);
+  const int n = blk.stages;
+
+  using L = StageLoader<C, P>;
+  const L ld(packed);
+  typename L::Ahead first[AHEAD > 0 ? AHEAD : 1], next;
+  if (n > 0) {
+#pragma unroll
+    for (int s = 0; s < AHEAD; ++s)
+      if (s < n) ld.fetch(first[s], blk.first_stage + s);
+    if (AHEAD < n) ld.fetch(next, blk.first_stage + AHEAD);
+  }
+#pragma unroll
+  for (int s = 0; s < AHEAD; ++s) {
+    if (s < n) {
+      const unsigned st = s_base + s * C::STAGE_BYTES;
+      ld.template load_x<VEC>(st, first[s], x, n_len, n0);
+      ld.load_tables(st, first[s], blk.first_stage + s);
+    }
+    sm80::cp_async_commit();
+  }
+
+  // mma.sync: MF x NF fragments a warp; WG: the warpgroup's 64 x BN tile (MF = 1)
+  float acc[C::MF][C::NF][4];
+#pragma unroll
+  for (int mi = 0; mi < C::MF; ++mi)
+#pragma unroll
+    for (int ni = 0; ni < C::NF; ++ni)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) acc[mi][ni][e] = 0.0f;
+  unsigned a_wg[2][4];  // WG: the two sets of A registers
+  const LaneBits lb(lane);
+
+  int read_stage = 0, write_stage = AHEAD % S;
+  for (int it = 0; it < n; ++it) {
+    sm80::cp_async_wait<AHEAD - 1>();
+    if constexpr (C::WG) {
+      sm90::fence_proxy_async();  // this thread's copies -> the wgmma's proxy
+      sm90::wait_group<1>();
+    }
+    __syncthreads();  // stage `it` landed for everyone; the stage to refill is free
+    if (it + AHEAD < n) {
+      const unsigned st = s_base + write_stage * C::STAGE_BYTES;
+      ld.template load_x<VEC>(st, next, x, n_len, n0);
+      ld.load_tables(st, next, blk.first_stage + it + AHEAD);
+      if (it + AHEAD + 1 < n) ld.fetch(next, blk.first_stage + it + AHEAD + 1);
+    }
+    sm80::cp_async_commit();
+    const unsigned st = s_base + read_stage * C::STAGE_BYTES;
+    const unsigned char *stage = smem + read_stage * C::STAGE_BYTES;
+    if constexpr (C::WG) {
+      wg_stage<C>(acc[0], a_wg, stage, st, wk, wm, lb);
+    } else {
+      const unsigned short *vals = stage_values<C>(stage);
+#pragma unroll
+      for (int jj = 0; jj < C::KSW; ++jj)
+        mma_entry<C>(acc, stage, vals, st, wk * C::KSW + jj, wm, lane, lb);
+    }
+    read_stage = read_stage + 1 == S ? 0 : read_stage + 1;
+    write_stage = write_stage + 1 == S ? 0 : write_stage + 1;
+  }
+  if constexpr (C::WG) sm90::wait_group<0>();
+  sm80::cp_async_wait<0>();
+  __syncthreads();  // the pipeline's shared memory is free for the epilogue
+
+  const int m0 = blk.first_row;
+  if constexpr (C::SPLIT) {
+    float *s_r = reinterpret_cast<float *>(smem);
+    fragments_to_partials<C>(acc, s_r, wm, wk, lane);
+    __syncthreads();
+    finish_split<C, P>(s_r, packed, y, n_len, m0, n0);
+  } else {
+    unsigned short *s_c = reinterpret_cast<unsigned short *>(smem);
+    fragments_to_tile<C, P>(acc, s_c, packed, m0, wm, lane);
+    __syncthreads();
+    store_tile<C, P>(s_c, y, n_len, m0, n0);
+  }
+}
+
+// Entry: blockIdx.x = schedule slot * CK + cluster rank, blockIdx.y = tile of N.
+template <class C, class P>
+__device__ __forceinline__ void kernel(const unsigned char *__restrict__ packed,
+                                       const void *__restrict__ x_, void *__restrict__ y_,
+                                       int n_len) {
+  extern __shared__ __align__(1024) unsigned char smem_raw[];
+  const int slot = blockIdx.x / C::CK;
+  if (P::NUM_BLOCKS == 0 || slot >= P::NUM_BLOCKS || n_len <= 0) return;
+  const int rank = C::CK > 1 ? static_cast<int>(cluster_rank()) : 0;
+  const Block blk = load_block<C, P>(packed, slot, rank);
+  const int n0 = blockIdx.y * C::BN;
+  // WG: the swizzled tiles need a 1024-byte aligned base (1 KB is reserved)
+  unsigned char *smem =
+      C::WG ? smem_raw + ((1024u - (sm80::smem_addr(smem_raw) & 1023u)) & 1023u) : smem_raw;
+  const unsigned short *x = static_cast<const unsigned short *>(x_);
+  unsigned short *y = static_cast<unsigned short *>(y_);
+  const bool aligned = (reinterpret_cast<unsigned long long>(x_) & 15) == 0;
+  const bool vec = aligned && (C::TM ? P::K % 8 == 0 : (n_len & 7) == 0);
+  if (vec)
+    gemm_block<C, P, true>(packed, x, y, n_len, n0, blk, smem);
+  else
+    gemm_block<C, P, false>(packed, x, y, n_len, n0, blk, smem);
+}
+
+}  // namespace csr_tc
+}  // namespace sf

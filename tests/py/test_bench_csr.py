@@ -1,0 +1,96 @@
+"""bench/csr.py without a GPU: the suites' problems (shapes, N, densities,
+dtypes, targets), the pruned matrices, the report's tables and target
+verdicts, and --dry-run (matrices made, spaces counted, hint kernels
+compiled)."""
+from __future__ import annotations
+
+import math
+import sys
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT / "bench"))
+
+import csr as bench  # noqa: E402
+
+
+def test_the_suites_problems():
+    probs = bench.problems(["decode", "prefill"])
+    decode = [p for p in probs if p.suite == "decode"]
+    prefill = [p for p in probs if p.suite == "prefill"]
+    assert len(decode) == 3 * 2 * 3 and len(prefill) == 3 * 2
+    assert {(p.m, p.k) for p in probs} == {(4096, 4096), (11008, 4096), (4096, 11008)}
+    assert {p.n for p in decode} == {16, 64} and {p.n for p in prefill} == {4096}
+    assert {(p.density, p.target) for p in decode} == {(0.5, 1.25), (0.3, 1.9), (0.1, 3.5)}
+    assert {(p.density, p.target) for p in prefill} == {(0.3, 1.0), (0.1, 1.0)}
+    assert all(p.dtype == "fp16" for p in probs)
+    assert [p.suite for p in probs] == ["decode"] * 18 + ["prefill"] * 6
+
+
+def test_dlmc_problems(dlmc_dir, monkeypatch):
+    monkeypatch.setenv("SPARSEFORGE_DLMC", str(dlmc_dir))
+    probs = bench.problems(["dlmc"])
+    files = sorted(dlmc_dir.rglob("*.smtx"))
+    assert len(probs) == len(files) * 2 * 2
+    assert {p.dtype for p in probs} == {"fp16", "fp32"}
+    rn50 = [p for p in probs if p.name.startswith("rn50/")]
+    tf = [p for p in probs if p.name.startswith("transformer/")]
+    assert {p.n for p in tf} == {256, 2048}
+    sizes = dict(line.split(",") for line in
+                 (dlmc_dir / "rn50_batchsizes.txt").read_text().split())
+    for p in rn50:
+        n1 = int(sizes[p.name.split("/")[-1]])
+        assert p.n in (n1, 8 * n1)
+    m = tf[0].make()
+    assert m.shape == (tf[0].m, tf[0].k) and m.dtype == tf[0].dtype
+    assert m.density == pytest.approx(tf[0].density)
+
+
+def test_pruned_normal_has_the_density_and_keeps_the_largest():
+    m = bench.pruned_normal(64, 80, 0.3, "fp16", 0)
+    assert m.nnz == round(0.3 * 64 * 80) and m.dtype == "fp16"
+    import numpy as np
+    rng = np.random.default_rng(0)
+    w = rng.standard_normal((64, 80), dtype=np.float32)
+    kept = np.abs(w[m.mask()])
+    assert kept.min() >= np.abs(w[~m.mask()]).max()
+
+
+def _row(ms, cublas, cusparse, bf16=math.nan):
+    return dict(ms=ms, cublas=cublas, speedup=cublas / ms, err=1e-3, trials=5, failed=0,
+                config={"bn": 16}, cusparse=cusparse, bf16=bf16)
+
+
+def test_report_tables_and_verdicts():
+    probs = bench.problems(["decode"])[:4]        # 4096 x 4096 at d = 0.5 (N 16, 64) and 0.3
+    probs[0].row = _row(0.008, 0.011, 0.05, 0.0081)
+    probs[1].row = _row(0.009, 0.0112, 0.06)
+    probs[2].row = _row(0.005, 0.011, 0.03)
+    probs[3].row = _row(0.0055, 0.0115, 0.01)
+    fp32 = bench.Problem("dlmc", "rn50/0.9/x", 64, 256, 3136, "fp32", 0.1, group="rn50 0.9 fp32")
+    fp32.row = _row(0.01, 0.026, 0.05)
+    args = SimpleNamespace(layout="tm", strategy="greedy", budget="24", label="note")
+    text = bench.report(probs + [fp32], "H100", 3.0e12, args)
+    assert "| decode | 4096x4096 | 0.500 | 16 | fp16 | 0.0080 | 0.0110 | 1.38x | 1.25x | 1.68x |" in text
+    assert "| decode d=0.5 | 2 | 1.24x | 1.31x | 1.25x | no |" in text    # 1.24x < 1.25x
+    assert "| decode d=0.3 | 2 | 2.09x | 2.14x | 1.90x | yes |" in text
+    assert "| rn50 0.9 fp32 | 1 | 2.60x | 2.60x | 3.40x | floor |" in text
+    assert "fp16 rows against cuSPARSE CSR fp16: min 1.82x (target >= 2x)." in text
+    assert "1.012" in text and "note" in text
+
+
+def test_dry_run_makes_counts_and_compiles(capsys):
+    assert bench.main(["--dry-run", "--small", "--suites", "prefill", "--compile", "1"]) == 0
+    out = capsys.readouterr().out
+    assert "6 problems (prefill), layout tm, kernels for sm_90a" in out
+    assert "prefill 256x256" in out and "N=256 fp16" in out
+    assert "6 kernels compiled; nothing was measured (dry run)" in out
+    with pytest.raises(SystemExit):
+        bench.main(["--dry-run", "--suites", "bogus"])
+    assert bench.main(["--dry-run", "--small", "--suites", "decode", "--only", "688x256",
+                       "--compile", "0"]) == 0
+    out = capsys.readouterr().out
+    assert "6 problems (decode)" in out and "256x688 " not in out

@@ -1,0 +1,426 @@
+"""The csr family in fp16 and bf16 (tensor cores): the tiled-bitmap format
+(pack, read back, the lanes' decode emulated against the mma fragment
+layout), the schedule, the search space and its constraints, NVRTC
+compiles for sm_80 and sm_90a (no spills; the tensor-core instructions in
+the code); on a GPU, correctness over odd shapes, both layouts, both
+dtypes, the epilogues and the DLMC subset."""
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import subprocess
+
+import numpy as np
+import pytest
+
+from sparseforge.generator.families import get_family
+from sparseforge.generator.families.csr import bitmap, tc
+from sparseforge.generator.kernel import ConfigError, Epilogue, Operation
+from sparseforge.generator.matrix import SparseMatrix, round_to_dtype
+
+FAM = get_family("csr")
+H100 = {"smem_per_block_optin": 232448, "sm_count": 132, "cc_major": 9, "cc_minor": 0,
+        "arch": "sm_90a"}
+A100 = {"smem_per_block_optin": 166912, "sm_count": 108, "cc_major": 8, "cc_minor": 0,
+        "arch": "sm_80"}
+DECODE = dict(mf=1, wm=4, wk=2, ksw=2, bn=16, stages=4, ck=1)
+PREFILL = dict(mf=2, wm=2, wk=1, ksw=2, bn=128, stages=3, ck=1)
+WGCFG = dict(mf=1, wm=4, wk=1, ksw=2, bn=128, stages=4, ck=1, wg=1)
+
+
+def random_matrix(m, k, density, seed=0, dtype="fp16", empty_rows=(), empty_cols=()):
+    rng = np.random.default_rng(seed)
+    d = rng.standard_normal((m, k)).astype(np.float32)
+    d[rng.random((m, k)) >= density] = 0
+    d[list(empty_rows)] = 0
+    d[:, list(empty_cols)] = 0
+    return SparseMatrix.from_dense(d, dtype=dtype)
+
+
+def same(a: SparseMatrix, b: SparseMatrix, dtype):
+    assert a.shape == b.shape and b.dtype == dtype
+    np.testing.assert_array_equal(round_to_dtype(a.to_dense(), dtype).view(np.uint32),
+                                  b.to_dense().view(np.uint32))
+
+
+# ---- the format ---------------------------------------------------------------------------
+
+def test_bit_positions_are_the_mma_fragment_layout():
+    """bit 8 lane + 2 reg + half is a[reg] half `half` of lane: a0 (g, 2t),
+    a1 (g+8, 2t), a2 (g, 2t+8), a3 (g+8, 2t+8) by the PTX ISA."""
+    frow, fcol = bitmap.fragment_positions()
+    bits = np.arange(256).reshape(32, 4, 2)
+    r, c = bitmap.slot_position(bits)
+    np.testing.assert_array_equal(r, frow)
+    np.testing.assert_array_equal(c, fcol)
+    assert sorted(zip(r.ravel(), c.ravel())) == [(i, j) for i in range(16) for j in range(16)]
+    np.testing.assert_array_equal(bitmap.position_bit(r, c), bits)
+
+
+SHAPES = [
+    ("odd", lambda dt: random_matrix(37, 53, 0.3, seed=1, dtype=dt, empty_rows=(0, 5, 36))),
+    ("one_row", lambda dt: random_matrix(1, 7, 0.9, seed=2, dtype=dt)),
+    ("one_col", lambda dt: random_matrix(9, 1, 0.5, seed=3, dtype=dt)),
+    ("dense", lambda dt: random_matrix(33, 40, 1.01, seed=4, dtype=dt)),
+    ("zero", lambda dt: SparseMatrix.from_dense(np.zeros((13, 17), np.float32), dtype=dt)),
+    ("sparse_cols", lambda dt: random_matrix(70, 300, 0.2, seed=5, dtype=dt,
+                                             empty_cols=range(16, 200))),
+    ("tall", lambda dt: random_matrix(300, 24, 0.05, seed=6, dtype=dt)),
+]
+BLOCKINGS = [(16, 1), (32, 2), (64, 4), (128, 8), (64, 3)]
+
+
+@pytest.mark.parametrize("name,make", SHAPES, ids=[s[0] for s in SHAPES])
+@pytest.mark.parametrize("dtype", ["fp16", "bf16"])
+def test_pack_read_back_and_emulated_product(name, make, dtype):
+    mat = make(dtype)
+    rng = np.random.default_rng(0)
+    x = round_to_dtype(rng.standard_normal((mat.cols, 5)).astype(np.float32), dtype)
+    ref = round_to_dtype(mat.to_dense(), dtype).astype(np.float64) @ x
+    for bm, ks in BLOCKINGS:
+        p = bitmap.pack(mat, dtype, bm, ks)
+        back, bias = bitmap.unpack(p.data)
+        same(mat, back, dtype)
+        assert bias is None
+        assert all(v % 16 == 0 for v in p.offsets.values()) and len(p.data) % 16 == 0
+        if mat.rows * mat.cols <= 4000:
+            np.testing.assert_allclose(bitmap.emulate_product(p.data, x), ref, atol=1e-9)
+
+
+def test_schedule_stages_and_padding():
+    """Blocks with more nonempty k-steps first; a block keeps only its
+    nonempty k-steps; the padding entries of a last stage are empty and
+    name a k-step of the block; each stage's values are contiguous."""
+    d = np.zeros((200, 500), np.float32)
+    rng = np.random.default_rng(3)
+    d[0:64, :] = rng.standard_normal((64, 500)) * (rng.random((64, 500)) < 0.3)
+    d[64:128, 32:40] = 1.0                 # one k-step
+    d[192:200, 100:260] = rng.standard_normal((8, 160))
+    mat = SparseMatrix.from_dense(d, dtype="fp16")
+    p = bitmap.pack(mat, "fp16", 64, 4)
+    s = bitmap.sections(p.data)
+    first, count, row = s.blocks[:, 0], s.blocks[:, 1], s.blocks[:, 2]
+    assert list(row) == [0, 192, 64, 128]      # 8 stages, 3 (10 k-steps), 1, 0
+    assert list(count) == [8, 3, 1, 0]
+    assert list(first) == [0, 8, 11, 12]
+    assert s.kid[11 * 4] == 2 and set(s.kid[11 * 4 + 1:12 * 4]) == {2}
+    assert list(s.kid[8 * 4:11 * 4][:10]) == list(range(6, 16))
+    ms = 4
+    pad = s.rec.reshape(-1, 4, ms)[11, 1:]
+    assert not pad["w"].any() and not pad["count"].any()
+    assert s.voff[-1] == mat.nnz and np.all(np.diff(s.voff.astype(np.int64)) >= 0)
+    assert p.vmax == int(np.diff(s.voff.astype(np.int64)).max())
+
+
+def test_lane_decode_emulation_reads_each_lanes_slots():
+    """decode_tile's arithmetic (word, prefix byte, popcount of the bits
+    below, then slot order) puts every entry of the tile in its fragment
+    register, on a tile with every lane's count different."""
+    d = np.zeros((16, 16), np.float32)
+    r, c = bitmap.fragment_positions()
+    for lane in range(32):
+        for slot in range(lane % 9):     # lane L has L % 9 nonzeros
+            d[r[lane, slot // 2, slot % 2], c[lane, slot // 2, slot % 2]] = lane + slot / 10
+    mat = SparseMatrix.from_dense(d, dtype="fp16")
+    p = bitmap.pack(mat, "fp16", 16, 1)
+    frag = bitmap.emulate_decode(p.data, 0, 0, 0)
+    np.testing.assert_array_equal(frag, round_to_dtype(d, "fp16")[r, c])
+
+
+def test_bias_plan_and_errors():
+    mat = random_matrix(40, 64, 0.3, seed=7)
+    op = Operation("fp16", "fm", Epilogue(bias=True, activation="relu"))
+    bias = np.linspace(-1, 1, 40)
+    p = FAM.plan(mat, op, {}, DECODE, bias=bias)
+    assert isinstance(p, tc.TcPlan)
+    s = bitmap.sections(p.packed)
+    np.testing.assert_array_equal(s.bias, bias.astype(np.float32))
+    same(mat, FAM.unpack(p), "fp16")
+    with pytest.raises(ValueError, match="bias has 3 entries"):
+        FAM.plan(mat, op, {}, DECODE, bias=np.ones(3))
+    with pytest.raises(ValueError, match="none was given"):
+        FAM.plan(mat, op, {}, DECODE)
+    with pytest.raises(ValueError, match="adds none"):
+        FAM.plan(mat, Operation("fp16"), {}, DECODE, bias=bias)
+
+
+def test_permutation_and_name_carried():
+    mat = random_matrix(30, 20, 0.4, seed=8, dtype="bf16")
+    mat.perm = np.random.default_rng(0).permutation(30)
+    mat.name = "w"
+    back = FAM.unpack(FAM.plan(mat, Operation("bf16", "tm"), {}, DECODE))
+    same(mat, back, "bf16")
+    np.testing.assert_array_equal(back.perm, mat.perm)
+    assert back.name == "w"
+
+
+def test_format_bytes_and_speedup_limits():
+    """48 bytes a tile and 2 a nonzero: the ceilings of a memory-bound
+    decode against dense fp16 weights."""
+    mat = random_matrix(512, 512, 0.3, seed=9)
+    p = bitmap.pack(mat, "fp16", 64, 4)
+    s = bitmap.sections(p.data)
+    assert s.rec.size == (512 // 16) * (512 // 16)
+    assert tc.speedup_limit(0.5) == pytest.approx(1.68, abs=0.01)
+    assert tc.speedup_limit(0.3) == pytest.approx(2.54, abs=0.01)
+    assert tc.speedup_limit(0.1) == pytest.approx(5.16, abs=0.01)
+
+
+# ---- the family: dtype, space, constraints ---------------------------------------------------
+
+def test_one_family_for_every_dtype():
+    assert FAM.dtypes == ("fp32", "fp16", "bf16")
+    assert FAM.dtype_for("fp16") == "fp16" and FAM.dtype_for("bf16") == "bf16"
+    assert FAM.dtype_for("fp32") == "fp32"
+    mat = random_matrix(64, 64, 0.3)
+    assert FAM.detect(mat) == {} and FAM.fits(mat, {})
+    assert "tables" in FAM.search_space(mat, Operation("fp32"), {})[0]
+    assert "bn" in FAM.search_space(mat, Operation("fp16"), {})[0]
+    with pytest.raises(ConfigError, match="csr takes no pattern parameters"):
+        FAM.search_space(mat, Operation("fp16"), {"v": 1})
+
+
+@pytest.mark.parametrize("device,wg", [(H100, True), (A100, False)])
+def test_search_space(device, wg):
+    mat = random_matrix(1000, 700, 0.3, seed=10)
+    for layout in ("fm", "tm"):
+        op = Operation("bf16", layout)
+        space = FAM.search_space(mat, op, {}, device)
+        assert 60 <= len(space) <= 260
+        assert len({tuple(sorted(c.items())) for c in space}) == len(space)
+        assert any(c.get("wg") for c in space) == wg
+        assert any(c["ck"] > 1 for c in space) == wg
+        assert {c["bn"] for c in space} >= {16, 64, 128}
+        for c in space:
+            FAM.check_config(c, mat, op, {}, device)
+        hints = FAM.hint_configs(mat, op, {}, device)
+        assert hints and all(h in space for h in hints)
+        assert {h["bn"] for h in hints} >= {16, 64}
+
+
+@pytest.mark.parametrize("change,rule", [
+    (dict(bn=24), "bn in"),
+    (dict(mf=3), "mf in (1, 2)"),
+    (dict(wm=8, wk=4), "threads <= 512"),
+    (dict(ksw=3), "ksw in (1, 2, 4)"),
+    (dict(ck=3), "ck in"),
+    (dict(mf=2, bn=256), "acc <= 128"),
+    (dict(stages=5), "stages in (2, 3, 4)"),
+    (dict(wg=1), "ksw % 2 == 0"),     # with ksw 1 below
+])
+def test_invalid_configs_name_their_constraint(change, rule):
+    mat = random_matrix(64, 64, 0.3)
+    cfg = dict(DECODE, ksw=1) if change.get("wg") else dict(DECODE)
+    cfg.update(change)
+    with pytest.raises(ConfigError, match=re.escape(rule)):
+        FAM.check_config(cfg, mat, Operation("fp16"), {})
+
+
+def test_device_rules():
+    mat = random_matrix(64, 64, 0.3)
+    op = Operation("fp16")
+    with pytest.raises(ConfigError, match="clusters need sm_90"):
+        FAM.check_config(dict(DECODE, ck=2), mat, op, {}, A100)
+    with pytest.raises(ConfigError, match="the wgmma path needs sm_90a"):
+        FAM.check_config(WGCFG, mat, op, {}, A100)
+    FAM.check_config(WGCFG, mat, op, {}, H100)
+    with pytest.raises(ConfigError, match="needs the keys"):
+        FAM.check_config(dict(DECODE, vec=1), mat, op, {})
+
+
+def test_kernel_launch_record_and_name():
+    mat = random_matrix(300, 200, 0.3, seed=11)
+    op = Operation("fp16", "tm", Epilogue(bias=True))
+    cfg = dict(DECODE, ck=4)
+    p = FAM.plan(mat, op, {}, cfg, bias=np.ones(300))
+    k = FAM.render(p, op, cfg)
+    assert k.launch["grid"] == (5 * 4, 1, 1)    # 300 rows in blocks of 64, 4 CTAs a cluster
+    assert k.launch["n_axis"] == 1 and k.launch["n_tile"] == 16
+    assert k.launch["block"] == (256, 1, 1) and not k.launch["zero_output"]
+    assert k.name.startswith("sf_csr_fp16_tm_bias_") and "ck4" in k.name
+    assert "__cluster_dims__(4, 1, 1)" in k.source
+    assert k.launch["shared_bytes"] == tc.SPACE.env(cfg, tc.problem("tm", p.vmax))["smem"]
+
+
+def test_the_command_line_tunes_16_bit_weights_on_tensor_cores(tmp_path):
+    """prune --pattern csr keeps the dtype; generate and tune (no GPU:
+    compile only) take the tensor-core kernels for fp16 weights and the
+    CUDA-core ones for fp32."""
+    import json
+    import subprocess
+    import sys
+    from pathlib import Path
+    from sparseforge.generator import io
+    root = Path(__file__).resolve().parents[2]
+    env = dict(os.environ, SF_CUDA_DRIVER="/nonexistent/libcuda.so.1",
+               PYTHONPATH=str(root) + os.pathsep + os.environ.get("PYTHONPATH", ""))
+
+    def run(*args):
+        r = subprocess.run([sys.executable, "-m", "sparseforge", *map(str, args)], cwd=root,
+                           env=env, capture_output=True, text=True, timeout=600)
+        assert r.returncode == 0, r.stderr
+        return r.stdout + r.stderr
+
+    dense = np.random.default_rng(0).standard_normal((96, 80)).astype(np.float16)
+    np.save(tmp_path / "w.npy", dense)
+    run("prune", tmp_path / "w.npy", "--pattern", "csr", "--sparsity", "0.7",
+        "-o", tmp_path / "p.npz")
+    (_, pruned), = io.load(str(tmp_path / "p.npz"))
+    assert pruned.dtype == "fp16" and pruned.density == pytest.approx(0.3, abs=0.01)
+    run("generate", tmp_path / "p.npz", "--pattern", "csr", "--arch", "sm_90a",
+        "-o", tmp_path / "gen")
+    meta = json.loads(next((tmp_path / "gen").glob("*.json")).read_text())
+    assert meta["op"].startswith("csr.fp16.") and "ksw" in meta["config"]
+    out = run("tune", tmp_path / "p.npz", "--db", tmp_path / "t.db", "--n", "16",
+              "--budget", "2")
+    assert "nothing was measured (no GPU)" in out
+    run("generate", tmp_path / "p.npz", "--pattern", "csr", "--dtype", "fp32",
+        "--arch", "sm_80", "-o", tmp_path / "gen32")
+    meta = json.loads(next((tmp_path / "gen32").glob("*.json")).read_text())
+    assert meta["op"].startswith("csr.fp32.") and "tables" in meta["config"]
+
+
+# ---- compiling ------------------------------------------------------------------------------
+
+def _cuobjdump():
+    tool = os.environ.get("CUOBJDUMP") or shutil.which("cuobjdump")
+    return tool
+
+
+COMPILE_CASES = [
+    ("fp16", "fm", Epilogue(bias=True, activation="gelu"), DECODE),
+    ("bf16", "tm", Epilogue(activation="relu"), dict(DECODE, wk=4, ksw=1, bn=64)),
+    ("fp16", "tm", Epilogue(bias=True), dict(DECODE, mf=2, wm=2, ck=4)),
+    ("bf16", "fm", Epilogue(scale=0.5), PREFILL),
+    ("fp16", "tm", Epilogue(bias=True, activation="gelu"), dict(PREFILL, mf=1, wm=8, bn=256)),
+    ("fp16", "fm", Epilogue(bias=True, activation="gelu"), dict(WGCFG, wm=8, bn=256)),
+    ("bf16", "tm", Epilogue(), dict(WGCFG, ksw=4)),
+    ("fp16", "fm", Epilogue(activation="relu"), dict(WGCFG, bn=64, wk=2, ck=4)),
+]
+
+
+@pytest.mark.parametrize("case", range(len(COMPILE_CASES)))
+@pytest.mark.parametrize("arch", ["sm_80", "sm_90a"])
+def test_template_compiles(arch, case, nvrtc, tmp_path):
+    dtype, layout, ep, cfg = COMPILE_CASES[case]
+    mat = random_matrix(150, 97, 0.3, seed=case, dtype=dtype)
+    op = Operation(dtype, layout, ep)
+    bias = np.linspace(-1, 1, 150) if ep.bias else None
+    k = FAM.generate(mat, op, {}, cfg, bias=bias)
+    needs90 = cfg.get("wg") or cfg["ck"] > 1
+    if needs90 and arch != "sm_90a":
+        from sparseforge.native import CompileError
+        with pytest.raises(CompileError):
+            nvrtc(k.source, arch, "csr_tc.cu")
+        return
+    b = nvrtc(k.source, arch, "csr_tc.cu", options=("--ptxas-options=-v",))
+    spills = re.findall(r"(\d+) bytes spill stores, (\d+) bytes spill loads", b.log)
+    assert spills and all(s == ("0", "0") for s in spills), b.log
+    assert "warning" not in b.log.lower(), b.log
+    tool = _cuobjdump()
+    if tool:
+        cubin = tmp_path / "k.cubin"
+        cubin.write_bytes(b.data)
+        sass = subprocess.run([tool, "-sass", str(cubin)], capture_output=True, text=True,
+                              check=True).stdout
+        assert ("HGMMA" if cfg.get("wg") else "HMMA") in sass
+        assert not re.search(r"\b(LDL|STL)\b", sass)
+
+
+@pytest.mark.parametrize("arch,layout", [("sm_90a", "fm"), ("sm_90a", "tm"), ("sm_80", "fm"),
+                                         ("sm_80", "tm")])
+def test_a_spread_of_the_space_compiles_without_spills(arch, layout, nvrtc):
+    """Every 12th configuration of the space (the whole of it compiles so
+    too: 608 kernels, checked when the table changes)."""
+    from concurrent.futures import ThreadPoolExecutor
+    mat = random_matrix(1000, 700, 0.3, seed=13)
+    op = Operation("fp16", layout, Epilogue(bias=True, activation="gelu"))
+    space = FAM.search_space(mat, op, {}, H100 if arch == "sm_90a" else A100)
+    picks = space[::12]
+
+    def build(cfg):
+        k = FAM.generate(mat, op, {}, cfg, bias=np.zeros(1000))
+        return nvrtc(k.source, arch, "csr_tc.cu", options=("--ptxas-options=-v",)).log
+
+    with ThreadPoolExecutor(max_workers=os.cpu_count() or 2) as pool:
+        logs = list(pool.map(build, picks))
+    for cfg, log in zip(picks, logs):
+        spills = re.findall(r"(\d+) bytes spill stores, (\d+) bytes spill loads", log)
+        assert spills and all(sp == ("0", "0") for sp in spills), (cfg, log)
+
+
+# ---- GPU ------------------------------------------------------------------------------------
+
+GPU_CASES = [
+    # (shape, density, dtype, layout, epilogue, config, N values)
+    ((37, 53), 0.3, "fp16", "fm", Epilogue(bias=True, activation="gelu"), DECODE, (1, 5, 16, 17)),
+    ((37, 53), 0.3, "bf16", "tm", Epilogue(bias=True, activation="relu"), DECODE, (1, 16, 33)),
+    ((300, 200), 0.5, "fp16", "tm", Epilogue(), dict(DECODE, wk=4, ksw=1, bn=64), (3, 64, 100)),
+    ((300, 200), 0.1, "bf16", "fm", Epilogue(scale=0.5), dict(DECODE, mf=2, wm=2), (7, 64)),
+    ((129, 1000), 0.3, "fp16", "fm", Epilogue(bias=True), PREFILL, (1, 130, 300)),
+    ((129, 1000), 0.3, "bf16", "tm", Epilogue(activation="gelu"),
+     dict(PREFILL, mf=1, wm=8, bn=256, ksw=2), (5, 256, 513)),
+    ((64, 64), 0.0, "fp16", "fm", Epilogue(bias=True, activation="gelu"), DECODE, (1, 16)),
+    ((513, 250), 0.05, "fp16", "tm", Epilogue(bias=True), dict(PREFILL, ksw=1), (16, 200)),
+    # Hopper: clusters along K, wgmma
+    ((300, 700), 0.3, "fp16", "fm", Epilogue(bias=True, activation="gelu"),
+     dict(DECODE, ck=4), (1, 16, 40)),
+    ((300, 700), 0.1, "bf16", "tm", Epilogue(), dict(DECODE, wk=1, ck=2, bn=64), (9, 64)),
+    ((300, 700), 0.3, "fp16", "fm", Epilogue(bias=True, activation="relu"), WGCFG, (1, 100, 300)),
+    ((300, 700), 0.3, "bf16", "tm", Epilogue(bias=True, activation="gelu"),
+     dict(WGCFG, wm=8, bn=256), (3, 256, 600)),
+    ((1000, 300), 0.5, "fp16", "tm", Epilogue(), dict(WGCFG, ksw=4, bn=64), (64, 65)),
+    ((300, 700), 0.1, "fp16", "fm", Epilogue(activation="gelu"), dict(WGCFG, bn=64, wk=2, ck=4),
+     (16, 64, 70)),
+]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("case", range(len(GPU_CASES)))
+def test_gpu_correct(case):
+    from sparseforge.tuner.execute import default_context, verify
+    shape, density, dtype, layout, ep, cfg, ns = GPU_CASES[case]
+    if (cfg.get("wg") or cfg["ck"] > 1) and default_context().device_info()["arch"] != "sm_90a":
+        pytest.skip("wgmma and clusters need an sm_90a GPU (Hopper)")
+    mat = random_matrix(*shape, density, seed=100 + case, dtype=dtype)
+    op = Operation(dtype, layout, ep)
+    for n in ns:
+        res = verify("csr", mat, op, {}, cfg, n, seed=case * 7 + n)
+        assert res["ok"], (n, res)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("layout", ["fm", "tm"])
+def test_gpu_small_every_config(layout):
+    """Every configuration of the space on one odd matrix (for
+    compute-sanitizer too): N = 16 and an odd N."""
+    from sparseforge.tuner.execute import default_context, verify
+    dev = default_context().device_info()
+    mat = random_matrix(70, 150, 0.3, seed=12)
+    op = Operation("fp16", layout, Epilogue(bias=True, activation="gelu"))
+    space = FAM.search_space(mat, op, {}, dev)
+    for cfg in space[::max(1, len(space) // 40)]:
+        for n in (16, 67):
+            res = verify("csr", mat, op, {}, cfg, n, seed=n)
+            assert res["ok"], (cfg, n, res)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", ["fp16", "bf16"])
+def test_gpu_dlmc_subset(dlmc_files, dtype):
+    """The DLMC patterns (values drawn from a seeded generator) with the
+    family's first two hints, N = 16 and 256, the layouts taking turns."""
+    from sparseforge.generator.io import load
+    from sparseforge.tuner.execute import default_context, verify
+    dev = default_context().device_info()
+    assert dlmc_files
+    for i, path in enumerate(dlmc_files):
+        (_, mat), = load(str(path), seed=0)
+        mat = mat.astype(dtype)
+        layout = ("fm", "tm")[i % 2]
+        op = Operation(dtype, layout, Epilogue(bias=True, activation="relu"))
+        for cfg in FAM.hint_configs(mat, op, {}, dev)[:2]:
+            for n in (16, 256):
+                res = verify("csr", mat, op, {}, cfg, n, seed=n)
+                assert res["ok"], (path.name, layout, cfg, n, res)
