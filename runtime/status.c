@@ -74,29 +74,92 @@ static const uint32_t K256[64] = {
 
 #define ROTR(x, n) (((x) >> (n)) | ((x) << (32 - (n))))
 
-static void sha256_block(sf__sha256 *c, const unsigned char *p) {
-  uint32_t w[64], a, b, cc, d, e, f, g, h;
-  for (int i = 0; i < 16; i++)
-    w[i] = (uint32_t)p[4 * i] << 24 | (uint32_t)p[4 * i + 1] << 16 |
-           (uint32_t)p[4 * i + 2] << 8 | (uint32_t)p[4 * i + 3];
-  for (int i = 16; i < 64; i++) {
-    uint32_t s0 = ROTR(w[i - 15], 7) ^ ROTR(w[i - 15], 18) ^ (w[i - 15] >> 3);
-    uint32_t s1 = ROTR(w[i - 2], 17) ^ ROTR(w[i - 2], 19) ^ (w[i - 2] >> 10);
-    w[i] = w[i - 16] + s0 + w[i - 7] + s1;
+/* `n` 64-byte blocks into `state`, in portable C. */
+static void sha256_blocks_c(uint32_t state[8], const unsigned char *p, size_t n) {
+  for (; n > 0; n--, p += 64) {
+    uint32_t w[64], a, b, cc, d, e, f, g, h;
+    for (int i = 0; i < 16; i++)
+      w[i] = (uint32_t)p[4 * i] << 24 | (uint32_t)p[4 * i + 1] << 16 |
+             (uint32_t)p[4 * i + 2] << 8 | (uint32_t)p[4 * i + 3];
+    for (int i = 16; i < 64; i++) {
+      uint32_t s0 = ROTR(w[i - 15], 7) ^ ROTR(w[i - 15], 18) ^ (w[i - 15] >> 3);
+      uint32_t s1 = ROTR(w[i - 2], 17) ^ ROTR(w[i - 2], 19) ^ (w[i - 2] >> 10);
+      w[i] = w[i - 16] + s0 + w[i - 7] + s1;
+    }
+    a = state[0]; b = state[1]; cc = state[2]; d = state[3];
+    e = state[4]; f = state[5]; g = state[6]; h = state[7];
+    for (int i = 0; i < 64; i++) {
+      uint32_t s1 = ROTR(e, 6) ^ ROTR(e, 11) ^ ROTR(e, 25);
+      uint32_t ch = (e & f) ^ (~e & g);
+      uint32_t t1 = h + s1 + ch + K256[i] + w[i];
+      uint32_t s0 = ROTR(a, 2) ^ ROTR(a, 13) ^ ROTR(a, 22);
+      uint32_t mj = (a & b) ^ (a & cc) ^ (b & cc);
+      uint32_t t2 = s0 + mj;
+      h = g; g = f; f = e; e = d + t1; d = cc; cc = b; b = a; a = t1 + t2;
+    }
+    state[0] += a; state[1] += b; state[2] += cc; state[3] += d;
+    state[4] += e; state[5] += f; state[6] += g; state[7] += h;
   }
-  a = c->state[0]; b = c->state[1]; cc = c->state[2]; d = c->state[3];
-  e = c->state[4]; f = c->state[5]; g = c->state[6]; h = c->state[7];
-  for (int i = 0; i < 64; i++) {
-    uint32_t s1 = ROTR(e, 6) ^ ROTR(e, 11) ^ ROTR(e, 25);
-    uint32_t ch = (e & f) ^ (~e & g);
-    uint32_t t1 = h + s1 + ch + K256[i] + w[i];
-    uint32_t s0 = ROTR(a, 2) ^ ROTR(a, 13) ^ ROTR(a, 22);
-    uint32_t mj = (a & b) ^ (a & cc) ^ (b & cc);
-    uint32_t t2 = s0 + mj;
-    h = g; g = f; f = e; e = d + t1; d = cc; cc = b; b = a; a = t1 + t2;
+}
+
+#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
+#include <immintrin.h>
+#define SF_HAVE_SHA_NI 1
+/* The same with the x86 SHA extensions (four rounds an instruction pair;
+ * state kept as ABEF / CDGH, the instructions' order). */
+__attribute__((target("sha,sse4.1"))) static void sha256_blocks_ni(uint32_t state[8],
+                                                                    const unsigned char *p,
+                                                                    size_t n) {
+  const __m128i bswap = _mm_set_epi64x(0x0c0d0e0f08090a0bULL, 0x0405060700010203ULL);
+  __m128i tmp = _mm_shuffle_epi32(_mm_loadu_si128((const __m128i *)&state[0]), 0xB1);
+  __m128i st1 = _mm_shuffle_epi32(_mm_loadu_si128((const __m128i *)&state[4]), 0x1B);
+  __m128i st0 = _mm_alignr_epi8(tmp, st1, 8);   /* ABEF */
+  st1 = _mm_blend_epi16(st1, tmp, 0xF0);       /* CDGH */
+  for (; n > 0; n--, p += 64) {
+    const __m128i save0 = st0, save1 = st1;
+    __m128i w[4];
+    for (int i = 0; i < 4; i++)
+      w[i] = _mm_shuffle_epi8(_mm_loadu_si128((const __m128i *)(p + 16 * i)), bswap);
+#pragma GCC unroll 16
+    for (int i = 0; i < 16; i++) {
+      __m128i msg = _mm_add_epi32(w[i & 3], _mm_loadu_si128((const __m128i *)&K256[4 * i]));
+      st1 = _mm_sha256rnds2_epu32(st1, st0, msg);
+      st0 = _mm_sha256rnds2_epu32(st0, st1, _mm_shuffle_epi32(msg, 0x0E));
+      if (i < 12) {  /* words 4i+16 .. 4i+19 of the schedule */
+        __m128i t = _mm_sha256msg1_epu32(w[i & 3], w[(i + 1) & 3]);
+        t = _mm_add_epi32(t, _mm_alignr_epi8(w[(i + 3) & 3], w[(i + 2) & 3], 4));
+        w[i & 3] = _mm_sha256msg2_epu32(t, w[(i + 3) & 3]);
+      }
+    }
+    st0 = _mm_add_epi32(st0, save0);
+    st1 = _mm_add_epi32(st1, save1);
   }
-  c->state[0] += a; c->state[1] += b; c->state[2] += cc; c->state[3] += d;
-  c->state[4] += e; c->state[5] += f; c->state[6] += g; c->state[7] += h;
+  tmp = _mm_shuffle_epi32(st0, 0x1B);          /* FEBA */
+  st1 = _mm_shuffle_epi32(st1, 0xB1);          /* DCHG */
+  st0 = _mm_blend_epi16(tmp, st1, 0xF0);       /* DCBA */
+  st1 = _mm_alignr_epi8(st1, tmp, 8);          /* HGFE */
+  _mm_storeu_si128((__m128i *)&state[0], st0);
+  _mm_storeu_si128((__m128i *)&state[4], st1);
+}
+#endif
+
+/* `n` blocks, with the SHA extensions where this CPU has them
+ * ($SF_SHA256_PORTABLE set: always the portable code, for tests). */
+static void sha256_blocks(uint32_t state[8], const unsigned char *p, size_t n) {
+#ifdef SF_HAVE_SHA_NI
+  static int use_ni = -1;
+  if (use_ni < 0) {
+    const char *env = getenv("SF_SHA256_PORTABLE");
+    __builtin_cpu_init();
+    use_ni = !(env && *env) && __builtin_cpu_supports("sha") &&
+             __builtin_cpu_supports("sse4.1");
+  }
+  if (use_ni) {
+    sha256_blocks_ni(state, p, n);
+    return;
+  }
+#endif
+  sha256_blocks_c(state, p, n);
 }
 
 void sf__sha256_init(sf__sha256 *c) {
@@ -111,18 +174,23 @@ void sf__sha256_init(sf__sha256 *c) {
 void sf__sha256_update(sf__sha256 *c, const void *data, size_t n) {
   const unsigned char *p = data;
   c->bitlen += (uint64_t)n * 8;
-  while (n > 0) {
+  if (c->buflen > 0) {  /* complete the buffered block first */
     size_t take = 64 - c->buflen;
     if (take > n) take = n;
     memcpy(c->buf + c->buflen, p, take);
     c->buflen += take;
     p += take;
     n -= take;
-    if (c->buflen == 64) {
-      sha256_block(c, c->buf);
-      c->buflen = 0;
-    }
+    if (c->buflen < 64) return;
+    sha256_blocks(c->state, c->buf, 1);
+    c->buflen = 0;
   }
+  size_t whole = n / 64;  /* whole blocks straight from the input */
+  if (whole) sha256_blocks(c->state, p, whole);
+  p += whole * 64;
+  n -= whole * 64;
+  memcpy(c->buf, p, n);
+  c->buflen = n;
 }
 
 void sf__sha256_final_hex(sf__sha256 *c, char hex_out[65]) {

@@ -500,13 +500,18 @@ sf_status NAME_open(sf_context *ctx, const char *weights_path, STRUCT **out) {
     return fail(ctx, SF_ERR_NOMEM, "out of host memory%s%s", NULL, NULL);
   }
   b->ctx = ctx;
+  unsigned char cubin_ok[sizeof cubins / sizeof *cubins];
+  memset(cubin_ok, 0, sizeof cubin_ok);
   for (int l = 0; l < NLAYERS && st == SF_OK; l++) {
     sf_layer_code codes[64];
     int count = archs[a].count[l];
     if (count > 64) count = 64;
     for (int i = 0; i < count && st == SF_OK; i++) {
       const variant *v = &archs[a].v[l][i];
-      if (!checks(cubins[v->cubin].data, cubins[v->cubin].size, cubins[v->cubin].sha256)) {
+      /* each cubin once, however many variants share it */
+      if (!cubin_ok[v->cubin] &&
+          !(cubin_ok[v->cubin] = checks(cubins[v->cubin].data, cubins[v->cubin].size,
+                                        cubins[v->cubin].sha256))) {
         st = fail(ctx, SF_ERR_CORRUPT, "layer %s: a cubin failed its sha256 (%s)",
                   layers[l].name, cubins[v->cubin].sha256);
         break;

@@ -377,3 +377,35 @@ def test_load_layer_runs_on_packed_weights_the_caller_holds(ctx):
                        match="1 packed pointers for a layer of 2 variants"):
         layer.run(xb, yb, n, packed=[wb])
     layer.close()
+
+
+_SHA_SCRIPT = """
+import hashlib, os, ctypes, random
+from sparseforge._lib import load
+lib = load()
+rng = random.Random(7)
+for n in [0, 1, 55, 56, 63, 64, 65, 119, 128, 129, 1000, 4113, 1 << 20] + \\
+         [rng.randrange(1, 5000) for _ in range(20)]:
+    d = os.urandom(n)
+    out = ctypes.create_string_buffer(65)
+    assert lib.sf_sha256_hex(d, len(d), out) == 0
+    assert out.value.decode() == hashlib.sha256(d).hexdigest(), n
+print("ok")
+"""
+
+
+@pytest.mark.parametrize("portable", [False, True])
+def test_sha256_matches_hashlib(portable):
+    """The library's SHA-256 (the SHA extensions where the CPU has them,
+    else portable C; $SF_SHA256_PORTABLE forces the latter) over sizes
+    around the 64-byte block and across the buffered path."""
+    import os
+    import subprocess
+    import sys
+    env = dict(os.environ)
+    env.pop("SF_SHA256_PORTABLE", None)
+    if portable:
+        env["SF_SHA256_PORTABLE"] = "1"
+    r = subprocess.run([sys.executable, "-c", _SHA_SCRIPT], env=env, capture_output=True,
+                       text=True)
+    assert r.returncode == 0 and r.stdout.strip() == "ok", r.stderr
