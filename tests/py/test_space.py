@@ -65,13 +65,13 @@ def test_every_configuration_of_the_space_compiles(case):
 
 def _rules(fam, dtype="fp16") -> set:
     """The rules of the family's constraint tables (one Space serves all of
-    a family's paths, or the family lists one per path as TABLES; csr has
+    a family's paths, or the family lists one per path as PATH_TABLES; csr has
     one per kernel: fp32, and the tensor cores' for fp16 and bf16)."""
     if fam.name == "csr" and dtype != "fp32":
         from sparseforge.generator.families.csr import tc
         return {c.rule for c in tc.SPACE.constraints if not c.device}
     mod = __import__(type(fam).__module__, fromlist=["x"])
-    tables = getattr(mod, "TABLES", None)
+    tables = getattr(mod, "PATH_TABLES", None)
     if tables is None:
         for name in ("SPACE", "TABLE"):
             if isinstance(getattr(mod, name, None), Space):

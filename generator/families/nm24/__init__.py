@@ -108,6 +108,8 @@ WG_SPACE = Space(
                    "the threads cover whole rows of the X tile"),
         Constraint("regs <= 65536", "the accumulators (bn / wn / 2 a thread) and the rest fit "
                    "the registers"),
+        Constraint("wg_n < 256 or bk <= 64", "a 256-wide warpgroup tile copying 128-deep "
+                   "stages runs out of registers"),
         Constraint(f"bn in {WG_BN_CHOICES}", "BN of a CTA tile"),
         Constraint(f"bk in {WG_BK_CHOICES}", "BK: one to four sparse wgmma K steps per stage"),
         Constraint(f"stages in {WG_STAGE_CHOICES}", "pipeline depth (two stages behind the copies)"),
@@ -179,7 +181,7 @@ TMA_SPACE = Space(
 
 
 # one table per compute path (mma.sp, sparse wgmma, warp-specialized TMA)
-TABLES = (SPACE, WG_SPACE, TMA_SPACE)
+PATH_TABLES = (SPACE, WG_SPACE, TMA_SPACE)
 
 
 def is_wg(config: dict) -> bool:
