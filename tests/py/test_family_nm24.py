@@ -221,7 +221,7 @@ WG = dict(bm=128, bn=256, bk=64, wm=2, wn=1, stages=4, wg=1)
     (dict(bk=32), "tm", "token-major X tile rows are whole 128-byte swizzle atoms"),
     (dict(bm=256, wm=4), "fm", "the accumulators .* fit the registers"),
     (dict(stages=2), "fm", r"stages in \(3, 4, 5, 6\)"),
-    (dict(stages=6, bk=128), "fm", "a 256-wide warpgroup tile copying 128-deep stages"),
+    (dict(stages=6, bk=128), "fm", "a 256-wide warpgroup tile runs out of registers"),
     (dict(stages=6, bk=128, bn=128), "fm", "smem <= smem_limit"),
 ])
 def test_check_config_refusals_wg(bad, layout, what):
@@ -369,7 +369,7 @@ WG_COMPILE_CASES = [
     ("fp16", "fm", dict(WG), Epilogue()),
     ("bf16", "tm", dict(WG, bn=128, stages=5), Epilogue(bias=True, activation="gelu")),
     ("fp16", "fm", dict(WG, bm=64, bn=64, bk=32, wm=1, stages=3), Epilogue(activation="relu")),
-    ("bf16", "tm", dict(WG, bm=64, bn=256, bk=64, wm=1, stages=4), Epilogue(scale=0.5)),
+    ("bf16", "tm", dict(WG, bk=64, stages=5), Epilogue(scale=0.5)),
     ("fp16", "fm", dict(WG, bm=64, wm=1, wn=2), Epilogue(bias=True)),
 ]
 

@@ -108,8 +108,9 @@ WG_SPACE = Space(
                    "the threads cover whole rows of the X tile"),
         Constraint("regs <= 65536", "the accumulators (bn / wn / 2 a thread) and the rest fit "
                    "the registers"),
-        Constraint("wg_n < 256 or bk <= 64", "a 256-wide warpgroup tile copying 128-deep "
-                   "stages runs out of registers"),
+        Constraint("wg_n < 256 or (bk <= 64 and threads >= 256)",
+                   "a 256-wide warpgroup tile runs out of registers unless it copies stages "
+                   "of at most 64 columns of K with at least two warpgroups"),
         Constraint(f"bn in {WG_BN_CHOICES}", "BN of a CTA tile"),
         Constraint(f"bk in {WG_BK_CHOICES}", "BK: one to four sparse wgmma K steps per stage"),
         Constraint(f"stages in {WG_STAGE_CHOICES}", "pipeline depth (two stages behind the copies)"),
