@@ -890,10 +890,10 @@ class Context:
     def time(self, kfn: KernelFn, grid, block, args: Sequence[Any] = (),
              sig: Optional[str] = None, shared: int = 0, warmup: int = 3, min_reps: int = 30,
              max_reps: int = 1000, min_total_ms: float = 100.0, flush_l2: bool = True,
-             graph_batch: int = 0, stream=None, rotate_bytes: int = 0) -> dict:
+             graph_batch: int = 0, stream=None) -> dict:
         """Times kfn with CUDA events (see sf_time_kernel): dict(median_ms,
-        p20_ms, p80_ms, min_ms, mean_ms, reps).  rotate_bytes is for the
-        peers; a kernel rotates through copies the caller made (time_sets)."""
+        p20_ms, p80_ms, min_ms, mean_ms, reps).  To rotate a kernel's
+        operands, make the copies and use time_sets."""
         return self.time_sets(kfn, grid, block, [args], sig, shared, warmup, min_reps,
                               max_reps, min_total_ms, flush_l2, graph_batch, stream)
 

@@ -164,15 +164,9 @@ __device__ __forceinline__ void tma_produce(const unsigned char *__restrict__ pa
           }
         } else {
 #pragma unroll
-#ifdef SF_NO_MULTICAST
-          for (int c = 0; c < C::BN / 64; c += 1) {
-            const unsigned dst = sB + c * C::BK * 128;
-            if constexpr (false)
-#else
           for (int c = rank; c < C::BN / 64; c += C::CM) {
             const unsigned dst = sB + c * C::BK * 128;
             if constexpr (C::CM > 1)
-#endif
               sm90::tma_load_2d_multicast(dst, map, n0 + 64 * c, k0, full + 8 * s,
                                           (1u << C::CM) - 1);
             else
@@ -251,11 +245,7 @@ __device__ __forceinline__ void tma_compute_stage(float (&acc)[C::MW][C::WG_N / 
 template <class C>
 __device__ __forceinline__ void tma_release(unsigned empty, int s) {
   if ((threadIdx.x & 127) == 0) {
-#ifdef SF_LOCAL_RELEASE  // (a probe: no multicast, so no CTA needs another's release)
-    if constexpr (false) {
-#else
     if constexpr (C::CM > 1) {
-#endif
 #pragma unroll
       for (int c = 0; c < C::CM; ++c) sm90::mbar_arrive_cluster(empty + 8 * s, c);
     } else {
@@ -338,11 +328,7 @@ __device__ __forceinline__ void tma_gemm(const unsigned char *__restrict__ packe
   if (tid == 0) {
     for (int s = 0; s < S; ++s) {
       sm90::mbar_init(full + 8 * s, use_map ? 1 : 33);
-#ifdef SF_LOCAL_RELEASE
-      sm90::mbar_init(empty + 8 * s, C::THREADS / 128);
-#else
       sm90::mbar_init(empty + 8 * s, (C::THREADS / 128) * C::CM);
-#endif
     }
     sm90::fence_mbar_init();
   }

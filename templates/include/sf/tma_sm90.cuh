@@ -76,45 +76,10 @@ __device__ __forceinline__ bool mbar_try_wait(unsigned bar, unsigned parity) {
   return done != 0;
 }
 
-__device__ __forceinline__ bool mbar_test_wait(unsigned bar, unsigned parity) {
-  unsigned done;
-  asm volatile(
-      "{\n.reg .pred p;\n"
-      "mbarrier.test_wait.parity.shared::cta.b64 p, [%1], %2;\n"
-      "selp.u32 %0, 1, 0, p;\n}\n"
-      : "=r"(done)
-      : "r"(bar), "r"(parity)
-      : "memory");
-  return done != 0;
-}
-
-__device__ __forceinline__ bool mbar_try_wait_hint(unsigned bar, unsigned parity, unsigned ns) {
-  unsigned done;
-  asm volatile(
-      "{\n.reg .pred p;\n"
-      "mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2, %3;\n"
-      "selp.u32 %0, 1, 0, p;\n}\n"
-      : "=r"(done)
-      : "r"(bar), "r"(parity), "r"(ns)
-      : "memory");
-  return done != 0;
-}
-
-#ifndef SF_MBAR_WAIT
-#define SF_MBAR_WAIT 0
-#endif
 // Waits until the phase of parity `parity` has completed.
 __device__ __forceinline__ void mbar_wait(unsigned bar, unsigned parity) {
-#if SF_MBAR_WAIT == 1
-  while (!mbar_test_wait(bar, parity)) {
-  }
-#elif SF_MBAR_WAIT == 2
-  while (!mbar_try_wait_hint(bar, parity, 0x989680u)) {
-  }
-#else
   while (!mbar_try_wait(bar, parity)) {
   }
-#endif
 }
 
 // A 2-D box of the map at coordinates (c0 along the contiguous dimension,
