@@ -21,7 +21,8 @@ SQLITE_INC=$([ -f /usr/include/sqlite3.h ] && echo /usr/include || echo "$PWD/.g
 summary=()
 step() { local name=$1; shift; local t0=$SECONDS
   if "$@" >"$OUT/$name.log" 2>&1; then summary+=("$name: ok ($((SECONDS - t0)) s)")
-  else summary+=("$name: FAILED ($((SECONDS - t0)) s; see $name.log)"); tail -40 "$OUT/$name.log"; fi; }
+  else summary+=("$name: FAILED ($((SECONDS - t0)) s; see $name.log)"); tail -40 "$OUT/$name.log"; fi
+  echo "[${SECONDS} s] ${summary[-1]}"; }  # as it happens: a call cut short still tells where
 
 nvidia-smi --query-gpu=name,driver_version --format=csv,noheader | tee "$OUT/gpu.txt"
 step build bash -c "cmake -S . -B build/gpu -DCMAKE_BUILD_TYPE=Release -DSQLITE3_INCLUDE_DIR=$SQLITE_INC -DSQLITE3_LIBRARY=$SQLITE_LIB && cmake --build build/gpu -j 16"

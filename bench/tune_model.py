@@ -123,7 +123,7 @@ def run_pruning(args, label: str, mats, make_tuner=None) -> dict:
     out = {"pruning": label}
     for run in ("first", "second"):
         with Cache(db) as cache:
-            tuner = make_tuner(cache, progress=Progress())
+            tuner = make_tuner(cache, progress=Progress(), retime=False)   # as `sparseforge tune` reruns
             try:
                 t0 = time.monotonic()
                 rows = tune_entries(entries, tuner, args.n)

@@ -202,6 +202,12 @@ class SparseMatrix:
                 entry[1] = make()
             return entry[1]
 
+    def drop_cached(self) -> None:
+        """Forgets what `cached` computed (a tuner done with the matrix: the
+        packings of a large layer hold hundreds of MB)."""
+        with _CACHED_LOCK:
+            self.__dict__.pop("_cached", None)
+
     def fingerprint(self) -> str:
         """SHA-256 of shape, dtype, pattern, permutation and values."""
         h = hashlib.sha256()

@@ -223,7 +223,7 @@ def _make_tuner(args, cache, device: int = 0, compiler=None, log=None):
                  timing=QUICK_TIMING if args.quick else DEFAULT_TIMING,
                  progress=Progress(log or sys.stderr), seed=args.seed,
                  early_stop=None if args.no_early_stop else EARLY_STOP, compiler=compiler,
-                 device=device)
+                 device=device, retime=getattr(args, "retime", False))
 
 
 def _device_label(tuner) -> str:
@@ -626,6 +626,9 @@ def build_parser() -> argparse.ArgumentParser:
                              "one that is clearly slower than the best so far)")
         sp.add_argument("--profile", action="store_true",
                         help="also print each layer's searches and where their time went")
+        sp.add_argument("--retime", action="store_true",
+                        help="verify and time again the winners the database holds (default: "
+                             "report the times recorded when they were tuned on this GPU)")
 
     sp = sub.add_parser("tune", help="tune every sparse layer of a weights file (the main job)")
     add_file(sp)

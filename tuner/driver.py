@@ -102,6 +102,7 @@ class NResult:
     failed: int = 0
     stopped_early: int = 0       # trials of this search whose timing stopped early
     warm_hints: int = 0          # winners of earlier matrices it started from
+    recorded: bool = False       # times as recorded when it was tuned (not re-timed)
 
     @property
     def speedup(self) -> float:
@@ -220,13 +221,17 @@ class Tuner:
                  progress: Optional[Callable[[str, int, int], None]] = None,
                  seed: Optional[int] = None, peer: bool = True, worker=None,
                  early_stop: Optional[float] = EARLY_STOP, compiler: Optional[Compiler] = None,
-                 device: int = 0):
+                 device: int = 0, retime: bool = True):
         """`worker` replaces the measurement process (tests replay recorded
         timings through it); with one, the tuner measures as on a GPU.
         `device`: the GPU (ordinal) the worker measures on.  `early_stop`:
         the factor over the best median past which a candidate's timing
         stops after its probe (None: every candidate timed in full).
-        `compiler`: a Compiler shared with other tuners (one per GPU)."""
+        `compiler`: a Compiler shared with other tuners (one per GPU).
+        `retime`: a stored winner is verified and timed again (with cuBLAS
+        beside it) for the result; without, its time and cuBLAS's are those
+        recorded when it was tuned on this GPU (nothing runs where both are
+        recorded: a rerun on a complete database costs no GPU time)."""
         from .. import native
         self.native = native
         self.cache = cache
@@ -237,6 +242,7 @@ class Tuner:
         self.progress = progress or (lambda label, done, total: None)
         self.seed = seed
         self.peer = peer
+        self.retime = retime
         self.early_stop = early_stop
         self.phases = Phases()
         self._own_compiler = compiler is None
@@ -295,16 +301,19 @@ class Tuner:
         and stores the layer `name`."""
         before = self.phases.snapshot()
         job = self.begin(matrix, pattern, params, op, name, bias)
-        if not self.gpu:
-            result = self._compile_only(job, ns)
-        else:
-            try:
-                for n in ns:
-                    self.run_bucket(job, n, force)
-            except BaseException:
-                job.built.drain(wait=False)
-                raise
-            result = self.finish(job)
+        try:
+            if not self.gpu:
+                result = self._compile_only(job, ns)
+            else:
+                try:
+                    for n in ns:
+                        self.run_bucket(job, n, force)
+                except BaseException:
+                    job.built.drain(wait=False)
+                    raise
+                result = self.finish(job)
+        finally:
+            matrix.drop_cached()
         result.seconds = self.phases.since(before)
         return result
 
@@ -546,13 +555,26 @@ class Tuner:
         return fut
 
     def _from_layer(self, job: LayerJob, n: int) -> NResult:
-        """Re-times a stored winner (its cubin from the cache) for the table,
-        with the quick protocol."""
+        """A stored winner for the table: its recorded trial (without
+        `retime`, where one is recorded), else re-verified and re-timed (its
+        cubin from the cache) with the quick protocol."""
         v = job.have[n]
         cfg = json.loads(v["config"])
         kernel = Kernel(v["kernel_name"], v["source"], v["packed"], v["launch"],
                         tuple(o for o in v["options"].split("\n") if o), cfg)
         nres = NResult(n, cfg, kernel.name)
+        trials = self.cache.trials(self.env_key, job.fp, job.op_tag, n)
+        nres.trials = len(trials)
+        nres.failed = sum(1 for t in trials if t["status"] != "ok")
+        if not self.retime:
+            rec = next((t for t in trials if t["status"] == "ok" and t["config"] == v["config"]),
+                       None)
+            if rec is not None:
+                nres.median_ms, nres.p20_ms, nres.p80_ms = (rec["median_ms"], rec["p20_ms"],
+                                                           rec["p80_ms"])
+                nres.max_error = rec["max_error"]
+                nres.recorded = True
+                return nres
         with self.phases("store"):
             cubin, _, err = self.compile_all([kernel])[0]
         if cubin is None:
@@ -563,14 +585,18 @@ class Tuner:
         if status == "ok":
             nres.median_ms, nres.p20_ms, nres.p80_ms = info["median_ms"], info["p20_ms"], info["p80_ms"]
             nres.max_error = info["max_rel_err"]
-        trials = self.cache.trials(self.env_key, job.fp, job.op_tag, n)
-        nres.trials = len(trials)
-        nres.failed = sum(1 for t in trials if t["status"] != "ok")
         return nres
 
     def _time_peer(self, nres: NResult, matrix: SparseMatrix, op: Operation):
         """cuBLAS on the same shape, timed once per shape and N in a run."""
         key = (op.dtype, op.layout, matrix.rows, nres.n, matrix.cols)
+        if key not in self._peers and nres.recorded:     # the winner's time is recorded: so is
+            rec = next((t for t in self.cache.trials(    # cuBLAS's, measured beside it
+                self.env_key, "dense", f"cublas.{op.dtype}.{op.layout}", nres.n)
+                if t["status"] == "ok" and json.loads(t["config"]) == {"m": matrix.rows,
+                                                                       "k": matrix.cols}), None)
+            if rec is not None:
+                self._peers[key] = ("ok", rec)
         if key not in self._peers:
             with self.phases("peer"):
                 self._peers[key] = self.worker.peer(

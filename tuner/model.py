@@ -198,6 +198,10 @@ def format_table(rows: list[ModelRow], device_name: str) -> str:
                        f"{_fmt(nr.median_ms, '9.4f')} {_fmt(nr.peer_ms, '9.4f')} "
                        f"{_fmt(nr.speedup, '6.2f') + 'x' if nr.speedup == nr.speedup else '      -'} "
                        f"{_fmt(nr.max_error, '8.1e')}")
+    if any(nr.recorded for row in rows if row.result is not None
+           for nr in row.result.per_n.values()):
+        out.append("(layers the database held: the times recorded when they were tuned on "
+                   "this GPU; --retime verifies and times them again)")
     return "\n".join(out)
 
 

@@ -16,27 +16,45 @@ exceeds it, the candidate is clearly slower than the best so far and its
 timing stops there; it is still an "ok" trial, with the probe's times and
 `stopped_early` set (see `timed`).
 
+A layer's packed weights (tens of MB) are shared by many configurations,
+so they cross the pipe once: a Trial names them by `packed_key` (a digest
+of the bytes) and carries the bytes only where the tuner does not know
+the worker to hold them.  The worker keeps them on the GPU, least
+recently used dropped beyond PACKED_CACHE_BYTES, and asks for them again
+("need_packed") where it lacks them (evicted, or a fresh worker); `Worker`
+resends the trial with the bytes, so its callers never see that reply.
+A trial that fails its check or raises drops its packed copies (a faulty
+kernel may have written over them).
+
 Protocol (pickled tuples over a multiprocessing Pipe):
   ("setup", Setup)  -> ("ok", None)
   ("trial", Trial)  -> ("ok", {timing..., errors..., phases}) | ("wrong", {...})
                        | ("launch_fail", message)
+                       | ("need_packed", packed_key): packed is None and the
+                         worker lacks those bytes (or more copies of them)
   ("peer", PeerJob) -> ("ok", {timing...}) | ("error", message)
   ("info", None)    -> ("ok", device_info dict)
   ("exit", None)
 """
 from __future__ import annotations
 
+import hashlib
 import math
 import multiprocessing as mp
 import time
 import traceback
-from dataclasses import dataclass, field
+from collections import OrderedDict
+from dataclasses import dataclass, field, replace
 from typing import Any, Callable, Optional
 
 import numpy as np
 
 # Repetitions of the probe that decides an early stop.
 PROBE_REPS = 5
+# Device bytes of packed weights (all copies) the worker keeps between trials.
+PACKED_CACHE_BYTES = 2 << 30
+# Packed buffers whose digest the tuner remembers (by identity).
+DIGEST_MEMO = 8
 
 
 @dataclass
@@ -59,9 +77,10 @@ class Trial:
     grid: tuple
     block: tuple
     shared_bytes: int
-    packed: bytes
+    packed: Optional[bytes]            # None: the worker holds packed_key's bytes
     zero_output: bool
     cutoff_ms: Optional[float] = None   # stop timing early above this (see timed)
+    packed_key: Optional[str] = None    # packed_digest(packed); Worker.trial sets it
 
 
 @dataclass
@@ -76,6 +95,24 @@ class PeerJob:
 
 def _elem(dtype: str) -> int:
     return 4 if dtype == "fp32" else 2
+
+
+def packed_digest(data: bytes) -> str:
+    """The key of a packed buffer: a digest of its bytes."""
+    return hashlib.blake2b(data, digest_size=16).hexdigest()
+
+
+@dataclass
+class _Packed:
+    """One packed buffer on the device: `size` its length as sent (0 for a
+    family without packed data, uploaded as 16 zero bytes) and `bufs` its
+    copies (the first, then the rotation copies made so far)."""
+    size: int
+    bufs: list = field(default_factory=list)
+
+    @property
+    def nbytes(self) -> int:
+        return sum(b.nbytes for b in self.bufs)
 
 
 def timed(time_fn: Callable[..., dict], timing: dict, cutoff_ms: Optional[float]) -> dict:
@@ -107,18 +144,25 @@ def checked_output(raw: bytes, s: Setup) -> np.ndarray:
 
 
 class _State:
-    def __init__(self, device: int = 0):
+    """The worker process's GPU state: the setup's X and Y with their
+    rotation copies, and the packed buffers of recent trials (by key)."""
+
+    def __init__(self, device: int = 0, ctx=None):
         from .. import native
         self.native = native
-        self.ctx = native.Context(device)
+        self.ctx = ctx if ctx is not None else native.Context(device)
         self.setup: Optional[Setup] = None
         self.x = None
         self.y = None
+        self.x_copies: list = []   # X and Y beyond the first set (see _rotation)
+        self.y_copies: list = []
+        self.packed: OrderedDict[str, _Packed] = OrderedDict()  # least recently used first
 
     def do_setup(self, s: Setup):
-        for b in (self.x, self.y):
+        for b in [self.x, self.y, *self.x_copies, *self.y_copies]:
             if b is not None:
                 b.free()
+        self.x_copies, self.y_copies = [], []
         self.setup = s
         self.x = self.ctx.upload(s.x)
         self.y = self.ctx.alloc(max(1, s.rows * s.n * _elem(s.dtype)))
@@ -126,64 +170,112 @@ class _State:
     def do_trial(self, t: Trial):
         from .execute import POISON, compare
         s = self.setup
+        key = t.packed_key or packed_digest(t.packed)
+        nbytes = s.rows * s.n * _elem(s.dtype)
+        entry = self.packed.get(key)
+        if entry is None and t.packed is None:
+            return "need_packed", key
+        size = entry.size if entry is not None else len(t.packed)
+        n_sets = self._n_sets(size, nbytes)
+        if t.packed is None and len(entry.bufs) < n_sets:
+            return "need_packed", key  # more rotation copies than it holds
         t0 = time.perf_counter()
         binary = self.native.Binary.from_bytes(t.binary, ptx=t.ptx)
         module = self.ctx.load(binary)
-        fn = module.kernel(t.name)
-        attrs = fn.attributes()
-        packed = self.ctx.upload(t.packed if t.packed else b"\0" * 16)
-        t1 = time.perf_counter()
         try:
-            nbytes = s.rows * s.n * _elem(s.dtype)
+            fn = module.kernel(t.name)
+            attrs = fn.attributes()
+            packed = self._packed_copies(key, t.packed, size, n_sets)
+            t1 = time.perf_counter()
             self.ctx.memset(self.y, 0 if t.zero_output else POISON)
-            args = self.ctx.kernel_args(fn, packed, self.x, self.y, s.n)
+            args = self.ctx.kernel_args(fn, packed[0], self.x, self.y, s.n)
             self.ctx.launch(fn, t.grid, t.block, args, shared=t.shared_bytes)
             self.ctx.synchronize()
             y = checked_output(self.ctx.download(self.y, nbytes), s)
             err = compare(y, s.reference, s.dtype)
             t2 = time.perf_counter()
             if not err["ok"]:
+                self._drop(key)
                 return "wrong", {**err, "attrs": attrs,
                                  "phases": {"load": t1 - t0, "verify": t2 - t1}}
 
-            copies = self._rotation(t, packed, nbytes)
-            sets = [args] + [self.ctx.kernel_args(fn, p, x, y, s.n) for p, x, y in copies]
+            xs, ys = self._rotation(n_sets - 1, nbytes)
+            if t.zero_output:
+                for yc in ys:
+                    self.ctx.memset(yc, 0)
+            sets = [args] + [self.ctx.kernel_args(fn, p, x, yc, s.n)
+                             for p, x, yc in zip(packed[1:], xs, ys)]
 
             def time_fn(**timing):
                 timing = {k: v for k, v in timing.items() if k != "rotate_bytes"}
                 return self.ctx.time_sets(fn, t.grid, t.block, sets, shared=t.shared_bytes,
                                           **timing)
-            try:
-                timing = timed(time_fn, s.timing, t.cutoff_ms)
-            finally:
-                for c in copies:
-                    for b in c:
-                        b.free()
+            timing = timed(time_fn, s.timing, t.cutoff_ms)
             phases = {"load": t1 - t0, "verify": t2 - t1, "time": time.perf_counter() - t2}
             return "ok", {**timing, **err, "attrs": attrs, "phases": phases}
+        except Exception as e:
+            if not _context_dead(e):  # a dead context freed everything already
+                self._drop(key)
+            raise
         finally:
-            for release in (packed.free, module.unload):
-                try:
-                    release()
-                except Exception:  # noqa: BLE001 - a dead context fails here too
-                    pass
+            kept = self.packed.get(key)
+            if kept is not None and kept.nbytes > PACKED_CACHE_BYTES:
+                self._drop(key)  # used for its trial, too large to keep
+            try:
+                module.unload()
+            except Exception:  # noqa: BLE001 - a dead context fails here too
+                pass
 
-    def _rotation(self, t: Trial, packed, y_bytes: int) -> list:
-        """Copies (packed, X, Y) beyond the first set, so that all sets hold
-        the setup's rotate_bytes (tuner/driver.py timing_for); none without
-        rotation.  A zero-output kernel's copies of Y are zeroed (the
-        timing's launches do not clear it)."""
+    def _n_sets(self, packed_size: int, y_bytes: int) -> int:
+        """Sets of (packed, X, Y) that together hold the setup's
+        rotate_bytes (tuner/driver.py timing_for); 1 without rotation."""
         s = self.setup
         want = int(s.timing.get("rotate_bytes", 0) or 0)
-        per_set = len(t.packed) + len(s.x) + y_bytes
-        n_sets = min(64, -(-want // per_set)) if want > 0 else 1
-        copies = []
-        for _ in range(n_sets - 1):
-            y = self.ctx.alloc(max(1, y_bytes))
-            self.ctx.memset(y, 0)
-            copies.append((self.ctx.upload(t.packed if t.packed else b"\0" * 16),
-                           self.ctx.upload(s.x), y))
-        return copies
+        per_set = packed_size + len(s.x) + y_bytes
+        return min(64, -(-want // per_set)) if want > 0 else 1
+
+    def _packed_copies(self, key: str, data: Optional[bytes], size: int, n_sets: int) -> list:
+        """The first `n_sets` device copies of packed buffer `key`, uploading
+        from `data` those not held yet (making room first by dropping the
+        least recently used others, unless this one alone exceeds the bound
+        and is not kept anyway)."""
+        entry = self.packed.get(key)
+        if entry is None:
+            entry = self.packed[key] = _Packed(size)
+        self.packed.move_to_end(key)
+        missing = n_sets - len(entry.bufs)
+        if missing > 0:
+            host = data if data else b"\0" * 16
+            total = entry.nbytes + missing * len(host)
+            if total <= PACKED_CACHE_BYTES:
+                while True:
+                    held = sum(e.nbytes for e in self.packed.values())
+                    oldest = next(iter(self.packed))
+                    if held + missing * len(host) <= PACKED_CACHE_BYTES or oldest == key:
+                        break
+                    self._drop(oldest)
+            for _ in range(missing):
+                entry.bufs.append(self.ctx.upload(host))
+        return entry.bufs[:n_sets]
+
+    def _drop(self, key: str):
+        """Forgets packed buffer `key` and frees its copies."""
+        entry = self.packed.pop(key, None)
+        for b in entry.bufs if entry is not None else ():
+            try:
+                b.free()
+            except Exception:  # noqa: BLE001 - freeing must not hide the trial's reply
+                pass
+
+    def _rotation(self, n: int, y_bytes: int) -> tuple[list, list]:
+        """`n` copies of X and of Y beyond the first set, made once per
+        setup (grown when a trial needs more sets)."""
+        s = self.setup
+        while len(self.x_copies) < n:
+            self.x_copies.append(self.ctx.upload(s.x))
+        while len(self.y_copies) < n:
+            self.y_copies.append(self.ctx.alloc(max(1, y_bytes)))
+        return self.x_copies[:n], self.y_copies[:n]
 
     def do_peer(self, p: PeerJob):
         return "ok", self.ctx.time_gemm(p.dtype, p.m, p.n, p.k, layout="best", **p.timing)
@@ -236,7 +328,8 @@ def _context_dead(e: Exception) -> bool:
 
 class Worker:
     """The tuner's handle on a worker process for GPU `device` (an ordinal);
-    restarts it after a fault."""
+    restarts it after a fault.  Sends a trial's packed bytes only where the
+    process is not known to hold them (see the module docstring)."""
 
     def __init__(self, timeout_s: float = 60.0, device: int = 0):
         self.timeout_s = timeout_s
@@ -246,8 +339,12 @@ class Worker:
         self._conn = None
         self._setup: Optional[Setup] = None
         self.restarts = 0
+        self._held: set[str] = set()  # packed keys the current process holds
+        # id(packed) -> (packed, key): the reference keeps the id from reuse
+        self._digests: OrderedDict[int, tuple[bytes, str]] = OrderedDict()
 
     def _start(self):
+        self._held = set()
         parent, child = self._ctx.Pipe()
         self._proc = self._ctx.Process(target=_serve, args=(child, self.device), daemon=True)
         self._proc.start()
@@ -261,6 +358,7 @@ class Worker:
             self._proc.kill()
             self._proc.join(5)
         self._proc = self._conn = None
+        self._held = set()
 
     def _call(self, kind: str, payload: Any, timeout: Optional[float] = None):
         if self._proc is None or not self._proc.is_alive():
@@ -299,7 +397,36 @@ class Worker:
             raise RuntimeError(f"worker setup failed: {val}")
 
     def trial(self, t: Trial):
-        return self._call("trial", t)
+        """The worker's reply to trial `t` (never "need_packed": the trial is
+        sent again with its bytes)."""
+        key = t.packed_key or self._packed_key(t.packed)
+        t = replace(t, packed_key=key)
+        reply = None
+        if key in self._held and t.packed is not None:
+            reply = self._call("trial", replace(t, packed=None))
+        if reply is None or reply[0] == "need_packed":
+            self._held.discard(key)
+            reply = self._call("trial", t)
+        if reply[0] == "ok":
+            self._held.add(key)
+        else:  # failed trials drop their packed copies; a new process has none
+            self._held.discard(key)
+        if reply[0] == "need_packed":  # only where the caller sent packed=None
+            return "launch_fail", f"the worker lacks packed buffer {key} and none was sent"
+        return reply
+
+    def _packed_key(self, packed: bytes) -> str:
+        """packed_digest(packed), remembered for the last DIGEST_MEMO
+        objects (a layer's configurations share one packed object)."""
+        hit = self._digests.get(id(packed))
+        if hit is not None and hit[0] is packed:
+            self._digests.move_to_end(id(packed))
+            return hit[1]
+        key = packed_digest(packed)
+        self._digests[id(packed)] = (packed, key)
+        while len(self._digests) > DIGEST_MEMO:
+            self._digests.popitem(last=False)
+        return key
 
     def peer(self, p: PeerJob):
         return self._call("peer", p)

@@ -38,6 +38,7 @@ class ReplayWorker:
         self.name = name
         self.on_trial = on_trial          # called with (worker, trial) before answering
         self.setups = 0
+        self.peers = 0                    # peer (cuBLAS) timings asked for
         self.cutoffs = []                 # the cutoff each trial carried
         self.lock = threading.Lock()
 
@@ -68,6 +69,7 @@ class ReplayWorker:
                       "norm_rel_err": 1e-7, "tol": 1e-5, "unwritten": 0, "phases": dict(SPLIT)}
 
     def peer(self, p):
+        self.peers += 1
         return "ok", {"median_ms": 0.5, "p20_ms": 0.49, "p80_ms": 0.51, "min_ms": 0.48,
                       "mean_ms": 0.5, "reps": 30}
 

@@ -578,3 +578,23 @@ def test_gpu_tma_large(hopper, layout):
     op = Operation(dtype="fp16", layout=layout)
     for c in TMA_GPU_CONFIGS[:3]:
         _verify(m, op, c, 4096)
+
+
+def test_configurations_that_pack_alike_share_one_packed_object():
+    """The tuner's worker keeps one device copy per packed buffer (keyed by
+    its digest, memoized by identity): configurations that differ only in
+    what does not change the packing share one bytes object; a different
+    bias gets its own."""
+    m = random_24(128, 256, seed=3)
+    a = FAM.plan(m, Operation(), {}, BASE)
+    b = FAM.plan(m, Operation(), {}, dict(BASE, bn=64, stages=4))
+    assert a.packed is b.packed
+    c = FAM.plan(m, Operation(), {}, dict(BASE, bm=64, wm=1, wn=4))   # pads M alike (128)
+    assert c.packed is a.packed
+    op = Operation(epilogue=Epilogue(bias=True))
+    one = FAM.plan(m, op, {}, BASE, bias=np.ones(128))
+    two = FAM.plan(m, op, {}, BASE, bias=np.full(128, 2.0))
+    assert one.packed is not two.packed and one.packed != two.packed
+    assert FAM.plan(m, op, {}, dict(BASE, bn=64), bias=np.ones(128)).packed is one.packed
+    m.drop_cached()
+    assert FAM.plan(m, Operation(), {}, BASE).packed == a.packed   # made again, alike

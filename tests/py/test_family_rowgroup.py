@@ -783,3 +783,19 @@ def test_gpu_small_every_bk_and_stage_count():
                 for n in (40, 67):
                     res = verify(family, mat, FP16, params, cfg, n, seed=bk + st + n)
                     assert res["ok"], (family, cfg, n, res)
+
+
+def test_configurations_that_pack_alike_share_one_plan(rng):
+    """The packing depends on BK (and streamed tiles, the shared gather's
+    keys, the bias) alone: other configurations share one plan and its
+    packed bytes object (the tuner's worker keeps one device copy of it)."""
+    mat = make_bsr(128, 192, 32, 32, 0.5, rng)
+    fam, params = get_family("bsr"), {"br": 32, "bc": 32}
+    a = fam.plan(mat, FP16, params, CFG)
+    assert fam.plan(mat, FP16, params, dict(CFG, bn=128, stages=4)).packed is a.packed
+    assert fam.plan(mat, FP16, params, dict(CFG, bk=64)).packed is not a.packed
+    op = Operation("fp16", "fm", Epilogue(bias=True))
+    one = fam.plan(mat, op, params, CFG, bias=np.ones(128))
+    two = fam.plan(mat, op, params, CFG, bias=np.full(128, 2.0))
+    assert one.packed != two.packed
+    assert fam.plan(mat, op, params, dict(CFG, bn=128), bias=np.ones(128)).packed is one.packed

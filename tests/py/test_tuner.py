@@ -76,6 +76,41 @@ def test_second_run_is_served_from_the_database(tmp_path, matrix):
         assert res.from_cache
         assert t.compiled == 0                      # no compilation at all
         assert len(w.trials) == 2                   # the two winners, re-timed for the table
+        assert w.peers == 2                         # and cuBLAS beside each
+
+
+def test_a_rerun_without_retime_runs_nothing_and_reports_the_recorded_times(tmp_path, matrix):
+    """`sparseforge tune` on a complete database: the winners' times and
+    cuBLAS's come from the trials recorded when they were tuned; nothing is
+    compiled, verified or timed.  A bucket with no recorded trial of its
+    winner (a layer imported from elsewhere) is re-timed."""
+    db = str(tmp_path / "t.db")
+    op = Operation("fp32", "fm")
+    with Cache(db) as cache:
+        first = Tuner(cache, strategy="exhaustive", worker=ReplayWorker(), jobs=2).tune(
+            matrix, "csr", {}, op, [16, 256], "layer0")
+    with Cache(db) as cache:
+        w = ReplayWorker()
+        t = Tuner(cache, strategy="exhaustive", worker=w, jobs=2, retime=False)
+        res = t.tune(matrix, "csr", {}, op, [16, 256], "layer0")
+        assert res.from_cache and t.compiled == 0
+        assert w.trials == [] and w.peers == 0 and w.setups == 0
+        for n in (16, 256):
+            got, was = res.per_n[n], first.per_n[n]
+            assert got.recorded and not was.recorded
+            assert (got.median_ms, got.config, got.peer_ms) == (was.median_ms, was.config,
+                                                                was.peer_ms)
+            assert got.trials == was.trials
+    # the winner's trial forgotten: that bucket alone is measured again
+    import sqlite3
+    with sqlite3.connect(db) as con:
+        con.execute("DELETE FROM trials WHERE n = 16")
+    with Cache(db) as cache:
+        w = ReplayWorker()
+        res = Tuner(cache, strategy="exhaustive", worker=w, jobs=2, retime=False).tune(
+            matrix, "csr", {}, op, [16, 256], "layer0")
+        assert len(w.trials) == 1 and w.peers == 1
+        assert not res.per_n[16].recorded and res.per_n[256].recorded
 
 
 def test_a_later_tune_adds_n_buckets_beside_the_stored_ones(tmp_path, matrix):

@@ -19,6 +19,7 @@ code is templates/include/sf/nm24.cuh.
 """
 from __future__ import annotations
 
+import hashlib
 import math
 from dataclasses import asdict, dataclass, field
 from typing import Optional
@@ -422,7 +423,7 @@ class Nm24Family(Family):
     def plan(self, matrix: SparseMatrix, op: Operation, params: dict, config: dict,
              bias: Optional[np.ndarray] = None) -> Nm24Plan:
         self.check_config(config, matrix, op, params)
-        bad = first_violation(matrix)
+        bad = matrix.cached(("nm24.valid",), lambda: first_violation(matrix))
         if bad is not None:
             row, col = bad
             raise ValueError(f"matrix is not 2:4: row {row} has more than 2 nonzeros in "
@@ -460,17 +461,25 @@ class Nm24Family(Family):
         meta_offset = _align16(values_offset + len(values))   # (TMA: no section of its own)
         bias_offset = _align16(meta_offset + len(meta)) if ep.bias else 0
         total = _align16((bias_offset + len(bias_bytes)) if ep.bias else meta_offset + len(meta))
-        buf = bytearray(total)
-        buf[values_offset:values_offset + len(values)] = values
-        buf[meta_offset:meta_offset + len(meta)] = meta
-        if ep.bias:
-            buf[bias_offset:bias_offset + len(bias_bytes)] = bias_bytes
+
+        def assemble() -> bytes:
+            buf = bytearray(total)
+            buf[values_offset:values_offset + len(values)] = values
+            buf[meta_offset:meta_offset + len(meta)] = meta
+            if ep.bias:
+                buf[bias_offset:bias_offset + len(bias_bytes)] = bias_bytes
+            return bytes(buf)
+        # one bytes object per packing (and bias): the configurations that
+        # share it share it in memory too, and the tuner's worker keeps one
+        # device copy of it (tuner/worker.py)
+        packed = matrix.cached(("nm24.packed", op.dtype, mp, kp, wg, tma,
+                                hashlib.blake2b(bias_bytes, digest_size=16).digest()), assemble)
 
         cfg = {key: int(config[key]) for key in (TMA_KEYS if tma else WG_KEYS if wg else CONFIG_KEYS)
                if key in config}
         return Nm24Plan(
             name=config_name(self.tag(params), cfg, op), dtype=op.dtype, layout=op.layout,
-            m=m, k=k, mp=mp, kp=kp, config=cfg, packed=bytes(buf),
+            m=m, k=k, mp=mp, kp=kp, config=cfg, packed=packed,
             values_offset=values_offset, meta_offset=meta_offset, bias_offset=bias_offset,
             has_bias=ep.bias, smem_bytes=smem_bytes(cfg, op.layout, k),
             threads=cfg["wm"] * cfg["wn"] * (128 if wg else 32) + (32 if tma else 0),

@@ -22,6 +22,7 @@ the constants.  Split-K is not implemented: one CTA runs one group's whole K.
 """
 from __future__ import annotations
 
+import hashlib
 import weakref
 from typing import Optional
 
@@ -260,13 +261,21 @@ class RowGroupFamily(Family):
     def plan(self, matrix: SparseMatrix, op: Operation, params: dict, config: dict,
              bias: Optional[np.ndarray] = None) -> RowGroupPlan:
         self.check_config(config, matrix, op, params)
-        if is_xs(config):
-            return build_shared_plan(matrix, op, self.grouping(matrix, params), config["bk"],
-                                     config["xr"], config["xu"], family=self.name,
-                                     tag=self.tag(params), bias=bias)
-        return build_plan(matrix, op, self.grouping(matrix, params), config["bk"],
-                          family=self.name, tag=self.tag(params), bias=bias,
-                          tn=config.get("tn", 1))
+        xs = is_xs(config)
+        # the packing depends on these alone: every configuration that shares
+        # them shares one plan (and one packed bytes object: tuner/worker.py)
+        bias_key = None if bias is None else hashlib.blake2b(
+            np.ascontiguousarray(bias, dtype=np.float64).tobytes(), digest_size=16).digest()
+        key = ("rowgroup.plan", self.name, self._check_params(params), op.dtype,
+               op.epilogue.bias, bias_key, config["bk"], config.get("tn", 1),
+               (config["xr"], config["xu"]) if xs else None)
+        if xs:
+            return matrix.cached(key, lambda: build_shared_plan(
+                matrix, op, self.grouping(matrix, params), config["bk"], config["xr"],
+                config["xu"], family=self.name, tag=self.tag(params), bias=bias))
+        return matrix.cached(key, lambda: build_plan(
+            matrix, op, self.grouping(matrix, params), config["bk"], family=self.name,
+            tag=self.tag(params), bias=bias, tn=config.get("tn", 1)))
 
     def unpack(self, plan: RowGroupPlan) -> SparseMatrix:
         return unpack_plan(plan)
