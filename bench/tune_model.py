@@ -138,6 +138,9 @@ def run_pruning(args, label: str, mats, make_tuner=None) -> dict:
                         "phases": tuner.phases.format(wall=wall, threads=tuner.jobs)}
             out["gpu"] = tuner.device["name"]
             out["driver"] = tuner.device.get("driver_version")
+            r = out[run]    # as it happens: a run cut short still tells this much
+            print(f"{label}: {run} run {r['wall_s']:.1f} s, {r['trials']} trials, "
+                  f"{r['compiled']} compiled; {r['phases']}", file=sys.stderr, flush=True)
     by_name = {e.name: e for e in entries}
     out["samples"] = []
     with Cache(db) as cache:
@@ -155,6 +158,9 @@ def run_pruning(args, label: str, mats, make_tuner=None) -> dict:
                 out["samples"].append({"layer": name, "n": n, "winner_ms": winner.median_ms,
                                        "winner_trials": winner.trials, "best_ms": best.median_ms,
                                        "space": space, "ratio": winner.median_ms / best.median_ms})
+                print(f"{label}: sample {name} N={n}: winner {winner.median_ms:.4f} ms, "
+                      f"exhaustive best {best.median_ms:.4f} ms of {space} "
+                      f"({out['samples'][-1]['ratio']:.3f})", file=sys.stderr, flush=True)
         finally:
             tuner.close()
     return out

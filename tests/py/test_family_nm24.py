@@ -184,6 +184,7 @@ def test_search_space_valid(device, layout):
     assert any(c.get("wg") for c in space) == (device is None or device.get("arch") == "sm_90a"
                                                or "arch" not in device)
     if device is H100:
+        assert all(c.get("wg") for c in space)        # sm_90a: sparse wgmma alone
         hints = FAM.hint_configs(m, op, {}, device)
         assert hints[0].get("wg") == 1
         # every hint is a configuration of the space, as the search matches them

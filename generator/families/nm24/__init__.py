@@ -375,11 +375,15 @@ class Nm24Family(Family):
 
     def search_space(self, matrix: SparseMatrix, op: Operation, params: dict,
                      device: Optional[dict] = None) -> list[dict]:
-        """mma.sp configurations, and on sm_90a (or with no device named)
-        the sparse wgmma ones too."""
-        candidates = [dict(c, wm=wm, wn=wn, stages=stages)
-                      for c in SPACE.enumerate(("bm", "bn", "bk"))
-                      for wm, wn in WARP_LAYOUTS for stages in STAGE_CHOICES]
+        """mma.sp configurations elsewhere, the sparse wgmma ones (cp.async
+        and TMA) on sm_90a, every one with no device named.  On sm_90a
+        mma.sp is left out: sparse wgmma won every S1 and S2 problem on an
+        H100 (bench/RESULTS.md, 6ca2191), and a quarter fewer candidates
+        shortens the first search of a shape."""
+        hopper = bool(device and device.get("arch") == "sm_90a")
+        candidates = [] if hopper else [dict(c, wm=wm, wn=wn, stages=stages)
+                                        for c in SPACE.enumerate(("bm", "bn", "bk"))
+                                        for wm, wn in WARP_LAYOUTS for stages in STAGE_CHOICES]
         candidates += [dict(c, wm=c["bm"] // 64, wg=1) for c in WG_SPACE.enumerate()]
         candidates += [dict(c, wm=c["bm"] // 64 // c["mw"], wg=1, tma=1)
                        for c in TMA_SPACE.enumerate() if c["bm"] >= 64 * c["mw"]]
@@ -395,7 +399,7 @@ class Nm24Family(Family):
     def hint_configs(self, matrix: SparseMatrix, op: Operation, params: dict,
                      device: Optional[dict] = None) -> list[dict]:
         """Large tiles of sparse wgmma first on sm_90a (two warpgroups along
-        M, the widest N the problem fills), then mma.sp's default."""
+        M, the widest N the problem fills); mma.sp's default elsewhere."""
         # (measured on an H100, bench/nm24.py: the first three win prefill,
         # the next four decode)
         wg = [dict(bm=128, bn=256, bk=64, wm=2, wn=1, stages=4, wg=1, tma=1, cm=2),
@@ -408,8 +412,9 @@ class Nm24Family(Family):
               dict(bm=256, bn=128, bk=64, wm=2, wn=1, stages=6, wg=1, tma=1, cm=2, mw=2),
               dict(bm=128, bn=256, bk=64, wm=2, wn=1, stages=4, wg=1),
               dict(bm=64, bn=64, bk=128, wm=1, wn=1, stages=5, wg=1)]
+        hopper = bool(device and device.get("arch") == "sm_90a")
         out = []
-        for cfg in wg + [dict(BASE_CONFIG)]:
+        for cfg in wg + ([] if hopper else [dict(BASE_CONFIG)]):   # as the space has them
             if is_tma(cfg):   # the space's form: every key of the path, defaults included
                 cfg = {**TMA_SPACE.defaults, **cfg}
             try:
