@@ -116,6 +116,37 @@ def test_kernels_built_for_one_n_serve_the_others(tmp_path, monkeypatch):
     assert len(made) == 8            # generated once, measured for three buckets
 
 
+def test_every_buckets_first_candidates_build_before_the_first_search(tmp_path, monkeypatch):
+    """Each N bucket's search starts from the winners of earlier matrices:
+    their kernels are asked for before the first bucket measures anything,
+    so the compile threads work ahead of the searches."""
+    from sparseforge.tuner import driver
+    from sparseforge.tuner.strategies import config_key
+    asked = []
+    real = driver.Tuner.build
+    monkeypatch.setattr(driver.Tuner, "build",
+                        lambda self, job, cfg: asked.append(config_key(cfg)) or real(self, job, cfg))
+
+    class ByN(ReplayWorker):
+        """N = 256 ranks the kernels the other way round: its winner differs."""
+        def setup(self, s):
+            super().setup(s)
+            self.slow = set(names) - {names[-1]} if s.n == 256 else set()
+
+    with Cache(tmp_path / "t.db") as cache:
+        names = sorted(kernel_names(csr_matrix(1)), key=replay_ms)
+        first = Tuner(cache, strategy="exhaustive", worker=ByN(), jobs=2).tune(
+            csr_matrix(1), "csr", {}, OP, [16, 256], "a")
+        winners = {n: config_key(first.per_n[n].config) for n in (16, 256)}
+        assert winners[16] != winners[256]
+        asked.clear()
+        seen = []
+        w = ByN(on_trial=lambda w, t: seen.append(list(asked)) if not seen else None)
+        Tuner(cache, strategy="greedy", budget="2", worker=w, jobs=2).tune(
+            csr_matrix(2), "csr", {}, OP, [16, 256], "b")
+    assert seen and winners[16] in seen[0] and winners[256] in seen[0]
+
+
 # ---- warm start --------------------------------------------------------------
 def test_a_search_starts_from_the_winners_of_earlier_matrices_of_its_shape(tmp_path):
     a, b, other_shape = csr_matrix(4), csr_matrix(5), csr_matrix(6, shape=(64, 80))
