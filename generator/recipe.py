@@ -266,12 +266,11 @@ def _make_and_keep(recipe, specs, kept: Path, path, log) -> list[SparseMatrix]:
           f"{len(every)} layers; kept in {kept} for later runs", file=log)
     t0 = time.monotonic()
     arrays, made = {}, {}
-    for spec in every:
-        m, mask = make_layer(recipe, spec)
+    for spec, (m, bits) in zip(every, _made_in_parallel(recipe, every)):
         made[spec.index] = m
-        if mask is not None:
+        if bits is not None:
             key = str(spec.index)
-            arrays[f"{key}.mask"] = np.packbits(mask.ravel())
+            arrays[f"{key}.mask"] = bits
             arrays[f"{key}.fp"] = np.array(m.fingerprint())
             if m.perm is not None:
                 arrays[f"{key}.perm"] = m.perm
@@ -281,6 +280,33 @@ def _make_and_keep(recipe, specs, kept: Path, path, log) -> list[SparseMatrix]:
     _write_atomically(kept, arrays)
     print(f"made in {time.monotonic() - t0:.1f} s", file=log)
     return [made[s.index] for s in specs]
+
+
+def _make_one(recipe: dict, spec: LayerSpec) -> tuple[SparseMatrix, Optional[np.ndarray]]:
+    """make_layer, its mask packed to bits (what crosses back from a
+    process of the pool: an eighth of the bytes)."""
+    m, mask = make_layer(recipe, spec)
+    return m, None if mask is None else np.packbits(mask.ravel())
+
+
+def _made_in_parallel(recipe: dict, specs: list[LayerSpec]):
+    """_make_one of every layer, in order, the layers spread over a pool
+    of processes (one per core at most: drawing and pruning is numpy on
+    one core, and a Llama block's seven layers took 21 s one by one); one
+    by one where there is one layer or processes cannot be started."""
+    jobs = min(len(specs), os.cpu_count() or 1)
+    if jobs > 1:
+        import multiprocessing
+        from concurrent.futures import ProcessPoolExecutor
+        try:
+            # spawn: the caller may hold threads (a fork would copy their locks)
+            with ProcessPoolExecutor(jobs, mp_context=multiprocessing.get_context("spawn")) as pool:
+                yield from pool.map(_make_one, [recipe] * len(specs), specs)
+            return
+        except (OSError, PermissionError) as e:   # no processes here: one by one
+            print(f"note: pruning one layer at a time ({e})", file=sys.stderr)
+    for spec in specs:
+        yield _make_one(recipe, spec)
 
 
 def _write_atomically(path: Path, arrays: dict) -> None:

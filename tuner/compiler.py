@@ -8,12 +8,22 @@ interrupted run keeps it) and a binary already in the cache is not compiled
 again: a kernel whose source depends only on shapes and configuration is
 compiled once for every matrix of that shape.  Several tuners (one per GPU)
 may share one Compiler.
+
+Work is taken by priority: what a search waits for first, then what it
+may need next (`speculative`: the neighbours of its best so far, the
+first candidates of the buckets still to come), in order of asking
+within each; asking again without `speculative` for a kernel still
+queued as speculative moves it ahead (`promote`).  The threads are
+otherwise idle most of a search (each greedy round waits for one
+compilation), so speculating costs the measuring thread nothing.
 """
 from __future__ import annotations
 
+import itertools
+import queue
 import threading
 import time
-from concurrent.futures import Future, ThreadPoolExecutor, as_completed
+from concurrent.futures import Future, as_completed
 from dataclasses import dataclass
 from typing import Callable, Optional
 
@@ -38,6 +48,21 @@ def binary_key(source: str, options: str, arch: str, nvrtc: str) -> dict:
             "generator_version": GENERATOR_VERSION, "ptx": False}
 
 
+class _Task:
+    """A kernel to build: its future, how to make it, for which
+    architecture; `urgent` once anyone waits for it, `taken` once a
+    thread has it (a promoted task is queued twice: the second entry
+    finds it taken)."""
+    __slots__ = ("future", "make", "arch", "urgent", "taken")
+
+    def __init__(self, make: Callable[[], Kernel], arch: str, urgent: bool):
+        self.future: Future = Future()
+        self.make, self.arch, self.urgent, self.taken = make, arch, urgent, False
+
+
+URGENT, SPECULATIVE, STOP = 1, 2, 0   # queue priorities (lowest first)
+
+
 class Compiler:
     """A pool of `jobs` threads that generate and compile kernels into
     `cache`; counts what it compiled and the background phases."""
@@ -51,26 +76,72 @@ class Compiler:
         self.nvrtc = "%d.%d" % native.nvrtc_version()
         self._local = threading.local()
         self._lock = threading.Lock()
-        self._pool: Optional[ThreadPoolExecutor] = None
+        self._queue: queue.PriorityQueue = queue.PriorityQueue()
+        self._order = itertools.count()
+        self._threads: list[threading.Thread] = []
+        self._waiting: dict = {}        # future -> its _Task, until a thread takes it
+        self._generation = 0            # bumped by close: the threads of before stop
         self.compiled = 0
         self.recompiled_corrupt = 0     # stored cubins that failed their sha256, replaced
 
     # ---- the pool ---------------------------------------------------------
-    def submit(self, make: Callable[[], Kernel], arch: str) -> Future:
-        """A future of the Built kernel `make()` returns, compiled for `arch`."""
+    def submit(self, make: Callable[[], Kernel], arch: str, speculative: bool = False) -> Future:
+        """A future of the Built kernel `make()` returns, compiled for
+        `arch`; `speculative`: behind every kernel asked for without it."""
+        task = _Task(make, arch, urgent=not speculative)
         with self._lock:
-            if self._pool is None:
-                self._pool = ThreadPoolExecutor(max_workers=self.jobs,
-                                                thread_name_prefix="sf-compile")
-            return self._pool.submit(self._build, make, arch)
+            while len(self._threads) < self.jobs:
+                t = threading.Thread(target=self._serve, args=(self._generation,), daemon=True,
+                                     name=f"sf-compile-{len(self._threads)}")
+                t.start()
+                self._threads.append(t)
+            self._waiting[task.future] = task
+            self._queue.put((SPECULATIVE if speculative else URGENT, next(self._order), task))
+        return task.future
+
+    def promote(self, fut: Future) -> None:
+        """Moves a speculative kernel not yet taken ahead of the others:
+        someone waits for it now."""
+        with self._lock:
+            task = self._waiting.get(fut)
+            if task is not None and not task.urgent:
+                task.urgent = True
+                self._queue.put((URGENT, next(self._order), task))
 
     def close(self, kill: bool = False) -> None:
-        """Ends the pool: at once with `kill` (an interrupt: compilations
-        already running finish in their threads, nothing waits for them)."""
+        """Ends the pool: what is queued is cancelled; compilations already
+        running finish (waited for, unless `kill`: an interrupt)."""
         with self._lock:
-            pool, self._pool = self._pool, None
-        if pool is not None:
-            pool.shutdown(wait=not kill, cancel_futures=True)
+            threads, self._threads = self._threads, []
+            for task in self._waiting.values():
+                task.taken = True
+                task.future.cancel()
+            self._waiting.clear()
+            self._generation += 1
+            for _ in threads:
+                self._queue.put((STOP, next(self._order), None))
+        if not kill:
+            for t in threads:
+                t.join()
+
+    def _serve(self, generation: int) -> None:
+        while generation == self._generation:
+            _, _, task = self._queue.get()
+            if task is None:
+                if generation == self._generation:   # a stop meant for older threads
+                    continue
+                return
+            with self._lock:
+                if task.taken:
+                    continue
+                task.taken = True
+                self._waiting.pop(task.future, None)
+            if not task.future.set_running_or_notify_cancel():
+                continue        # cancelled while queued
+            try:
+                task.future.set_result(self._build(task.make, task.arch))
+            except BaseException as e:  # noqa: BLE001 - the asker gets it
+                task.future.set_exception(e)
 
     def compile_all(self, kernels: list[Kernel], arch: str,
                     progress: Optional[Callable[[int, int], None]] = None) -> list[Built]:

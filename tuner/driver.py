@@ -534,7 +534,7 @@ class Tuner:
             hints = self.warm_hints(job, n) + job.fam.hint_configs(job.matrix, job.op,
                                                                    job.params, self.target)
             for cfg in hinted(job.space, hints)[:PREBUILD]:
-                self.build(job, cfg)
+                self.build(job, cfg, speculative=True)
 
     def _tune_n(self, job: LayerJob, n: int):
         warm = hinted(job.space, self.warm_hints(job, n))
@@ -560,14 +560,17 @@ class Tuner:
         nres.max_error = best["max_error"]
         return nres, kernel
 
-    def build(self, job: LayerJob, config: dict) -> Future:
+    def build(self, job: LayerJob, config: dict, speculative: bool = False) -> Future:
         """A future of `config`'s kernel for this layer, generated and
-        compiled once for every N bucket."""
+        compiled once for every N bucket; `speculative`: one the search
+        may need later, built behind those it waits for."""
         key = config_key(config)
         fut = job.built.get(key)
         if fut is None or fut.cancelled():
-            fut = self.compiler.submit(lambda: job.generate(config), self.arch)
+            fut = self.compiler.submit(lambda: job.generate(config), self.arch, speculative)
             job.built.put(key, fut)
+        elif not speculative:
+            self.compiler.promote(fut)
         return fut
 
     def _from_layer(self, job: LayerJob, n: int) -> NResult:
@@ -651,12 +654,13 @@ class _Search:
         self.stopped_early = 0
         self.label = f"{job.name} N={n}"
 
-    def prefetch(self, configs: list[dict]) -> None:
-        """Starts building `configs` (the strategy's next batch)."""
+    def prefetch(self, configs: list[dict], speculative: bool = False) -> None:
+        """Starts building `configs`: the strategy's next batch, or with
+        `speculative` what it may ask for after that."""
         for c in configs:
             k = config_key(c)
-            if k not in self.known and k not in self.pending:
-                self.pending[k] = self.tuner.build(self.job, c)
+            if k not in self.known and (k not in self.pending or not speculative):
+                self.pending[k] = self.tuner.build(self.job, c, speculative)
 
     def __call__(self, batch: list[dict]) -> list[float]:
         out = [math.inf] * len(batch)

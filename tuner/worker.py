@@ -129,18 +129,45 @@ def timed(time_fn: Callable[..., dict], timing: dict, cutoff_ms: Optional[float]
     return {**time_fn(**timing), "stopped_early": False}
 
 
-def checked_output(raw: bytes, s: Setup) -> np.ndarray:
-    """The part of Y (device bytes, as downloaded) that the reference
-    covers, as float32 in Y's orientation: the check columns alone are
-    converted (all of Y where every column is checked)."""
+def checked_output(raw: bytes, s: Setup, gathered: bool = False) -> np.ndarray:
+    """The part of Y that the reference covers, as float32 in Y's
+    orientation: the check columns alone are converted (all of Y where
+    every column is checked).  `raw`: Y's device bytes as downloaded, or
+    with `gathered` the checked columns' alone (fm: rows x columns, tm:
+    columns x rows, as `_State.download_checked` returns them)."""
     from ..generator.matrix import from_device_bytes
+    cols = s.n if s.check_columns is None else len(s.check_columns)
     shape = (s.rows, s.n) if s.layout == "fm" else (s.n, s.rows)
+    if gathered:
+        shape = (s.rows, cols) if s.layout == "fm" else (cols, s.rows)
     raw_y = np.frombuffer(raw, dtype=np.uint32 if _elem(s.dtype) == 4 else np.uint16,
-                          count=s.rows * s.n).reshape(shape)
-    if s.check_columns is not None:
+                          count=shape[0] * shape[1]).reshape(shape)
+    if s.check_columns is not None and not gathered:
         raw_y = raw_y[:, s.check_columns] if s.layout == "fm" else raw_y[s.check_columns, :]
     return from_device_bytes(np.ascontiguousarray(raw_y).tobytes(), s.dtype,
                              raw_y.size).reshape(raw_y.shape)
+
+
+# Copies the checked columns of a feature-major Y (rows x n) into a rows x
+# ncols block on the GPU, so that verifying a large N downloads kilobytes
+# instead of all of Y (tens of MB through pageable memory: most of a
+# trial's verification time before).
+GATHER_NAME = "sf_gather_columns"
+GATHER_SOURCE = r"""
+extern "C" __global__ void sf_gather_columns(const unsigned char *__restrict__ y,
+    unsigned char *__restrict__ out, const int *__restrict__ cols, int rows, int n,
+    int ncols, int elem) {
+  const long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x;
+  if (i >= (long long)rows * ncols) return;
+  const long long r = i / ncols;
+  const unsigned char *src = y + (r * n + cols[i % ncols]) * elem;
+  if (elem == 4)
+    *reinterpret_cast<unsigned *>(out + i * 4) = *reinterpret_cast<const unsigned *>(src);
+  else
+    *reinterpret_cast<unsigned short *>(out + i * 2) =
+        *reinterpret_cast<const unsigned short *>(src);
+}
+"""
 
 
 class _State:
@@ -157,15 +184,44 @@ class _State:
         self.x_copies: list = []   # X and Y beyond the first set (see _rotation)
         self.y_copies: list = []
         self.packed: OrderedDict[str, _Packed] = OrderedDict()  # least recently used first
+        self.cols = None           # the checked columns (int32) and their gathered block
+        self.gathered = None
+        self._gather = None        # (module, function), compiled at the first use
 
     def do_setup(self, s: Setup):
-        for b in [self.x, self.y, *self.x_copies, *self.y_copies]:
+        for b in [self.x, self.y, self.cols, self.gathered, *self.x_copies, *self.y_copies]:
             if b is not None:
                 b.free()
         self.x_copies, self.y_copies = [], []
+        self.cols = self.gathered = None
         self.setup = s
         self.x = self.ctx.upload(s.x)
         self.y = self.ctx.alloc(max(1, s.rows * s.n * _elem(s.dtype)))
+        if s.check_columns is not None and s.layout == "fm" and s.rows > 0:
+            self.cols = self.ctx.upload(np.ascontiguousarray(s.check_columns, dtype=np.int32))
+            self.gathered = self.ctx.alloc(s.rows * len(s.check_columns) * _elem(s.dtype))
+
+    def download_checked(self) -> tuple[bytes, bool]:
+        """Y's bytes for the check: (bytes, gathered).  Feature-major with
+        check columns: gathered on the GPU (GATHER_SOURCE) and the block
+        downloaded; token-major: each checked token's row of Y; else all
+        of Y."""
+        s = self.setup
+        elem = _elem(s.dtype)
+        if s.check_columns is None or s.rows == 0:
+            return self.ctx.download(self.y, s.rows * s.n * elem), False
+        if s.layout == "tm":
+            row = s.rows * elem
+            return b"".join(self.ctx.download(self.y.ptr + int(c) * row, row)
+                            for c in s.check_columns), True
+        if self._gather is None:
+            module = self.ctx.load(self.ctx.compile(GATHER_SOURCE, name="sf_gather.cu"))
+            self._gather = (module, module.kernel(GATHER_NAME))
+        count = s.rows * len(s.check_columns)
+        self.ctx.launch(self._gather[1], ((count + 255) // 256, 1, 1), (256, 1, 1),
+                        [self.y, self.gathered, self.cols, s.rows, s.n,
+                         len(s.check_columns), elem], sig="PPPiiii")
+        return self.ctx.download(self.gathered, count * elem), True
 
     def do_trial(self, t: Trial):
         from .execute import POISON, compare
@@ -191,7 +247,8 @@ class _State:
             args = self.ctx.kernel_args(fn, packed[0], self.x, self.y, s.n)
             self.ctx.launch(fn, t.grid, t.block, args, shared=t.shared_bytes)
             self.ctx.synchronize()
-            y = checked_output(self.ctx.download(self.y, nbytes), s)
+            raw, gathered = self.download_checked()
+            y = checked_output(raw, s, gathered)
             err = compare(y, s.reference, s.dtype)
             t2 = time.perf_counter()
             if not err["ok"]:

@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import math
 import threading
+import time
 
 import numpy as np
 import pytest
@@ -125,7 +126,8 @@ def test_every_buckets_first_candidates_build_before_the_first_search(tmp_path, 
     asked = []
     real = driver.Tuner.build
     monkeypatch.setattr(driver.Tuner, "build",
-                        lambda self, job, cfg: asked.append(config_key(cfg)) or real(self, job, cfg))
+                        lambda self, job, cfg, speculative=False:
+                        asked.append(config_key(cfg)) or real(self, job, cfg, speculative))
 
     class ByN(ReplayWorker):
         """N = 256 ranks the kernels the other way round: its winner differs."""
@@ -309,3 +311,70 @@ def test_only_the_checked_columns_of_y_are_converted(dtype, layout):
         if cols is not None:
             full = full[:, cols] if layout == "fm" else full[cols, :]
         np.testing.assert_array_equal(checked_output(raw, s), full)
+        if cols is not None:    # the checked block alone, as the worker gathers it
+            np.testing.assert_array_equal(
+                checked_output(to_device_bytes(full, dtype), s, gathered=True), full)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype,layout", [("fp16", "fm"), ("fp32", "fm"), ("bf16", "tm")])
+def test_the_worker_downloads_the_checked_columns_alone(dtype, layout):
+    """On the GPU the worker gathers the checked columns (feature-major) or
+    rows (token-major) of Y and downloads that block: equal to all of Y
+    downloaded and then picked, NaN (unwritten) included."""
+    from sparseforge.generator.matrix import round_to_dtype, to_device_bytes
+    from sparseforge.tuner.worker import Setup, _State, checked_output
+    rows, n = 1000, 3000
+    rng = np.random.default_rng(1)
+    shape = (rows, n) if layout == "fm" else (n, rows)
+    y = round_to_dtype(rng.standard_normal(shape).astype(np.float32), dtype)
+    y[7, 11] = np.nan
+    cols = np.sort(rng.choice(n, size=32, replace=False))
+    cols[0] = 11 if layout == "fm" else 7
+    cols[-1] = n - 1
+    state = _State(0)
+    state.do_setup(Setup(dtype, layout, rows, n, b"\0" * 16, np.sort(cols), np.zeros(1)))
+    state.ctx.copy_to(state.y, to_device_bytes(y, dtype))
+    raw, gathered = state.download_checked()
+    assert gathered and len(raw) == rows * 32 * (4 if dtype == "fp32" else 2)
+    got = checked_output(raw, state.setup, gathered)
+    want = checked_output(state.ctx.download(state.y), state.setup)
+    np.testing.assert_array_equal(got, want)
+    assert np.isnan(got).sum() == 1
+
+
+def test_speculative_builds_wait_behind_those_a_search_waits_for(monkeypatch):
+    """The compile threads take what a search waits for first, then what
+    it may need (speculative), each in the order asked; asking again
+    without `speculative` moves a queued kernel ahead; closing cancels
+    what is still queued."""
+    from sparseforge.tuner.compiler import Compiler
+    c = Compiler(cache=None, jobs=1)
+    order, gate = [], threading.Event()
+
+    def build(make, arch):
+        name = make()
+        if name == "busy":
+            assert gate.wait(10)
+        order.append(name)
+        return name
+    monkeypatch.setattr(c, "_build", build)
+    busy = c.submit(lambda: "busy", "sm_80")           # holds the one thread
+    s1 = c.submit(lambda: "s1", "sm_80", speculative=True)
+    s2 = c.submit(lambda: "s2", "sm_80", speculative=True)
+    urgent = c.submit(lambda: "urgent", "sm_80")
+    c.promote(s2)
+    gate.set()
+    assert [f.result(10) for f in (busy, urgent, s2, s1)] == ["busy", "urgent", "s2", "s1"]
+    assert order == ["busy", "urgent", "s2", "s1"]
+    gate.clear()
+    busy = c.submit(lambda: "busy", "sm_80")
+    queued = c.submit(lambda: "queued", "sm_80", speculative=True)
+    for _ in range(1000):
+        if busy.running():
+            break
+        time.sleep(0.01)
+    c.close(kill=True)
+    gate.set()
+    assert queued.cancelled() and busy.result(10) == "busy"
+    assert "queued" not in order

@@ -9,7 +9,8 @@ trials) come back without being measured again.  A strategy stops when
 (the family's preferred configurations) go first where the budget is
 short of the space.  A strategy that knows its next batch before it
 measures the current one names it with `prefetch(evaluate, batch)`, so
-that it compiles while the current one is measured.
+that it compiles while the current one is measured, and what may come
+after with `prefetch(evaluate, configs, speculative=True)`.
 """
 from __future__ import annotations
 
@@ -86,12 +87,17 @@ def hinted(space: list[dict], hints: Sequence[dict]) -> list[dict]:
     return out
 
 
-def prefetch(evaluate: Evaluate, configs: list[dict]) -> None:
+def prefetch(evaluate: Evaluate, configs: list[dict], speculative: bool = False) -> None:
     """Tells `evaluate` which configurations come next, where it listens
-    (the tuner's does: it starts compiling them); otherwise nothing."""
+    (the tuner's does: it starts compiling them); otherwise nothing.
+    `speculative`: configurations that may come after those (built behind
+    the ones named without it)."""
     ahead = getattr(evaluate, "prefetch", None)
     if ahead is not None and configs:
-        ahead(configs)
+        if speculative:
+            ahead(configs, speculative=True)
+        else:
+            ahead(configs)
 
 
 def config_key(config: dict) -> tuple:
