@@ -99,8 +99,8 @@ def test_hints_go_first_and_unknown_hints_are_ignored(name):
 
     budget = Budget(max_trials=12)
     get_strategy(name).run(SPACE, evaluate, budget, seed=3, hints=hints)
-    first = batches[0]
-    # the valid hints, once each and in order, open the first batch; the rest of the budget
+    first = [c for b in batches for c in b]
+    # the valid hints, once each and in order, are measured first; the rest of the budget
     # still samples the space
     assert first[:2] == [SPACE[40], SPACE[7]]
     measured = [config_key(c) for b in batches for c in b]
@@ -123,8 +123,8 @@ def test_greedy_steps_onto_and_off_optional_keys():
     back = _neighbours({"bn": 64, "st": 4, "tn": 4}, index, by_key)
     assert {"bn": 64, "st": 4} in back and {"bn": 64, "st": 4, "tn": 2} in back
     assert {"bn": 64, "st": 3, "tn": 4} in back and len(back) == 3
-    # the search: right after its first batch (the hint and a spread), every
-    # neighbour of the best one, the variants with the optional key included
+    # the search: after its first batch (the hint and a spread), the
+    # neighbours of the best one, the variants with the optional key included
     space = [{"bn": bn, "st": st} for bn in (32, 64, 128, 256) for st in (2, 3, 4, 5)]
     space += [dict(c, tn=tn) for c in space[:2] for tn in (2, 4)]
     best = {"bn": 32, "st": 2}
@@ -137,6 +137,38 @@ def test_greedy_steps_onto_and_off_optional_keys():
 
     budget = Budget(max_trials=12)
     get_strategy("greedy").run(space, evaluate, budget, seed=0, hints=[best])
-    assert len(batches[0]) == 4 and batches[0][0] == best
-    assert {"bn": 32, "st": 2, "tn": 2} in batches[0] + batches[1]
-    assert {"bn": 32, "st": 2, "tn": 4} in batches[0] + batches[1]
+    measured = [c for b in batches for c in b]
+    assert len(measured) == 12 and measured[0] == best
+    assert {"bn": 32, "st": 2, "tn": 2} in measured and {"bn": 32, "st": 2, "tn": 4} in measured
+
+
+def test_greedy_asks_ahead_and_speculates_on_what_comes_next():
+    """Configurations are asked for (built) while the one ahead of them is
+    measured, and most of those picked after the first batch were
+    named speculatively before being asked for: the compile threads work
+    ahead of the measuring."""
+    table = timing_table(3)
+    budget = Budget(max_trials=30)
+    asked_at, speculated_at, measured = {}, {}, []
+
+    class Evaluate:
+        def __call__(self, batch):
+            budget.trials += len(batch)
+            measured.extend(config_key(c) for c in batch)
+            return [table[config_key(c)] for c in batch]
+
+        def prefetch(self, configs, speculative=False):
+            into = speculated_at if speculative else asked_at
+            for c in configs:
+                into.setdefault(config_key(c), len(measured))
+
+    get_strategy("greedy").run(SPACE, Evaluate(), budget, seed=0)
+    assert len(measured) == 30 == len(set(measured))
+    init = 8   # a quarter of the budget: asked for together at the start
+    assert all(asked_at[k] == 0 for k in measured[:init])
+    # asked for while an earlier one was measured; the exceptions: random
+    # picks where the best ones had no neighbours left (asked for together)
+    late = [i for i, k in enumerate(measured) if i >= init and asked_at[k] >= i]
+    assert len(late) <= 1, late
+    ahead = [k for k in measured[init:] if speculated_at.get(k, math.inf) < asked_at[k]]
+    assert len(ahead) >= len(measured[init:]) // 2, (len(ahead), len(measured[init:]))
