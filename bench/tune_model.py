@@ -110,17 +110,56 @@ def run_pruning(args, label: str, mats, make_tuner=None) -> dict:
     """The first run, the second, the exhaustive samples of one pruning.
     `make_tuner(cache, **settings)` makes each run's tuner (default: the
     tuner on this machine's GPU; the tests pass one with a replaying
-    worker)."""
+    worker).  What is done is kept beside the database (PRUNING.json); with
+    args.resume a later call goes on from there."""
     from sparseforge.cache import Cache
     from sparseforge.generator.families import family_of
     from sparseforge.tuner.driver import Tuner
-    from sparseforge.tuner.model import Progress, plan_model, tune_entries
+    from sparseforge.tuner.model import Progress, plan_model
     make_tuner = make_tuner or Tuner
     db = Path(args.db_dir) / f"{label.replace(':', '').replace('@', '-')}.db"
-    for side in ("", "-wal", "-shm"):
-        Path(str(db) + side).unlink(missing_ok=True)
+    state = db.with_suffix(".json")      # what is done, for --resume
     entries = plan_model(mats, log=open(os.devnull, "w"))
-    out = {"pruning": label}
+    by_name = {e.name: e for e in entries}
+    out = None
+    if getattr(args, "resume", False) and state.exists() and db.exists():
+        out = json.loads(state.read_text())
+        print(f"{label}: resuming after the runs of {state} "
+              f"({len(out['samples'])} of {len(out['picks'])} samples done)", file=sys.stderr)
+    else:
+        for side in ("", "-wal", "-shm"):
+            Path(str(db) + side).unlink(missing_ok=True)
+        state.unlink(missing_ok=True)
+        out = _runs(args, label, db, entries, make_tuner)
+        state.write_text(json.dumps(out, default=str))
+    with Cache(db) as cache:
+        tuner = make_tuner(cache, strategy="exhaustive", progress=Progress())
+        try:
+            for name, n, winner_ms, winner_trials in out["picks"][len(out["samples"]):]:
+                e = by_name[name]
+                fam, params = family_of(e.pattern)
+                res = tuner.tune(e.get_matrix(), fam.name, params, e.op, [n], name + "#exhaustive",
+                                 force=True)
+                best = res.per_n[n]
+                space = len(fam.search_space(e.get_matrix(), e.op, params, tuner.target))
+                out["samples"].append({"layer": name, "n": n, "winner_ms": winner_ms,
+                                       "winner_trials": winner_trials, "best_ms": best.median_ms,
+                                       "space": space, "ratio": winner_ms / best.median_ms})
+                state.write_text(json.dumps(out, default=str))   # a call cut short keeps it
+                print(f"{label}: sample {name} N={n}: winner {winner_ms:.4f} ms, "
+                      f"exhaustive best {best.median_ms:.4f} ms of {space} "
+                      f"({out['samples'][-1]['ratio']:.3f})", file=sys.stderr, flush=True)
+        finally:
+            tuner.close()
+    return out
+
+
+def _runs(args, label: str, db: Path, entries, make_tuner) -> dict:
+    """The first and the second run from an empty database, and the
+    samples to search exhaustively (with their winners' times)."""
+    from sparseforge.cache import Cache
+    from sparseforge.tuner.model import Progress, tune_entries
+    out = {"pruning": label, "samples": []}
     for run in ("first", "second"):
         with Cache(db) as cache:
             tuner = make_tuner(cache, progress=Progress(), retime=False)   # as `sparseforge tune` reruns
@@ -141,28 +180,10 @@ def run_pruning(args, label: str, mats, make_tuner=None) -> dict:
             r = out[run]    # as it happens: a run cut short still tells this much
             print(f"{label}: {run} run {r['wall_s']:.1f} s, {r['trials']} trials, "
                   f"{r['compiled']} compiled; {r['phases']}", file=sys.stderr, flush=True)
-    by_name = {e.name: e for e in entries}
-    out["samples"] = []
-    with Cache(db) as cache:
-        tuner = make_tuner(cache, strategy="exhaustive", progress=Progress())
-        try:
-            for name, n in samples(first_rows, args.n, args.samples):
-                row = next(r for r in first_rows if r.name == name)
-                e = by_name[name]
-                fam, params = family_of(e.pattern)
-                winner = row.result.per_n[n]
-                res = tuner.tune(e.get_matrix(), fam.name, params, e.op, [n], name + "#exhaustive",
-                                 force=True)
-                best = res.per_n[n]
-                space = len(fam.search_space(e.get_matrix(), e.op, params, tuner.target))
-                out["samples"].append({"layer": name, "n": n, "winner_ms": winner.median_ms,
-                                       "winner_trials": winner.trials, "best_ms": best.median_ms,
-                                       "space": space, "ratio": winner.median_ms / best.median_ms})
-                print(f"{label}: sample {name} N={n}: winner {winner.median_ms:.4f} ms, "
-                      f"exhaustive best {best.median_ms:.4f} ms of {space} "
-                      f"({out['samples'][-1]['ratio']:.3f})", file=sys.stderr, flush=True)
-        finally:
-            tuner.close()
+    out["picks"] = []
+    for name, n in samples(first_rows, args.n, args.samples):
+        winner = next(r for r in first_rows if r.name == name).result.per_n[n]
+        out["picks"].append([name, n, winner.median_ms, winner.trials])
     return out
 
 
@@ -204,6 +225,10 @@ def main(argv=None) -> int:
     ap.add_argument("--db-dir", default="/tmp/sparseforge-bench")
     ap.add_argument("--arch", default="sm_90a", help="--dry-run: the architecture planned for")
     ap.add_argument("--results", help="append the table to this markdown file")
+    ap.add_argument("--resume", action="store_true",
+                    help="keep the runs recorded in --db-dir (PRUNING.json beside its database) "
+                         "and go on with the samples not done yet: a benchmark longer than one "
+                         "sitting, run in parts")
     ap.add_argument("--dry-run", action="store_true",
                     help="build and prune the model and count the work; no GPU")
     args = ap.parse_args(argv)

@@ -3,6 +3,7 @@ and pruned, and --dry-run counts the work (a later block of layers only
 adds warm searches); the sampled pairs are spread over the model."""
 from __future__ import annotations
 
+import json
 import math
 import sys
 from pathlib import Path
@@ -83,3 +84,17 @@ def test_a_run_reports_both_runs_and_the_samples_against_the_exhaustive_best(tmp
     text = tune_model.table([out], args, "abc1234")
     assert "| nm24 | 6 first" not in text and "Replay GPU" in text
     assert text.count("| nm24 |") == 1 + 3
+    # --resume: a later call keeps the runs and searches only the samples not done
+    state = tmp_path / "nm24.json"
+    kept = json.loads(state.read_text())
+    kept["samples"] = kept["samples"][:1]
+    state.write_text(json.dumps(kept))
+    searched = []
+    args.resume = True
+    again = tune_model.run_pruning(
+        args, "nm24", mats,
+        lambda cache, **kw: Tuner(cache, worker=ReplayWorker(on_trial=lambda w, t: searched.append(t)),
+                                  jobs=2, **kw))
+    assert again["first"] == json.loads(json.dumps(first)) and len(again["samples"]) == 3
+    assert [s["layer"] for s in again["samples"]] == [s["layer"] for s in out["samples"]]
+    assert searched == []    # the samples' trials are in the database: nothing measured again
