@@ -378,3 +378,29 @@ def test_speculative_builds_wait_behind_those_a_search_waits_for(monkeypatch):
     gate.set()
     assert queued.cancelled() and busy.result(10) == "busy"
     assert "queued" not in order
+
+
+def test_compiling_processes_give_the_threads_cubins(tmp_path):
+    """With more compile jobs than PROCESSES_ABOVE, NVRTC runs in a pool of
+    processes: the same cubins as compiling in the threads, the same
+    error where NVRTC refuses a kernel, the same records in the cache."""
+    from dataclasses import replace
+    from sparseforge.tuner.compiler import PROCESSES_ABOVE, Compiler
+    fam = get_family("csr")
+    m = csr_matrix(3)
+    kernels = [fam.generate(m, OP, {}, c) for c in fam.search_space(m, OP, {}, DEVICE)[:3]]
+    kernels.append(replace(kernels[0], source=kernels[0].source + "\nint broken(;\n"))
+    out = {}
+    for procs in (True, False):
+        with Cache(tmp_path / f"{procs}.db") as cache:
+            c = Compiler(cache, 2, processes=procs)
+            try:
+                out[procs] = c.compile_all(kernels, "sm_80")
+                assert (c._procs is not None) == procs and c.compiled == 3
+            finally:
+                c.close()
+    for a, b in zip(out[True], out[False]):
+        assert a.data == b.data and a.hexkey == b.hexkey
+    assert all(b.data for b in out[True][:3]) and out[True][3].data is None
+    assert "broken" in out[True][3].error and out[True][3].error == out[False][3].error
+    assert Compiler(None, PROCESSES_ABOVE + 1).processes and not Compiler(None, PROCESSES_ABOVE).processes
