@@ -33,7 +33,7 @@ from typing import Callable, Optional
 
 from .. import GENERATOR_VERSION
 from ..generator.kernel import ConfigError, Kernel
-from .phases import Phases
+from .phases import Phases, trace
 
 
 @dataclass
@@ -57,11 +57,12 @@ class _Task:
     architecture; `urgent` once anyone waits for it, `taken` once a
     thread has it (a promoted task is queued twice: the second entry
     finds it taken)."""
-    __slots__ = ("future", "make", "arch", "urgent", "taken")
+    __slots__ = ("future", "make", "arch", "urgent", "taken", "asked")
 
     def __init__(self, make: Callable[[], Kernel], arch: str, urgent: bool):
         self.future: Future = Future()
         self.make, self.arch, self.urgent, self.taken = make, arch, urgent, False
+        self.asked = time.perf_counter()
 
 
 URGENT, SPECULATIVE, STOP = 1, 2, 0   # queue priorities (lowest first)
@@ -155,6 +156,8 @@ class Compiler:
                 self._waiting.pop(task.future, None)
             if not task.future.set_running_or_notify_cancel():
                 continue        # cancelled while queued
+            trace("queued", task.asked, time.perf_counter(),
+                  "urgent" if task.urgent else "speculative")
             try:
                 task.future.set_result(self._build(task.make, task.arch))
             except BaseException as e:  # noqa: BLE001 - the asker gets it
@@ -196,7 +199,7 @@ class Compiler:
         try:
             data, hexkey, err = self._compile(kernel, arch)
         finally:
-            self.phases.add("compile", time.perf_counter() - t0)
+            self.phases.add("compile", time.perf_counter() - t0, kernel.name)
         return Built(kernel, data, hexkey, err)
 
     def _compile(self, kernel: Kernel, arch: str):

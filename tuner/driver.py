@@ -690,7 +690,7 @@ class _Search:
             except StopIteration:
                 return
             finally:
-                self.tuner.phases.add("wait", time.perf_counter() - t0)
+                self.tuner.phases.add("wait", time.perf_counter() - t0, self.label)
             yield fut
 
     def _measure(self, config: dict, built: Built) -> float:

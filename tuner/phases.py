@@ -21,12 +21,36 @@ thread, and are summed over the threads (so they can exceed the wall time):
 
 A worker that reports no split of its trial (a replaying test worker)
 leaves the whole trial in "load".
+
+SPARSEFORGE_TRACE=FILE also writes every phase as an event (start, end,
+thread, phase, what) to FILE as JSON lines when the process ends: where
+the totals do not say why the measuring thread waits, the timeline does.
 """
 from __future__ import annotations
 
+import atexit
+import json
+import os
 import threading
 import time
 from contextlib import contextmanager
+
+_TRACE_FILE = os.environ.get("SPARSEFORGE_TRACE")
+_events: list = []
+
+
+def trace(phase: str, t0: float, t1: float, what: str = "") -> None:
+    """Records one event where SPARSEFORGE_TRACE names a file."""
+    if _TRACE_FILE:
+        _events.append((round(t0, 4), round(t1, 4), threading.current_thread().name, phase, what))
+
+
+@atexit.register
+def _write_trace() -> None:
+    if _TRACE_FILE and _events:
+        with open(_TRACE_FILE, "w") as f:
+            for e in _events:
+                f.write(json.dumps(e) + "\n")
 
 FOREGROUND = ("wait", "reference", "load", "verify", "time", "peer", "store")
 BACKGROUND = ("plan", "compile")
@@ -40,11 +64,14 @@ class Phases:
         self.seconds = dict.fromkeys(FOREGROUND + BACKGROUND, 0.0)
         self.started = time.perf_counter()
 
-    def add(self, phase: str, seconds: float) -> None:
+    def add(self, phase: str, seconds: float, what: str = "") -> None:
         if phase not in self.seconds:
             raise KeyError(f"unknown phase {phase!r}; known: {', '.join(self.seconds)}")
         with self._lock:
             self.seconds[phase] += seconds
+        if _TRACE_FILE:
+            now = time.perf_counter()
+            trace(phase, now - seconds, now, what)
 
     @contextmanager
     def __call__(self, phase: str):
