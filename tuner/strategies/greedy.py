@@ -28,6 +28,10 @@ _ABSENT = object()   # a neighbour's value for an optional key: the key left out
 # neighbours of the best SPECULATE_FROM so far not in the batch): each
 # round otherwise waits for one compilation while the threads sit idle.
 SPECULATE, SPECULATE_FROM = 16, 4
+# ... and the next configurations of the random order taken where the best
+# ones have no neighbours left (on the 2:4 space of an H100 most of a
+# search's budget: each such pick otherwise waited for its compilation).
+SPECULATE_LATER = 8
 # Configurations asked for ahead of the one measured, each chosen from the
 # best measured so far when the queue has room and measured in the order
 # asked (deterministic for given times).  Few: a pick made on older times
@@ -104,7 +108,8 @@ class Greedy(Strategy):
 
         def speculate(configs) -> None:
             rem = budget.remaining()
-            left = SPECULATE if rem is None else min(SPECULATE, rem - len(queue))
+            most = SPECULATE + SPECULATE_LATER
+            left = most if rem is None else min(most, rem - len(queue))
             if configs and left > 0:
                 prefetch(evaluate, configs[:left], speculative=True)
 
@@ -114,6 +119,15 @@ class Greedy(Strategy):
         picked = {config_key(c) for c in first}
         rest = [c for c in space if config_key(c) not in picked]
         ask(first + rng.sample(rest, min(init - len(first), len(rest))))
+        # where the best ones have no neighbours left: the rest of the space
+        # in an order drawn now, so that the next of them are known (and
+        # built) before they are asked for
+        later = rng.sample(space, len(space))
+
+        def upcoming(count: int) -> list[dict]:
+            return [c for c in later if config_key(c) not in times
+                    and config_key(c) not in queued][:count]
+
         # meanwhile: the first hint's neighbours (a warm search's first hint
         # is the earlier matrices' winner)
         speculate(near([config_key(first[0])]) if first else [])
@@ -122,10 +136,9 @@ class Greedy(Strategy):
                 ranked = [k for _, k in sorted((t, k) for k, t in times.items() if math.isfinite(t))]
                 batch = near(ranked[:3])[:IN_FLIGHT - len(queue)]
                 if not batch and not queue:
-                    unmeasured = [c for c in space if config_key(c) not in times]
-                    batch = rng.sample(unmeasured, min(4, len(unmeasured)))
+                    batch = upcoming(IN_FLIGHT)
                 ask(batch)
-                speculate(near(ranked[:SPECULATE_FROM]))
+                speculate(near(ranked[:SPECULATE_FROM])[:SPECULATE] + upcoming(SPECULATE_LATER))
             if not queue:
                 return
             c = queue.popleft()
