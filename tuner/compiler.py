@@ -223,10 +223,11 @@ class Compiler:
         if pool is not None:
             try:
                 data, err = pool.submit(nvrtc_compile, *args).result()
-            except (BrokenProcessPool, OSError, RuntimeError):   # a process died: threads
+            except (BrokenProcessPool, OSError):    # a process died: the threads compile
                 with self._lock:
                     self._procs_broken = True
-                data = None
+            except RuntimeError:                    # the pool was closed meanwhile
+                pass
         if data is None and err is None:
             data, err = nvrtc_compile(*args, ctx=ctx)
         if data is None:

@@ -671,7 +671,11 @@ class _Search:
             if t is not None:
                 out[i] = t["median_ms"] if t["status"] == "ok" else math.inf
                 continue
-            fut = self.pending.pop(k, None) or self.tuner.build(self.job, c)
+            fut = self.pending.pop(k, None)
+            if fut is None or fut.cancelled():
+                fut = self.tuner.build(self.job, c)
+            else:
+                self.tuner.compiler.promote(fut)     # named speculatively: waited for now
             waiting[fut] = i
         for fut in self._as_built(waiting):
             i = waiting[fut]

@@ -410,3 +410,27 @@ def test_compiling_processes_give_the_threads_cubins(tmp_path):
     assert all(b.data for b in out[True][:3]) and out[True][3].data is None
     assert "broken" in out[True][3].error and out[True][3].error == out[False][3].error
     assert Compiler(None, PROCESSES_ABOVE + 1).processes and not Compiler(None, PROCESSES_ABOVE).processes
+
+
+def test_a_kernel_named_speculatively_moves_ahead_once_measured(tmp_path, monkeypatch):
+    """A configuration the strategy named speculatively and then measures
+    without naming it again is moved ahead of the speculative work: the
+    search waits for it now."""
+    from sparseforge.tuner.driver import _Search
+    from sparseforge.tuner.strategies import Budget, config_key
+    m = csr_matrix(7)
+    with Cache(tmp_path / "t.db") as cache:
+        t = Tuner(cache, strategy="greedy", worker=ReplayWorker(), jobs=1)
+        try:
+            promoted = []
+            real = t.compiler.promote
+            monkeypatch.setattr(t.compiler, "promote", lambda f: promoted.append(f) or real(f))
+            job = t.begin(m, "csr", {}, OP, "a")
+            search = _Search(t, job, 16, Budget(max_trials=2))
+            cfg = job.space[0]
+            search.prefetch([cfg], speculative=True)
+            fut = search.pending[config_key(cfg)]
+            assert math.isfinite(search([cfg])[0])
+            assert promoted == [fut]
+        finally:
+            t.close()

@@ -83,14 +83,18 @@ class Greedy(Strategy):
         queue: deque = deque()     # asked for (building), not measured yet, in order
         queued: set = set()
 
+        def untouched(c: dict) -> bool:
+            """Neither measured nor queued."""
+            k = config_key(c)
+            return k not in times and k not in queued
+
         def near(ranked_keys) -> list[dict]:
-            """The neighbours of these configurations neither measured
-            nor queued, in order."""
+            """The untouched neighbours of these configurations, in order."""
             out, seen = [], set()
             for k in ranked_keys:
                 for n in _neighbours(by_key[k], index, by_key):
                     nk = config_key(n)
-                    if nk not in times and nk not in queued and nk not in seen:
+                    if untouched(n) and nk not in seen:
                         seen.add(nk)
                         out.append(n)
             return out
@@ -99,8 +103,7 @@ class Greedy(Strategy):
             """Queues configurations (within the budget) and has them built."""
             rem = budget.remaining()
             room = len(configs) if rem is None else max(0, rem - len(queue))
-            new = [c for c in configs if config_key(c) not in times
-                   and config_key(c) not in queued][:room]
+            new = [c for c in configs if untouched(c)][:room]
             for c in new:
                 queue.append(c)
                 queued.add(config_key(c))
@@ -125,8 +128,7 @@ class Greedy(Strategy):
         later = rng.sample(space, len(space))
 
         def upcoming(count: int) -> list[dict]:
-            return [c for c in later if config_key(c) not in times
-                    and config_key(c) not in queued][:count]
+            return [c for c in later if untouched(c)][:count]
 
         # meanwhile: the first hint's neighbours (a warm search's first hint
         # is the earlier matrices' winner)
