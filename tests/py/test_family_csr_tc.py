@@ -240,7 +240,7 @@ def test_kernel_launch_record_and_name():
     assert k.launch["block"] == (256, 1, 1) and not k.launch["zero_output"]
     assert k.name.startswith("sf_csr_fp16_tm_bias_") and "ck4" in k.name
     assert "__cluster_dims__(4, 1, 1)" in k.source
-    assert k.launch["shared_bytes"] == tc.SPACE.env(cfg, tc.problem("tm", p.vmax))["smem"]
+    assert k.launch["shared_bytes"] == tc.SPACE.env(cfg, tc.problem("tm", p.vmax, p.smax))["smem"]
 
 
 def test_the_command_line_tunes_16_bit_weights_on_tensor_cores(tmp_path):

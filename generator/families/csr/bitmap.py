@@ -83,6 +83,11 @@ class Layout:
     def vmax(self) -> int:
         return int(self.stage_values.max()) if self.stage_values.size else 0
 
+    @property
+    def smax(self) -> int:
+        """The most stages of one row block."""
+        return int(self.stages.max()) if self.stages.size else 0
+
 
 def layout(matrix: SparseMatrix, bm: int, ks: int) -> Layout:
     """Blocks, their nonempty k-steps in stages of `ks`, the schedule (the
@@ -128,6 +133,7 @@ class Packed:
     num_blocks: int
     total_stages: int
     vmax: int
+    smax: int
 
 
 def pack(matrix: SparseMatrix, dtype: str, bm: int, ks: int,
@@ -210,7 +216,7 @@ def pack(matrix: SparseMatrix, dtype: str, bm: int, ks: int,
         offsets[name] = len(out)
         out += data + b"\0" * (_align(len(data)) - len(data))
     offsets.setdefault("bias", 0)
-    return Packed(bytes(out), offsets, nb, total, lay.vmax)
+    return Packed(bytes(out), offsets, nb, total, lay.vmax, lay.smax)
 
 
 # ---- reading a packed buffer back ---------------------------------------------------

@@ -57,9 +57,11 @@ DERIVED = {
     "stage_raw": "x_bytes + rec_stage + val_bytes + 16",
     "stage_align": "1024 if wg else 128",
     "stage_bytes": "cdiv(stage_raw, stage_align) * stage_align",
+    "tabs": "cdiv(smax, ck)",
+    "tab_bytes": "cdiv((ks * tabs + tabs + 1) * 4, 16) * 16",
     "c_bytes": "(bn if tm else bm) * ((bm if tm else bn) + 8) * 2",
     "r_bytes": "wk * bm * (bn + 4) * 4 if wk > 1 or ck > 1 else 0",
-    "smem": "max(max(stages * stage_bytes, c_bytes), r_bytes) + (1024 if wg else 0)",
+    "smem": "max(max(stages * stage_bytes + tab_bytes, c_bytes), r_bytes) + (1024 if wg else 0)",
 }
 
 TABLE = [
@@ -103,10 +105,12 @@ SPACE = Space(choices={"bn": BN_CHOICES, "stages": STAGE_CHOICES, "ck": CK_CHOIC
               constraints=TABLE, derived=DERIVED, defaults={"wg": 0})
 
 
-def problem(layout_: str, vmax: int) -> dict:
-    """The table's constants the problem fixes: the layout and the largest
-    stage's values (the plan's, for the (bm, ks) of a configuration)."""
-    return {"tm": int(layout_ == "tm"), "vmax": int(vmax)}
+def problem(layout_: str, vmax: int, smax: int) -> dict:
+    """The table's constants the problem fixes: the layout, the largest
+    stage's values and the most stages of a row block (the plan's, for the
+    (bm, ks) of a configuration; a CTA keeps its share of a block's stage
+    table in shared memory)."""
+    return {"tm": int(layout_ == "tm"), "vmax": int(vmax), "smax": int(smax)}
 
 
 def bm_ks(config: dict) -> tuple[int, int]:
@@ -141,11 +145,11 @@ def check(config: dict, matrix: SparseMatrix, op: Operation,
     check_keys(config)
     bm, ks = bm_ks(config)
     # the structural rules first (bm and ks index the plan)
-    SPACE.check(config, problem(op.layout, 0))
+    SPACE.check(config, problem(op.layout, 0, 0))
     if bm < 16 or ks < 1:
         raise ConfigError(f"bm = {bm} and ks = {ks}: at least one strip and one k-step")
-    vmax = bitmap.cached_layout(matrix, bm, ks).vmax
-    SPACE.check(config, problem(op.layout, vmax), device_constants(device))
+    lay = bitmap.cached_layout(matrix, bm, ks)
+    SPACE.check(config, problem(op.layout, lay.vmax, lay.smax), device_constants(device))
 
 
 # ---- the search space ---------------------------------------------------------------------
@@ -244,6 +248,7 @@ class TcPlan:
     num_blocks: int
     total_stages: int
     vmax: int
+    smax: int
     has_bias: bool
     perm: Optional[np.ndarray] = None
     matrix_name: str = ""
@@ -271,7 +276,7 @@ def plan(matrix: SparseMatrix, op: Operation, tag: str, config: dict,
         p = bitmap.pack(matrix, op.dtype, bm, ks, bias)
     cfg = {key_: int(config[key_]) for key_ in config}
     return TcPlan(config_name(tag, cfg, op), op.dtype, op.layout, matrix.shape, matrix.nnz, cfg,
-                  p.data, p.offsets, p.num_blocks, p.total_stages, p.vmax, bias is not None,
+                  p.data, p.offsets, p.num_blocks, p.total_stages, p.vmax, p.smax, bias is not None,
                   None if matrix.perm is None else matrix.perm.copy(), matrix.name,
                   dict(activation=op.epilogue.activation, scale=float(op.epilogue.scale)))
 
@@ -302,11 +307,11 @@ def render_kernel(p: TcPlan, op: Operation, float_literal) -> Kernel:
     m, k = p.shape
     wg = int(c.get("wg", 0))
     threads = 32 * c["wm"] * c["wk"]
-    checks = SPACE.static_asserts(c, problem(p.layout, p.vmax), TABLE_SOURCE)
-    env = SPACE.env(c, problem(p.layout, p.vmax))
+    checks = SPACE.static_asserts(c, problem(p.layout, p.vmax, p.smax), TABLE_SOURCE)
+    env = SPACE.env(c, problem(p.layout, p.vmax, p.smax))
     source = render("csr_tc.cu.j2", name=p.name, dtype=p.dtype, layout=p.layout, m=m, k=k,
                     nnz=p.nnz, mf=c["mf"], wm=c["wm"], wk=c["wk"], ksw=c["ksw"], bn=c["bn"],
-                    stages=c["stages"], ck=c["ck"], wg=wg, vmax=p.vmax, bm=env["bm"],
+                    stages=c["stages"], ck=c["ck"], wg=wg, vmax=p.vmax, tabs=env["tabs"], bm=env["bm"],
                     num_blocks=p.num_blocks, off=p.offsets, has_bias=p.has_bias,
                     act=op.act_code, scale=float_literal(np.float32(op.epilogue.scale)),
                     threads=threads, min_blocks=min_blocks(c), constraints=checks)

@@ -63,7 +63,7 @@ __host__ __device__ constexpr int cdiv(int a, int b) { return (a + b - 1) / b; }
 // ---- configuration -----------------------------------------------------------------
 
 template <typename T, int MF_, int WM_, int WK_, int KSW_, int BN_, int STAGES_, bool TM_,
-          bool WG_, int CK_, int VMAX_>
+          bool WG_, int CK_, int VMAX_, int TABS_>
 struct Config {
   using elem_t = T;
   static constexpr int MF = MF_;          // 16-row strips per warp (WG: 1)
@@ -76,6 +76,7 @@ struct Config {
   static constexpr bool WG = WG_;         // wgmma (sm_90a) instead of mma.sync
   static constexpr int CK = CK_;          // CTAs of a cluster splitting a block's stages
   static constexpr int VMAX = VMAX_;      // values of the largest stage (the plan's)
+  static constexpr int TABS = TABS_;      // the most stages one CTA runs (the plan's)
 
   static constexpr int WARPS = WM * WK;
   static constexpr int THREADS = 32 * WARPS;
@@ -99,6 +100,10 @@ struct Config {
   static constexpr int STAGE_ALIGN = WG ? 1024 : 128;
   static constexpr int STAGE_BYTES = cdiv(STAGE_RAW, STAGE_ALIGN) * STAGE_ALIGN;
   static constexpr int PIPE_BYTES = STAGES * STAGE_BYTES;
+  // The CTA's stage table, read once before the pipeline starts: the
+  // k-steps (int32[TABS][KS]) and value offsets (u32[TABS + 1]) of its
+  // stages, after the pipeline.
+  static constexpr int TAB_BYTES = cdiv((KS * TABS + TABS + 1) * 4, 16) * 16;
   // The epilogue's shared tiles: the 16-bit output tile (fm BM x BN, tm
   // BN x BM, rows padded by 16 bytes) and, split, the fp32 partials
   // [WK][BM][BN + 4].
@@ -108,7 +113,8 @@ struct Config {
   static constexpr int R_LD = BN + 4;
   static constexpr int R_BYTES = SPLIT ? WK * BM * R_LD * 4 : 0;
   static constexpr int ALIGN_PAD = WG ? 1024 : 0;  // the base is rounded up to 1024 (WG)
-  static constexpr int SMEM_BYTES = cmax(cmax(PIPE_BYTES, C_BYTES), R_BYTES) + ALIGN_PAD;
+  static constexpr int SMEM_BYTES =
+      cmax(cmax(PIPE_BYTES + TAB_BYTES, C_BYTES), R_BYTES) + ALIGN_PAD;
 
   static_assert(sizeof(T) == 2, "tensor-core path takes 16-bit elements");
   static_assert(!WG || (MF == 1 && WM % 4 == 0), "WG: one strip per warp, whole warpgroups");
@@ -155,9 +161,12 @@ __device__ __forceinline__ Block load_block(const unsigned char *packed, int slo
 
 // ---- loading a stage --------------------------------------------------------------------------
 
-// What the copies of one stage need from global memory before they can be
-// issued, fetched one stage early: the k-steps of the X rows this thread
-// copies, and the stage's value range.
+// What the copies of one stage need before they can be issued, fetched one
+// stage early from the CTA's stage table in shared memory: the k-steps of
+// the X rows this thread copies, and the stage's value range.  The table
+// is filled from global memory once (load_table): fetched from global
+// memory stage by stage, each stage waited a global load's latency on the
+// stage after it, whatever the pipeline's depth.
 template <class C, class P>
 struct StageLoader {
   // fm: a thread keeps one chunk column and walks rows XSTEP apart (rows
@@ -175,22 +184,39 @@ struct StageLoader {
   };
 
   const unsigned char *packed;
+  const int *s_kid;        // the stage table: k-steps [TABS][KS]
+  const unsigned *s_voff;  // and value offsets [TABS + 1]
   int row0, col;  // this thread's first row and its chunk column of the X tile
 
-  __device__ __forceinline__ StageLoader(const unsigned char *p)
-      : packed(p), row0(threadIdx.x / C::X_ROW_CH), col(threadIdx.x % C::X_ROW_CH) {}
+  __device__ __forceinline__ StageLoader(const unsigned char *p, const unsigned char *table)
+      : packed(p),
+        s_kid(reinterpret_cast<const int *>(table)),
+        s_voff(reinterpret_cast<const unsigned *>(table) + C::KS * C::TABS),
+        row0(threadIdx.x / C::X_ROW_CH),
+        col(threadIdx.x % C::X_ROW_CH) {}
 
-  __device__ __forceinline__ void fetch(Ahead &a, int stage) const {
-    const int *kid = section<int>(packed, P::KID_OFF) + (size_t)stage * C::KS;
+  // The k-steps and value offsets of the block's stages [first, first + n)
+  // into the table (n <= TABS); the caller synchronizes before fetch().
+  __device__ __forceinline__ void load_table(int first, int n) const {
+    const int *kid = section<int>(packed, P::KID_OFF) + (size_t)first * C::KS;
+    const unsigned *voff = section<unsigned>(packed, P::VOFF_OFF) + first;
+    int *t_kid = const_cast<int *>(s_kid);
+    unsigned *t_voff = const_cast<unsigned *>(s_voff);
+    for (int i = threadIdx.x; i < n * C::KS; i += C::THREADS) t_kid[i] = __ldg(kid + i);
+    for (int i = threadIdx.x; i <= n; i += C::THREADS) t_voff[i] = __ldg(voff + i);
+  }
+
+  // Stage `local` of the block (0 .. n - 1), from the table.
+  __device__ __forceinline__ void fetch(Ahead &a, int local) const {
+    const int *kid = s_kid + local * C::KS;
 #pragma unroll
     for (int i = 0; i < KIDS; ++i) {
       const int entry = C::TM ? col / 2 : (row0 + i * XSTEP) / 16;
       a.kid[i] = (C::TM || XCH % C::THREADS == 0 || row0 + i * XSTEP < C::X_ROWS)
-                     ? __ldg(kid + entry) : 0;
+                     ? kid[entry] : 0;
     }
-    const unsigned *voff = section<unsigned>(packed, P::VOFF_OFF) + stage;
-    a.v0 = __ldg(voff);
-    a.v1 = __ldg(voff + 1);
+    a.v0 = s_voff[local];
+    a.v1 = s_voff[local + 1];
   }
 
   // X rows of the stage: fm, row r of the tile is k = 16 kid[r / 16] + r % 16,
@@ -549,13 +575,15 @@ __device__ __forceinline__ void gemm_block(const unsigned char *__restrict__ pac
   const int n = blk.stages;
 
   using L = StageLoader<C, P>;
-  const L ld(packed);
+  const L ld(packed, smem + C::PIPE_BYTES);
+  ld.load_table(blk.first_stage, n);
+  __syncthreads();  // the stage table is complete
   typename L::Ahead first[AHEAD > 0 ? AHEAD : 1], next;
   if (n > 0) {
 #pragma unroll
     for (int s = 0; s < AHEAD; ++s)
-      if (s < n) ld.fetch(first[s], blk.first_stage + s);
-    if (AHEAD < n) ld.fetch(next, blk.first_stage + AHEAD);
+      if (s < n) ld.fetch(first[s], s);
+    if (AHEAD < n) ld.fetch(next, AHEAD);
   }
 #pragma unroll
   for (int s = 0; s < AHEAD; ++s) {
@@ -590,7 +618,7 @@ __device__ __forceinline__ void gemm_block(const unsigned char *__restrict__ pac
       const unsigned st = s_base + write_stage * C::STAGE_BYTES;
       ld.template load_x<VEC>(st, next, x, n_len, n0);
       ld.load_tables(st, next, blk.first_stage + it + AHEAD);
-      if (it + AHEAD + 1 < n) ld.fetch(next, blk.first_stage + it + AHEAD + 1);
+      if (it + AHEAD + 1 < n) ld.fetch(next, it + AHEAD + 1);
     }
     sm80::cp_async_commit();
     const unsigned st = s_base + read_stage * C::STAGE_BYTES;
