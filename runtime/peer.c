@@ -386,6 +386,11 @@ static sf_status spmm_dense(sf_context *ctx, spmm_call *s, int i, int64_t m,
  * library has it, its preprocessing: what precedes the timed launches. */
 static sf_status spmm_prepare(sf_context *ctx, spmm_call *s, sf_devptr *work) {
   const cusparse_api *api = s->api;
+  /* The handle may still name the private stream of an earlier timing,
+   * destroyed since (sf__time_launches captures graphs on a stream of its
+   * own): preprocessing on it crashed cuSPARSE.  The default stream. */
+  int r0 = api->set_stream(s->handle, NULL);
+  if (r0 != 0) return cusparse_fail(ctx, api, SF_ERR_CUDA, r0, "cusparseSetStream");
   for (int i = 0; i < s->n_sets; i++) {
     size_t size = 0;
     int r = api->spmm_buffer_size(s->handle, CUSPARSE_OPERATION_NON_TRANSPOSE_,
@@ -409,13 +414,19 @@ static sf_status spmm_prepare(sf_context *ctx, spmm_call *s, sf_devptr *work) {
   return SF_OK;
 }
 
-/* Destroys the descriptors of every set (and the handle). */
-static void spmm_release(spmm_call *s) {
+/* Destroys the descriptors of every set. */
+static void spmm_destroy_descriptors(spmm_call *s) {
   for (int i = 0; i < SF_MAX_ROTATION_SETS; i++) {
     if (s->a[i]) s->api->destroy_sp_mat(s->a[i]);
     if (s->b[i]) s->api->destroy_dn_mat(s->b[i]);
     if (s->c[i]) s->api->destroy_dn_mat(s->c[i]);
+    s->a[i] = s->b[i] = s->c[i] = NULL;
   }
+}
+
+/* Destroys the descriptors of every set and the handle. */
+static void spmm_release(spmm_call *s) {
+  spmm_destroy_descriptors(s);
   if (s->handle) s->api->destroy(s->handle);
 }
 
@@ -656,20 +667,11 @@ sf_status sf_time_csr(sf_context *ctx, const sf_csr_desc *desc,
           (st = sf_memcpy_htod(ctx, buf[j][i], host[j], bytes[j])) != SF_OK)
         goto done;
     }
-    if ((r = api.create_csr(&s.a[i], m, k, nnz, (void *)(uintptr_t)buf[0][i],
-                            (void *)(uintptr_t)buf[1][i], (void *)(uintptr_t)buf[2][i],
-                            CUSPARSE_INDEX_32I_, CUSPARSE_INDEX_32I_,
-                            CUSPARSE_INDEX_BASE_ZERO_, type)) != 0) {
-      s.a[i] = NULL;
-      st = cusparse_fail(ctx, &api, SF_ERR_CUDA, r, "cusparseCreateCsr");
-      goto done;
-    }
-    if ((st = spmm_dense(ctx, &s, i, m, n, k, buf[3][i], buf[4][i], type,
-                         desc->layout == 0)) != SF_OK)
-      goto done;
   }
   /* the algorithm asked for, or each CSR algorithm in turn (one that
-   * cuSPARSE refuses for this problem is passed over): the fastest counts */
+   * cuSPARSE refuses for this problem is passed over): the fastest counts.
+   * Each algorithm gets descriptors of its own (preprocessing leaves state
+   * in them, over workspaces freed after each algorithm). */
   static const int algs[] = {CUSPARSE_SPMM_CSR_ALG1_, CUSPARSE_SPMM_CSR_ALG2_,
                              CUSPARSE_SPMM_CSR_ALG3_, CUSPARSE_SPMM_ALG_DEFAULT_};
   const int n_algs = desc->alg >= 0 ? 1 : (int)(sizeof algs / sizeof *algs);
@@ -677,6 +679,20 @@ sf_status sf_time_csr(sf_context *ctx, const sf_csr_desc *desc,
   for (int ai = 0; ai < n_algs; ai++) {
     s.alg = desc->alg >= 0 ? desc->alg : algs[ai];
     s.next = 0;
+    spmm_destroy_descriptors(&s);
+    for (int i = 0; i < s.n_sets; i++) {
+      if ((r = api.create_csr(&s.a[i], m, k, nnz, (void *)(uintptr_t)buf[0][i],
+                              (void *)(uintptr_t)buf[1][i], (void *)(uintptr_t)buf[2][i],
+                              CUSPARSE_INDEX_32I_, CUSPARSE_INDEX_32I_,
+                              CUSPARSE_INDEX_BASE_ZERO_, type)) != 0) {
+        s.a[i] = NULL;
+        st = cusparse_fail(ctx, &api, SF_ERR_CUDA, r, "cusparseCreateCsr");
+        goto done;
+      }
+      if ((st = spmm_dense(ctx, &s, i, m, n, k, buf[3][i], buf[4][i], type,
+                           desc->layout == 0)) != SF_OK)
+        goto done;
+    }
     sf_timing t;
     st = spmm_prepare(ctx, &s, work);
     if (st == SF_OK) st = sf__time_rotating(ctx, spmm_cb, &s, NULL, s.n_sets, opts, &t);

@@ -62,9 +62,6 @@ def test_family_names_its_peer():
 
 
 @pytest.mark.gpu
-@pytest.mark.skip(reason="sf_time_csr ended its process with a segmentation fault on an H100 "
-                         "(2026-11-24, every dtype and layout); skipped so that the GPU suite "
-                         "runs on until it is found and fixed")
 @pytest.mark.parametrize("dtype,layout", [("fp16", "fm"), ("bf16", "tm"), ("fp32", "fm"),
                                           ("fp16", "tm")])
 def test_csr_peer_times_a_pattern(ctx, dtype, layout):
