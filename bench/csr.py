@@ -34,6 +34,7 @@ from __future__ import annotations
 import argparse
 import datetime
 import math
+import signal
 import sys
 import time
 from dataclasses import dataclass, field
@@ -149,6 +150,9 @@ def dlmc_problems(small: bool) -> list[Problem]:
 def selected(args) -> list[Problem]:
     """The suites' problems, those named by --only where given."""
     probs = problems(args.suites.split(","), args.small)
+    if args.densities:
+        keep = {round(float(d), 3) for d in args.densities.split(",")}
+        probs = [p for p in probs if p.suite == "dlmc" or round(p.density, 3) in keep]
     return [p for p in probs if args.only in p.name] if args.only else probs
 
 
@@ -175,6 +179,9 @@ def run(args) -> int:
     with Cache(args.db) as cache:
         tuner = Tuner(cache, strategy=args.strategy, budget=args.budget, timing=QUICK_TIMING,
                       progress=Progress(), seed=1)
+        def _stop(signum, frame):  # `timeout` and the like: report the rows measured so far
+            raise KeyboardInterrupt
+        signal.signal(signal.SIGTERM, _stop)
         try:
             for p in probs:
                 mat = p.make()
@@ -203,7 +210,13 @@ def run(args) -> int:
                       f"{row['ms']:.4f} ms, cuBLAS {row['cublas']:.4f} ms ({row['speedup']:.2f}x), "
                       f"cuSPARSE {row['cusparse']:.4f} ms, bf16 {row['bf16']:.4f} ms, {row['config']}",
                       flush=True)
+        except KeyboardInterrupt:
+            done = sum(1 for p in probs if p.row)
+            print(f"stopped after {done} of {len(probs)} problems: reporting those", flush=True)
+            args.label = (args.label + " " if args.label else "") + \
+                f"Cut short: {done} of {len(probs)} problems measured."
         finally:
+            signal.signal(signal.SIGTERM, signal.SIG_DFL)
             tuner.close()
             ctx.close()
     text = report(probs, dev["name"], bw, args)
@@ -340,6 +353,8 @@ def main(argv=None) -> int:
     ap.add_argument("--small", action="store_true", help="decode/prefill shapes and N / 16")
     ap.add_argument("--only", default="",
                     help="run the problems whose name holds this text (e.g. 11008x4096, rn50)")
+    ap.add_argument("--densities", default="",
+                    help="decode and prefill: only these densities (e.g. 0.3,0.1)")
     ap.add_argument("--dry-run", action="store_true", help="no GPU: make, count and compile")
     ap.add_argument("--arch", default="sm_90a", help="--dry-run: the architecture compiled for")
     ap.add_argument("--compile", type=int, default=2,
