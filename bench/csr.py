@@ -153,6 +153,8 @@ def selected(args) -> list[Problem]:
     if args.densities:
         keep = {round(float(d), 3) for d in args.densities.split(",")}
         probs = [p for p in probs if p.suite == "dlmc" or round(p.density, 3) in keep]
+    if args.dtypes:
+        probs = [p for p in probs if p.dtype in args.dtypes.split(",")]
     return [p for p in probs if args.only in p.name] if args.only else probs
 
 
@@ -355,6 +357,7 @@ def main(argv=None) -> int:
                     help="run the problems whose name holds this text (e.g. 11008x4096, rn50)")
     ap.add_argument("--densities", default="",
                     help="decode and prefill: only these densities (e.g. 0.3,0.1)")
+    ap.add_argument("--dtypes", default="", help="only these dtypes (e.g. fp32)")
     ap.add_argument("--dry-run", action="store_true", help="no GPU: make, count and compile")
     ap.add_argument("--arch", default="sm_90a", help="--dry-run: the architecture compiled for")
     ap.add_argument("--compile", type=int, default=2,
