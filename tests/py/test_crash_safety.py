@@ -33,11 +33,11 @@ def model(tmp_path_factory):
     return path
 
 
-def _tune(model, db, **kw):
+def _tune(model, db, jobs: int = 2, **kw):
     env = dict(os.environ, SF_CUDA_DRIVER="/nonexistent/libcuda.so.1", PYTHONUNBUFFERED="1",
                PYTHONPATH=str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""))
     cmd = [sys.executable, "-m", "sparseforge", "tune", str(model), "--db", str(db),
-           "--arch", "sm_80", "--n", "16", "--jobs", "2", "--budget", "6"]
+           "--arch", "sm_80", "--n", "16", "--jobs", str(jobs), "--budget", "6"]
     return subprocess.Popen(cmd, env=env, cwd=ROOT, stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True, **kw)
 
@@ -99,8 +99,13 @@ def test_sigkill_keeps_every_compiled_kernel(model, tmp_path, total, kill_after)
 
 def test_ctrl_c_stops_within_two_seconds_and_keeps_the_work(model, tmp_path, total):
     db = tmp_path / "c.db"
-    proc = _tune(model, db)
-    _wait_for(db, 2, proc)
+    # one compile thread and the signal after the first binary: the run
+    # still has most of its kernels to build when Ctrl-C arrives (with two
+    # threads and two binaries a loaded CI machine once saw the run finish
+    # before the signal)
+    proc = _tune(model, db, jobs=1)
+    _wait_for(db, 1, proc)
+    assert proc.poll() is None, "the run ended before Ctrl-C could be sent"
     t0 = time.monotonic()
     proc.send_signal(signal.SIGINT)
     out, err = proc.communicate(timeout=30)
@@ -110,7 +115,7 @@ def test_ctrl_c_stops_within_two_seconds_and_keeps_the_work(model, tmp_path, tot
     assert "interrupted; every kernel compiled and every trial measured so far is stored" in err
     assert "Traceback" not in err
     kept = _binaries(db)
-    assert kept >= 2
+    assert kept >= 1                     # at least what was stored before the signal
     out, _ = _tune(model, db).communicate(timeout=600)
     assert _compiled_in(out) == total - kept
 
