@@ -210,8 +210,8 @@ def run(args) -> int:
                 p.row = row
                 print(f"  {p.suite:7s} {p.name:24s} d={p.density:.3f} N={p.n:5d} {p.dtype}: "
                       f"{row['ms']:.4f} ms, cuBLAS {row['cublas']:.4f} ms ({row['speedup']:.2f}x), "
-                      f"cuSPARSE {row['cusparse']:.4f} ms, bf16 {row['bf16']:.4f} ms, {row['config']}",
-                      flush=True)
+                      f"cuSPARSE {row['cusparse']:.4f} ms, bf16 {row['bf16']:.4f} ms, "
+                      f"{row['config']}", flush=True)
         except KeyboardInterrupt:
             done = sum(1 for p in probs if p.row)
             print(f"stopped after {done} of {len(probs)} problems: reporting those", flush=True)

@@ -219,7 +219,8 @@ def hint_configs(matrix: SparseMatrix, op: Operation, device: Optional[dict]) ->
     """Measured first: one per regime.  Decode (N <= 64): on Hopper rows in
     blocks of 32 (N = 16) or 64, K split over 4 or 2 warps and a cluster of
     2 or 4 (enough CTAs to fill the GPU with 4096-row matrices; elsewhere
-    blocks of 32 rows and 4 warps along K); prefill: wgmma 128 x 256 (Hopper) or mma.sync 64 x 128."""
+    blocks of 32 rows and 4 warps along K); prefill: wgmma 128 x 256
+    (Hopper) or mma.sync 64 x 128."""
     consts = device_constants(device) or {"sm90a": 1, "sm90": 1}
     if consts.get("sm90"):
         hints = [dict(mf=1, wm=2, wk=4, ksw=2, bn=16, stages=4, ck=2),
@@ -278,7 +279,8 @@ def plan(matrix: SparseMatrix, op: Operation, tag: str, config: dict,
         p = bitmap.pack(matrix, op.dtype, bm, ks, bias)
     cfg = {key_: int(config[key_]) for key_ in config}
     return TcPlan(config_name(tag, cfg, op), op.dtype, op.layout, matrix.shape, matrix.nnz, cfg,
-                  p.data, p.offsets, p.num_blocks, p.total_stages, p.vmax, p.smax, bias is not None,
+                  p.data, p.offsets, p.num_blocks, p.total_stages, p.vmax, p.smax,
+                  bias is not None,
                   None if matrix.perm is None else matrix.perm.copy(), matrix.name,
                   dict(activation=op.epilogue.activation, scale=float(op.epilogue.scale)))
 
@@ -313,7 +315,8 @@ def render_kernel(p: TcPlan, op: Operation, float_literal) -> Kernel:
     env = SPACE.env(c, problem(p.layout, p.vmax, p.smax))
     source = render("csr_tc.cu.j2", name=p.name, dtype=p.dtype, layout=p.layout, m=m, k=k,
                     nnz=p.nnz, mf=c["mf"], wm=c["wm"], wk=c["wk"], ksw=c["ksw"], bn=c["bn"],
-                    stages=c["stages"], ck=c["ck"], wg=wg, vmax=p.vmax, tabs=env["tabs"], bm=env["bm"],
+                    stages=c["stages"], ck=c["ck"], wg=wg, vmax=p.vmax, tabs=env["tabs"],
+                    bm=env["bm"],
                     num_blocks=p.num_blocks, off=p.offsets, has_bias=p.has_bias,
                     act=op.act_code, scale=float_literal(np.float32(op.epilogue.scale)),
                     threads=threads, min_blocks=min_blocks(c), constraints=checks)
