@@ -131,6 +131,9 @@ def main(argv=None) -> int:
     ap.add_argument("--budget", default="24", help="trials per problem (tuner --budget)")
     ap.add_argument("--strategy", default="greedy")
     ap.add_argument("--activation", default="none")
+    ap.add_argument("--layout", default="fm", choices=["fm", "tm"],
+                    help="feature-major (X is K x N; the default) or token-major (X is N x K, "
+                         "as a Linear layer sees it)")
     ap.add_argument("--results", help="append the table to this markdown file")
     ap.add_argument("--label", default="", help="a note for the results heading")
     ap.add_argument("--no-variants", action="store_true",
@@ -172,7 +175,7 @@ def main(argv=None) -> int:
                 for d in family.densities(params, densities):
                     for (m, k, n) in shapes:
                         mat = random_matrix(pattern, m, k, d, args.dtype, seed=0)
-                        op = Operation(args.dtype, "fm", Epilogue(activation=args.activation))
+                        op = Operation(args.dtype, args.layout, Epilogue(activation=args.activation))
                         res = tuner.tune(mat, fam, params, op, [n], f"s1/{pattern}/d{d:g}/{m}x{k}")
                         nr = res.per_n[n]
                         flops = 2.0 * mat.nnz * n
@@ -189,7 +192,8 @@ def main(argv=None) -> int:
                             row["l2"] = gathered / l2 / (nr.median_ms * 1e-3)
                         if not args.no_variants and nr.config and args.dtype == "fp16":
                             row["bf16"], row["epi"] = measure_variants(tuner, pattern, fam, params, d,
-                                                                       (m, k, n), nr.config)
+                                                                       (m, k, n), nr.config,
+                                                                       args.layout)
                         if not args.no_peer and family.peer:
                             row["ell"] = time_peer(ctx, family, mat, params, op, n)
                             row["vs_ell"] = row["ell"] / nr.median_ms
@@ -222,7 +226,7 @@ def time_peer(ctx, family, mat, params, op, n) -> float:
     return t["median_ms"]
 
 
-def measure_variants(tuner, pattern, fam, params, d, shape, config):
+def measure_variants(tuner, pattern, fam, params, d, shape, config, layout="fm"):
     """The winner's configuration again: on the same pattern in bf16, and
     in fp16 with a fused bias + GELU epilogue.  Both verified; NaN where a
     variant fails."""
@@ -234,7 +238,7 @@ def measure_variants(tuner, pattern, fam, params, d, shape, config):
     bias = np.random.default_rng(3).standard_normal(m).astype(np.float32)
     for dtype, ep in (("bf16", Epilogue()), ("fp16", Epilogue(bias=True, activation="gelu"))):
         mat = random_matrix(pattern, m, k, d, dtype, seed=0)
-        status, info = tuner.measure(mat, fam, params, Operation(dtype, "fm", ep), n, config,
+        status, info = tuner.measure(mat, fam, params, Operation(dtype, layout, ep), n, config,
                                      bias=bias if ep.bias else None)
         out.append(info["median_ms"] if status == "ok" else math.nan)
         if status != "ok":
@@ -249,7 +253,8 @@ def _or_dash(value: float, spec: str, suffix: str = "") -> str:
 
 def format_table(rows, dev, bw, peak, args, l2=math.nan) -> str:
     date = datetime.date.today().isoformat()
-    out = [f"\n## S1 prefill, {args.dtype}, feature-major: {date}, {dev['name']}, commit {commit_id()}",
+    layout = {"fm": "feature-major", "tm": "token-major"}[getattr(args, "layout", "fm")]
+    out = [f"\n## S1 prefill, {args.dtype}, {layout}: {date}, {dev['name']}, commit {commit_id()}",
            "",
            f"Random patterns (seed 0, standard-normal values); tuner `{args.strategy}` with budget "
            f"{args.budget} per problem; quick timing (median of >= 10 runs, L2 flushed); cuBLAS "

@@ -18,7 +18,7 @@ from typing import Optional
 import numpy as np
 
 from .family import PatternError
-from .matrix import DTYPES, SparseMatrix
+from .matrix import DTYPES, SparseMatrix, round_to_dtype
 
 
 @dataclass
@@ -93,8 +93,20 @@ def from_mask(dense: np.ndarray, mask: np.ndarray, dtype: str, perm=None) -> Spa
     rows, cols = np.nonzero(mask)
     indptr = np.zeros(dense.shape[0] + 1, dtype=np.int64)
     np.cumsum(mask.sum(axis=1), out=indptr[1:])
-    m = SparseMatrix(dense.shape, indptr, cols, dense[rows, cols], dtype="fp32", perm=perm)
-    return m.astype(dtype) if dtype != "fp32" else m
+    return SparseMatrix(dense.shape, indptr, cols, round_to_dtype(dense[rows, cols], dtype),
+                        dtype=dtype, perm=perm)
+
+
+def _norms(w: np.ndarray) -> tuple[float, float]:
+    """(sum |w|, sum w^2) summed in float64: the squares in float32 (a
+    float64 copy of a large layer costs more than its pruning), in float64
+    where they would overflow."""
+    a = np.abs(w)
+    l1 = float(np.sum(a, dtype=np.float64))
+    l2 = float(np.sum(np.square(a), dtype=np.float64))
+    if not np.isfinite(l2):
+        l2 = float(np.sum(np.square(a, dtype=np.float64)))
+    return l1, l2
 
 
 # =========================================================================
@@ -134,13 +146,12 @@ def prune(dense: np.ndarray, pattern: str, sparsity: float, seed: int = 0,
         raise ValueError(f"prune: {e}") from None
     mask, perm, extra = pruned.mask, pruned.perm, pruned.extra
     mat = from_mask(w, mask, dtype, perm=perm)
-    a = np.abs(w.astype(np.float64))
-    l1, l2 = a.sum(), (a * a).sum()
-    kept = a[mask]
+    l1, l2 = _norms(w)
+    k1, k2 = _norms(w[mask])
     stats = PruneStats(pattern=pattern, target_sparsity=sparsity,
                        density=mat.density, nnz=mat.nnz,
-                       kept_l1=float(kept.sum() / l1) if l1 > 0 else 1.0,
-                       kept_l2=float((kept * kept).sum() / l2) if l2 > 0 else 1.0,
+                       kept_l1=k1 / l1 if l1 > 0 else 1.0,
+                       kept_l2=k2 / l2 if l2 > 0 else 1.0,
                        seconds=0.0, **extra)
     mat.meta["pruned"] = f"{pattern} at sparsity {sparsity}"
     stats.seconds = time.perf_counter() - t0

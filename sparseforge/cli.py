@@ -316,7 +316,7 @@ def _run_ranks(args, ranks, entries, ns, force) -> int:
     returns the same exit code."""
     from .cache import default_path
     from .tuner import mpi
-    from .tuner.model import tune_entry
+    from .tuner.model import tune_each
     db = Path(args.db) if args.db else default_path()
     log = RankLog(sys.stderr, ranks.rank)
     report = mpi.RankReport(ranks.rank, str(mpi.rank_db(db, ranks.rank)), "")
@@ -336,11 +336,10 @@ def _run_ranks(args, ranks, entries, ns, force) -> int:
         print(f"rank {ranks.rank} of {ranks.size} ({report.model}): {len(share)} of "
               f"{len(entries)} entries, database {report.db}", file=log)
         try:
-            for e in share:
-                row = tune_entry(tuner, e, ns, force, log)
+            for row in tune_each(share, tuner, ns, force, log):
                 report.rows.append(row.light())
-                if not e.skipped:
-                    report.names.append(e.name)
+                if not row.skipped:
+                    report.names.append(row.name)
         except Exception as e:  # noqa: BLE001 - reported by rank 0, the work so far merged
             report.error = _sentence(e)
         report.compiled, report.corrupt = tuner.compiled, tuner.recompiled_corrupt

@@ -13,9 +13,10 @@ it stopped gaining beyond four threads.
 
 Work is taken by priority: what a search waits for first, then what it
 may need next (`speculative`: the neighbours of its best so far, the
-first candidates of the buckets still to come), in order of asking
-within each; asking again without `speculative` for a kernel still
-queued as speculative moves it ahead (`promote`).  The threads are
+first candidates of the buckets still to come), then the first
+candidates of a layer tuned later (`ahead`), in order of asking within
+each; asking again at a higher priority for a kernel still queued moves
+it ahead (`promote`).  The threads are
 otherwise idle most of a search (each greedy round waits for one
 compilation), so speculating costs the measuring thread nothing.
 """
@@ -57,15 +58,20 @@ class _Task:
     architecture; `urgent` once anyone waits for it, `taken` once a
     thread has it (a promoted task is queued twice: the second entry
     finds it taken)."""
-    __slots__ = ("future", "make", "arch", "urgent", "taken", "asked")
+    __slots__ = ("future", "make", "arch", "level", "taken", "asked")
 
-    def __init__(self, make: Callable[[], Kernel], arch: str, urgent: bool):
+    def __init__(self, make: Callable[[], Kernel], arch: str, level: int):
         self.future: Future = Future()
-        self.make, self.arch, self.urgent, self.taken = make, arch, urgent, False
+        self.make, self.arch, self.level, self.taken = make, arch, level, False
         self.asked = time.perf_counter()
 
+    @property
+    def urgent(self) -> bool:
+        return self.level == URGENT
 
-URGENT, SPECULATIVE, STOP = 1, 2, 0   # queue priorities (lowest first)
+
+STOP, URGENT, SPECULATIVE, AHEAD = 0, 1, 2, 3   # queue priorities (lowest first)
+LEVEL_NAMES = {URGENT: "urgent", SPECULATIVE: "speculative", AHEAD: "ahead"}
 # More compile jobs than this: NVRTC runs in processes (see Compiler).
 PROCESSES_ABOVE = 4
 
@@ -100,10 +106,13 @@ class Compiler:
         self._procs_broken = False
 
     # ---- the pool ---------------------------------------------------------
-    def submit(self, make: Callable[[], Kernel], arch: str, speculative: bool = False) -> Future:
+    def submit(self, make: Callable[[], Kernel], arch: str, speculative: bool = False,
+               ahead: bool = False) -> Future:
         """A future of the Built kernel `make()` returns, compiled for
-        `arch`; `speculative`: behind every kernel asked for without it."""
-        task = _Task(make, arch, urgent=not speculative)
+        `arch`; `speculative`: behind every kernel asked for without it;
+        `ahead` (for a layer not being tuned yet): behind those too."""
+        level = AHEAD if ahead else SPECULATIVE if speculative else URGENT
+        task = _Task(make, arch, level)
         with self._lock:
             while len(self._threads) < self.jobs:
                 t = threading.Thread(target=self._serve, args=(self._generation,), daemon=True,
@@ -111,17 +120,18 @@ class Compiler:
                 t.start()
                 self._threads.append(t)
             self._waiting[task.future] = task
-            self._queue.put((SPECULATIVE if speculative else URGENT, next(self._order), task))
+            self._queue.put((level, next(self._order), task))
         return task.future
 
-    def promote(self, fut: Future) -> None:
-        """Moves a speculative kernel not yet taken ahead of the others:
-        someone waits for it now."""
+    def promote(self, fut: Future, speculative: bool = False) -> None:
+        """Moves a kernel not yet taken ahead of those of lower priority:
+        someone waits for it now (or, `speculative`, a search may)."""
+        level = SPECULATIVE if speculative else URGENT
         with self._lock:
             task = self._waiting.get(fut)
-            if task is not None and not task.urgent:
-                task.urgent = True
-                self._queue.put((URGENT, next(self._order), task))
+            if task is not None and task.level > level:
+                task.level = level
+                self._queue.put((level, next(self._order), task))
 
     def close(self, kill: bool = False) -> None:
         """Ends the pool: what is queued is cancelled; compilations already
@@ -156,8 +166,7 @@ class Compiler:
                 self._waiting.pop(task.future, None)
             if not task.future.set_running_or_notify_cancel():
                 continue        # cancelled while queued
-            trace("queued", task.asked, time.perf_counter(),
-                  "urgent" if task.urgent else "speculative")
+            trace("queued", task.asked, time.perf_counter(), LEVEL_NAMES[task.level])
             try:
                 task.future.set_result(self._build(task.make, task.arch))
             except BaseException as e:  # noqa: BLE001 - the asker gets it

@@ -27,7 +27,7 @@ import re
 import threading
 import time
 from collections import OrderedDict
-from concurrent.futures import Future, as_completed
+from concurrent.futures import Future, ThreadPoolExecutor, as_completed
 from dataclasses import dataclass, field
 from typing import Callable, Optional
 
@@ -268,6 +268,9 @@ class Tuner:
         self.target = dict(self.device, arch=self.arch) if self.device else target_of_arch(self.arch)
         self.nvrtc = self.compiler.nvrtc
         self._peers: dict = {}
+        self._ahead: dict = {}      # name -> LayerJob begun by look_ahead
+        self._inputs: dict = {}     # (n, op, id(bias)) -> future of _make_inputs, this layer's
+        self._input_pool: Optional[ThreadPoolExecutor] = None
 
     @property
     def compiled(self) -> int:
@@ -282,6 +285,10 @@ class Tuner:
     def close(self, kill: bool = False):
         """Ends the measurement worker (at once with `kill`: on an
         interrupt) and the compile threads this tuner owns."""
+        self.drop_ahead()
+        if self._input_pool is not None:
+            self._input_pool.shutdown(wait=not kill, cancel_futures=True)
+            self._input_pool = None
         if self.worker is not None:
             self.worker.close(kill=kill)
         if self._own_compiler:
@@ -304,23 +311,56 @@ class Tuner:
         """Tunes (or, without a GPU, compiles) `matrix` for every N of `ns`
         and stores the layer `name`."""
         before = self.phases.snapshot()
-        job = self.begin(matrix, pattern, params, op, name, bias)
+        job = self._ahead.pop(name, None)
+        if job is not None and (job.matrix is not matrix or job.op != op or job.params != params
+                                or job.fam is not get_family(pattern) or job.bias is not bias):
+            job.built.drain(wait=False)      # looked ahead at something else under this name
+            job = None
+        if job is None:
+            job = self.begin(matrix, pattern, params, op, name, bias)
+        else:
+            job.compiled_before = self.compiled
         try:
             if not self.gpu:
                 result = self._compile_only(job, ns)
             else:
                 try:
-                    self._prebuild(job, [n for n in ns if force or n not in job.have])
+                    todo = [n for n in ns if force or n not in job.have]
+                    self._prebuild(job, todo)
+                    self._inputs_ahead(matrix, op, todo, bias)
                     for n in ns:
                         self.run_bucket(job, n, force)
                 except BaseException:
                     job.built.drain(wait=False)
+                    self.drop_ahead()
                     raise
                 result = self.finish(job)
         finally:
             matrix.drop_cached()
+            self._inputs.clear()
         result.seconds = self.phases.since(before)
         return result
+
+    def look_ahead(self, matrix: SparseMatrix, pattern: str, params: dict, op: Operation,
+                   ns: list[int], name: str, bias: Optional[np.ndarray] = None,
+                   force: bool = False) -> None:
+        """Begins the search of a layer tuned after the current one and
+        queues its first candidates behind all of the current layer's
+        work, so that the compile threads, idle most of a search, have
+        them (and the family's packings) ready when it starts: its first
+        batch is otherwise one long wait.  `tune` of the same name,
+        matrix and operation takes the job over."""
+        if not self.gpu or name in self._ahead:
+            return
+        job = self.begin(matrix, pattern, params, op, name, bias)
+        self._ahead[name] = job
+        self._prebuild(job, [n for n in ns if force or n not in job.have], ahead=True)
+
+    def drop_ahead(self) -> None:
+        """Cancels what was queued for layers looked ahead at."""
+        jobs, self._ahead = list(self._ahead.values()), {}
+        for job in jobs:
+            job.built.drain(wait=False)
 
     def begin(self, matrix: SparseMatrix, pattern: str, params: dict, op: Operation,
               name: str, bias: Optional[np.ndarray] = None) -> LayerJob:
@@ -455,18 +495,37 @@ class Tuner:
         self._setup(matrix, op, n, bias)
         return self._trial(kernel, cubin, n, None)
 
+    def _make_inputs(self, matrix, op, n, bias) -> tuple:
+        """(X as device bytes, the checked columns, the float64 reference)
+        of one (matrix, N)."""
+        seed = self.seed if self.seed is not None else int.from_bytes(os.urandom(4), "little")
+        rng = np.random.default_rng(seed)
+        x = random_input(op, matrix.cols, n, rng)
+        cols = None
+        if matrix.rows * n > FULL_CHECK_LIMIT:
+            cols = np.sort(rng.choice(n, size=min(n, CHECK_COLUMNS), replace=False))
+        ref = reference(matrix, x, op, bias=bias, columns=cols)
+        return to_device_bytes(x, op.dtype), cols, ref
+
+    def _inputs_ahead(self, matrix, op, ns, bias) -> None:
+        """Starts making the inputs of a layer's N buckets, in order, in a
+        thread of their own (numpy leaves the GIL in its large
+        operations): each bucket's reference is ready, or nearly, when its
+        search measures its first candidate."""
+        if self._input_pool is None:
+            self._input_pool = ThreadPoolExecutor(1, thread_name_prefix="sf-inputs")
+        for n in ns:
+            key = (n, op, id(bias))
+            if key not in self._inputs:
+                self._inputs[key] = self._input_pool.submit(self._make_inputs, matrix, op, n, bias)
+
     def _setup(self, matrix, op, n, bias, timing: Optional[dict] = None):
         """X and the float64 reference of one (matrix, N), sent to the worker."""
         with self.phases("reference"):
-            seed = self.seed if self.seed is not None else int.from_bytes(os.urandom(4), "little")
-            rng = np.random.default_rng(seed)
-            x = random_input(op, matrix.cols, n, rng)
-            cols = None
-            if matrix.rows * n > FULL_CHECK_LIMIT:
-                cols = np.sort(rng.choice(n, size=min(n, CHECK_COLUMNS), replace=False))
-            ref = reference(matrix, x, op, bias=bias, columns=cols)
-            self.worker.setup(Setup(op.dtype, op.layout, matrix.rows, n,
-                                    to_device_bytes(x, op.dtype), cols, ref,
+            fut = self._inputs.pop((n, op, id(bias)), None)
+            xb, cols, ref = fut.result() if fut is not None else self._make_inputs(matrix, op, n,
+                                                                                   bias)
+            self.worker.setup(Setup(op.dtype, op.layout, matrix.rows, n, xb, cols, ref,
                                     timing_for(timing or self.timing, n, self.device)))
 
     def _trial(self, kernel: Kernel, cubin: bytes, n: int, cutoff_ms: Optional[float]):
@@ -525,16 +584,17 @@ class Tuner:
                 budget = Budget(max_trials=max(least, math.ceil(space_size / share)))
         return strat, budget
 
-    def _prebuild(self, job: LayerJob, ns: list[int]) -> None:
+    def _prebuild(self, job: LayerJob, ns: list[int], ahead: bool = False) -> None:
         """Starts building the first candidates of every N bucket to search
         (the earlier matrices' winners, then the family's hints: where each
         search starts), N by N, so that the compile threads work ahead of
-        the measuring thread instead of waiting for each search's batch."""
+        the measuring thread instead of waiting for each search's batch;
+        `ahead`: for a layer tuned later, behind the current layer's work."""
         for n in ns:
             hints = self.warm_hints(job, n) + job.fam.hint_configs(job.matrix, job.op,
                                                                    job.params, self.target)
             for cfg in hinted(job.space, hints)[:PREBUILD]:
-                self.build(job, cfg, speculative=True)
+                self.build(job, cfg, speculative=True, ahead=ahead)
 
     def _tune_n(self, job: LayerJob, n: int):
         warm = hinted(job.space, self.warm_hints(job, n))
@@ -560,17 +620,21 @@ class Tuner:
         nres.max_error = best["max_error"]
         return nres, kernel
 
-    def build(self, job: LayerJob, config: dict, speculative: bool = False) -> Future:
+    def build(self, job: LayerJob, config: dict, speculative: bool = False,
+              ahead: bool = False) -> Future:
         """A future of `config`'s kernel for this layer, generated and
         compiled once for every N bucket; `speculative`: one the search
-        may need later, built behind those it waits for."""
+        may need later, built behind those it waits for; `ahead`: one of a
+        layer tuned later, built behind those of the layer being tuned."""
         key = config_key(config)
         fut = job.built.get(key)
         if fut is None or fut.cancelled():
-            fut = self.compiler.submit(lambda: job.generate(config), self.arch, speculative)
+            fut = self.compiler.submit(lambda: job.generate(config), self.arch, speculative, ahead)
             job.built.put(key, fut)
-        elif not speculative:
+        elif not speculative and not ahead:
             self.compiler.promote(fut)
+        elif speculative:
+            self.compiler.promote(fut, speculative=True)
         return fut
 
     def _from_layer(self, job: LayerJob, n: int) -> NResult:

@@ -6,7 +6,7 @@ import math
 import sys
 import time
 from dataclasses import dataclass, replace
-from typing import Callable, Optional
+from typing import Callable, Iterator, Optional
 
 import numpy as np
 
@@ -144,9 +144,43 @@ def tune_entry(tuner: Tuner, entry: Entry, ns: list[int], force: bool = False,
     return ModelRow(entry.name, res, index=entry.index)
 
 
+def cold_entries(entries: list[Entry]) -> list[int]:
+    """The positions of the entries whose search starts cold: the first of
+    each shape, pattern and operation (the later ones start from its
+    winners), copies of earlier matrices and skipped layers left out, and
+    entries whose matrix is made on demand (a sweep's points: looking ahead
+    would make them early)."""
+    seen, out = set(), []
+    for i, e in enumerate(entries):
+        if e.skipped or e.first or e.matrix is None:
+            continue
+        m = e.matrix
+        key = (m.rows, m.cols, e.pattern, e.op)
+        if key not in seen:
+            seen.add(key)
+            out.append(i)
+    return out
+
+
+def tune_each(entries: list[Entry], tuner: Tuner, ns: list[int], force: bool = False,
+              log=None) -> Iterator[ModelRow]:
+    """The entries tuned one after another, each row as it is done.  As
+    each entry starts, the next cold one (cold_entries) is looked ahead
+    at: its first candidates build behind the current entry's work."""
+    cold = cold_entries(entries) if tuner.gpu else []
+    for i, e in enumerate(entries):
+        nxt = next((j for j in cold if j > i), None)
+        if nxt is not None:
+            a = entries[nxt]
+            fam, params = parse_pattern(a.pattern)
+            tuner.look_ahead(a.get_matrix(), fam, params, a.op, ns, a.name, bias=a.bias,
+                             force=force)
+        yield tune_entry(tuner, e, ns, force, log)
+
+
 def tune_entries(entries: list[Entry], tuner: Tuner, ns: list[int], force: bool = False,
                  log=None) -> list[ModelRow]:
-    return [tune_entry(tuner, e, ns, force, log) for e in entries]
+    return list(tune_each(entries, tuner, ns, force, log))
 
 
 def tune_model(matrices: list[tuple[str, SparseMatrix]], tuner: Tuner, ns: list[int],

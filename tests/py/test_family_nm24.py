@@ -12,7 +12,7 @@ from sparseforge.generator.families import nm24 as nm24_mod
 from sparseforge.generator.families.nm24 import pack as nm24_pack
 from sparseforge.generator.families import get_family
 from sparseforge.generator.kernel import ConfigError, Epilogue, Operation, smem_limit
-from sparseforge.generator.matrix import SparseMatrix, round_to_dtype
+from sparseforge.generator.matrix import SparseMatrix, round_to_dtype, to_device_bytes
 
 FAM = get_family("nm24")
 BASE = dict(bm=128, bn=128, bk=64, wm=2, wn=2, stages=3)
@@ -127,6 +127,53 @@ def test_compress_index_choice():
     vals, nib = nm24_pack.compress_rows(np.zeros((1, 4), np.float32), np.zeros((1, 4), bool))
     with pytest.raises(ValueError):
         nm24_pack.compress_rows(np.ones((1, 4), np.float32), np.ones((1, 4), bool))
+
+
+@pytest.mark.parametrize("dtype", ["fp16", "bf16"])
+@pytest.mark.parametrize("wgmma", [False, True])
+def test_packing_from_entries_matches_the_dense_rules(dtype, wgmma):
+    """pack_matrix compresses the stored entries directly; it equals
+    compress_rows over the dense padded matrix (lone entries at every
+    position, empty groups, stored zeros, padding rows and columns)."""
+    rng = np.random.default_rng(3)
+    m, k, mp, kp = 70, 52, 128, 64
+    dense = rng.standard_normal((m, k)).astype(np.float32)
+    keep = np.zeros((m, k // 4, 4), bool)
+    for r in range(m):
+        for g in range(k // 4):
+            keep[r, g, rng.choice(4, size=rng.integers(0, 3), replace=False)] = True
+    dense = np.where(keep.reshape(m, k), dense, np.float32(0))
+    mask = keep.reshape(m, k).copy()
+    dense[5, :8] = 0.0                       # stored zeros
+    mask[5, [1, 6]] = True
+    mask[5, [0, 2, 3, 4, 5, 7]] = False
+    rows, cols = np.nonzero(mask)
+    mat = SparseMatrix((m, k), np.searchsorted(rows, np.arange(m + 1)).astype(np.int64),
+                       cols.astype(np.int32), dense[rows, cols], dtype=dtype)
+    vals, meta = nm24_pack.pack_matrix(mat, dtype, mp, kp, wgmma=wgmma)
+    pd = np.zeros((mp, kp), np.float32)
+    pm = np.zeros((mp, kp), bool)
+    pd[:m, :k], pm[:m, :k] = dense, mask
+    v, nib = nm24_pack.compress_rows(pd, pm)
+    shuffle = nm24_pack.pack_values_sm90 if wgmma else nm24_pack.pack_values
+    assert vals == to_device_bytes(shuffle(v), dtype)
+    assert meta == nm24_pack.pack_meta(nib).astype("<u4").tobytes()
+    lone3 = nm24_pack.compress_entries(np.array([0]), np.array([3]), np.array([7.0]), 1, 4)
+    assert lone3[0].tolist() == [[0, 7]] and lone3[1].tolist() == [[2 | 3 << 2]]
+
+
+def test_top2_of_4_is_a_stable_sort_of_the_magnitudes():
+    """The comparison network keeps what a stable argsort of -|w| keeps,
+    ties (equal magnitudes, zeros) included."""
+    rng = np.random.default_rng(0)
+    g = rng.integers(0, 3, size=(500, 7, 4)).astype(np.float32)   # many ties
+    g = np.concatenate([g, np.abs(rng.standard_normal((500, 7, 4))).astype(np.float32)])
+    top = np.argsort(-g, axis=2, kind="stable")[:, :, :2]
+    want = np.zeros(g.shape, bool)
+    np.put_along_axis(want, top, True, axis=2)
+    got = nm24_mod.top2_of_4(g)
+    assert got.dtype == bool and np.array_equal(got, want)
+    assert (got.sum(axis=2) == 2).all()
 
 
 def test_fragment_order_matches_mma_sp_layout():

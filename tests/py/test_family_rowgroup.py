@@ -540,8 +540,7 @@ def test_config_shared_memory_dtype_layout_and_keys(rng):
         fam.check_config(big, mat, FP16, {"v": 128}, {"cc_major": 8, "cc_minor": 0})
     with pytest.raises(ConfigError, match="dtype"):
         fam.check_config(CFG, mat, Operation("fp32", "fm"), {"v": 128})
-    with pytest.raises(ConfigError, match="layout"):
-        fam.check_config(CFG, mat, Operation("fp16", "tm"), {"v": 128})
+    fam.check_config(CFG, mat, Operation("fp16", "tm"), {"v": 128})   # token-major too
     with pytest.raises(ConfigError, match="keys"):
         fam.check_config({"bn": 64}, mat, FP16, {"v": 128})
 
@@ -588,6 +587,12 @@ COMPILE_CASES = [
      {"bk": 32, "bn": 128, "stages": 4, "wm": 1, "wn": 4}),
     ("bsr-tm", {"br": 64, "bc": 16}, "bf16", Epilogue(activation="gelu"),
      {"bk": 64, "bn": 64, "stages": 3, "wm": 2, "wn": 2}),
+    ("shflbw-tm", {"v": 64}, "fp16", Epilogue(bias=True, activation="gelu"),
+     {"bk": 32, "bn": 128, "stages": 4, "wm": 2, "wn": 2}),
+    ("shflbw-tm", {"v": 32}, "bf16", Epilogue(),
+     {"bk": 32, "bn": 256, "stages": 4, "wm": 1, "wn": 4}),
+    ("shflbw-tm", {"v": 128}, "fp16", Epilogue(bias=True),
+     {"bk": 64, "bn": 128, "stages": 4, "wm": 4, "wn": 2}),
 ]
 
 
@@ -621,8 +626,8 @@ def test_template_compiles(arch, case, nvrtc):
     family, params, dtype, ep, cfg = COMPILE_CASES[case]
     family, layout = (family.split("-") + ["fm"])[:2]
     rng = np.random.default_rng(case)
-    mat = (make_random(150, 97, 0.2, rng, dtype=dtype) if layout == "fm"
-           else make_bsr(150, 256, params["br"], params["bc"], 0.3, rng, dtype))
+    mat = (make_bsr(150, 256, params["br"], params["bc"], 0.3, rng, dtype)
+           if layout == "tm" and family == "bsr" else make_random(150, 97, 0.2, rng, dtype=dtype))
     fam = get_family(family)
     op = Operation(dtype, layout, ep)
     bias = rng.standard_normal(150).astype(np.float32) if ep.bias else None
@@ -668,6 +673,16 @@ GPU_CASES = [
     # token-major bsr: 16-byte runs (bc % 8 == 0, K % 8 == 0), M % 8 == 0 stores
     ("bsr-tm", {"br": 32, "bc": 32}, "bsr", (256, 512), "fp16", Epilogue(bias=True, activation="relu"),
      {"bk": 32, "bn": 128, "stages": 4, "wm": 1, "wn": 4}, (1, 77, 1024)),
+    # token-major shflbw: element gathers held in registers across a stage,
+    # permuted element stores; groups cut at the edges, N past a tile
+    ("shflbw-tm", {"v": 64}, "shflbw", (330, 270), "fp16", Epilogue(bias=True, activation="gelu"),
+     {"bk": 32, "bn": 128, "stages": 4, "wm": 2, "wn": 2}, (1, 100, 1024)),
+    ("shflbw-tm", {"v": 32}, "shflbw", (100, 500), "bf16", Epilogue(),
+     {"bk": 16, "bn": 64, "stages": 2, "wm": 1, "wn": 2}, (5, 264)),
+    ("shflbw-tm", {"v": 16}, "zero", (50, 40), "fp16", Epilogue(bias=True),
+     {"bk": 32, "bn": 32, "stages": 3, "wm": 1, "wn": 1}, (1, 24)),
+    ("shflbw-tm", {"v": 128}, "random", (260, 150), "fp16", Epilogue(bias=True, activation="relu"),
+     {"bk": 64, "bn": 128, "stages": 4, "wm": 4, "wn": 2}, (16, 63, 300)),
     # token-major, element gathers (K % 8 != 0) and element stores (M % 8 != 0)
     ("bsr-tm", {"br": 16, "bc": 8}, "bsr", (77, 91), "bf16", Epilogue(bias=True, activation="gelu"),
      {"bk": 16, "bn": 32, "stages": 2, "wm": 1, "wn": 1}, (1, 33)),

@@ -126,8 +126,8 @@ def test_every_buckets_first_candidates_build_before_the_first_search(tmp_path, 
     asked = []
     real = driver.Tuner.build
     monkeypatch.setattr(driver.Tuner, "build",
-                        lambda self, job, cfg, speculative=False:
-                        asked.append(config_key(cfg)) or real(self, job, cfg, speculative))
+                        lambda self, job, cfg, speculative=False, ahead=False:
+                        asked.append(config_key(cfg)) or real(self, job, cfg, speculative, ahead))
 
     class ByN(ReplayWorker):
         """N = 256 ranks the kernels the other way round: its winner differs."""
@@ -345,9 +345,9 @@ def test_the_worker_downloads_the_checked_columns_alone(dtype, layout):
 
 def test_speculative_builds_wait_behind_those_a_search_waits_for(monkeypatch):
     """The compile threads take what a search waits for first, then what
-    it may need (speculative), each in the order asked; asking again
-    without `speculative` moves a queued kernel ahead; closing cancels
-    what is still queued."""
+    it may need (speculative), then what a later layer will (ahead), each
+    in the order asked; asking again at a higher priority moves a queued
+    kernel ahead; closing cancels what is still queued."""
     from sparseforge.tuner.compiler import Compiler
     c = Compiler(cache=None, jobs=1)
     order, gate = [], threading.Event()
@@ -363,10 +363,15 @@ def test_speculative_builds_wait_behind_those_a_search_waits_for(monkeypatch):
     s1 = c.submit(lambda: "s1", "sm_80", speculative=True)
     s2 = c.submit(lambda: "s2", "sm_80", speculative=True)
     urgent = c.submit(lambda: "urgent", "sm_80")
+    a1 = c.submit(lambda: "a1", "sm_80", ahead=True)
+    a2 = c.submit(lambda: "a2", "sm_80", ahead=True)
+    s3 = c.submit(lambda: "s3", "sm_80", speculative=True)
     c.promote(s2)
+    c.promote(a2, speculative=True)     # a search may need it now: among the speculative
     gate.set()
-    assert [f.result(10) for f in (busy, urgent, s2, s1)] == ["busy", "urgent", "s2", "s1"]
-    assert order == ["busy", "urgent", "s2", "s1"]
+    assert [f.result(10) for f in (busy, urgent, s2, s1, a1, a2, s3)] == [
+        "busy", "urgent", "s2", "s1", "a1", "a2", "s3"]
+    assert order == ["busy", "urgent", "s2", "s1", "s3", "a2", "a1"]
     gate.clear()
     busy = c.submit(lambda: "busy", "sm_80")
     queued = c.submit(lambda: "queued", "sm_80", speculative=True)
@@ -424,7 +429,7 @@ def test_a_kernel_named_speculatively_moves_ahead_once_measured(tmp_path, monkey
         try:
             promoted = []
             real = t.compiler.promote
-            monkeypatch.setattr(t.compiler, "promote", lambda f: promoted.append(f) or real(f))
+            monkeypatch.setattr(t.compiler, "promote", lambda f, **kw: promoted.append(f) or real(f, **kw))
             job = t.begin(m, "csr", {}, OP, "a")
             search = _Search(t, job, 16, Budget(max_trials=2))
             cfg = job.space[0]
@@ -434,3 +439,58 @@ def test_a_kernel_named_speculatively_moves_ahead_once_measured(tmp_path, monkey
             assert promoted == [fut]
         finally:
             t.close()
+
+
+# ---- looking ahead at the next layer -------------------------------------------
+def test_the_next_cold_layer_builds_ahead_and_its_tune_takes_the_job_over(tmp_path, monkeypatch):
+    """While one layer is tuned, the first candidates of the next layer
+    that starts cold (not a copy, not the same shape as an earlier layer)
+    are queued `ahead`; its tune takes that job over (its kernels built
+    once) and finds what a tune without looking ahead finds."""
+    from sparseforge.tuner import driver
+    from sparseforge.tuner.model import cold_entries, plan_model, tune_entries
+    asked = []
+    real = driver.Tuner.build
+    monkeypatch.setattr(driver.Tuner, "build",
+                        lambda self, job, cfg, speculative=False, ahead=False:
+                        asked.append((job.name, ahead)) or real(self, job, cfg, speculative,
+                                                                ahead))
+    mats = [("a", csr_matrix(1)), ("b", csr_matrix(2)), ("c", csr_matrix(3, shape=(64, 80))),
+            ("d", csr_matrix(1))]
+    entries = plan_model(mats, pattern="csr")
+    assert cold_entries(entries) == [0, 2]   # b: a's shape; d: a's matrix
+    seen = {}
+
+    def on_trial(w, t):
+        seen.setdefault(len(w.trials), list(asked))
+    with Cache(tmp_path / "t.db") as cache:
+        t = Tuner(cache, strategy="exhaustive", worker=ReplayWorker(on_trial=on_trial), jobs=2)
+        rows = tune_entries(entries, t, [16])
+        t.close()
+    assert ("c", True) in seen[0]            # before a's first trial
+    assert not any(ahead for name, ahead in asked if name != "c")
+    assert not t._ahead
+    with Cache(tmp_path / "u.db") as cache:
+        alone = Tuner(cache, strategy="exhaustive", worker=ReplayWorker(), jobs=2).tune(
+            csr_matrix(3, shape=(64, 80)), "csr", {}, OP, [16], "c")
+    by_name = {r.name: r.result for r in rows}
+    assert by_name["c"].per_n[16].config == alone.per_n[16].config
+    assert by_name["c"].per_n[16].trials == alone.per_n[16].trials == 8
+
+
+def test_the_inputs_of_a_layers_buckets_are_made_ahead(tmp_path, monkeypatch):
+    """Each bucket's X and reference are made in a thread of their own as
+    its layer starts, one per bucket, and each is used once."""
+    from sparseforge.tuner import driver
+    made = []
+    real = driver.Tuner._make_inputs
+    monkeypatch.setattr(driver.Tuner, "_make_inputs", lambda self, m, op, n, bias: (
+        made.append((n, threading.current_thread().name)) or real(self, m, op, n, bias)))
+    with Cache(tmp_path / "t.db") as cache:
+        w = ReplayWorker()
+        t = Tuner(cache, strategy="exhaustive", worker=w, jobs=2)
+        t.tune(csr_matrix(1), "csr", {}, OP, [16, 64, 256], "a")
+        t.close()
+    assert sorted(n for n, _ in made) == [16, 64, 256] and w.setups == 3
+    assert all(name.startswith("sf-inputs") for _, name in made)
+    assert not t._inputs

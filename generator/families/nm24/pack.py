@@ -140,27 +140,53 @@ def split_ae(ae: bytes, mp: int, kp: int) -> tuple[bytes, bytes]:
     return a[:, :, :2048].tobytes(), np.ascontiguousarray(e).tobytes()
 
 
+def compress_entries(rows: np.ndarray, cols: np.ndarray, vals: np.ndarray, r: int,
+                     kp: int) -> tuple[np.ndarray, np.ndarray]:
+    """compress_rows from stored entries (row-major, columns sorted within
+    rows, at most two in each aligned group of 4; rows < r, cols < kp)
+    without a dense R x KP array: values (R x KP/2, vals' dtype, zero
+    where nothing is stored) and nibbles (R x KP/4), the same rules."""
+    gq = kp // 4
+    values = np.zeros((r, kp // 2), dtype=vals.dtype)
+    nibbles = np.full((r, gq), 0 | (1 << 2), dtype=np.uint8)    # an empty group: (0, 1)
+    if rows.size == 0:
+        return values, nibbles
+    key = rows.astype(np.int64) * gq + cols // 4
+    pos = (cols % 4).astype(np.uint8)
+    second = np.zeros(key.size, dtype=bool)          # the second entry of its group
+    second[1:] = key[1:] == key[:-1]
+    paired = second.copy()
+    paired[:-1] |= second[1:]
+    # a lone entry at p keeps slot 0 and pairs with p + 1, or at 3 slot 1 with 2
+    slot = np.where(paired, second, pos == 3).astype(np.int64)
+    values.reshape(-1)[key * 2 + slot] = vals
+    lone = ~paired
+    nib = nibbles.reshape(-1)
+    p = pos[lone]
+    nib[key[lone]] = np.where(p < 3, p | ((p + 1) << 2), 2 | (3 << 2))
+    first = np.flatnonzero(second) - 1
+    nib[key[first]] = pos[first] | (pos[first + 1] << 2)
+    return values, nibbles
+
+
 def pack_matrix(matrix: SparseMatrix, dtype: str, mp: int, kp: int,
                 wgmma: bool = False) -> tuple[bytes, bytes]:
     """(values bytes, metadata bytes) of `matrix` padded to mp x kp; the
     values in mma.sp fragment order, or with `wgmma` (mp % 64 == 0) in
-    sparse wgmma operand order.  The metadata is the same for both."""
+    sparse wgmma operand order.  The metadata is the same for both.  The
+    values are converted to `dtype` once and shuffled as 16-bit words."""
     m, k = matrix.shape
     ks = kp // KSTEP
-    vals_out = np.empty(mp * kp // 2, dtype=np.float32)
+    words = np.frombuffer(to_device_bytes(matrix.values, dtype), dtype=np.uint16)
+    vals_out = np.empty(mp * kp // 2, dtype=np.uint16)
     meta_out = np.empty((mp // MTILE) * ks * 16, dtype=np.uint32)
     rows_of = matrix.row_ids()
+    shuffle = pack_values_sm90 if wgmma else pack_values
     for r0 in range(0, mp, ROW_CHUNK):
         r1 = min(mp, r0 + ROW_CHUNK)
-        dense = np.zeros((r1 - r0, kp), dtype=np.float32)
-        mask = np.zeros((r1 - r0, kp), dtype=bool)
-        if r0 < m:
-            lo, hi = matrix.indptr[r0], matrix.indptr[min(r1, m)]
-            rr = rows_of[lo:hi] - r0
-            cc = matrix.indices[lo:hi]
-            dense[rr, cc] = matrix.values[lo:hi]
-            mask[rr, cc] = True
-        values, nibbles = compress_rows(dense, mask)
-        vals_out[r0 * kp // 2:r1 * kp // 2] = (pack_values_sm90 if wgmma else pack_values)(values)
+        lo, hi = (matrix.indptr[r0], matrix.indptr[min(r1, m)]) if r0 < m else (0, 0)
+        values, nibbles = compress_entries(rows_of[lo:hi] - r0, matrix.indices[lo:hi],
+                                           words[lo:hi], r1 - r0, kp)
+        vals_out[r0 * kp // 2:r1 * kp // 2] = shuffle(values)
         meta_out[r0 // MTILE * ks * 16:r1 // MTILE * ks * 16] = pack_meta(nibbles)
-    return to_device_bytes(vals_out, dtype), meta_out.astype("<u4").tobytes()
+    return vals_out.astype("<u2").tobytes(), meta_out.astype("<u4").tobytes()

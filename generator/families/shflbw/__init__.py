@@ -48,6 +48,10 @@ class ShflbwFamily(RowGroupFamily):
     syntax = "shflbw:V"
     summary = "rows permuted, then groups of V rows share their columns (Shfl-BW)"
     auto_rank = 30
+    # token-major: the columns are a group's own, so X is gathered element by
+    # element (loads held in registers across a stage) and Y is written back
+    # to the original rows one element at a time
+    layouts = ("fm", "tm")
 
     # -- the pattern ----------------------------------------------------------
     def parse_params(self, arg: str) -> dict:

@@ -260,6 +260,8 @@ struct BLoaderFM {
   int n_len;                // N
   int col;                  // this thread's first column (absolute)
 
+  __device__ __forceinline__ void flush() {}  // (its loads are copies: nothing held)
+
   __device__ __forceinline__ BLoaderFM(const unsigned short *x, int n, int n0)
       : x0(x), pitch(2u * static_cast<unsigned>(n)), n_len(n) {
     col = n0 + 8 * slots.col;
@@ -311,31 +313,45 @@ struct BLoaderFM {
 // 8 indices for ITERS tokens.  VEC (RUNS8 and X aligned): the run is 8
 // consecutive aligned columns, one cp.async of 16 bytes per token,
 // zero-filled past N; its start is prefetched like the fm row indices.
-// Otherwise element loads, the indices read at load time.
+// Otherwise element loads: the run's 8 columns are prefetched with the
+// chunk (fetch), `load` issues the chunk's loads into registers and, where
+// they fit (HOLD: ITERS <= 8), leaves them in flight: `flush` stores them
+// at the top of the next main-loop iteration, so the loads' latency runs
+// under one stage's MMAs instead of stalling the copy issue.
 template <class Cfg, bool VEC, int K>
 struct BLoaderTM {
   using S = TileSlots<Cfg::B_ROW_CH, Cfg::BN, Cfg::THREADS>;
+  static constexpr bool HOLD = !VEC && S::ITERS <= 8;
   struct Idx {
     const int *chunk;      // the chunk's indices
     int run;               // first column of this thread's run (VEC)
+    int cols[VEC ? 1 : 8]; // this thread's run of columns (element loads)
   };
   S slots;
   Idx next;                // the chunk issued next
   int tok0;                // this thread's first token (absolute)
   const unsigned short *x;
   int n_len;
+  unsigned held[HOLD ? S::ITERS : 1][4];  // HOLD: the loaded chunk, not yet stored
+  unsigned held_dst;                      // ... its B tile; 0: nothing held
 
   __device__ __forceinline__ BLoaderTM(const unsigned short *x_, int n, int n0)
-      : next{nullptr, 0}, x(x_), n_len(n) {
+      : next{}, x(x_), n_len(n), held_dst(0) {
     tok0 = n0 + slots.row0;
   }
 
   __device__ __forceinline__ void fetch(Idx &dst, const int *chunk_idx) const {
     dst.chunk = chunk_idx;
-    if (VEC) dst.run = __ldg(chunk_idx + 8 * slots.col);
+    if (VEC) {
+      dst.run = __ldg(chunk_idx + 8 * slots.col);
+    } else {
+#pragma unroll
+      for (int e = 0; e < 8; ++e) dst.cols[e] = __ldg(chunk_idx + 8 * slots.col + e);
+    }
   }
 
-  __device__ __forceinline__ void load(const Idx &idx, unsigned s_b) const {
+  __device__ __forceinline__ void load(const Idx &idx, unsigned s_b) {
+    if constexpr (HOLD) flush();  // (the prologue's chunks: one held at a time)
 #pragma unroll
     for (int i = 0; i < S::ITERS; ++i) {
       if (!S::owns(i)) continue;
@@ -349,11 +365,30 @@ struct BLoaderTM {
         unsigned w[4];
 #pragma unroll
         for (int e = 0; e < 4; ++e) {
-          const unsigned lo = in ? row[__ldg(idx.chunk + 8 * slots.col + 2 * e)] : 0u;
-          const unsigned hi = in ? row[__ldg(idx.chunk + 8 * slots.col + 2 * e + 1)] : 0u;
+          const unsigned lo = in ? row[idx.cols[2 * e]] : 0u;
+          const unsigned hi = in ? row[idx.cols[2 * e + 1]] : 0u;
           w[e] = lo | (hi << 16);
         }
-        sm80::st_shared_16(dst, w);
+        if constexpr (HOLD) {
+#pragma unroll
+          for (int e = 0; e < 4; ++e) held[i][e] = w[e];
+        } else {
+          sm80::st_shared_16(dst, w);
+        }
+      }
+    }
+    if constexpr (HOLD) held_dst = s_b;
+  }
+
+  // Stores the held chunk (if any) into its B tile: before the barrier
+  // that publishes the stage it fills.
+  __device__ __forceinline__ void flush() {
+    if constexpr (HOLD) {
+      if (held_dst != 0) {
+#pragma unroll
+        for (int i = 0; i < S::ITERS; ++i)
+          if (S::owns(i)) sm80::st_shared_16(held_dst + slots.offset(i), held[i]);
+        held_dst = 0;
       }
     }
   }
@@ -581,7 +616,7 @@ __device__ __forceinline__ void store_tile_tm(const unsigned char *s_c, const in
 // A chunk's copies into the stage at s_a: its weights (w_chunk), the rows
 // of X that `idx` names and, XS, its slot table (loc_chunk).
 template <class Cfg, class BL>
-__device__ __forceinline__ void issue_chunk(const BL &bl, const typename BL::Idx &idx,
+__device__ __forceinline__ void issue_chunk(BL &bl, const typename BL::Idx &idx,
                                             unsigned s_a, const unsigned short *w_chunk,
                                             const unsigned char *loc_chunk) {
   load_a_tile<Cfg>(s_a, w_chunk);
@@ -687,6 +722,7 @@ __device__ __forceinline__ void gemm_group(const unsigned char *__restrict__ pac
 #pragma unroll
         for (int e = 0; e < 4; ++e) acc[mi][ni][e] = 0.0f;
     for (int c = 0; c < chunks; ++c, ++item) {
+      bl.flush();  // element loads of the chunk issued last: into its stage, before the barrier
       sm80::cp_async_wait<AHEAD - 1>();
       if constexpr (Cfg::WG) {
         sm90::fence_proxy_async();  // this thread's copies (and the zero rows) -> wgmma's proxy
