@@ -1,7 +1,8 @@
 """Runs every family's kernels once on small, awkward shapes (tails, empty
 rows and groups, bias + GELU) so that compute-sanitizer can watch them:
     compute-sanitizer --tool memcheck python3 bench/sanitize.py
-Exits non-zero if any result is wrong."""
+`--small`: smaller shapes and fewer kernels (racecheck); `--layout fm|tm`:
+only the cases of that layout.  Exits non-zero if any result is wrong."""
 import sys
 from pathlib import Path
 
@@ -13,15 +14,17 @@ from sparseforge.generator.synth import random_matrix  # noqa: E402
 from sparseforge.tuner.execute import default_context, verify  # noqa: E402
 
 small = "--small" in sys.argv
+only_layout = sys.argv[sys.argv.index("--layout") + 1] if "--layout" in sys.argv else None
 device = default_context().device_info()  # on sm_90a the spaces hold the wgmma kernels
 CASES = [("csr", "fp32", "fm"), ("csr", "fp32", "tm"), ("csr", "fp16", "fm"), ("csr", "bf16", "tm"),
          ("bsr:32x32", "fp16", "fm"),
          ("bsr:64x64", "bf16", "fm"), ("shflbw:64", "fp16", "fm"), ("shflbw:32", "bf16", "fm"),
+         ("shflbw:64", "fp16", "tm"), ("bsr:16x8", "bf16", "tm"),
          ("nm24", "fp16", "fm"), ("nm24", "bf16", "tm")]
 bad = 0
 for pattern, dtype, layout in CASES:
     fam, params = family_of(pattern)
-    if layout not in fam.layouts:
+    if layout not in fam.layouts or only_layout not in (None, layout):
         continue
     m, k, n = (200, 264, 72) if not small else (130, 136, 72)  # 72: two tiles of 64 (tn)
     mat = random_matrix(pattern, m, k, 0.3, dtype, seed=1)

@@ -51,6 +51,11 @@ __device__ __forceinline__ void st_shared_u32(unsigned dst, unsigned w) {
   asm volatile("st.shared.b32 [%0], %1;\n" ::"r"(dst), "r"(w) : "memory");
 }
 
+// One 16-bit value into shared memory.
+__device__ __forceinline__ void st_shared_u16(unsigned dst, unsigned short v) {
+  asm volatile("st.shared.u16 [%0], %1;\n" ::"r"(dst), "h"(v) : "memory");
+}
+
 // ---- ldmatrix -----------------------------------------------------------------
 
 // Four 8x8 b16 matrices; lanes 8i..8i+7 give the row addresses of matrix i.

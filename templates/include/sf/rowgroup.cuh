@@ -309,35 +309,50 @@ struct BLoaderFM {
 };
 
 // B, token-major: BN token rows of X (tokens [n0, n0 + BN)), each gathered
-// at the chunk's BK columns, into a BN x BK tile.  A thread owns one run of
-// 8 indices for ITERS tokens.  VEC (RUNS8 and X aligned): the run is 8
-// consecutive aligned columns, one cp.async of 16 bytes per token,
-// zero-filled past N; its start is prefetched like the fm row indices.
-// Otherwise element loads: the run's 8 columns are prefetched with the
-// chunk (fetch), `load` issues the chunk's loads into registers and, where
-// they fit (HOLD: ITERS <= 8), leaves them in flight: `flush` stores them
-// at the top of the next main-loop iteration, so the loads' latency runs
-// under one stage's MMAs instead of stalling the copy issue.
+// at the chunk's BK columns, into a BN x BK tile.  VEC (RUNS8 and X
+// aligned): a thread owns one run of 8 consecutive aligned columns for
+// ITERS tokens, one cp.async of 16 bytes per token, zero-filled past N; its
+// start is prefetched like the fm row indices.  Otherwise element loads
+// with the lanes of a warp along the chunk's columns (min(BK, 32) lanes per
+// token, BK / 32 columns a lane when BK = 64): a warp's load reads one
+// token's columns, which lie within a few sectors of its row of X (lanes
+// along tokens would touch a sector per lane).  A lane's columns are
+// prefetched with the chunk (fetch); `load` issues the chunk's loads into
+// registers and, where they fit (HOLD: at most 32 a thread), leaves them
+// in flight: `flush` stores them at the top of the next main-loop
+// iteration, so their latency runs under one stage's MMAs.
 template <class Cfg, bool VEC, int K>
 struct BLoaderTM {
   using S = TileSlots<Cfg::B_ROW_CH, Cfg::BN, Cfg::THREADS>;
-  static constexpr bool HOLD = !VEC && S::ITERS <= 8;
+  // element path: lanes per token, columns per lane, tokens per warp and per CTA step
+  static constexpr int LPT = Cfg::BK < 32 ? Cfg::BK : 32;
+  static constexpr int EPL = Cfg::BK / LPT;
+  static constexpr int TPW = 32 / LPT;
+  static constexpr int TSTEP = Cfg::THREADS / 32 * TPW;
+  static constexpr int TITERS = Cfg::BN / TSTEP;
+  static_assert(VEC || Cfg::BN % TSTEP == 0, "the element gather's steps tile BN");
+  static constexpr bool HOLD = !VEC && TITERS * EPL <= 32;
   struct Idx {
-    const int *chunk;      // the chunk's indices
-    int run;               // first column of this thread's run (VEC)
-    int cols[VEC ? 1 : 8]; // this thread's run of columns (element loads)
+    const int *chunk;        // the chunk's indices
+    int run;                 // first column of this thread's run (VEC)
+    int cols[VEC ? 1 : EPL]; // this lane's columns (element loads)
   };
   S slots;
-  Idx next;                // the chunk issued next
-  int tok0;                // this thread's first token (absolute)
+  Idx next;                  // the chunk issued next
+  int tok0;                  // VEC: this thread's first token (absolute)
+  int tl0;                   // element loads: this lane's first token (in the tile)
+  int lc;                    // ... and its first column (in the chunk)
   const unsigned short *x;
-  int n_len;
-  unsigned held[HOLD ? S::ITERS : 1][4];  // HOLD: the loaded chunk, not yet stored
-  unsigned held_dst;                      // ... its B tile; 0: nothing held
+  int n_len, n0;
+  unsigned short held[HOLD ? TITERS : 1][HOLD ? EPL : 1];  // HOLD: loaded, not yet stored
+  unsigned held_dst;                                       // ... their B tile; 0: none
 
-  __device__ __forceinline__ BLoaderTM(const unsigned short *x_, int n, int n0)
-      : next{}, x(x_), n_len(n), held_dst(0) {
+  __device__ __forceinline__ BLoaderTM(const unsigned short *x_, int n, int n0_)
+      : next{}, x(x_), n_len(n), n0(n0_), held_dst(0) {
     tok0 = n0 + slots.row0;
+    const int lane = threadIdx.x & 31;
+    tl0 = (threadIdx.x >> 5) * TPW + lane / LPT;
+    lc = lane % LPT;
   }
 
   __device__ __forceinline__ void fetch(Idx &dst, const int *chunk_idx) const {
@@ -346,38 +361,54 @@ struct BLoaderTM {
       dst.run = __ldg(chunk_idx + 8 * slots.col);
     } else {
 #pragma unroll
-      for (int e = 0; e < 8; ++e) dst.cols[e] = __ldg(chunk_idx + 8 * slots.col + e);
+      for (int j = 0; j < EPL; ++j) dst.cols[j] = __ldg(chunk_idx + lc + 32 * j);
     }
   }
 
+  // The byte offset of (token row t, chunk column c) in the B tile.
+  __device__ __forceinline__ static unsigned elem_offset(int t, int c) {
+    return 16u * S::chunk(t, c >> 3) + 2u * (c & 7);
+  }
+
   __device__ __forceinline__ void load(const Idx &idx, unsigned s_b) {
-    if constexpr (HOLD) flush();  // (the prologue's chunks: one held at a time)
+    if constexpr (VEC) {
 #pragma unroll
-    for (int i = 0; i < S::ITERS; ++i) {
-      if (!S::owns(i)) continue;
-      const unsigned dst = s_b + slots.offset(i);
-      const int tok = tok0 + i * S::STEP;
-      const bool in = tok < n_len;
-      const unsigned short *row = x + (size_t)(in ? tok : 0) * K;
-      if (VEC) {
-        sm80::cp_async_16(dst, row + idx.run, in);
+      for (int i = 0; i < S::ITERS; ++i) {
+        if (!S::owns(i)) continue;
+        const int tok = tok0 + i * S::STEP;
+        const bool in = tok < n_len;
+        sm80::cp_async_16(s_b + slots.offset(i), x + (size_t)(in ? tok : 0) * K + idx.run, in);
+      }
+    } else {
+      unsigned short v[TITERS][EPL];
+#pragma unroll
+      for (int i = 0; i < TITERS; ++i) {
+        const int tok = n0 + tl0 + i * TSTEP;
+        const bool in = tok < n_len;
+        const unsigned short *row = x + (size_t)(in ? tok : 0) * K;
+#pragma unroll
+        for (int j = 0; j < EPL; ++j) v[i][j] = in ? row[idx.cols[j]] : (unsigned short)0;
+      }
+      if constexpr (HOLD) {
+        flush();  // the prologue's chunk before, while these loads fly: one held at a time
+#pragma unroll
+        for (int i = 0; i < TITERS; ++i)
+#pragma unroll
+          for (int j = 0; j < EPL; ++j) held[i][j] = v[i][j];
+        held_dst = s_b;
       } else {
-        unsigned w[4];
-#pragma unroll
-        for (int e = 0; e < 4; ++e) {
-          const unsigned lo = in ? row[idx.cols[2 * e]] : 0u;
-          const unsigned hi = in ? row[idx.cols[2 * e + 1]] : 0u;
-          w[e] = lo | (hi << 16);
-        }
-        if constexpr (HOLD) {
-#pragma unroll
-          for (int e = 0; e < 4; ++e) held[i][e] = w[e];
-        } else {
-          sm80::st_shared_16(dst, w);
-        }
+        store(s_b, v);
       }
     }
-    if constexpr (HOLD) held_dst = s_b;
+  }
+
+  template <class V>
+  __device__ __forceinline__ void store(unsigned s_b, const V &v) const {
+#pragma unroll
+    for (int i = 0; i < TITERS; ++i)
+#pragma unroll
+      for (int j = 0; j < EPL; ++j)
+        sm80::st_shared_u16(s_b + elem_offset(tl0 + i * TSTEP, lc + 32 * j), v[i][j]);
   }
 
   // Stores the held chunk (if any) into its B tile: before the barrier
@@ -385,9 +416,7 @@ struct BLoaderTM {
   __device__ __forceinline__ void flush() {
     if constexpr (HOLD) {
       if (held_dst != 0) {
-#pragma unroll
-        for (int i = 0; i < S::ITERS; ++i)
-          if (S::owns(i)) sm80::st_shared_16(held_dst + slots.offset(i), held[i]);
+        store(held_dst, held);
         held_dst = 0;
       }
     }
