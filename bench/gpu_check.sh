@@ -62,7 +62,9 @@ case " $STAGES " in *" nm24 "*)
   step nm24_bench python3 bench/nm24.py --db /tmp/sf-nm24.db ${NM24_ARGS:-} --results "$OUT/NM24.md"
   grep -E "^  s[12] " "$OUT/nm24_bench.log" | tail -60; cat "$OUT/NM24.md" 2>/dev/null ;; esac
 case " $STAGES " in *" sanitize "*)
-  step memcheck compute-sanitizer --tool memcheck --error-exitcode 9 python3 bench/sanitize.py
+  # API errors not reported: the runtime probes each module for its optional sf_x_map
+  # (cuModuleGetGlobal answers CUDA_ERROR_NOT_FOUND where there is none, by design)
+  step memcheck compute-sanitizer --tool memcheck --report-api-errors no --error-exitcode 9 python3 bench/sanitize.py
   step racecheck compute-sanitizer --tool racecheck --error-exitcode 9 python3 bench/sanitize.py --small
   grep -E "ERROR SUMMARY|RACECHECK SUMMARY" "$OUT/memcheck.log" "$OUT/racecheck.log" ;; esac
 case " $STAGES " in *" bench "*)
