@@ -262,9 +262,9 @@ def test_invalid_shared_gather_configs_name_their_constraint(rng, change, constr
     mat = make_shflbw(256, 128, 32, 0.3, rng)
     with pytest.raises(ConfigError, match=constraint):
         get_family("shflbw").check_config(dict(XS_CFG, **change), mat, FP16, {"v": 32})
-    with pytest.raises(ConfigError, match="feature-major"):
-        get_family("bsr").check_config(XS_CFG, make_bsr(128, 64, 32, 32, 0.5, rng),
-                                       Operation("fp16", "tm"), {"br": 32, "bc": 32})
+    # token-major takes the shared gather too
+    get_family("bsr").check_config(XS_CFG, make_bsr(128, 64, 32, 32, 0.5, rng),
+                                   Operation("fp16", "tm"), {"br": 32, "bc": 32})
 
 
 def test_shflbw_non_fitting_matrix_runs_with_union_supports(rng):
@@ -618,6 +618,16 @@ XS_COMPILE_CASES = [
     ("bsr", {"br": 16, "bc": 16}, "fp16", Epilogue(bias=True), dict(XS_CFG, bn=64, wn=1, stages=2)),
 ]
 COMPILE_CASES += XS_COMPILE_CASES
+# the shared gather, token-major: the union tile filled by element loads
+XS_TM_COMPILE_CASES = [
+    ("shflbw-tm", {"v": 64}, "fp16", Epilogue(bias=True, activation="gelu"),
+     dict(XS_CFG, bk=32, bn=128, xr=4, wm=4, wn=2, xu=96)),
+    ("shflbw-tm", {"v": 16}, "bf16", Epilogue(), dict(XS_CFG, bn=64, wn=1, xr=16, wm=16, xu=128)),
+    ("bsr-tm", {"br": 32, "bc": 32}, "fp16", Epilogue(bias=True),
+     dict(XS_CFG, bk=32, bn=128, wn=2, xr=4, wm=4, xu=128, stages=3)),
+    ("shflbw-tm", {"v": 64}, "fp16", Epilogue(), dict(XS_CFG, bk=32, bn=64, xr=4, wm=4, wn=1, xu=64)),
+]
+COMPILE_CASES += XS_TM_COMPILE_CASES
 
 
 @pytest.mark.parametrize("case", range(len(COMPILE_CASES)))
@@ -683,6 +693,16 @@ GPU_CASES = [
      {"bk": 32, "bn": 32, "stages": 3, "wm": 1, "wn": 1}, (1, 24)),
     ("shflbw-tm", {"v": 128}, "random", (260, 150), "fp16", Epilogue(bias=True, activation="relu"),
      {"bk": 64, "bn": 128, "stages": 4, "wm": 4, "wn": 2}, (16, 63, 300)),
+    # token-major shared gather: union tiles with empty slots, short last
+    # sets, odd N and M, permuted and plain rows
+    ("shflbw-tm", {"v": 64}, "shflbw", (330, 270), "fp16", Epilogue(bias=True, activation="gelu"),
+     dict(XS_CFG, bk=32, bn=128, xr=4, wm=4, wn=2, xu=96), (1, 100, 1024)),
+    ("shflbw-tm", {"v": 16}, "shflbw", (200, 300), "bf16", Epilogue(),
+     dict(XS_CFG, bn=64, wn=1, xr=16, wm=16, xu=128), (5, 77)),
+    ("bsr-tm", {"br": 32, "bc": 32}, "bsr", (256, 512), "fp16", Epilogue(bias=True, activation="relu"),
+     dict(XS_CFG, bk=32, bn=128, wn=2, xr=4, wm=4, xu=128, stages=3), (3, 300)),
+    ("shflbw-tm", {"v": 64}, "random", (260, 150), "fp16", Epilogue(bias=True),
+     dict(XS_CFG, bk=32, bn=64, xr=4, wm=4, wn=1, xu=64), (16, 63)),
     # token-major, element gathers (K % 8 != 0) and element stores (M % 8 != 0)
     ("bsr-tm", {"br": 16, "bc": 8}, "bsr", (77, 91), "bf16", Epilogue(bias=True, activation="gelu"),
      {"bk": 16, "bn": 32, "stages": 2, "wm": 1, "wn": 1}, (1, 33)),

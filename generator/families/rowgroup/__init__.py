@@ -206,7 +206,8 @@ class RowGroupFamily(Family):
         group is not whole warpgroups of rows (the wgmma tile then computes
         padding rows), as on an H200 wgmma was faster on every S1 problem
         whose groups are (the shared gather included: bench/RESULTS.md).
-        Elsewhere mma.sync and, feature-major, the shared gather."""
+        Elsewhere mma.sync and the shared gather (token-major: its hints
+        lead, as it reads each column of X its groups share once)."""
         bm = self.tile_rows(matrix, params)
         fm = op.layout == "fm"
         hopper = fm and bool(device and device.get("arch") == "sm_90a")
@@ -214,9 +215,9 @@ class RowGroupFamily(Family):
         out = self._valid(self.wg_space(bm), matrix, op, params, device) if hopper else []
         if whole and out:
             return out
-        if fm and not whole:
-            out += self._valid(self.xs_space(), matrix, op, params, device)
-        return out + self._valid(space.MMA_SPACE.enumerate(), matrix, op, params, device)
+        xs = [] if whole else self._valid(self.xs_space(), matrix, op, params, device)
+        mma = self._valid(space.MMA_SPACE.enumerate(), matrix, op, params, device)
+        return out + (xs + mma if fm else mma + xs)
 
     def hint_configs(self, matrix: SparseMatrix, op: Operation, params: dict,
                      device: Optional[dict] = None) -> list[dict]:
@@ -235,6 +236,15 @@ class RowGroupFamily(Family):
               {"bk": 32, "bn": 256, "stages": 5, "wm": wm, "wn": 2, "wg": 1, "tn": 2},
               {"bk": 32, "bn": 128, "stages": 4, "wm": wm, "wn": 1, "wg": 1},
               {"bk": 16, "bn": 256, "stages": 5, "wm": wm, "wn": 1, "wg": 1}]
+        if op.layout == "tm":
+            # the shared gather: each column of X its groups share read once
+            # (token-major reads every sector of a gathered row of X)
+            xs = sorted(self._valid(self.xs_space(), matrix, op, params, device),
+                        key=lambda c: (c["bk"] != 32, abs(c["bn"] - 128), c["stages"] != 3,
+                                       c["xr"] != max(4, 64 // bm), -c["xu"], c["wn"]))
+            prefs = xs[:4]
+        else:
+            prefs = []
         if hopper and bm % 64 == 0:  # the space is wgmma only
             prefs = wg
         else:
@@ -244,7 +254,7 @@ class RowGroupFamily(Family):
                      {"bk": 32, "bn": 128, "stages": 4, "wm": 1, "wn": 4},
                      {"bk": 64, "bn": 128, "stages": 3, "wm": 1, "wn": 4},
                      {"bk": 32, "bn": 128, "stages": 3, "wm": 8, "wn": 1, "xr": 8, "xu": 128}]
-            prefs = (small + wg if hopper else []) + [
+            prefs += (small + wg if hopper else []) + [
                 {"bk": 32, "bn": 256, "stages": 4, "wm": max(1, bm // 64), "wn": 4},
                 {"bk": 32, "bn": 128, "stages": 3, "wm": max(1, bm // 64), "wn": 2},
                 {"bk": 32, "bn": 128, "stages": 3, "wm": 1, "wn": 4},

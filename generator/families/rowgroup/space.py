@@ -7,7 +7,7 @@ A configuration takes one of three compute paths, told apart by its keys:
 
     mma.sync       bk bn stages wm wn            (sm_80 and newer)
     wgmma          the same and wg = 1, tn       (sm_90a; tn absent = 1)
-    shared gather  the same and xr, xu           (feature-major mma.sync)
+    shared gather  the same and xr, xu           (mma.sync, both layouts)
 
 The problem's constants: `bm` (a group's rows padded to 16) and `tm` (1:
 token-major); the device's: `smem_limit` and `sm90a` (1 when the kernels
@@ -99,7 +99,6 @@ TABLE = [
     Constraint("a_iters <= 16 and b_iters <= 16",
                "at most 16 16-byte loads per thread per stage and operand", when="wg or xr"),
     # shared gather
-    Constraint("not tm", "the shared gather is feature-major", when=XS),
     Constraint(f"xr in {XR_CHOICES}", "groups per CTA of the shared gather", when=XS),
     Constraint(f"bk in {XS_BK_CHOICES}", "BK of the shared gather", when=XS),
     Constraint(f"xu % 16 == 0 and bk <= xu and xu <= min(xr * bk, {MAX_UNION})",

@@ -98,6 +98,9 @@ struct Config {
   static constexpr bool XS = XR_ > 0;
   static constexpr int U = U_;            // shared gather: rows of X a chunk holds
   static constexpr int B_ROWS = XS ? U : BK;  // fm B tile rows
+  // the B tile is token-major (BN x BK) on the tm gather; the shared gather
+  // stores even token-major X as the feature-major union tile (U x BN)
+  static constexpr bool TMB = TM && !XS;
   static constexpr int TN = TN_;          // tiles of N one CTA computes in turn (streamed)
 
   static constexpr int WARPS = WM * WN;
@@ -108,7 +111,7 @@ struct Config {
   static constexpr int NF = WTN / 8;      // n8 fragments per warp
   static constexpr int A_ROW_CH = BK / 8;  // 16-byte chunks in a row of the A tile
   // B tile: BK x BN (fm, rows are k) or BN x BK (tm, rows are tokens)
-  static constexpr int B_ROW_CH = TM ? BK / 8 : BN / 8;
+  static constexpr int B_ROW_CH = TMB ? BK / 8 : BN / 8;
   static constexpr int A_CHUNKS = AM * A_ROW_CH;
   static constexpr int B_CHUNKS = B_ROWS * BN / 8;
   static constexpr int A_ITERS = (A_CHUNKS + THREADS - 1) / THREADS;
@@ -423,12 +426,107 @@ struct BLoaderTM {
   }
 };
 
-template <class Cfg, bool VEC, int K, bool TM = Cfg::TM> struct BLoaderOf;
-template <class Cfg, bool VEC, int K> struct BLoaderOf<Cfg, VEC, K, false> {
+// B, token-major, shared gather: the chunk's U union columns of X for BN
+// tokens, stored transposed into the feature-major union tile (U rows of BN
+// tokens, BLoaderFM's layout), so that each group's B fragments are read
+// as in feature-major (ldmatrix.trans at each entry's slot) and every
+// column of X the CTA's XR groups share is read once.  Element loads, a
+// warp's lanes along 32 union columns of one token (a few sectors of its
+// row of X); a lane's columns are prefetched with the chunk (-1: an empty
+// slot, not loaded).  Loads held in registers across a stage where they
+// fit (HOLD: at most 32 a thread), as in BLoaderTM.
+template <class Cfg, int K>
+struct BLoaderTMXS {
+  using S = TileSlots<Cfg::B_ROW_CH, Cfg::B_ROWS, Cfg::THREADS>;
+  static constexpr int CB = (Cfg::U + 31) / 32;  // 32-column blocks of the union
+  static constexpr int WARPS = Cfg::THREADS / 32;
+  static constexpr int TJ = Cfg::BN / WARPS;      // tokens a lane loads per block
+  static_assert(Cfg::BN % WARPS == 0, "the warps split BN evenly");
+  static constexpr bool HOLD = CB * TJ <= 32;
+  struct Idx {
+    int cols[CB];          // this lane's union columns (-1: empty, or past U)
+  };
+  Idx next;                // the chunk issued next
+  const unsigned short *x;
+  int n_len, n0, warp, lane;
+  unsigned short held[HOLD ? CB : 1][HOLD ? TJ : 1];
+  unsigned held_dst;
+
+  __device__ __forceinline__ BLoaderTMXS(const unsigned short *x_, int n, int n0_)
+      : next{}, x(x_), n_len(n), n0(n0_), held_dst(0) {
+    warp = threadIdx.x >> 5;
+    lane = threadIdx.x & 31;
+  }
+
+  __device__ __forceinline__ void fetch(Idx &dst, const int *chunk_idx) const {
+#pragma unroll
+    for (int b = 0; b < CB; ++b) {
+      const int u = 32 * b + lane;
+      dst.cols[b] = u < Cfg::U ? __ldg(chunk_idx + u) : -1;
+    }
+  }
+
+  __device__ __forceinline__ void load(const Idx &idx, unsigned s_b) {
+    unsigned short v[CB][TJ];
+#pragma unroll
+    for (int b = 0; b < CB; ++b)
+#pragma unroll
+      for (int j = 0; j < TJ; ++j) {
+        const int tok = n0 + warp + WARPS * j;
+        v[b][j] = tok < n_len && idx.cols[b] >= 0 ? x[(size_t)tok * K + idx.cols[b]]
+                                                   : (unsigned short)0;
+      }
+    if constexpr (HOLD) {
+      flush();  // the prologue's chunk before, while these loads fly: one held at a time
+#pragma unroll
+      for (int b = 0; b < CB; ++b) {
+        held_cols[b] = idx.cols[b];
+#pragma unroll
+        for (int j = 0; j < TJ; ++j) held[b][j] = v[b][j];
+      }
+      held_dst = s_b;
+    } else {
+      store(s_b, v, idx.cols);
+    }
+  }
+
+  template <class V>
+  __device__ __forceinline__ void store(unsigned s_b, const V &v, const int (&cols)[CB]) const {
+#pragma unroll
+    for (int b = 0; b < CB; ++b) {
+      if (cols[b] < 0) continue;  // an empty slot (or past U): never read
+      const int u = 32 * b + lane;
+#pragma unroll
+      for (int j = 0; j < TJ; ++j) {
+        const int t = warp + WARPS * j;
+        sm80::st_shared_u16(s_b + 16u * S::chunk(u, t >> 3) + 2u * (t & 7), v[b][j]);
+      }
+    }
+  }
+
+  int held_cols[HOLD ? CB : 1];
+
+  __device__ __forceinline__ void flush() {
+    if constexpr (HOLD) {
+      if (held_dst != 0) {
+        store(held_dst, held, held_cols);
+        held_dst = 0;
+      }
+    }
+  }
+};
+
+// 0: feature-major; 1: token-major, its own groups' columns; 2: token-major, shared gather
+template <class Cfg, bool VEC, int K, int KIND = Cfg::TM ? (Cfg::XS ? 2 : 1) : 0>
+struct BLoaderOf;
+template <class Cfg, bool VEC, int K> struct BLoaderOf<Cfg, VEC, K, 0> {
   using type = BLoaderFM<Cfg, VEC>;
 };
-template <class Cfg, bool VEC, int K> struct BLoaderOf<Cfg, VEC, K, true> {
+template <class Cfg, bool VEC, int K> struct BLoaderOf<Cfg, VEC, K, 1> {
   using type = BLoaderTM<Cfg, VEC, K>;
+};
+template <class Cfg, bool VEC, int K> struct BLoaderOf<Cfg, VEC, K, 2> {
+  using type = BLoaderTMXS<Cfg, K>;
 };
 
 // ---- compute --------------------------------------------------------------------------
@@ -455,7 +553,7 @@ __device__ __forceinline__ void mma_stage(float (&acc)[Cfg::MF][Cfg::NF][4], uns
 #pragma unroll
     for (int nj = 0; nj < Cfg::NF / 2; ++nj) {
       unsigned r[4];
-      if (Cfg::TM) {
+      if (Cfg::TMB) {
         // N x BK tile: lanes 0-7 tokens 0-7 at k 0-7, 8-15 tokens 0-7 at
         // k 8-15, 16-23 tokens 8-15 at k 0-7, 24-31 tokens 8-15 at k 8-15
         const int row = warp_n * Cfg::WTN + nj * 16 + (lane & 7) + ((lane >> 4) << 3);
@@ -888,7 +986,8 @@ __device__ __forceinline__ void kernel(const unsigned char *__restrict__ packed,
   const bool aligned = ((reinterpret_cast<unsigned long long>(x_) |
                          reinterpret_cast<unsigned long long>(y_)) & 15) == 0;
   // fm: 16-byte runs along N need N % 8 == 0; tm: runs along K need RUNS8
-  const bool vec = aligned && (Cfg::TM ? P::RUNS8 : (n_len & 7) == 0);
+  // (the tm shared gather loads elements: VEC is Y's 16-byte stores alone)
+  const bool vec = aligned && (Cfg::TMB ? P::RUNS8 : Cfg::TM || (n_len & 7) == 0);
   if (vec)
     gemm_group<Cfg, P, true>(packed, x, y, n_len, n0, slot, smem, span);
   else
