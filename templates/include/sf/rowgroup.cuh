@@ -430,26 +430,29 @@ struct BLoaderTM {
 // tokens, stored transposed into the feature-major union tile (U rows of BN
 // tokens, BLoaderFM's layout), so that each group's B fragments are read
 // as in feature-major (ldmatrix.trans at each entry's slot) and every
-// column of X the CTA's XR groups share is read once.  Element loads, a
-// warp's lanes along 32 union columns of one token (a few sectors of its
-// row of X); a lane's columns are prefetched with the chunk (-1: an empty
-// slot, not loaded).  Loads held in registers across a stage where they
-// fit (HOLD: at most 32 a thread), as in BLoaderTM.
+// column of X the CTA's XR groups share is read once.  A lane owns one
+// union column of a block of 32 and runs of 8 tokens: its 8 element loads
+// (each a warp's 32 columns of one token, a few sectors of its row of X)
+// become one 16-byte shared store (a token per lane and 2-byte stores met
+// 4-way bank conflicts).  A lane's columns are prefetched with the chunk
+// (-1: an empty slot, not loaded).  Loads held in registers across a stage
+// where they fit (HOLD: at most 32 registers), as in BLoaderTM.
 template <class Cfg, int K>
 struct BLoaderTMXS {
   using S = TileSlots<Cfg::B_ROW_CH, Cfg::B_ROWS, Cfg::THREADS>;
   static constexpr int CB = (Cfg::U + 31) / 32;  // 32-column blocks of the union
   static constexpr int WARPS = Cfg::THREADS / 32;
-  static constexpr int TJ = Cfg::BN / WARPS;      // tokens a lane loads per block
-  static_assert(Cfg::BN % WARPS == 0, "the warps split BN evenly");
-  static constexpr bool HOLD = CB * TJ <= 32;
+  static constexpr int TB = Cfg::BN / 8;          // runs of 8 tokens
+  static constexpr int TJ = (TB + WARPS - 1) / WARPS;  // runs a lane loads per block
+  static constexpr bool HOLD = CB * TJ * 4 <= 32;
   struct Idx {
     int cols[CB];          // this lane's union columns (-1: empty, or past U)
   };
   Idx next;                // the chunk issued next
   const unsigned short *x;
   int n_len, n0, warp, lane;
-  unsigned short held[HOLD ? CB : 1][HOLD ? TJ : 1];
+  unsigned held[HOLD ? CB : 1][HOLD ? TJ : 1][4];
+  int held_cols[HOLD ? CB : 1];
   unsigned held_dst;
 
   __device__ __forceinline__ BLoaderTMXS(const unsigned short *x_, int n, int n0_)
@@ -467,14 +470,21 @@ struct BLoaderTMXS {
   }
 
   __device__ __forceinline__ void load(const Idx &idx, unsigned s_b) {
-    unsigned short v[CB][TJ];
+    unsigned v[CB][TJ][4];
 #pragma unroll
     for (int b = 0; b < CB; ++b)
 #pragma unroll
       for (int j = 0; j < TJ; ++j) {
-        const int tok = n0 + warp + WARPS * j;
-        v[b][j] = tok < n_len && idx.cols[b] >= 0 ? x[(size_t)tok * K + idx.cols[b]]
-                                                   : (unsigned short)0;
+        const int t0 = 8 * (warp + WARPS * j);  // the run's first token (in the tile)
+        const bool run = (TB % WARPS == 0 || warp + WARPS * j < TB) && idx.cols[b] >= 0;
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          const int tok = n0 + t0 + 2 * e;
+          const unsigned short *p = x + (size_t)tok * K + idx.cols[b];
+          const unsigned lo = run && tok < n_len ? p[0] : 0u;
+          const unsigned hi = run && tok + 1 < n_len ? p[K] : 0u;
+          v[b][j][e] = lo | (hi << 16);
+        }
       }
     if constexpr (HOLD) {
       flush();  // the prologue's chunk before, while these loads fly: one held at a time
@@ -482,7 +492,9 @@ struct BLoaderTMXS {
       for (int b = 0; b < CB; ++b) {
         held_cols[b] = idx.cols[b];
 #pragma unroll
-        for (int j = 0; j < TJ; ++j) held[b][j] = v[b][j];
+        for (int j = 0; j < TJ; ++j)
+#pragma unroll
+          for (int e = 0; e < 4; ++e) held[b][j][e] = v[b][j][e];
       }
       held_dst = s_b;
     } else {
@@ -498,13 +510,11 @@ struct BLoaderTMXS {
       const int u = 32 * b + lane;
 #pragma unroll
       for (int j = 0; j < TJ; ++j) {
-        const int t = warp + WARPS * j;
-        sm80::st_shared_u16(s_b + 16u * S::chunk(u, t >> 3) + 2u * (t & 7), v[b][j]);
+        const int tb = warp + WARPS * j;
+        if (TB % WARPS == 0 || tb < TB) sm80::st_shared_16(s_b + 16u * S::chunk(u, tb), v[b][j]);
       }
     }
   }
-
-  int held_cols[HOLD ? CB : 1];
 
   __device__ __forceinline__ void flush() {
     if constexpr (HOLD) {
