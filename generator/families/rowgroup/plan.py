@@ -221,7 +221,7 @@ def build_plan(matrix: SparseMatrix, op: Operation, grouping: Grouping, bk: int,
     slots run most work (span x chunks) first."""
     m, k = matrix.shape
     G, bm = grouping.group_rows, grouping.bm
-    perm = grouping.perm
+    perm = None if is_identity(grouping.perm) else grouping.perm
     n_groups = grouping.num_groups
     bias = _check_plan_inputs(matrix, op, grouping, bk, family, bias)
     kg = np.array([s.size for s in grouping.supports], dtype=np.int64)
@@ -292,6 +292,12 @@ def shared_packing(grouping: Grouping, xr: int, bk: int, xu: int) -> list:
     return grouping.packs[key]
 
 
+def is_identity(perm: Optional[np.ndarray]) -> bool:
+    """No permutation, or rows in order: the kernel reads no row map and
+    stores runs of rows whole."""
+    return perm is None or bool(np.array_equal(perm, np.arange(perm.size)))
+
+
 def build_shared_plan(matrix: SparseMatrix, op: Operation, grouping: Grouping, bk: int, xr: int,
                       xu: int, *, family: str, tag: str,
                       bias: Optional[np.ndarray] = None) -> RowGroupPlan:
@@ -343,7 +349,7 @@ def build_shared_plan(matrix: SparseMatrix, op: Operation, grouping: Grouping, b
     stored = int(sum(int(kg[g]) * (r1 - r0) for g, r0, r1 in _group_bounds(m, G)))
     set_k = np.array([max((int(kg[g]) for g in mem), default=0) for mem, _ in sets], dtype=np.int32)
     return RowGroupPlan(family=family, tag=tag, dtype=op.dtype, shape=(m, k), group_rows=G,
-                        bm=bm, bk=bk, permuted=grouping.perm is not None, perm=grouping.perm,
+                        bm=bm, bk=bk, permuted=not is_identity(grouping.perm), perm=grouping.perm,
                         matrix_perm=matrix.perm, slots=slots, group_k=set_k, offsets=offsets,
                         packed=buf, has_bias=bias is not None, exact=grouping.exact,
                         stored_entries=stored, runs8=False,
