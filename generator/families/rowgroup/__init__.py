@@ -206,8 +206,11 @@ class RowGroupFamily(Family):
         group is not whole warpgroups of rows (the wgmma tile then computes
         padding rows), as on an H200 wgmma was faster on every S1 problem
         whose groups are (the shared gather included: bench/RESULTS.md).
-        Elsewhere mma.sync and the shared gather (token-major: its hints
-        lead, as it reads each column of X its groups share once)."""
+        Elsewhere mma.sync and the shared gather (token-major too: it reads
+        each column of X its groups share once, but on an H100 it ran no
+        faster than mma.sync on S1's shflbw and 2x slower on BERT-base's
+        bsr, so its configurations come after mma.sync's and no hint
+        names them: bench/RESULTS.md)."""
         bm = self.tile_rows(matrix, params)
         fm = op.layout == "fm"
         hopper = fm and bool(device and device.get("arch") == "sm_90a")
@@ -236,15 +239,6 @@ class RowGroupFamily(Family):
               {"bk": 32, "bn": 256, "stages": 5, "wm": wm, "wn": 2, "wg": 1, "tn": 2},
               {"bk": 32, "bn": 128, "stages": 4, "wm": wm, "wn": 1, "wg": 1},
               {"bk": 16, "bn": 256, "stages": 5, "wm": wm, "wn": 1, "wg": 1}]
-        if op.layout == "tm":
-            # the shared gather: each column of X its groups share read once
-            # (token-major reads every sector of a gathered row of X)
-            xs = sorted(self._valid(self.xs_space(), matrix, op, params, device),
-                        key=lambda c: (c["bk"] != 32, abs(c["bn"] - 128), c["stages"] != 3,
-                                       c["xr"] != max(4, 64 // bm), -c["xu"], c["wn"]))
-            prefs = xs[:4]
-        else:
-            prefs = []
         if hopper and bm % 64 == 0:  # the space is wgmma only
             prefs = wg
         else:
@@ -254,7 +248,7 @@ class RowGroupFamily(Family):
                      {"bk": 32, "bn": 128, "stages": 4, "wm": 1, "wn": 4},
                      {"bk": 64, "bn": 128, "stages": 3, "wm": 1, "wn": 4},
                      {"bk": 32, "bn": 128, "stages": 3, "wm": 8, "wn": 1, "xr": 8, "xu": 128}]
-            prefs += (small + wg if hopper else []) + [
+            prefs = (small + wg if hopper else []) + [
                 {"bk": 32, "bn": 256, "stages": 4, "wm": max(1, bm // 64), "wn": 4},
                 {"bk": 32, "bn": 128, "stages": 3, "wm": max(1, bm // 64), "wn": 2},
                 {"bk": 32, "bn": 128, "stages": 3, "wm": 1, "wn": 4},
