@@ -27,7 +27,7 @@ import re
 import threading
 import time
 from collections import OrderedDict
-from concurrent.futures import Future, ThreadPoolExecutor, as_completed
+from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass, field
 from typing import Callable, Optional
 
@@ -105,6 +105,7 @@ class NResult:
     trials: int = 0
     failed: int = 0
     stopped_early: int = 0       # trials of this search whose timing stopped early
+    filled: int = 0              # ... measured while the search waited for a compilation
     warm_hints: int = 0          # winners of earlier matrices it started from
     recorded: bool = False       # times as recorded when it was tuned (not re-timed)
 
@@ -605,6 +606,7 @@ class Tuner:
 
         trials = self.cache.trials(self.env_key, job.fp, job.op_tag, n)
         nres = NResult(n, trials=len(trials), stopped_early=search.stopped_early,
+                       filled=search.filled,
                        warm_hints=len(warm))
         nres.failed = sum(1 for t in trials if t["status"] != "ok")
         ok = [t for t in trials if t["status"] == "ok"]
@@ -712,6 +714,8 @@ class _Search:
         self.best = min((t["median_ms"] for t in self.known.values() if t["status"] == "ok"),
                         default=math.inf)
         self.pending: dict = {}
+        self.configs: dict = {}     # key -> configuration, of what was prefetched
+        self.filled = 0             # speculative candidates measured while a batch compiled
         self.ready = False
         self.done = 0
         self.total = budget.max_trials or len(job.space)
@@ -725,6 +729,7 @@ class _Search:
             k = config_key(c)
             if k not in self.known and (k not in self.pending or not speculative):
                 self.pending[k] = self.tuner.build(self.job, c, speculative)
+                self.configs[k] = c
 
     def __call__(self, batch: list[dict]) -> list[float]:
         out = [math.inf] * len(batch)
@@ -748,18 +753,40 @@ class _Search:
         return out
 
     def _as_built(self, futures):
-        """The futures as they complete; the time spent waiting for them is
-        the "wait" phase."""
-        it = as_completed(futures)
-        while True:
-            t0 = time.perf_counter()
-            try:
-                fut = next(it)
-            except StopIteration:
-                return
-            finally:
-                self.tuner.phases.add("wait", time.perf_counter() - t0, self.label)
-            yield fut
+        """The futures as they complete.  While none of them is built, the
+        GPU measures a speculative candidate that is (`_fill`: the search
+        would ask for it later, and then finds it measured); the time
+        spent waiting with nothing to measure is the "wait" phase."""
+        left = set(futures)
+        while left:
+            done = [f for f in left if f.done()]
+            if not done:
+                if self._fill():
+                    continue
+                t0 = time.perf_counter()
+                try:
+                    done, _ = wait(left, return_when=FIRST_COMPLETED)
+                finally:
+                    self.tuner.phases.add("wait", time.perf_counter() - t0, self.label)
+            for fut in done:
+                left.discard(fut)
+                yield fut
+
+    def _fill(self) -> bool:
+        """Measures one built speculative candidate (the earliest named),
+        recorded like any trial and kept in `known` for when the search
+        asks for it; False when none is built."""
+        for k, fut in self.pending.items():
+            if fut.done() and not fut.cancelled() and k not in self.known:
+                break
+        else:
+            return False
+        del self.pending[k]
+        value = self._measure(self.configs[k], fut.result())
+        self.known[k] = {"status": "ok" if math.isfinite(value) else "failed",
+                         "median_ms": value}
+        self.filled += 1
+        return True
 
     def _measure(self, config: dict, built: Built) -> float:
         """Verifies and times one built candidate, records the trial; its
@@ -797,5 +824,6 @@ class _Search:
             t._record(job.fp, job.op_tag, n, config, status, None, built.hexkey,
                       message=str(info)[:4000])
         self.done += 1
+        self.total = max(self.total, self.done)
         t.progress(self.label, self.done, self.total)
         return value

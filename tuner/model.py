@@ -250,7 +250,8 @@ def format_profile(rows: list[ModelRow]) -> str:
             continue
         for n, nr in sorted(r.per_n.items()):
             out.append(f"  {row.name[:40]:40s} N={n:<6d} {nr.trials:4d} trials ({nr.failed} failed, "
-                       f"{nr.stopped_early} stopped early), {nr.warm_hints} earlier winners")
+                       f"{nr.stopped_early} stopped early, {nr.filled} while compiling), "
+                       f"{nr.warm_hints} earlier winners")
         if r.seconds:
             spent = ", ".join(f"{p} {s:.2f}" for p, s in r.seconds.items() if s >= 0.005)
             out.append(f"  {row.name[:40]:40s} {spent or 'no time in any phase'}")

@@ -494,3 +494,34 @@ def test_the_inputs_of_a_layers_buckets_are_made_ahead(tmp_path, monkeypatch):
     assert sorted(n for n, _ in made) == [16, 64, 256] and w.setups == 3
     assert all(name.startswith("sf-inputs") for _, name in made)
     assert not t._inputs
+
+
+def test_while_a_batch_compiles_a_built_speculative_candidate_is_measured(tmp_path, monkeypatch):
+    """The GPU does not idle while the candidate a search waits for
+    compiles: a speculative candidate already built is measured (recorded
+    like any trial), and when the search asks for it later it is not
+    measured again."""
+    from sparseforge.tuner.driver import _Search
+    from sparseforge.tuner.strategies import Budget, config_key
+    m = csr_matrix(7)
+    fam = get_family("csr")
+    with Cache(tmp_path / "t.db") as cache:
+        space = fam.search_space(m, OP, {}, DEVICE)
+        a, b = space[0], space[1]
+        name_a, name_b = (fam.generate(m, OP, {}, c).name for c in (a, b))
+        event, waited = gate_compiles(monkeypatch, lambda k: k.name == name_a)
+        w = ReplayWorker(on_trial=lambda w, tr: event.set() if tr.name == name_b else None)
+        t = Tuner(cache, strategy="greedy", worker=w, jobs=2)
+        try:
+            job = t.begin(m, "csr", {}, OP, "a")
+            search = _Search(t, job, 16, Budget(max_trials=4))
+            search.prefetch([b], speculative=True)
+            search.pending[config_key(b)].result(60)         # built, not yet measured
+            assert math.isfinite(search([a])[0])
+            assert w.trials == [name_b, name_a] and waited == [True] and search.filled == 1
+            value_b = search([b])[0]
+            assert w.trials == [name_b, name_a]                # served from the fill
+            assert value_b == replay_ms(name_b)
+            assert len(cache.trials(op=OP_TAG, n=16)) == 2
+        finally:
+            t.close()
