@@ -716,6 +716,8 @@ class _Search:
         self.pending: dict = {}
         self.configs: dict = {}     # key -> configuration, of what was prefetched
         self.filled = 0             # speculative candidates measured while a batch compiled
+        self.unasked: set = set()   # ... of them, those the search has not asked for yet
+        self.in_batch = 0           # the size of the batch being measured
         self.ready = False
         self.done = 0
         self.total = budget.max_trials or len(job.space)
@@ -734,8 +736,10 @@ class _Search:
     def __call__(self, batch: list[dict]) -> list[float]:
         out = [math.inf] * len(batch)
         waiting = {}
+        self.in_batch = len(batch)
         for i, c in enumerate(batch):
             k = config_key(c)
+            self.unasked.discard(k)
             t = self.known.get(k)
             if t is not None:
                 out[i] = t["median_ms"] if t["status"] == "ok" else math.inf
@@ -750,6 +754,7 @@ class _Search:
             i = waiting[fut]
             out[i] = self._measure(batch[i], fut.result())
         self.budget.trials += len(batch)
+        self.in_batch = 0
         return out
 
     def _as_built(self, futures):
@@ -775,7 +780,12 @@ class _Search:
     def _fill(self) -> bool:
         """Measures one built speculative candidate (the earliest named),
         recorded like any trial and kept in `known` for when the search
-        asks for it; False when none is built."""
+        asks for it; False when none is built, or when the budget has no
+        room for one more (what was measured ahead and not yet asked for
+        counts against it: a search measures no more than its budget)."""
+        cap = self.budget.max_trials
+        if cap is not None and self.budget.trials + self.in_batch + len(self.unasked) >= cap:
+            return False
         for k, fut in self.pending.items():
             if fut.done() and not fut.cancelled() and k not in self.known:
                 break
@@ -786,6 +796,7 @@ class _Search:
         self.known[k] = {"status": "ok" if math.isfinite(value) else "failed",
                          "median_ms": value}
         self.filled += 1
+        self.unasked.add(k)
         return True
 
     def _measure(self, config: dict, built: Built) -> float:

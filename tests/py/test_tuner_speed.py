@@ -525,3 +525,32 @@ def test_while_a_batch_compiles_a_built_speculative_candidate_is_measured(tmp_pa
             assert len(cache.trials(op=OP_TAG, n=16)) == 2
         finally:
             t.close()
+
+
+def test_a_search_measures_ahead_no_more_than_its_budget(tmp_path, monkeypatch):
+    """What is measured ahead and not yet asked for counts against the
+    budget: with room for only the batch, nothing is measured ahead; with
+    room for one more, the built speculative candidate is."""
+    from sparseforge.tuner.driver import _Search
+    from sparseforge.tuner.strategies import Budget, config_key
+    m = csr_matrix(8)
+    fam = get_family("csr")
+    space = fam.search_space(m, OP, {}, DEVICE)
+    names = [fam.generate(m, OP, {}, c).name for c in space[:4]]
+    event, waited = gate_compiles(monkeypatch, lambda k: k.name in (names[0], names[2]))
+    with Cache(tmp_path / "t.db") as cache:
+        w = ReplayWorker()
+        t = Tuner(cache, strategy="greedy", worker=w, jobs=2)
+        try:
+            job = t.begin(m, "csr", {}, OP, "a")
+            for cap, waited_for, ahead in ((1, space[0], space[1]), (2, space[2], space[3])):
+                search = _Search(t, job, 16 * cap, Budget(max_trials=cap))
+                search.prefetch([ahead], speculative=True)
+                search.pending[config_key(ahead)].result(60)
+                event.clear()
+                threading.Timer(1.0, event.set).start()
+                search([waited_for])
+                assert search.filled == cap - 1, cap
+            assert w.trials == [names[0], names[3], names[2]]
+        finally:
+            t.close()
