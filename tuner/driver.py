@@ -716,8 +716,8 @@ class _Search:
         self.pending: dict = {}
         self.configs: dict = {}     # key -> configuration, of what was prefetched
         self.filled = 0             # speculative candidates measured while a batch compiled
-        self.unasked: set = set()   # ... of them, those the search has not asked for yet
-        self.in_batch = 0           # the size of the batch being measured
+        self.prepaid: set = set()   # ... of them, those the search has not asked for yet
+        self.in_batch = 0           # trials the batch being measured adds to the budget
         self.ready = False
         self.done = 0
         self.total = budget.max_trials or len(job.space)
@@ -736,10 +736,11 @@ class _Search:
     def __call__(self, batch: list[dict]) -> list[float]:
         out = [math.inf] * len(batch)
         waiting = {}
-        self.in_batch = len(batch)
+        keys = [config_key(c) for c in batch]
+        self.in_batch = sum(1 for k in keys if k not in self.prepaid)
+        self.prepaid.difference_update(keys)
         for i, c in enumerate(batch):
-            k = config_key(c)
-            self.unasked.discard(k)
+            k = keys[i]
             t = self.known.get(k)
             if t is not None:
                 out[i] = t["median_ms"] if t["status"] == "ok" else math.inf
@@ -753,7 +754,7 @@ class _Search:
         for fut in self._as_built(waiting):
             i = waiting[fut]
             out[i] = self._measure(batch[i], fut.result())
-        self.budget.trials += len(batch)
+        self.budget.trials += self.in_batch
         self.in_batch = 0
         return out
 
@@ -781,10 +782,10 @@ class _Search:
         """Measures one built speculative candidate (the earliest named),
         recorded like any trial and kept in `known` for when the search
         asks for it; False when none is built, or when the budget has no
-        room for one more (what was measured ahead and not yet asked for
-        counts against it: a search measures no more than its budget)."""
+        room for one more.  It is a trial of the budget when measured (not
+        again when asked for): a search measures no more than its budget."""
         cap = self.budget.max_trials
-        if cap is not None and self.budget.trials + self.in_batch + len(self.unasked) >= cap:
+        if cap is not None and self.budget.trials + self.in_batch >= cap:
             return False
         for k, fut in self.pending.items():
             if fut.done() and not fut.cancelled() and k not in self.known:
@@ -796,7 +797,8 @@ class _Search:
         self.known[k] = {"status": "ok" if math.isfinite(value) else "failed",
                          "median_ms": value}
         self.filled += 1
-        self.unasked.add(k)
+        self.prepaid.add(k)
+        self.budget.trials += 1
         return True
 
     def _measure(self, config: dict, built: Built) -> float:
