@@ -788,7 +788,8 @@ class _Search:
         if cap is not None and self.budget.trials + self.in_batch >= cap:
             return False
         for k, fut in self.pending.items():
-            if fut.done() and not fut.cancelled() and k not in self.known:
+            if (fut.done() and not fut.cancelled() and fut.exception() is None
+                    and k not in self.known):   # (a build that raised is the asker's to see)
                 break
         else:
             return False
