@@ -253,7 +253,7 @@ def _or_dash(value: float, spec: str, suffix: str = "") -> str:
 
 def format_table(rows, dev, bw, peak, args, l2=math.nan) -> str:
     date = datetime.date.today().isoformat()
-    layout = {"fm": "feature-major", "tm": "token-major"}[getattr(args, "layout", "fm")]
+    layout = {"fm": "feature-major", "tm": "token-major"}[args.layout]
     out = [f"\n## S1 prefill, {args.dtype}, {layout}: {date}, {dev['name']}, commit {commit_id()}",
            "",
            f"Random patterns (seed 0, standard-normal values); tuner `{args.strategy}` with budget "

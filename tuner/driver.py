@@ -633,10 +633,8 @@ class Tuner:
         if fut is None or fut.cancelled():
             fut = self.compiler.submit(lambda: job.generate(config), self.arch, speculative, ahead)
             job.built.put(key, fut)
-        elif not speculative and not ahead:
-            self.compiler.promote(fut)
-        elif speculative:
-            self.compiler.promote(fut, speculative=True)
+        elif not ahead:
+            self.compiler.promote(fut, speculative=speculative)
         return fut
 
     def _from_layer(self, job: LayerJob, n: int) -> NResult:
@@ -714,7 +712,6 @@ class _Search:
         self.best = min((t["median_ms"] for t in self.known.values() if t["status"] == "ok"),
                         default=math.inf)
         self.pending: dict = {}
-        self.configs: dict = {}     # key -> configuration, of what was prefetched
         self.filled = 0             # speculative candidates measured while a batch compiled
         self.prepaid: set = set()   # ... of them, those the search has not asked for yet
         self.in_batch = 0           # trials the batch being measured adds to the budget
@@ -731,7 +728,6 @@ class _Search:
             k = config_key(c)
             if k not in self.known and (k not in self.pending or not speculative):
                 self.pending[k] = self.tuner.build(self.job, c, speculative)
-                self.configs[k] = c
 
     def __call__(self, batch: list[dict]) -> list[float]:
         out = [math.inf] * len(batch)
@@ -794,7 +790,7 @@ class _Search:
         else:
             return False
         del self.pending[k]
-        value = self._measure(self.configs[k], fut.result())
+        value = self._measure(dict(k), fut.result())     # (a key is the sorted items)
         self.known[k] = {"status": "ok" if math.isfinite(value) else "failed",
                          "median_ms": value}
         self.filled += 1
@@ -838,6 +834,5 @@ class _Search:
             t._record(job.fp, job.op_tag, n, config, status, None, built.hexkey,
                       message=str(info)[:4000])
         self.done += 1
-        self.total = max(self.total, self.done)
         t.progress(self.label, self.done, self.total)
         return value

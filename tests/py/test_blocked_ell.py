@@ -191,7 +191,7 @@ def test_s1_table_has_the_ell_columns():
     rows = [dict(base, pattern="bsr:32x32", density=0.1, ell=4.0, vs_ell=4.0),
             dict(base, pattern="bsr:32x32", density=0.1, ell=9.0, vs_ell=9.0),
             dict(base, pattern="shflbw:64", density=0.1, ell=math.nan, vs_ell=math.nan)]
-    args = SimpleNamespace(dtype="fp16", strategy="greedy", budget="4", label="")
+    args = SimpleNamespace(dtype="fp16", strategy="greedy", budget="4", label="", layout="fm")
     table = s1.format_table(rows, {"name": "GPU"}, 1e12, 1e15, args, 1e12).splitlines()
     head = next(line for line in table if line.startswith("| family | density | M x K x N"))
     assert "| speedup | cuSPARSE ELL ms | vs ELL |" in head

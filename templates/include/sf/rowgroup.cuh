@@ -336,7 +336,6 @@ struct BLoaderTM {
   static_assert(VEC || Cfg::BN % TSTEP == 0, "the element gather's steps tile BN");
   static constexpr bool HOLD = !VEC && TITERS * EPL <= 32;
   struct Idx {
-    const int *chunk;        // the chunk's indices
     int run;                 // first column of this thread's run (VEC)
     int cols[VEC ? 1 : EPL]; // this lane's columns (element loads)
   };
@@ -359,7 +358,6 @@ struct BLoaderTM {
   }
 
   __device__ __forceinline__ void fetch(Idx &dst, const int *chunk_idx) const {
-    dst.chunk = chunk_idx;
     if (VEC) {
       dst.run = __ldg(chunk_idx + 8 * slots.col);
     } else {
