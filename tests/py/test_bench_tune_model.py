@@ -81,6 +81,7 @@ def test_a_run_reports_both_runs_and_the_samples_against_the_exhaustive_best(tmp
     assert len(out["samples"]) == 3
     for s in out["samples"]:
         assert s["space"] == 6 and s["ratio"] >= 1.0 and s["best_ms"] > 0
+        assert s["retimed"] > 0        # measured again side by side (1.0: the same config)
     text = tune_model.table([out], args, "abc1234")
     assert "| nm24 | 6 first" not in text and "Replay GPU" in text
     assert text.count("| nm24 |") == 1 + 3
@@ -98,3 +99,34 @@ def test_a_run_reports_both_runs_and_the_samples_against_the_exhaustive_best(tmp
     assert again["first"] == json.loads(json.dumps(first)) and len(again["samples"]) == 3
     assert [s["layer"] for s in again["samples"]] == [s["layer"] for s in out["samples"]]
     assert searched == []    # the samples' trials are in the database: nothing measured again
+
+
+def test_side_by_side_alternates_and_compares_medians():
+    """The winner and the exhaustive best measured again in alternation;
+    the ratio of the medians (an outlier does not move it); NaN when a
+    measurement fails or a configuration is unknown; 1.0 for the same."""
+    class Entry:
+        op = "op"
+
+        def get_matrix(self):
+            return "matrix"
+
+    class FakeTuner:
+        def __init__(self, fail=False):
+            self.calls, self.fail = [], fail
+
+        def measure(self, matrix, pattern, params, op, n, cfg):
+            self.calls.append(cfg["c"])
+            if self.fail and len(self.calls) == 3:
+                return "wrong", {}
+            t = {"w": 1.1, "b": 1.0}[cfg["c"]] * (5.0 if len(self.calls) == 1 else 1.0)
+            return "ok", {"median_ms": t}
+
+    t = FakeTuner()
+    r = tune_model._side_by_side(t, Entry(), "nm24", {}, 16, {"c": "w"}, {"c": "b"})
+    assert r == pytest.approx(1.1)
+    assert t.calls == ["w", "b"] * tune_model.RETIME_ROUNDS
+    assert math.isnan(tune_model._side_by_side(FakeTuner(fail=True), Entry(), "nm24", {}, 16,
+                                               {"c": "w"}, {"c": "b"}))
+    assert math.isnan(tune_model._side_by_side(t, Entry(), "nm24", {}, 16, None, {"c": "b"}))
+    assert tune_model._side_by_side(t, Entry(), "nm24", {}, 16, {"c": "b"}, {"c": "b"}) == 1.0

@@ -187,7 +187,7 @@ def test_search_space(device, wg):
     for layout in ("fm", "tm"):
         op = Operation("bf16", layout)
         space = FAM.search_space(mat, op, {}, device)
-        assert 60 <= len(space) <= 260
+        assert 60 <= len(space) <= 320
         assert len({tuple(sorted(c.items())) for c in space}) == len(space)
         assert any(c.get("wg") for c in space) == wg
         assert any(c["ck"] > 1 for c in space) == wg
@@ -373,6 +373,12 @@ GPU_CASES = [
     ((1000, 300), 0.5, "fp16", "tm", Epilogue(), dict(WGCFG, ksw=4, bn=64), (64, 65)),
     ((300, 700), 0.1, "fp16", "fm", Epilogue(activation="gelu"), dict(WGCFG, bn=64, wk=2, ck=4),
      (16, 64, 70)),
+    # the decode hints' four k-steps a warp and stage
+    ((300, 700), 0.1, "fp16", "tm", Epilogue(bias=True), dict(DECODE, wm=2, wk=4, ksw=4, ck=2),
+     (1, 16, 40)),
+    ((300, 700), 0.5, "bf16", "tm", Epilogue(activation="gelu"),
+     dict(DECODE, mf=2, wm=2, wk=2, ksw=4, ck=2), (16, 17)),
+    ((1000, 300), 0.3, "fp16", "fm", Epilogue(), dict(DECODE, wk=2, ksw=4, bn=64, ck=2), (64, 65)),
 ]
 
 
