@@ -28,6 +28,7 @@ import json
 import math
 import os
 import re
+import statistics
 import sys
 import time
 from pathlib import Path
@@ -164,8 +165,8 @@ RETIME_ROUNDS = 5
 
 def _side_by_side(tuner, entry, pattern: str, params: dict, n: int, winner_cfg, best_cfg) -> float:
     """The winner's time over the exhaustive best's, both measured again
-    in alternation (RETIME_ROUNDS rounds, each a full trial: verified,
-    then timed), medians compared.  The best of a whole space is the
+    in alternation on one X (RETIME_ROUNDS rounds, each a full trial:
+    verified, then timed), medians compared.  The best of a whole space is the
     fastest of hundreds of noisy measurements, so its searched time sits
     low by the noise; measured side by side the two are on equal terms.
     NaN where a configuration is unknown or a measurement fails."""
@@ -173,15 +174,12 @@ def _side_by_side(tuner, entry, pattern: str, params: dict, n: int, winner_cfg, 
         return math.nan
     if winner_cfg == best_cfg:
         return 1.0
-    import numpy as np
-    times: dict = {"w": [], "b": []}
-    for _ in range(RETIME_ROUNDS):
-        for key, cfg in (("w", winner_cfg), ("b", best_cfg)):
-            st, info = tuner.measure(entry.get_matrix(), pattern, params, entry.op, n, cfg)
-            if st != "ok":
-                return math.nan
-            times[key].append(info["median_ms"])
-    return float(np.median(times["w"]) / np.median(times["b"]))
+    status, infos = tuner.measure_rounds(entry.get_matrix(), pattern, params, entry.op, n,
+                                         [winner_cfg, best_cfg], RETIME_ROUNDS)
+    if status != "ok":
+        return math.nan
+    winner, best = ([info["median_ms"] for info in trials] for trials in infos)
+    return statistics.median(winner) / statistics.median(best)
 
 
 def _runs(args, label: str, db: Path, entries, make_tuner) -> dict:

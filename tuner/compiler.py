@@ -55,19 +55,15 @@ def binary_key(source: str, options: str, arch: str, nvrtc: str) -> dict:
 
 class _Task:
     """A kernel to build: its future, how to make it, for which
-    architecture; `urgent` once anyone waits for it, `taken` once a
-    thread has it (a promoted task is queued twice: the second entry
-    finds it taken)."""
+    architecture; its queue priority (`level`: URGENT once anyone waits
+    for it), `taken` once a thread has it (a promoted task is queued
+    twice: the second entry finds it taken)."""
     __slots__ = ("future", "make", "arch", "level", "taken", "asked")
 
     def __init__(self, make: Callable[[], Kernel], arch: str, level: int):
         self.future: Future = Future()
         self.make, self.arch, self.level, self.taken = make, arch, level, False
         self.asked = time.perf_counter()
-
-    @property
-    def urgent(self) -> bool:
-        return self.level == URGENT
 
 
 STOP, URGENT, SPECULATIVE, AHEAD = 0, 1, 2, 3   # queue priorities (lowest first)

@@ -486,15 +486,34 @@ class Tuner:
         any search and not recorded: (status, info) with info's median_ms
         and max_rel_err.  For side-by-side variants of a winner (another
         dtype or epilogue with the same configuration)."""
+        status, infos = self.measure_rounds(matrix, pattern, params, op, n, [config], 1, bias)
+        return status, (infos[0][0] if status == "ok" else infos)
+
+    def measure_rounds(self, matrix: SparseMatrix, pattern: str, params: dict, op: Operation,
+                       n: int, configs: list[dict], rounds: int,
+                       bias: Optional[np.ndarray] = None) -> tuple[str, object]:
+        """Configurations measured side by side as `measure` measures one:
+        each built once, one X, then `rounds` rounds in which every
+        configuration is a trial in turn (verified, then timed).  ("ok",
+        the trials' infos per configuration, in round order), or the first
+        other status and its info."""
         if self.worker is None:
             raise RuntimeError(f"no GPU ({self.gpu_reason}): nothing to measure on")
         fam = get_family(pattern)
-        kernel = fam.generate(matrix, op, params, config, bias=bias)
-        (cubin, _, err), = self.compile_all([kernel])
-        if cubin is None:
-            return "compile_fail", {"message": err}
+        kernels = [fam.generate(matrix, op, params, c, bias=bias) for c in configs]
+        built = self.compile_all(kernels)
+        for cubin, _, err in built:
+            if cubin is None:
+                return "compile_fail", {"message": err}
         self._setup(matrix, op, n, bias)
-        return self._trial(kernel, cubin, n, None)
+        infos: list[list[dict]] = [[] for _ in configs]
+        for _ in range(rounds):
+            for kernel, (cubin, _, _), out in zip(kernels, built, infos):
+                status, info = self._trial(kernel, cubin, n, None)
+                if status != "ok":
+                    return status, info
+                out.append(info)
+        return "ok", infos
 
     def _make_inputs(self, matrix, op, n, bias) -> tuple:
         """(X as device bytes, the checked columns, the float64 reference)

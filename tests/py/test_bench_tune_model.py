@@ -111,16 +111,20 @@ def test_side_by_side_alternates_and_compares_medians():
         def get_matrix(self):
             return "matrix"
 
-    class FakeTuner:
+    class FakeTuner:        # Tuner.measure_rounds: configurations in turn, each round
         def __init__(self, fail=False):
             self.calls, self.fail = [], fail
 
-        def measure(self, matrix, pattern, params, op, n, cfg):
-            self.calls.append(cfg["c"])
-            if self.fail and len(self.calls) == 3:
-                return "wrong", {}
-            t = {"w": 1.1, "b": 1.0}[cfg["c"]] * (5.0 if len(self.calls) == 1 else 1.0)
-            return "ok", {"median_ms": t}
+        def measure_rounds(self, matrix, pattern, params, op, n, configs, rounds):
+            infos = [[] for _ in configs]
+            for _ in range(rounds):
+                for cfg, out in zip(configs, infos):
+                    self.calls.append(cfg["c"])
+                    if self.fail and len(self.calls) == 3:
+                        return "wrong", {}
+                    t = {"w": 1.1, "b": 1.0}[cfg["c"]] * (5.0 if len(self.calls) == 1 else 1.0)
+                    out.append({"median_ms": t})
+            return "ok", infos
 
     t = FakeTuner()
     r = tune_model._side_by_side(t, Entry(), "nm24", {}, 16, {"c": "w"}, {"c": "b"})

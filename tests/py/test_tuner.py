@@ -13,7 +13,7 @@ from sparseforge.generator.kernel import Operation
 from sparseforge.generator.matrix import SparseMatrix
 from sparseforge.tuner.driver import Tuner
 
-from replay import DEVICE, ReplayWorker
+from replay import DEVICE, ReplayWorker, replay_ms
 
 @pytest.fixture(autouse=True)
 def small_space(monkeypatch):
@@ -164,3 +164,30 @@ def test_budgeted_search_stays_in_budget(tmp_path, matrix):
         w = ReplayWorker()
         Tuner(cache, strategy="greedy", budget="4", worker=w, jobs=2).tune(matrix, "csr", {}, op, [32], "l")
         assert len(w.trials) == min(4, total)
+
+
+def test_measure_rounds_builds_once_and_alternates(tmp_path, matrix):
+    """Configurations measured side by side: each compiled once, one X set
+    up, then the trials in turn round after round, nothing recorded; a
+    failing trial ends it with its status; measure is the one-config,
+    one-round case."""
+    op = Operation("fp32", "fm")
+    space = get_family("csr").search_space(matrix, op, {}, DEVICE)
+    a, b = space[0], space[1]
+    with Cache(str(tmp_path / "t.db")) as cache:
+        w = ReplayWorker()
+        t = Tuner(cache, worker=w, jobs=2)
+        status, infos = t.measure_rounds(matrix, "csr", {}, op, 64, [a, b], 3)
+        assert status == "ok" and [len(i) for i in infos] == [3, 3]
+        assert w.setups == 1 and t.compiled == 2
+        assert len(w.trials) == 6 and w.trials[0::2] == [w.trials[0]] * 3
+        assert w.trials[1::2] == [w.trials[1]] * 3 and w.trials[0] != w.trials[1]
+        assert infos[0][0]["median_ms"] == pytest.approx(replay_ms(w.trials[0]))
+        assert cache.trials(op="csr.fp32.fm.plain") == []
+        status, info = t.measure(matrix, "csr", {}, op, 64, b)
+        assert status == "ok" and info["median_ms"] == infos[1][0]["median_ms"]
+        assert t.compiled == 2                       # the binary from the cache
+        w.fail_names = {w.trials[1]}
+        status, info = t.measure_rounds(matrix, "csr", {}, op, 64, [a, b], 3)
+        assert status == "launch_fail" and len(w.trials) == 7 + 2
+        t.close()

@@ -56,9 +56,6 @@ __device__ __forceinline__ void st_shared_u16(unsigned dst, unsigned short v) {
   asm volatile("st.shared.u16 [%0], %1;\n" ::"r"(dst), "h"(v) : "memory");
 }
 
-// ---- ldmatrix -----------------------------------------------------------------
-
-// Four 8x8 b16 matrices; lanes 8i..8i+7 give the row addresses of matrix i.
 // One byte of shared memory (zero-extended).
 __device__ __forceinline__ unsigned ld_shared_u8(unsigned addr) {
   unsigned v;
@@ -66,6 +63,9 @@ __device__ __forceinline__ unsigned ld_shared_u8(unsigned addr) {
   return v;
 }
 
+// ---- ldmatrix -----------------------------------------------------------------
+
+// Four 8x8 b16 matrices; lanes 8i..8i+7 give the row addresses of matrix i.
 __device__ __forceinline__ void ldmatrix_x4(unsigned (&r)[4], unsigned addr) {
   asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
                : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
