@@ -94,3 +94,23 @@ def test_dry_run_makes_counts_and_compiles(capsys):
                        "--compile", "0"]) == 0
     out = capsys.readouterr().out
     assert "6 problems (decode)" in out and "256x688 " not in out
+
+
+def test_probe_measures_side_by_side(capsys):
+    """bench/csr_probe.py with a replaying worker: one line per
+    configuration and density, verified trials, a bad configuration named."""
+    sys.path.insert(0, str(ROOT / "tests" / "py"))
+    import csr_probe
+    from replay import ReplayWorker
+    from sparseforge.generator.kernel import ConfigError
+    cfgs = '[{"mf":1,"wm":2,"wk":2,"ksw":2,"bn":16,"stages":4,"ck":1},' \
+           ' {"mf":1,"wm":2,"wk":1,"ksw":4,"bn":16,"stages":3,"ck":1}]'
+    w = ReplayWorker()
+    assert csr_probe.main(["64", "96", "16", "--densities", "0.5,0.2", "--rounds", "2",
+                           "--configs", cfgs], worker=w) == 0
+    lines = [x for x in capsys.readouterr().out.splitlines() if " us " in x]
+    assert len(lines) == 4 and all("64x96 N=16 tm fp16" in x for x in lines)
+    assert len(w.trials) == 2 * 2 * 2
+    with pytest.raises(ConfigError, match="ksw"):
+        csr_probe.main(["64", "96", "16", "--configs", '[{"mf":1,"wm":2,"wk":1,"ksw":3,'
+                        '"bn":16,"stages":4,"ck":1}]'], worker=ReplayWorker())

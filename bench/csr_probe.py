@@ -1,0 +1,77 @@
+"""Configurations of the csr family measured side by side on one problem:
+each built once, one X, then ROUNDS rounds in which every configuration is
+a trial in turn (verified against float64, then timed by the tuner's
+protocol: N <= 256 as CUDA graphs rotating through operands twice the L2);
+medians over the rounds.  Matrices: standard-normal weights magnitude-pruned
+to each density (bench/csr.py's decode and prefill matrices).
+
+    python3 bench/csr_probe.py 4096 4096 16 --densities 0.5,0.1 \\
+        --configs '[{"mf":1,"wm":2,"wk":4,"ksw":4,"bn":16,"stages":4,"ck":2}, ...]'
+"""
+import argparse
+import json
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from csr import pruned_normal  # noqa: E402
+from sparseforge.cache import Cache  # noqa: E402
+from sparseforge.generator.kernel import ConfigError, Operation  # noqa: E402
+from sparseforge.tuner.driver import QUICK_TIMING, Tuner  # noqa: E402
+
+
+def main(argv=None, worker=None) -> int:
+    """`worker`: the tuner's (tests pass a replaying one); default the GPU's."""
+    ap = argparse.ArgumentParser(description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("m", type=int)
+    ap.add_argument("k", type=int)
+    ap.add_argument("n", type=int)
+    ap.add_argument("--configs", required=True,
+                    help="a JSON list of configurations (or @FILE holding one)")
+    ap.add_argument("--densities", default="0.5,0.1")
+    ap.add_argument("--layout", default="tm", choices=["fm", "tm"])
+    ap.add_argument("--dtype", default="fp16", choices=["fp16", "bf16"])
+    ap.add_argument("--rounds", type=int, default=5)
+    args = ap.parse_args(argv)
+    text = Path(args.configs[1:]).read_text() if args.configs.startswith("@") else args.configs
+    cfgs = json.loads(text)
+    if not isinstance(cfgs, list) or not cfgs:
+        ap.error("--configs: a non-empty JSON list of configurations")
+    op = Operation(args.dtype, args.layout)
+    bad = 0
+    with tempfile.TemporaryDirectory() as tmp, Cache(str(Path(tmp) / "probe.db")) as cache:
+        tuner = Tuner(cache, strategy="greedy", budget=1, timing=QUICK_TIMING, seed=1,
+                      worker=worker)
+        try:
+            for d in (float(x) for x in args.densities.split(",")):
+                t0 = time.time()
+                mat = pruned_normal(args.m, args.k, d, args.dtype, 0)
+                status, infos = tuner.measure_rounds(mat, "csr", {}, op, args.n, cfgs, args.rounds)
+                head = f"{args.m}x{args.k} N={args.n} {args.layout} {args.dtype} d={d}"
+                if status != "ok":
+                    print(f"{head}: {status} {str(infos)[:600]}", flush=True)
+                    bad += 1
+                    continue
+                for cfg, inf in zip(cfgs, infos):
+                    med = statistics.median(i["median_ms"] for i in inf)
+                    err = max(i.get("max_rel_err", 0.0) for i in inf)
+                    print(f"{head} {json.dumps(cfg, sort_keys=True)}: {med * 1000:.2f} us "
+                          f"(max rel err {err:.1e})", flush=True)
+                print(f"  ({time.time() - t0:.0f} s)", flush=True)
+        finally:
+            tuner.close()
+    return 1 if bad else 0
+
+
+if __name__ == "__main__":
+    try:
+        sys.exit(main())
+    except (ConfigError, RuntimeError) as e:
+        print(f"csr_probe: {e}", file=sys.stderr)
+        sys.exit(2)
