@@ -18,7 +18,7 @@ weights:
 
 Patterns (PATTERN[@SPARSITY]): shflbw:64@0.75, bsr:64x64@0.75, nm24 and
 csr@0.5, csr@0.7.  The model computes in fp16 where the family has fp16
-kernels, else in the family's own dtype (csr: fp32); a family without
+kernels, else in the family's own dtype; a family without
 token-major kernels is reported as skipped, with the reason.
 
 For each model, phase and pattern: the time of all Linear layers (a CUDA
