@@ -223,9 +223,8 @@ def hint_configs(matrix: SparseMatrix, op: Operation, device: Optional[dict]) ->
     wgmma 128 x 256 (Hopper) or mma.sync 64 x 128."""
     consts = device_constants(device) or {"sm90a": 1, "sm90": 1}
     if consts.get("sm90"):
-        # four k-steps a warp and stage: the decode is bound by each warp's
-        # chain of dependent instructions, and a stage's fixed work (its
-        # barrier, its copies) is shared by more tiles (H100, 4096 x 4096,
+        # four k-steps a warp and stage: a stage's fixed work (its barrier,
+        # its copies) is shared by more tiles (H100, 4096 x 4096,
         # N = 16, density 0.1: 0.0123 ms against 0.0146 with two; N = 64:
         # 0.0234 against 0.0343; 11008 x 4096, N = 16, density 0.3: 16-row
         # pairs of strips, 0.0271 ms)

@@ -248,24 +248,24 @@ class RowGroupFamily(Family):
                      {"bk": 32, "bn": 128, "stages": 4, "wm": 1, "wn": 4},
                      {"bk": 64, "bn": 128, "stages": 3, "wm": 1, "wn": 4},
                      {"bk": 32, "bn": 128, "stages": 3, "wm": 8, "wn": 1, "xr": 8, "xu": 128}]
-            prefs = (small + wg if hopper else []) + [
-                {"bk": 32, "bn": 256, "stages": 4, "wm": max(1, bm // 64), "wn": 4},
-                {"bk": 32, "bn": 128, "stages": 3, "wm": max(1, bm // 64), "wn": 2},
-                {"bk": 32, "bn": 128, "stages": 3, "wm": 1, "wn": 4},
-                {"bk": 32, "bn": 128, "stages": 3, "wm": 2, "wn": 2}]
+            wide = [{"bk": 32, "bn": 256, "stages": 4, "wm": max(1, bm // 64), "wn": 4},
+                    {"bk": 32, "bn": 128, "stages": 3, "wm": max(1, bm // 64), "wn": 2},
+                    {"bk": 32, "bn": 128, "stages": 3, "wm": 1, "wn": 4},
+                    {"bk": 32, "bn": 128, "stages": 3, "wm": 2, "wn": 2}]
             if op.layout == "tm":
                 # token-major decode (N of 16 to 64 tokens): 16 or 32
                 # columns a CTA and 64 of K a stage, taking turns with the
-                # prefill tiles (the hints serve every N).  H100, shflbw:64
-                # at 75%, N = 16: 4096 x 4096 13.9 us against 33.6 with
-                # bk32 bn128; 11008 x 4096 17.8 against 41.2; 4096 x 11008
-                # 29.9 against 80.0
+                # prefill tiles, S1's token-major winners first (the hints
+                # serve every N).  H100, shflbw:64 at 75%, N = 16: 4096 x
+                # 4096 13.9 us against 33.6 with bk32 bn128; 11008 x 4096
+                # 17.8 against 41.2; 4096 x 11008 29.9 against 80.0
                 decode = [{"bk": 64, "bn": 16, "stages": 4, "wm": 4, "wn": 1},
                           {"bk": 64, "bn": 32, "stages": 4, "wm": 4, "wn": 1},
                           {"bk": 64, "bn": 16, "stages": 3, "wm": 2, "wn": 1},
                           {"bk": 64, "bn": 32, "stages": 3, "wm": 2, "wn": 2}]
-                prefill = prefs[-2:] + prefs[-4:-2]   # S1's token-major winners first
-                prefs = [c for pair in zip(decode, prefill) for c in pair]
+                prefs = [c for pair in zip(decode, wide[2:] + wide[:2]) for c in pair]
+            else:
+                prefs = (small + wg if hopper else []) + wide
         return self._valid(prefs, matrix, op, params, device)
 
     def default_config(self, matrix: SparseMatrix, op: Operation, params: dict,

@@ -166,7 +166,7 @@ __device__ __forceinline__ Block load_block(const unsigned char *packed, int slo
 // the X rows this thread copies, and the stage's value range.  The table
 // is filled from global memory once (load_table), so that no stage's copies
 // wait on a global load of their own (on the H100 decode measured so far the
-// time did not change either way: the decode's issue rate bounds it).
+// time did not change either way).
 template <class C, class P>
 struct StageLoader {
   // fm: a thread keeps one chunk column and walks rows XSTEP apart (rows
