@@ -529,6 +529,44 @@ def test_invalid_configs_name_their_constraint(rng, change, constraint):
         fam.check_config(cfg, mat, FP16, {"v": 32})
 
 
+@pytest.mark.parametrize("change,constraint", [
+    ({"ks": 3}, r"K split over 2 or 4 CTAs of a cluster"),
+    ({"ks": 1}, "ks: omit the key for one CTA per group"),
+    ({"bn": 64}, r"ks == 1 or bn <= 32: split K serves decode"),
+    ({"wg": 1}, "keys"),          # split K is the mma.sync path's
+    ({"xr": 4, "xu": 64}, "keys"),
+])
+def test_invalid_split_k_configs_name_their_constraint(rng, change, constraint):
+    mat = make_shflbw(128, 256, 64, 0.5, rng)
+    fam = get_family("shflbw")
+    tm = Operation("fp16", "tm")
+    fam.check_config(KS_CFG, mat, tm, {"v": 64}, HOPPER)
+    with pytest.raises(ConfigError, match=constraint):
+        fam.check_config(dict(KS_CFG, **change), mat, tm, {"v": 64}, HOPPER)
+    with pytest.raises(ConfigError, match="split K runs on clusters: sm_90a"):
+        fam.check_config(KS_CFG, mat, tm, {"v": 64}, AMPERE)
+
+
+def test_split_k_kernel_grid_and_shared_memory(rng):
+    """A cluster of ks CTAs along z per (group, tile of N); the partial
+    tile (BM x BN fp32) fits the shared memory asked for."""
+    mat = make_shflbw(128, 256, 64, 0.5, rng)
+    fam = get_family("shflbw")
+    tm = Operation("fp16", "tm")
+    for cfg in (KS_CFG, dict(KS_CFG, bn=32, bk=16, stages=2, ks=4)):
+        k = fam.generate(mat, tm, {"v": 64}, cfg)
+        assert k.launch["grid"] == (2, 1, cfg["ks"]) and k.launch["n_axis"] == 1
+        assert f"__cluster_dims__(1, 1, {cfg['ks']})" in k.source
+        assert k.launch["shared_bytes"] >= 64 * cfg["bn"] * 4 + 64 * 8
+    # (bk 16, 2 stages, bn 32: the partial tile is larger than the pipeline)
+    assert rowgroup.smem_bytes(64, dict(KS_CFG, bn=32, bk=16, stages=2, ks=4), "tm") == 64 * 32 * 4 + 64 * 8
+    plain = fam.generate(mat, tm, {"v": 64}, {k_: v for k_, v in KS_CFG.items() if k_ != "ks"})
+    assert plain.launch["grid"] == (2, 1, 1) and "__cluster_dims__" not in plain.source
+    # in the token-major space on sm_90a, not elsewhere
+    assert KS_CFG in fam.search_space(mat, tm, {"v": 64}, HOPPER)
+    assert not [c for c in fam.search_space(mat, tm, {"v": 64}, AMPERE) if c.get("ks")]
+
+
 def test_config_shared_memory_dtype_layout_and_keys(rng):
     mat = make_shflbw(128, 64, 128, 0.5, rng)
     fam = get_family("shflbw")
@@ -628,6 +666,16 @@ XS_TM_COMPILE_CASES = [
     ("shflbw-tm", {"v": 64}, "fp16", Epilogue(), dict(XS_CFG, bk=32, bn=64, xr=4, wm=4, wn=1, xu=64)),
 ]
 COMPILE_CASES += XS_TM_COMPILE_CASES
+# split K over clusters (sm_90a): decode tiles, both layouts, epilogues
+KS_CFG = {"bk": 64, "bn": 16, "stages": 4, "wm": 4, "wn": 1, "ks": 2}
+KS_COMPILE_CASES = [
+    ("shflbw-tm", {"v": 64}, "fp16", Epilogue(), KS_CFG),
+    ("shflbw-tm", {"v": 64}, "bf16", Epilogue(bias=True, activation="gelu"),
+     dict(KS_CFG, bn=32, stages=3, wm=2, wn=2, ks=4)),
+    ("bsr", {"br": 32, "bc": 32}, "fp16", Epilogue(bias=True, activation="relu"),
+     dict(KS_CFG, bk=32, bn=32, wm=2, wn=2, ks=4)),
+]
+COMPILE_CASES += KS_COMPILE_CASES
 
 
 @pytest.mark.parametrize("case", range(len(COMPILE_CASES)))
@@ -645,6 +693,11 @@ def test_template_compiles(arch, case, nvrtc):
     if cfg.get("wg") and arch != "sm_90a":
         from sparseforge.native import CompileError
         with pytest.raises(CompileError, match="compile it for sm_90a"):
+            nvrtc(k.source, arch, "rowgroup.cu")
+        return
+    if cfg.get("ks") and arch != "sm_90a":
+        from sparseforge.native import CompileError
+        with pytest.raises(CompileError, match="__cluster_dims__"):
             nvrtc(k.source, arch, "rowgroup.cu")
         return
     log = nvrtc(k.source, arch, "rowgroup.cu", options=("--ptxas-options=-v",)).log
@@ -767,6 +820,22 @@ GPU_CASES = [
      dict(XS_CFG, bn=64, wn=1, stages=2), (1, 24, 300)),
     ("bsr", {"br": 64, "bc": 64}, "zero", (64, 64), "fp16", Epilogue(bias=True),
      dict(XS_CFG, bn=64, wn=1), (3,)),
+    # split K over clusters (sm_90a): token-major and feature-major, odd N,
+    # groups of fewer chunks than CTAs (K = 100: two chunks of 64 over 4),
+    # empty groups, epilogues after the sum, odd group rows (24: rows past
+    # a group's end)
+    ("shflbw-tm", {"v": 64}, "shflbw", (330, 270), "fp16", Epilogue(bias=True, activation="gelu"),
+     KS_CFG, (1, 16, 37)),
+    ("shflbw-tm", {"v": 64}, "shflbw", (300, 1000), "bf16", Epilogue(),
+     dict(KS_CFG, bn=32, stages=3, wm=2, wn=2, ks=4), (5, 64, 100)),
+    ("shflbw-tm", {"v": 64}, "shflbw", (200, 100), "fp16", Epilogue(bias=True),
+     dict(KS_CFG, ks=4), (16, 33)),
+    ("bsr-tm", {"br": 32, "bc": 32}, "bsr", (256, 512), "fp16", Epilogue(bias=True, activation="relu"),
+     dict(KS_CFG, bk=32, bn=32, wm=2, wn=2, ks=4), (1, 77)),
+    ("shflbw", {"v": 24}, "shflbw", (150, 700), "bf16", Epilogue(bias=True, activation="gelu", scale=0.5),
+     dict(KS_CFG, bk=32, bn=16, stages=3, wm=2, wn=1), (3, 16, 40)),
+    ("bsr", {"br": 64, "bc": 64}, "zero", (64, 64), "fp16", Epilogue(bias=True),
+     dict(KS_CFG, ks=4), (16,)),
 ]
 
 
@@ -791,8 +860,8 @@ def _gpu_matrix(kind, shape, params, dtype, rng):
 def test_gpu_correct(case):
     from sparseforge.tuner.execute import default_context, verify
     family, params, kind, shape, dtype, ep, cfg, ns = GPU_CASES[case]
-    if cfg.get("wg") and default_context().device_info()["arch"] != "sm_90a":
-        pytest.skip("the wgmma path needs an sm_90a GPU (Hopper)")
+    if (cfg.get("wg") or cfg.get("ks")) and default_context().device_info()["arch"] != "sm_90a":
+        pytest.skip("the wgmma path and split K need an sm_90a GPU (Hopper)")
     family, layout = (family.split("-") + ["fm"])[:2]
     rng = np.random.default_rng(100 + case)
     mat = _gpu_matrix(kind, shape, params, dtype, rng)

@@ -18,7 +18,9 @@ plan.py packs a matrix (xshare.py for the shared-gather path), space.py is
 the search space and its constraint table, this module the Family base the
 two families derive from.  The device code is
 templates/include/sf/rowgroup.cuh; templates/rowgroup.cu.j2 only bakes in
-the constants.  Split-K is not implemented: one CTA runs one group's whole K.
+the constants.  Split K (`ks`, sm_90a, few columns of N: decode) gives a
+group's chunks to the ks CTAs of a cluster, whose fp32 partial tiles meet in
+distributed shared memory.
 """
 from __future__ import annotations
 
@@ -151,14 +153,17 @@ class RowGroupFamily(Family):
         keys = tuple(sorted(config))
         if keys not in space.KEY_SETS:
             raise ConfigError(f"keys: a {self.name} configuration has exactly "
-                              f"{space.CONFIG_KEYS} (or those and 'wg', optionally with 'tn', "
-                              f"for the wgmma path, or 'xr' and 'xu' for the shared gather), "
-                              f"got {keys}")
+                              f"{space.CONFIG_KEYS} (or those and 'ks' for split K, or 'wg', "
+                              f"optionally with 'tn', for the wgmma path, or 'xr' and 'xu' for "
+                              f"the shared gather), got {keys}")
         for k_ in keys:
             if not isinstance(config[k_], (int, np.integer)) or isinstance(config[k_], bool):
                 raise ConfigError(f"{k_}: must be an integer, got {config[k_]!r}")
         if config.get("tn") == 1:
             raise ConfigError("tn: omit the key for one tile of N per CTA (one configuration, "
+                              "one spelling)")
+        if config.get("ks") == 1:
+            raise ConfigError("ks: omit the key for one CTA per group (one configuration, "
                               "one spelling)")
         space.SPACE.check(config, problem(self.tile_rows(matrix, params), op.layout),
                           device_constants(device))
@@ -220,6 +225,9 @@ class RowGroupFamily(Family):
             return out
         xs = [] if whole else self._valid(self.xs_space(), matrix, op, params, device)
         mma = self._valid(space.MMA_SPACE.enumerate(), matrix, op, params, device)
+        # split K (sm_90a): the decode tiles over clusters of 2 or 4 CTAs
+        mma += self._valid([dict(c, ks=ks) for ks in space.KS_CHOICES for c in mma
+                            if c["bn"] <= space.KS_MAX_BN], matrix, op, params, device)
         return out + (xs + mma if fm else mma + xs)
 
     def hint_configs(self, matrix: SparseMatrix, op: Operation, params: dict,
@@ -302,6 +310,7 @@ class RowGroupFamily(Family):
         e = env_of(plan.bm, config, op.layout)
         tile = {k: config[k] for k in space.CONFIG_KEYS}  # the template's names ("wg" is `wg`)
         tn = config.get("tn", 1)
+        ks = config.get("ks", 1)
         scale = float(np.float32(op.epilogue.scale))
         checks = space.SPACE.static_asserts(config, problem(plan.bm, op.layout), TABLE_SOURCE)
         source = render(self.template, name=name, family=plan.family, tag=plan.tag,
@@ -312,8 +321,10 @@ class RowGroupFamily(Family):
                         permuted=plan.permuted, has_bias=plan.has_bias, layout=op.layout,
                         runs8=plan.runs8, act=op.act_code, scale=scale.hex() + "f",
                         smem_bytes=e["smem"], min_blocks=min_blocks(plan.bm, config, op.layout),
-                        tn=tn, class_ends=cost_classes(plan, tn), constraints=checks, **tile)
-        launch = make_launch(grid=(max(1, plan.num_slots),), block=(e["threads"],), n_axis=1,
+                        tn=tn, ks=ks, class_ends=cost_classes(plan, tn), constraints=checks,
+                        **tile)
+        # split K: a cluster of ks CTAs along z per (group, tile of N)
+        launch = make_launch(grid=(max(1, plan.num_slots), 1, ks), block=(e["threads"],), n_axis=1,
                              n_tile=config["bn"] * tn, shared_bytes=e["smem"])
         return Kernel(name=name, source=source, packed=plan.packed, launch=launch,
                       config=dict(config))

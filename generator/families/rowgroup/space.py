@@ -5,7 +5,8 @@ static_asserts (generator/space.py).
 
 A configuration takes one of three compute paths, told apart by its keys:
 
-    mma.sync       bk bn stages wm wn            (sm_80 and newer)
+    mma.sync       bk bn stages wm wn            (sm_80 and newer), and
+                   optionally ks (split K over a cluster of ks CTAs: sm_90a)
     wgmma          the same and wg = 1, tn       (sm_90a; tn absent = 1)
     shared gather  the same and xr, xu           (mma.sync, both layouts)
 
@@ -26,6 +27,8 @@ WG_STAGE_CHOICES = (3, 4, 5, 6)
 TN_CHOICES = (2, 4)                  # streamed tiles (absent: 1)
 XR_CHOICES = (4, 8, 16)              # shared gather: groups per CTA
 XS_BK_CHOICES = (16, 32)
+KS_CHOICES = (2, 4)                  # split K: CTAs of a cluster (absent: 1)
+KS_MAX_BN = 32                       # split K serves decode: few columns of N per CTA
 XS_BN_CHOICES = (64, 128, 256)       # a tile row of at least 8 chunks keeps the swizzle by row
 MAX_UNION = 256                      # shared gather: slots fit a uint8
 MAX_ACC_REGS = 128
@@ -33,8 +36,9 @@ MAX_ACC_REGS = 128
 CONFIG_KEYS = ("bk", "bn", "stages", "wm", "wn")
 WG_KEYS = tuple(sorted(CONFIG_KEYS + ("wg",)))
 WG_TN_KEYS = tuple(sorted(WG_KEYS + ("tn",)))
+KS_KEYS = tuple(sorted(CONFIG_KEYS + ("ks",)))
 XS_KEYS = tuple(sorted(CONFIG_KEYS + ("xr", "xu")))
-KEY_SETS = (CONFIG_KEYS, WG_KEYS, WG_TN_KEYS, XS_KEYS)
+KEY_SETS = (CONFIG_KEYS, KS_KEYS, WG_KEYS, WG_TN_KEYS, XS_KEYS)
 
 MMA = "not wg and not xr"
 WG = "wg"
@@ -56,7 +60,9 @@ DERIVED = {
     "c_ld": "tile + 8 if tm else bn + 8",
     "c_rows": "bn if tm else tile",
     "c_half_bytes": "c_rows // 2 * c_ld * 2",
-    "smem": "max(stages * stage_bytes, c_rows * c_ld * 2) + tile * 8 + (1024 if wg else 0)",
+    # split K: the fp32 partial tile the other CTAs of the cluster read
+    "p_bytes": "tile * bn * 4 if ks > 1 else 0",
+    "smem": "max(max(stages * stage_bytes, c_rows * c_ld * 2), p_bytes) + tile * 8 + (1024 if wg else 0)",
 }
 
 TABLE = [
@@ -78,6 +84,12 @@ TABLE = [
                when="not wg"),
     Constraint("a_iters <= 8 and b_iters <= 8",
                "at most 8 16-byte loads per thread per stage and operand", when=MMA),
+    # split K
+    Constraint(f"ks == 1 or ks in {KS_CHOICES}", "K split over 2 or 4 CTAs of a cluster "
+               "(omit the key for 1)"),
+    Constraint("ks == 1 or sm90a", "split K runs on clusters: sm_90a", device=True),
+    Constraint(f"ks == 1 or bn <= {KS_MAX_BN}",
+               f"split K serves decode: at most {KS_MAX_BN} columns of N per CTA"),
     # wgmma
     Constraint("wg == 1", "wg = 1 selects the wgmma path (omit the key for mma.sync)",
                when="wg"),
@@ -112,7 +124,7 @@ TABLE = [
                device=True),
 ]
 
-DEFAULTS = {"wg": 0, "tn": 1, "xr": 0, "xu": 0}
+DEFAULTS = {"wg": 0, "tn": 1, "xr": 0, "xu": 0, "ks": 1}
 
 MMA_SPACE = Space(choices={"bn": BN_CHOICES, "bk": BK_CHOICES, "wm": (1, 2, 4, 8),
                            "wn": (1, 2, 4, 8), "stages": STAGE_CHOICES},

@@ -66,6 +66,13 @@
 // is generator/families/xshare.py.  Its slots table gives each set's first
 // row in the rows section, which then holds original rows directly.
 //
+// Split K (KS > 1, mma.sync, sm_90a; for few columns of N, where the
+// groups alone give too few CTAs to fill the GPU): the grid gains a z axis
+// of KS, a cluster (1, 1, KS) shares one (group, tile of N), CTA z runs
+// chunks [z * chunks / KS, (z + 1) * chunks / KS) and the partial tiles
+// meet in distributed shared memory (reduce_split) before rank 0's
+// epilogue.
+//
 // Token-major differs in three pieces only: the B loader (a 16-byte run of
 // one token's row per load, or element loads), the B fragments (ldmatrix
 // without .trans from an N x BK tile) and the output tile (N-major, stored
@@ -75,6 +82,7 @@
 #include "sf/common.cuh"
 #include "sf/mma_sm80.cuh"
 #include "sf/mma_sm90.cuh"
+#include "sf/tma_sm90.cuh"
 
 namespace sf {
 namespace rowgroup {
@@ -82,7 +90,7 @@ namespace rowgroup {
 // ---- configuration ------------------------------------------------------------
 
 template <typename T, int BM_, int BN_, int BK_, int WM_, int WN_, int STAGES_, bool TM_ = false,
-          bool WG_ = false, int AM_ = BM_, int XR_ = 0, int U_ = 0, int TN_ = 1>
+          bool WG_ = false, int AM_ = BM_, int XR_ = 0, int U_ = 0, int TN_ = 1, int KS_ = 1>
 struct Config {
   using elem_t = T;
   static constexpr bool TM = TM_;         // token-major X and Y
@@ -102,6 +110,7 @@ struct Config {
   // stores even token-major X as the feature-major union tile (U x BN)
   static constexpr bool TMB = TM && !XS;
   static constexpr int TN = TN_;          // tiles of N one CTA computes in turn (streamed)
+  static constexpr int KS = KS_;          // split K: CTAs of a cluster (along z) sharing a group
 
   static constexpr int WARPS = WM * WN;
   static constexpr int THREADS = 32 * WARPS;
@@ -128,7 +137,10 @@ struct Config {
   static constexpr int C_BYTES = C_ROWS * C_LD * 2;
   static constexpr int C_HALF = C_ROWS / 2;             // the tile's rows come in two halves
   static constexpr int C_HALF_BYTES = C_HALF * C_LD * 2;
-  static constexpr int ROWMAP_OFF = PIPE_BYTES > C_BYTES ? PIPE_BYTES : C_BYTES;
+  // split K: the fp32 partial tile a CTA leaves for the cluster's rank 0
+  static constexpr int P_BYTES = KS > 1 ? BM * BN * 4 : 0;
+  static constexpr int TILE_BYTES = PIPE_BYTES > C_BYTES ? PIPE_BYTES : C_BYTES;
+  static constexpr int ROWMAP_OFF = TILE_BYTES > P_BYTES ? TILE_BYTES : P_BYTES;
   static constexpr int ROWMAP_BYTES = BM * 8;  // the row map: BM original rows, then their BM biases
   // WG: the base is rounded up to 1024 bytes in the kernel (the swizzle
   // repeat), so 1 KB more is asked for
@@ -138,6 +150,7 @@ struct Config {
   static constexpr int WG_N = BN / WN;    // WG: the N of each warpgroup's wgmma
 
   static_assert(sizeof(T) == 2, "tensor-core path takes 16-bit elements");
+  static_assert(KS == 1 || (!WG && !XS && TN == 1), "split K is on the mma.sync path alone");
   // The configuration's constraints are asserted by the generated source,
   // from the table the search space filters with
   // (generator/families/rowgroup/space.py).
@@ -746,6 +759,47 @@ __device__ __forceinline__ void store_tile_tm(const unsigned char *s_c, const in
   }
 }
 
+// ---- split K ---------------------------------------------------------------------------
+
+// The KS CTAs of a cluster (1, 1, KS) ran a share of one group's chunks
+// each.  Ranks 1.. leave their fp32 accumulators in their own shared memory
+// (element i of thread t at float i * THREADS + t: a warp's accesses are
+// 32 consecutive words), rank 0 adds them in over the cluster and alone
+// runs the epilogue.  The second barrier keeps the other ranks' shared
+// memory alive until rank 0 has read it.  Called after the pipeline has
+// drained (the stages are free).  Returns whether this CTA runs the epilogue.
+template <class Cfg>
+__device__ __forceinline__ bool reduce_split(float (&acc)[Cfg::MF][Cfg::NF][4],
+                                             unsigned char *smem) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  constexpr int E = Cfg::MF * Cfg::NF * 4;
+  float *flat = &acc[0][0][0];
+  const unsigned base = sm80::smem_addr(smem) + 4u * threadIdx.x;
+  const unsigned rank = blockIdx.z;  // the cluster spans z: its rank is blockIdx.z
+  if (rank != 0) {
+#pragma unroll
+    for (int i = 0; i < E; ++i)
+      asm volatile("st.shared.f32 [%0], %1;\n" ::"r"(base + 4u * i * Cfg::THREADS), "f"(flat[i])
+                   : "memory");
+  }
+  sm90::cluster_sync();
+  if (rank == 0) {
+#pragma unroll
+    for (int z = 1; z < Cfg::KS; ++z) {
+      float part[E];
+#pragma unroll
+      for (int i = 0; i < E; ++i) part[i] = sm90::ld_cluster_f32(base + 4u * i * Cfg::THREADS, z);
+#pragma unroll
+      for (int i = 0; i < E; ++i) flat[i] += part[i];
+    }
+  }
+  sm90::cluster_sync();
+  return rank == 0;
+#else
+  return true;  // (KS > 1 is built for sm_90a alone)
+#endif
+}
+
 // ---- the kernel body ------------------------------------------------------------------
 
 // A chunk's copies into the stage at s_a: its weights (w_chunk), the rows
@@ -902,6 +956,8 @@ __device__ __forceinline__ void gemm_group(const unsigned char *__restrict__ pac
     if constexpr (Cfg::WG) sm90::wait_group<0>();
     if (Cfg::TN == 1) sm80::cp_async_wait<0>();  // streamed: the next tile's copies fly on
     __syncthreads();  // the tile's stages are free for the output tile; row map visible
+    if constexpr (Cfg::KS > 1)
+      if (!reduce_split<Cfg>(acc, smem)) return;  // rank 0 holds the sum
     CTile ct;
     if constexpr (Cfg::TN == 1) {
       ct = contiguous_tile<Cfg>(smem);
@@ -939,13 +995,15 @@ struct Work {
   int slot, col;
 };
 
-template <class P>
+template <class P, int KS>
 __device__ __forceinline__ Work tail_first() {
   Work w{static_cast<int>(blockIdx.x), static_cast<int>(blockIdx.y)};
   unsigned sms;
   asm("mov.u32 %0, %%nsmid;" : "=r"(sms));
   const int cols = static_cast<int>(gridDim.y);
-  const int tail = min(cols, static_cast<int>((sms * P::RESIDENT + P::NUM_SLOTS - 1) / P::NUM_SLOTS));
+  // (split K: a (slot, column) takes KS CTAs)
+  const int tail = min(cols, static_cast<int>((sms * P::RESIDENT / KS + P::NUM_SLOTS - 1) /
+                                              P::NUM_SLOTS));
   const int j = w.slot + (w.col - (cols - tail)) * P::NUM_SLOTS;  // index into the tail
   if (j >= 0) {
     const int s = j / tail;  // slot-major: a slot of the class we want
@@ -974,13 +1032,19 @@ __device__ __forceinline__ void kernel(const unsigned char *__restrict__ packed,
                                        int n_len) {
   extern __shared__ __align__(1024) unsigned char smem_raw[];
   if (P::NUM_SLOTS == 0 || blockIdx.x >= P::NUM_SLOTS) return;
-  const Work work = tail_first<P>();
+  const Work work = tail_first<P, Cfg::KS>();
   const int slot_id = work.slot;
   int n0 = work.col * (Cfg::BN * Cfg::TN);
   // WG: the swizzled tiles need a 1024-byte aligned base (1 KB is reserved)
   unsigned char *smem =
       Cfg::WG ? smem_raw + ((1024u - (sm80::smem_addr(smem_raw) & 1023u)) & 1023u) : smem_raw;
   Slot slot = load_slot<P>(packed, slot_id);
+  if constexpr (Cfg::KS > 1) {  // split K: this CTA's share of the group's chunks
+    const int z = static_cast<int>(blockIdx.z);
+    const int c0 = slot.chunks * z / Cfg::KS, c1 = slot.chunks * (z + 1) / Cfg::KS;
+    slot.first_chunk += c0;
+    slot.chunks = c1 - c0;
+  }
   int span = Cfg::TN;  // tiles of N this CTA computes (at most)
   if constexpr (Cfg::TN > 1) {
     const int code = slot.rows >> 16;
