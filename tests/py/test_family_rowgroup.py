@@ -565,6 +565,11 @@ def test_split_k_kernel_grid_and_shared_memory(rng):
     # in the token-major space on sm_90a, not elsewhere
     assert KS_CFG in fam.search_space(mat, tm, {"v": 64}, HOPPER)
     assert not [c for c in fam.search_space(mat, tm, {"v": 64}, AMPERE) if c.get("ks")]
+    # the token-major hints lead with split K on sm_90a alone, taking turns with the prefill tiles
+    hints = fam.hint_configs(mat, tm, {"v": 64}, HOPPER)
+    assert hints[0] == KS_CFG and hints[2].get("ks") == 4 and "ks" not in hints[1]
+    for device in (AMPERE, None):
+        assert not [c for c in fam.hint_configs(mat, tm, {"v": 64}, device) if c.get("ks")]
 
 
 def test_config_shared_memory_dtype_layout_and_keys(rng):

@@ -266,12 +266,23 @@ class RowGroupFamily(Family):
                 # prefill tiles, S1's token-major winners first (the hints
                 # serve every N).  H100, shflbw:64 at 75%, N = 16: 4096 x
                 # 4096 13.9 us against 33.6 with bk32 bn128; 11008 x 4096
-                # 17.8 against 41.2; 4096 x 11008 29.9 against 80.0
-                decode = [{"bk": 64, "bn": 16, "stages": 4, "wm": 4, "wn": 1},
+                # 17.8 against 41.2; 4096 x 11008 29.9 against 80.0.  Split
+                # K first where clusters exist (sm_90a): over 2 CTAs 4096 x
+                # 4096 10.3 us, 11008 x 4096 16.3, 4096 x 11008 19.2; over
+                # 4, 4096 x 11008 16.9 and bsr:64x64 4096 x 4096 8.0 against
+                # 12.1 (bench/RESULTS.md, 2026-11-25)
+                split = [{"bk": 64, "bn": 16, "stages": 4, "wm": 4, "wn": 1, "ks": 2},
+                         {"bk": 64, "bn": 16, "stages": 4, "wm": 2, "wn": 1, "ks": 4}]
+                sm90a = bool(device and device.get("arch") == "sm_90a")
+                decode = (split if sm90a else []) + [
+                          {"bk": 64, "bn": 16, "stages": 4, "wm": 4, "wn": 1},
                           {"bk": 64, "bn": 32, "stages": 4, "wm": 4, "wn": 1},
                           {"bk": 64, "bn": 16, "stages": 3, "wm": 2, "wn": 1},
                           {"bk": 64, "bn": 32, "stages": 3, "wm": 2, "wn": 2}]
-                prefs = [c for pair in zip(decode, wide[2:] + wide[:2]) for c in pair]
+                decode = self._valid(decode, matrix, op, params, device)
+                prefill = self._valid(wide[2:] + wide[:2], matrix, op, params, device)
+                prefs = [c for pair in zip(decode, prefill) for c in pair]
+                prefs += decode[len(prefill):] + prefill[len(decode):]
             else:
                 prefs = (small + wg if hopper else []) + wide
         return self._valid(prefs, matrix, op, params, device)
