@@ -225,9 +225,10 @@ class RowGroupFamily(Family):
             return out
         xs = [] if whole else self._valid(self.xs_space(), matrix, op, params, device)
         mma = self._valid(space.MMA_SPACE.enumerate(), matrix, op, params, device)
-        # split K (sm_90a): the decode tiles over clusters of 2 or 4 CTAs
-        mma += self._valid([dict(c, ks=ks) for ks in space.KS_CHOICES for c in mma
-                            if c["bn"] <= space.KS_MAX_BN], matrix, op, params, device)
+        # split K (sm_90a): the decode tiles over clusters of 2 or 4 CTAs (the table
+        # keeps the few columns of N it serves)
+        mma += self._valid([dict(c, ks=ks) for ks in space.KS_CHOICES for c in mma],
+                           matrix, op, params, device)
         return out + (xs + mma if fm else mma + xs)
 
     def hint_configs(self, matrix: SparseMatrix, op: Operation, params: dict,
@@ -273,6 +274,8 @@ class RowGroupFamily(Family):
                 # 12.1 (bench/RESULTS.md, 2026-11-25)
                 split = [{"bk": 64, "bn": 16, "stages": 4, "wm": 4, "wn": 1, "ks": 2},
                          {"bk": 64, "bn": 16, "stages": 4, "wm": 2, "wn": 1, "ks": 4}]
+                # (named only for a device that is sm_90a: without a device the
+                # table assumes sm_90a, and the default must build anywhere)
                 sm90a = bool(device and device.get("arch") == "sm_90a")
                 decode = (split if sm90a else []) + [
                           {"bk": 64, "bn": 16, "stages": 4, "wm": 4, "wn": 1},

@@ -797,8 +797,7 @@ __device__ __forceinline__ bool reduce_split(float (&acc)[Cfg::MF][Cfg::NF][4],
   if (rank != 0) {
 #pragma unroll
     for (int i = 0; i < E; ++i)
-      asm volatile("st.shared.f32 [%0], %1;\n" ::"r"(base + 4u * i * Cfg::THREADS), "f"(flat[i])
-                   : "memory");
+      sm80::st_shared_u32(base + 4u * i * Cfg::THREADS, __float_as_uint(flat[i]));
   }
   sm90::cluster_sync();
   if (rank == 0) {
