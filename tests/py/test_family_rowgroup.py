@@ -387,6 +387,15 @@ def test_hopper_space_is_wgmma_where_groups_fill_warpgroups(rng, family, params,
                             any(h.get("xr") == 8 for h in hints))
     assert "wg" not in fam.default_config(mat, FP16, params, AMPERE)
     assert all(h in fam.search_space(mat, FP16, params, AMPERE) for h in fam.hint_configs(mat, FP16, params, AMPERE))
+    # token-major on sm_90a: wgmma (no streamed tiles) beside mma.sync and its split K
+    tm = Operation("fp16", "tm")
+    tm_space = fam.search_space(mat, tm, params, HOPPER)
+    tm_wg = [c for c in tm_space if c.get("wg")]
+    assert tm_wg and not [c for c in tm_wg if "tn" in c]
+    assert [c for c in tm_space if c.get("ks")] and [c for c in tm_space if set(c) == set(CFG)]
+    tm_hints = fam.hint_configs(mat, tm, params, HOPPER)
+    assert all(h in tm_space for h in tm_hints) and any(h.get("wg") for h in tm_hints[:2])
+    assert not [c for c in fam.search_space(mat, tm, params, AMPERE) if c.get("wg")]
 
 
 @pytest.mark.parametrize("change,constraint", [
@@ -412,9 +421,12 @@ def test_invalid_wgmma_configs_name_their_constraint(rng, change, constraint):
                          {"v": 128}, HOPPER)
     with pytest.raises(ConfigError, match="needs sm_90a"):
         fam.check_config(WG_CFG, mat, FP16, {"v": 64}, AMPERE)
-    with pytest.raises(ConfigError, match="not tm: the wgmma path is feature-major"):
-        get_family("bsr").check_config(WG_CFG, make_bsr(64, 64, 64, 16, 0.5, rng),
-                                       Operation("fp16", "tm"), {"br": 64, "bc": 16}, HOPPER)
+    # token-major: the wgmma path without streamed tiles
+    bsr, tm = get_family("bsr"), Operation("fp16", "tm")
+    bsr.check_config(WG_CFG, make_bsr(64, 64, 64, 16, 0.5, rng), tm, {"br": 64, "bc": 16}, HOPPER)
+    with pytest.raises(ConfigError, match="tn == 1 or not tm: streamed tiles are feature-major"):
+        bsr.check_config(dict(WG_CFG, bn=128, wn=1, tn=2), make_bsr(64, 64, 64, 16, 0.5, rng), tm,
+                         {"br": 64, "bc": 16}, HOPPER)
     with pytest.raises(ConfigError, match="keys"):   # streamed tiles are the wgmma path's
         fam.check_config(dict(CFG, tn=2), mat, FP16, {"v": 64}, HOPPER)
 
@@ -681,6 +693,15 @@ KS_COMPILE_CASES = [
      dict(KS_CFG, bk=32, bn=32, wm=2, wn=2, ks=4)),
 ]
 COMPILE_CASES += KS_COMPILE_CASES
+# wgmma, token-major (sm_90a): B is the K-major BN x BK tile, 16-byte runs or element gathers
+WG_TM_COMPILE_CASES = [
+    ("bsr-tm", {"br": 64, "bc": 64}, "fp16", Epilogue(bias=True, activation="gelu"),
+     dict(WG_CFG, bk=64, bn=128, wn=1)),
+    ("bsr-tm", {"br": 32, "bc": 32}, "bf16", Epilogue(), dict(WG_CFG, bn=256, wn=2, stages=5)),
+    ("shflbw-tm", {"v": 64}, "fp16", Epilogue(bias=True), dict(WG_CFG, bk=16, bn=128, wn=1)),
+    ("shflbw-tm", {"v": 128}, "bf16", Epilogue(activation="relu"), dict(WG_CFG, bn=128, wm=8, wn=1)),
+]
+COMPILE_CASES += WG_TM_COMPILE_CASES
 
 
 @pytest.mark.parametrize("case", range(len(COMPILE_CASES)))
@@ -841,6 +862,24 @@ GPU_CASES = [
      dict(KS_CFG, bk=32, bn=16, stages=3, wm=2, wn=1), (3, 16, 40)),
     ("bsr", {"br": 64, "bc": 64}, "zero", (64, 64), "fp16", Epilogue(bias=True),
      dict(KS_CFG, ks=4), (16,)),
+    # wgmma, token-major (sm_90a): 16-byte runs of X and of Y (bsr, K and M
+    # % 8 == 0), element gathers (K % 8 != 0, shflbw), permuted element
+    # stores, padded tiles (32-row groups), 2 warpgroups along M or N, odd N,
+    # empty groups, every BK, more CTAs than fill the GPU once
+    ("bsr-tm", {"br": 64, "bc": 64}, "bsr", (256, 512), "fp16", Epilogue(bias=True, activation="gelu"),
+     dict(WG_CFG, bk=64, bn=128, wn=1), (1, 77, 1024)),
+    ("bsr-tm", {"br": 32, "bc": 32}, "bsr", (200, 512), "bf16", Epilogue(),
+     dict(WG_CFG, bn=256, wn=2, stages=5), (5, 300)),
+    ("bsr-tm", {"br": 64, "bc": 64}, "bsr", (300, 260), "fp16", Epilogue(bias=True),
+     dict(WG_CFG, bk=16, bn=64, wn=1, stages=3), (16, 130)),
+    ("shflbw-tm", {"v": 64}, "shflbw", (330, 270), "fp16", Epilogue(bias=True, activation="relu"),
+     dict(WG_CFG, bn=128, wn=1), (1, 100, 1024)),
+    ("shflbw-tm", {"v": 128}, "random", (260, 150), "bf16", Epilogue(activation="gelu", scale=0.5),
+     dict(WG_CFG, bn=128, wm=8, wn=1, stages=3), (16, 63)),
+    ("bsr-tm", {"br": 16, "bc": 8}, "zero", (50, 40), "fp16", Epilogue(bias=True),
+     dict(WG_CFG, bn=64, wn=1), (1, 24)),
+    ("bsr-tm", {"br": 64, "bc": 32}, "skew", (4096, 256), "fp16", Epilogue(bias=True),
+     dict(WG_CFG, bn=128, wn=1, stages=4), (2000,)),
 ]
 
 

@@ -215,13 +215,14 @@ class RowGroupFamily(Family):
         each column of X its groups share once, but on an H100 it ran no
         faster than mma.sync on S1's shflbw and 2x slower on BERT-base's
         bsr, so its configurations come after mma.sync's and no hint
-        names them: bench/RESULTS.md)."""
+        names them: bench/RESULTS.md).  Token-major on sm_90a: the wgmma
+        ones (prefill), then mma.sync and its split K (decode)."""
         bm = self.tile_rows(matrix, params)
         fm = op.layout == "fm"
-        hopper = fm and bool(device and device.get("arch") == "sm_90a")
+        hopper = bool(device and device.get("arch") == "sm_90a")
         whole = hopper and bm % 64 == 0      # whole warpgroups of rows
         out = self._valid(self.wg_space(bm), matrix, op, params, device) if hopper else []
-        if whole and out:
+        if fm and whole and out:
             return out
         xs = [] if whole else self._valid(self.xs_space(), matrix, op, params, device)
         mma = self._valid(space.MMA_SPACE.enumerate(), matrix, op, params, device)
@@ -238,7 +239,8 @@ class RowGroupFamily(Family):
         wgmma path; sm_90a with smaller groups: mma.sync, then the shared
         gather; elsewhere mma.sync with 64 x 64 warp tiles where BM allows."""
         bm = self.tile_rows(matrix, params)
-        hopper = bool(device and device.get("arch") == "sm_90a" and op.layout == "fm")
+        sm90a = bool(device and device.get("arch") == "sm_90a")
+        hopper = sm90a and op.layout == "fm"
         wm = wg_tile_rows(bm) // 16
         wg = [{"bk": 32, "bn": 256, "stages": 5, "wm": wm, "wn": 1, "wg": 1},
               {"bk": 32, "bn": 128, "stages": 4, "wm": wm, "wn": 1, "wg": 1, "tn": 4},
@@ -276,14 +278,16 @@ class RowGroupFamily(Family):
                          {"bk": 64, "bn": 16, "stages": 4, "wm": 2, "wn": 1, "ks": 4}]
                 # (named only for a device that is sm_90a: without a device the
                 # table assumes sm_90a, and the default must build anywhere)
-                sm90a = bool(device and device.get("arch") == "sm_90a")
                 decode = (split if sm90a else []) + [
                           {"bk": 64, "bn": 16, "stages": 4, "wm": 4, "wn": 1},
                           {"bk": 64, "bn": 32, "stages": 4, "wm": 4, "wn": 1},
                           {"bk": 64, "bn": 16, "stages": 3, "wm": 2, "wn": 1},
                           {"bk": 64, "bn": 32, "stages": 3, "wm": 2, "wn": 2}]
                 decode = self._valid(decode, matrix, op, params, device)
-                prefill = self._valid(wide[2:] + wide[:2], matrix, op, params, device)
+                # prefill: on sm_90a the wgmma tiles (token-major B is K-major:
+                # no streamed tiles) before mma.sync's
+                wg_tm = [c for c in wg if "tn" not in c] if sm90a else []
+                prefill = self._valid(wg_tm + wide[2:] + wide[:2], matrix, op, params, device)
                 prefs = [c for pair in zip(decode, prefill) for c in pair]
                 prefs += decode[len(prefill):] + prefill[len(decode):]
             else:

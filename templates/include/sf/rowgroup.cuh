@@ -47,12 +47,13 @@
 //     RUNS8 (token-major: every aligned run of 8 indices is 8 consecutive,
 //     8-aligned columns and K % 8 == 0, so one 16-byte load gathers a run).
 //
-// The wgmma path (WG, sm_90a, feature-major) keeps the loaders, the
-// schedule and the epilogue and swaps the compute: each warpgroup issues
-// wgmma.m64nNk16 straight from shared memory, A = the weight chunk (K-major,
-// swizzled to its row width: 32, 64 or 128 bytes for BK = 16, 32, 64) and
-// B = the gathered X tile (MN-major, 128-byte swizzle) stored as columns of
-// 64-wide atoms.  The tile has BM = 64 x (warpgroups along M) rows; a group
+// The wgmma path (WG, sm_90a) keeps the loaders, the schedule and the
+// epilogue and swaps the compute: each warpgroup issues wgmma.m64nNk16
+// straight from shared memory, A = the weight chunk (K-major, swizzled to
+// its row width: 32, 64 or 128 bytes for BK = 16, 32, 64) and B = the
+// gathered X tile: feature-major MN-major (128-byte swizzle) stored as
+// columns of 64-wide atoms; token-major the BN x BK tile of the mma.sync
+// path, K-major with A's swizzle.  The tile has BM = 64 x (warpgroups along M) rows; a group
 // of AM < 64 rows leaves the rest of the A tile zero.  The pipeline keeps
 // STAGES-2 chunks in flight and one wgmma group running behind the one
 // being issued.
@@ -629,8 +630,11 @@ struct WgTiles {
   static constexpr sm90::Swizzle A_SWIZZLE =
       Cfg::BK == 64 ? sm90::SWIZZLE_128B : (Cfg::BK == 32 ? sm90::SWIZZLE_64B : sm90::SWIZZLE_32B);
   static constexpr unsigned A_SBO = 8 * Cfg::BK * 2;
-  // B: BK rows of k, MN-major, 64-element atoms; LBO = from one atom column
-  // to the next along N, SBO = from 8 rows of k to the next.
+  // B, feature-major: BK rows of k, MN-major, 64-element atoms; LBO = from
+  // one atom column to the next along N, SBO = from 8 rows of k to the next.
+  // Token-major: BN token rows of BK elements, K-major, laid out as A (the
+  // loaders' swizzle<BK / 8> is the hardware's 32, 64 or 128-byte swizzle
+  // on a 1024-byte aligned stage), so A's constants describe it.
   static constexpr unsigned B_LBO = Cfg::BK * 128;
   static constexpr unsigned B_SBO = 1024;
 };
@@ -643,14 +647,21 @@ __device__ __forceinline__ void wgmma_stage(float (&acc)[Cfg::WG_N / 8][4], unsi
   using T = typename Cfg::elem_t;
   using W = WgTiles<Cfg>;
   const unsigned a0 = s_a + wg_m * 64 * Cfg::BK * 2;
-  const unsigned b0 = s_b + wg_n * (Cfg::WG_N / 64) * Cfg::BK * 128;
+  // tm: the warpgroup's WG_N token rows; fm: its WG_N / 64 atom columns
+  const unsigned b0 = s_b + (Cfg::TMB ? wg_n * Cfg::WG_N * Cfg::BK * 2
+                                      : wg_n * (Cfg::WG_N / 64) * Cfg::BK * 128);
   sm90::fence();
 #pragma unroll
   for (int kk = 0; kk < Cfg::BK / 16; ++kk) {
     const unsigned long long da = sm90::make_desc(a0 + 32 * kk, 16, W::A_SBO, W::A_SWIZZLE);
-    const unsigned long long db =
-        sm90::make_desc(b0 + 2048 * kk, W::B_LBO, W::B_SBO, sm90::SWIZZLE_128B);
-    sm90::mma<T, Cfg::WG_N, 0, 1>(acc, da, db);
+    if constexpr (Cfg::TMB) {  // BN x BK, K-major: the A tile's layout
+      const unsigned long long db = sm90::make_desc(b0 + 32 * kk, 16, W::A_SBO, W::A_SWIZZLE);
+      sm90::mma<T, Cfg::WG_N, 0, 0>(acc, da, db);
+    } else {
+      const unsigned long long db =
+          sm90::make_desc(b0 + 2048 * kk, W::B_LBO, W::B_SBO, sm90::SWIZZLE_128B);
+      sm90::mma<T, Cfg::WG_N, 0, 1>(acc, da, db);
+    }
   }
   sm90::commit_group();
 }
