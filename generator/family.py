@@ -36,6 +36,27 @@ class PatternError(ValueError):
     """A pattern string or its parameters that no family accepts."""
 
 
+# Where a search's N falls: decode (a few tokens: small tiles of N, K split
+# over CTAs) or prefill (large tiles).  Between them the two kinds of hint
+# take turns.
+DECODE_MAX_N = 64
+PREFILL_MIN_N = 256
+
+
+def by_regime(decode: list, prefill: list, n: Optional[int]) -> list:
+    """One list of hints from a family's decode tiles and its prefill tiles:
+    decode's first for N <= DECODE_MAX_N, prefill's first for N >=
+    PREFILL_MIN_N, else (N unknown or between) taking turns, decode's first
+    (a budgeted search measures the first few: at budget 4 a prefill search
+    measured two decode tiles of no use to it)."""
+    if n is not None and n <= DECODE_MAX_N:
+        return decode + prefill
+    if n is not None and n >= PREFILL_MIN_N:
+        return prefill + decode
+    out = [c for pair in zip(decode, prefill) for c in pair]
+    return out + decode[len(prefill):] + prefill[len(decode):]
+
+
 @dataclass
 class Fit:
     """How a matrix fits one pattern (one parameter choice of a family)."""
@@ -134,9 +155,11 @@ class Family(ABC):
         """Raises ConfigError naming the broken constraint."""
 
     def hint_configs(self, matrix: SparseMatrix, op: Operation, params: dict,
-                     device: Optional[dict] = None) -> list[dict]:
+                     device: Optional[dict] = None, n: Optional[int] = None) -> list[dict]:
         """Configurations a budgeted search measures first, best expected
-        first: the default one unless a family knows more."""
+        first: the default one unless a family knows more.  `n`, the search's
+        columns of N where known, orders decode's and prefill's tiles
+        (by_regime)."""
         try:
             return [self.default_config(matrix, op, params, device)]
         except ConfigError:

@@ -612,7 +612,7 @@ class Tuner:
         `ahead`: for a layer tuned later, behind the current layer's work."""
         for n in ns:
             hints = self.warm_hints(job, n) + job.fam.hint_configs(job.matrix, job.op,
-                                                                   job.params, self.target)
+                                                                   job.params, self.target, n=n)
             for cfg in hinted(job.space, hints)[:PREBUILD]:
                 self.build(job, cfg, speculative=True, ahead=ahead)
 
@@ -620,7 +620,7 @@ class Tuner:
         warm = hinted(job.space, self.warm_hints(job, n))
         strat, budget = self._search_plan(len(job.space), bool(warm))
         search = _Search(self, job, n, budget)
-        hints = warm + job.fam.hint_configs(job.matrix, job.op, job.params, self.target)
+        hints = warm + job.fam.hint_configs(job.matrix, job.op, job.params, self.target, n=n)
         get_strategy(strat).run(job.space, search, budget, seed=0, hints=hints)
 
         trials = self.cache.trials(self.env_key, job.fp, job.op_tag, n)

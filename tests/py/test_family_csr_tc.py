@@ -197,6 +197,9 @@ def test_search_space(device, wg):
         hints = FAM.hint_configs(mat, op, {}, device)
         assert hints and all(h in space for h in hints)
         assert {h["bn"] for h in hints} >= {16, 64}
+        # N known: the decode tiles first for a few tokens, the prefill tiles for many
+        dec, pre = FAM.hint_configs(mat, op, {}, device, n=16), FAM.hint_configs(mat, op, {}, device, n=4096)
+        assert dec[0]["bn"] <= 64 and pre[0]["bn"] > 64 and sorted(map(repr, dec)) == sorted(map(repr, pre))
 
 
 @pytest.mark.parametrize("change,rule", [

@@ -234,6 +234,10 @@ def test_search_space_valid(device, layout):
         assert all(c.get("wg") for c in space)        # sm_90a: sparse wgmma alone
         hints = FAM.hint_configs(m, op, {}, device)
         assert hints[0].get("wg") == 1
+        # N known: decode's tiles (bn <= 64) first for a few tokens, prefill's for many
+        dec, pre = FAM.hint_configs(m, op, {}, device, n=16), FAM.hint_configs(m, op, {}, device, n=4096)
+        assert dec[0]["bn"] <= 64 and pre[0]["bn"] > 64
+        assert sorted(map(repr, dec)) == sorted(map(repr, pre)) == sorted(map(repr, hints))
         # every hint is a configuration of the space, as the search matches them
         from sparseforge.tuner.strategies import hinted
         assert hinted(space, hints) == hints

@@ -582,6 +582,22 @@ def test_split_k_kernel_grid_and_shared_memory(rng):
     assert hints[0] == KS_CFG and hints[2].get("ks") == 4 and "ks" not in hints[1]
     for device in (AMPERE, None):
         assert not [c for c in fam.hint_configs(mat, tm, {"v": 64}, device) if c.get("ks")]
+    # N known: decode's tiles first for a few tokens, prefill's (wgmma) first for many
+    dec = fam.hint_configs(mat, tm, {"v": 64}, HOPPER, n=16)
+    pre = fam.hint_configs(mat, tm, {"v": 64}, HOPPER, n=4096)
+    assert dec[0] == KS_CFG and all(c["bn"] <= 32 for c in dec[:6])
+    assert pre[0].get("wg") and all(c["bn"] >= 128 for c in pre[:len(pre) - 6])
+    assert sorted(map(repr, dec)) == sorted(map(repr, pre)) == sorted(map(repr, hints))
+    assert fam.hint_configs(mat, tm, {"v": 64}, HOPPER, n=128) == hints   # between: in turn
+
+
+def test_by_regime_orders_hints_by_n():
+    from sparseforge.generator.family import DECODE_MAX_N, PREFILL_MIN_N, by_regime
+    d, p = ["d1", "d2", "d3"], ["p1"]
+    assert by_regime(d, p, 1) == by_regime(d, p, DECODE_MAX_N) == ["d1", "d2", "d3", "p1"]
+    assert by_regime(d, p, PREFILL_MIN_N) == ["p1", "d1", "d2", "d3"]
+    assert by_regime(d, p, None) == by_regime(d, p, DECODE_MAX_N + 1) == ["d1", "p1", "d2", "d3"]
+    assert by_regime([], p, 16) == p and by_regime(d, [], 4096) == d
 
 
 def test_config_shared_memory_dtype_layout_and_keys(rng):

@@ -317,10 +317,10 @@ class CsrFamily(Family):
         return {"m": m, "k": k, "nnz": matrix.nnz, "const_bytes": const_bytes(m, k, matrix.nnz)}
 
     def hint_configs(self, matrix: SparseMatrix, op: Operation, params: dict,
-                     device: Optional[dict] = None) -> list[dict]:
+                     device: Optional[dict] = None, n: Optional[int] = None) -> list[dict]:
         if op.dtype != "fp32":
-            return tc.hint_configs(matrix, op, device)
-        return super().hint_configs(matrix, op, params, device)
+            return tc.hint_configs(matrix, op, device, n)
+        return super().hint_configs(matrix, op, params, device, n)
 
     def default_config(self, matrix: SparseMatrix, op: Operation, params: dict,
                        device: Optional[dict] = None) -> dict:

@@ -27,7 +27,7 @@ from typing import Optional
 import numpy as np
 
 from .. import register
-from ...family import Family, Fit, PatternError, Pruned
+from ...family import Family, Fit, PatternError, Pruned, by_regime
 from ...kernel import ConfigError, Kernel, Operation, config_name, make_launch, render, smem_limit
 from ...matrix import SparseMatrix, from_device_bytes
 from ...space import Constraint, Space
@@ -411,9 +411,10 @@ class Nm24Family(Family):
         return out
 
     def hint_configs(self, matrix: SparseMatrix, op: Operation, params: dict,
-                     device: Optional[dict] = None) -> list[dict]:
+                     device: Optional[dict] = None, n: Optional[int] = None) -> list[dict]:
         """Large tiles of sparse wgmma first on sm_90a (two warpgroups along
-        M, the widest N the problem fills); mma.sp's default elsewhere."""
+        M, the widest N the problem fills), decode's tiles first for a few
+        tokens (by_regime); mma.sp's default elsewhere."""
         # (measured on an H100, bench/nm24.py: the first three win prefill,
         # the next four decode)
         wg = [dict(bm=128, bn=256, bk=64, wm=2, wn=1, stages=4, wg=1, tma=1, cm=2),
@@ -426,6 +427,8 @@ class Nm24Family(Family):
               dict(bm=256, bn=128, bk=64, wm=2, wn=1, stages=6, wg=1, tma=1, cm=2, mw=2),
               dict(bm=128, bn=256, bk=64, wm=2, wn=1, stages=4, wg=1),
               dict(bm=64, bn=64, bk=128, wm=1, wn=1, stages=5, wg=1)]
+        if n is not None:   # N known: its regime's tiles first, the rest in turn
+            wg = by_regime([c for c in wg if c["bn"] <= 64], [c for c in wg if c["bn"] > 64], n)
         hopper = bool(device and device.get("arch") == "sm_90a")
         out = []
         for cfg in wg + ([] if hopper else [dict(BASE_CONFIG)]):   # as the space has them
@@ -436,7 +439,7 @@ class Nm24Family(Family):
             except ConfigError:
                 continue
             out.append(cfg)
-        return out or super().hint_configs(matrix, op, params, device)
+        return out or super().hint_configs(matrix, op, params, device, n)
 
     # ---- plan / unpack / render -------------------------------------------------
     def plan(self, matrix: SparseMatrix, op: Operation, params: dict, config: dict,

@@ -30,7 +30,7 @@ from typing import Optional
 
 import numpy as np
 
-from ...family import Family
+from ...family import Family, by_regime
 from ...kernel import (ConfigError, Kernel, Operation, config_name, make_launch, render,
                        smem_limit)
 from ...matrix import SparseMatrix
@@ -233,7 +233,7 @@ class RowGroupFamily(Family):
         return out + (xs + mma if fm else mma + xs)
 
     def hint_configs(self, matrix: SparseMatrix, op: Operation, params: dict,
-                     device: Optional[dict] = None) -> list[dict]:
+                     device: Optional[dict] = None, n: Optional[int] = None) -> list[dict]:
         """The S1 winners on an H200 (bench/RESULTS.md), the most frequent
         first, that are valid here.  sm_90a, whole warpgroups of rows: the
         wgmma path; sm_90a with smaller groups: mma.sync, then the shared
@@ -265,9 +265,8 @@ class RowGroupFamily(Family):
                     {"bk": 32, "bn": 128, "stages": 3, "wm": 2, "wn": 2}]
             if op.layout == "tm":
                 # token-major decode (N of 16 to 64 tokens): 16 or 32
-                # columns a CTA and 64 of K a stage, taking turns with the
-                # prefill tiles, S1's token-major winners first (the hints
-                # serve every N).  H100, shflbw:64 at 75%, N = 16: 4096 x
+                # columns a CTA and 64 of K a stage, ordered with the
+                # prefill tiles by N (by_regime).  H100, shflbw:64 at 75%, N = 16: 4096 x
                 # 4096 13.9 us against 33.6 with bk32 bn128; 11008 x 4096
                 # 17.8 against 41.2; 4096 x 11008 29.9 against 80.0.  Split
                 # K first where clusters exist (sm_90a): over 2 CTAs 4096 x
@@ -284,12 +283,19 @@ class RowGroupFamily(Family):
                           {"bk": 64, "bn": 16, "stages": 3, "wm": 2, "wn": 1},
                           {"bk": 64, "bn": 32, "stages": 3, "wm": 2, "wn": 2}]
                 decode = self._valid(decode, matrix, op, params, device)
-                # prefill: on sm_90a the wgmma tiles (token-major B is K-major:
-                # no streamed tiles) before mma.sync's
-                wg_tm = [c for c in wg if "tn" not in c] if sm90a else []
-                prefill = self._valid(wg_tm + wide[2:] + wide[:2], matrix, op, params, device)
-                prefs = [c for pair in zip(decode, prefill) for c in pair]
-                prefs += decode[len(prefill):] + prefill[len(decode):]
+                # prefill: on sm_90a the wgmma tiles (no streamed tiles in
+                # token-major) before mma.sync's.  H100, bsr:64x64 at 25%, N =
+                # 4096: bk32 bn256 wn2 s5 first on 4096 x 4096 (99.8 us
+                # against 139 for mma.sync), 11008 x 4096 and 3072 x 768, bk64
+                # bn128 s4 on 768 x 3072 (bench/RESULTS.md, 2026-11-25)
+                wg_tm = [{"bk": 32, "bn": 256, "stages": 5, "wm": wm, "wn": 2, "wg": 1},
+                         {"bk": 64, "bn": 128, "stages": 4, "wm": wm, "wn": 1, "wg": 1},
+                         {"bk": 32, "bn": 256, "stages": 5, "wm": wm, "wn": 1, "wg": 1},
+                         {"bk": 64, "bn": 256, "stages": 4, "wm": wm, "wn": 2, "wg": 1},
+                         {"bk": 32, "bn": 128, "stages": 5, "wm": wm, "wn": 1, "wg": 1}]
+                prefill = self._valid((wg_tm if sm90a else []) + wide[2:] + wide[:2],
+                                      matrix, op, params, device)
+                prefs = by_regime(decode, prefill, n)
             else:
                 prefs = (small + wg if hopper else []) + wide
         return self._valid(prefs, matrix, op, params, device)
