@@ -391,7 +391,7 @@ def test_hopper_space_is_wgmma_where_groups_fill_warpgroups(rng, family, params,
     tm = Operation("fp16", "tm")
     tm_space = fam.search_space(mat, tm, params, HOPPER)
     tm_wg = [c for c in tm_space if c.get("wg")]
-    assert tm_wg and not [c for c in tm_wg if "tn" in c]
+    assert tm_wg and [c for c in tm_wg if "tn" in c]
     assert [c for c in tm_space if c.get("ks")] and [c for c in tm_space if set(c) == set(CFG)]
     tm_hints = fam.hint_configs(mat, tm, params, HOPPER)
     assert all(h in tm_space for h in tm_hints) and any(h.get("wg") for h in tm_hints[:2])
@@ -421,12 +421,10 @@ def test_invalid_wgmma_configs_name_their_constraint(rng, change, constraint):
                          {"v": 128}, HOPPER)
     with pytest.raises(ConfigError, match="needs sm_90a"):
         fam.check_config(WG_CFG, mat, FP16, {"v": 64}, AMPERE)
-    # token-major: the wgmma path without streamed tiles
+    # token-major: the wgmma path, streamed tiles too
     bsr, tm = get_family("bsr"), Operation("fp16", "tm")
-    bsr.check_config(WG_CFG, make_bsr(64, 64, 64, 16, 0.5, rng), tm, {"br": 64, "bc": 16}, HOPPER)
-    with pytest.raises(ConfigError, match="tn == 1 or not tm: streamed tiles are feature-major"):
-        bsr.check_config(dict(WG_CFG, bn=128, wn=1, tn=2), make_bsr(64, 64, 64, 16, 0.5, rng), tm,
-                         {"br": 64, "bc": 16}, HOPPER)
+    for cfg in (WG_CFG, dict(WG_CFG, bn=128, wn=1, tn=2)):
+        bsr.check_config(cfg, make_bsr(64, 64, 64, 16, 0.5, rng), tm, {"br": 64, "bc": 16}, HOPPER)
     with pytest.raises(ConfigError, match="keys"):   # streamed tiles are the wgmma path's
         fam.check_config(dict(CFG, tn=2), mat, FP16, {"v": 64}, HOPPER)
 
@@ -716,6 +714,10 @@ WG_TM_COMPILE_CASES = [
     ("bsr-tm", {"br": 32, "bc": 32}, "bf16", Epilogue(), dict(WG_CFG, bn=256, wn=2, stages=5)),
     ("shflbw-tm", {"v": 64}, "fp16", Epilogue(bias=True), dict(WG_CFG, bk=16, bn=128, wn=1)),
     ("shflbw-tm", {"v": 128}, "bf16", Epilogue(activation="relu"), dict(WG_CFG, bn=128, wm=8, wn=1)),
+    # streamed tiles of N
+    ("bsr-tm", {"br": 64, "bc": 64}, "fp16", Epilogue(bias=True, activation="gelu"),
+     dict(WG_CFG, bn=128, wn=1, tn=4)),
+    ("shflbw-tm", {"v": 64}, "bf16", Epilogue(), dict(WG_CFG, bn=256, wn=2, stages=5, tn=2)),
 ]
 COMPILE_CASES += WG_TM_COMPILE_CASES
 
@@ -896,6 +898,16 @@ GPU_CASES = [
      dict(WG_CFG, bn=64, wn=1), (1, 24)),
     ("bsr-tm", {"br": 64, "bc": 32}, "skew", (4096, 256), "fp16", Epilogue(bias=True),
      dict(WG_CFG, bn=128, wn=1, stages=4), (2000,)),
+    # ... streamed tiles: N cut short inside a CTA's tiles, spans of a long
+    # group among short ones, element gathers (shflbw), groups of one chunk
+    ("bsr-tm", {"br": 64, "bc": 64}, "bsr", (256, 512), "fp16", Epilogue(bias=True, activation="gelu"),
+     dict(WG_CFG, bn=128, wn=1, tn=4), (1, 77, 300, 1024)),
+    ("bsr-tm", {"br": 64, "bc": 32}, "skew", (330, 512), "bf16", Epilogue(),
+     dict(WG_CFG, bn=64, wn=1, stages=5, tn=4), (65, 700)),
+    ("shflbw-tm", {"v": 64}, "shflbw", (330, 270), "fp16", Epilogue(bias=True),
+     dict(WG_CFG, bn=256, wn=2, stages=5, tn=2), (1, 100, 1000)),
+    ("bsr-tm", {"br": 16, "bc": 8}, "zero", (50, 40), "fp16", Epilogue(bias=True, activation="relu"),
+     dict(WG_CFG, bn=64, wn=1, tn=2), (1, 200)),
 ]
 
 

@@ -283,13 +283,13 @@ class RowGroupFamily(Family):
                           {"bk": 64, "bn": 16, "stages": 3, "wm": 2, "wn": 1},
                           {"bk": 64, "bn": 32, "stages": 3, "wm": 2, "wn": 2}]
                 decode = self._valid(decode, matrix, op, params, device)
-                # prefill: on sm_90a the wgmma tiles (no streamed tiles in
-                # token-major) before mma.sync's.  H100, bsr:64x64 at 25%, N =
+                # prefill: on sm_90a the wgmma tiles before mma.sync's.  H100, bsr:64x64 at 25%, N =
                 # 4096: bk32 bn256 wn2 s5 first on 4096 x 4096 (99.8 us
                 # against 139 for mma.sync), 11008 x 4096 and 3072 x 768, bk64
                 # bn128 s4 on 768 x 3072 (bench/RESULTS.md, 2026-11-25)
                 wg_tm = [{"bk": 32, "bn": 256, "stages": 5, "wm": wm, "wn": 2, "wg": 1},
                          {"bk": 64, "bn": 128, "stages": 4, "wm": wm, "wn": 1, "wg": 1},
+                         {"bk": 32, "bn": 128, "stages": 4, "wm": wm, "wn": 1, "wg": 1, "tn": 4},
                          {"bk": 32, "bn": 256, "stages": 5, "wm": wm, "wn": 1, "wg": 1},
                          {"bk": 64, "bn": 256, "stages": 4, "wm": wm, "wn": 2, "wg": 1},
                          {"bk": 32, "bn": 128, "stages": 5, "wm": wm, "wn": 1, "wg": 1}]

@@ -7,8 +7,7 @@ A configuration takes one of three compute paths, told apart by its keys:
 
     mma.sync       bk bn stages wm wn            (sm_80 and newer), and
                    optionally ks (split K over a cluster of ks CTAs: sm_90a)
-    wgmma          the same and wg = 1, tn       (sm_90a; tn absent = 1;
-                                                  tn feature-major only)
+    wgmma          the same and wg = 1, tn       (sm_90a; tn absent = 1)
     shared gather  the same and xr, xu           (mma.sync, both layouts)
 
 The problem's constants: `bm` (a group's rows padded to 16) and `tm` (1:
@@ -95,7 +94,6 @@ TABLE = [
     Constraint("wg == 1", "wg = 1 selects the wgmma path (omit the key for mma.sync)",
                when="wg"),
     Constraint("sm90a", "the wgmma path needs sm_90a", when=WG, device=True),
-    Constraint("tn == 1 or not tm", "streamed tiles are feature-major", when=WG),
     Constraint("wm == tile // 16", "4 warps per 64 rows of the wgmma tile", when=WG),
     Constraint(f"bk in {BK_CHOICES}", "BK of the wgmma path", when=WG),
     Constraint(f"stages in {WG_STAGE_CHOICES}", "pipeline depth of the wgmma path", when=WG),

@@ -375,6 +375,10 @@ struct BLoaderTM {
     const int lane = threadIdx.x & 31;
     tl0 = (threadIdx.x >> 5) * TPW + lane / LPT;
     lc = lane % LPT;
+    set_rows();
+  }
+
+  __device__ __forceinline__ void set_rows() {
     if constexpr (ROWS) {
 #pragma unroll
       for (int i = 0; i < TITERS; ++i) {
@@ -386,6 +390,13 @@ struct BLoaderTM {
         rows[i] = reinterpret_cast<const unsigned short *>(r);
       }
     }
+  }
+
+  // streamed tiles: the copies from here on fill the next tile of N
+  __device__ __forceinline__ void advance() {
+    n0 += Cfg::BN;
+    tok0 += Cfg::BN;
+    set_rows();
   }
 
   __device__ __forceinline__ void fetch(Idx &dst, const int *chunk_idx) const {
@@ -688,8 +699,8 @@ __device__ __forceinline__ void epilogue_to_smem(const float (&acc)[Cfg::MF][Cfg
                                                  const int *s_rows, const CTile &ct,
                                                  int warp_m, int warp_n, int lane) {
   using T = typename Cfg::elem_t;
-  unsigned char *s_c = ct.lo;  // tm: one run (never streamed)
   // row r sits at base(r) + 2 (r C_LD + column), base(r) = lo or hi - C_HALF rows
+  // (tm: the tile's rows are tokens)
   const unsigned c_lo = sm80::smem_addr(ct.lo);
   const unsigned c_hi = sm80::smem_addr(ct.hi) - Cfg::C_HALF_BYTES;
 #pragma unroll
@@ -708,10 +719,11 @@ __device__ __forceinline__ void epilogue_to_smem(const float (&acc)[Cfg::MF][Cfg
         const unsigned pair = sm80::epilogue_pair<T, P::HAS_BIAS, P::ACT>(
             acc[mi][ni][2 * h], acc[mi][ni][2 * h + 1], P::SCALE, bias, (ni & 1) != 0);
         if (Cfg::TM) {  // N-major tile: the two values sit in consecutive token rows
-          const int col = col0 + ni * 8;
-          unsigned short *c16 = reinterpret_cast<unsigned short *>(s_c);
-          c16[col * Cfg::C_LD + row] = static_cast<unsigned short>(pair & 0xffffu);
-          c16[(col + 1) * Cfg::C_LD + row] = static_cast<unsigned short>(pair >> 16);
+          const int col = col0 + ni * 8;  // (even, as C_HALF is: both rows in one half)
+          const unsigned addr = (col < Cfg::C_HALF ? c_lo : c_hi) +
+                                2u * static_cast<unsigned>(col * Cfg::C_LD + row);
+          sm80::st_shared_u16(addr, static_cast<unsigned short>(pair & 0xffffu));
+          sm80::st_shared_u16(addr + 2u * Cfg::C_LD, static_cast<unsigned short>(pair >> 16));
         } else {
           sm80::st_shared_u32(fm_addr + 16u * ni, pair);
         }
@@ -764,7 +776,7 @@ __device__ __forceinline__ void store_tile_fm(const CTile &ct, const int *s_rows
 // == 0, Y aligned): a run of 8 rows whose first original row is a multiple
 // of 8 is one 16-byte store; anything else goes element by element.
 template <class Cfg, class P, bool VEC>
-__device__ __forceinline__ void store_tile_tm(const unsigned char *s_c, const int *s_rows,
+__device__ __forceinline__ void store_tile_tm(const CTile &ct, const int *s_rows,
                                               unsigned short *y, int n_len, int n0) {
   constexpr int CHUNKS = Cfg::BN * Cfg::C_ROW_CH;
 #pragma unroll 4
@@ -772,7 +784,9 @@ __device__ __forceinline__ void store_tile_tm(const unsigned char *s_c, const in
     const int t = ch / Cfg::C_ROW_CH, c = ch % Cfg::C_ROW_CH;
     const int tok = n0 + t;
     if (tok >= n_len) continue;
-    const unsigned short *src = reinterpret_cast<const unsigned short *>(s_c) + t * Cfg::C_LD + 8 * c;
+    const unsigned short *src = reinterpret_cast<const unsigned short *>(
+                                    t < Cfg::C_HALF ? ct.lo : ct.hi - Cfg::C_HALF_BYTES) +
+                                t * Cfg::C_LD + 8 * c;
     unsigned short *dst = y + (size_t)tok * P::M;
     const int first = s_rows[8 * c];
     if (VEC && !P::PERMUTED && P::M % 8 == 0 && first >= 0 && (first & 7) == 0 &&
@@ -999,7 +1013,7 @@ __device__ __forceinline__ void gemm_group(const unsigned char *__restrict__ pac
     epilogue_to_smem<Cfg, P>(acc, s_rows, ct, warp_m, warp_n, lane);
     __syncthreads();
     if (Cfg::TM)
-      store_tile_tm<Cfg, P, VEC>(ct.lo, s_rows, y, n_len, n0);
+      store_tile_tm<Cfg, P, VEC>(ct, s_rows, y, n_len, n0 + tile * Cfg::BN);
     else
       store_tile_fm<Cfg, VEC>(ct, s_rows, y, n_len, n0 + tile * Cfg::BN);
     // streamed: the next refill of these stages waits for the barrier at
