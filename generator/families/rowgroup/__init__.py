@@ -286,10 +286,11 @@ class RowGroupFamily(Family):
                 # prefill: on sm_90a the wgmma tiles before mma.sync's.  H100, bsr:64x64 at 25%, N =
                 # 4096: bk32 bn256 wn2 s5 first on 4096 x 4096 (99.8 us
                 # against 139 for mma.sync), 11008 x 4096 and 3072 x 768, bk64
-                # bn128 s4 on 768 x 3072 (bench/RESULTS.md, 2026-11-25)
+                # bn128 s4 on 768 x 3072; streamed tiles (tn) no faster, and
+                # up to 1.7x slower on 768-row layers (too few CTAs), so no
+                # hint names them (bench/RESULTS.md, 2026-11-25)
                 wg_tm = [{"bk": 32, "bn": 256, "stages": 5, "wm": wm, "wn": 2, "wg": 1},
                          {"bk": 64, "bn": 128, "stages": 4, "wm": wm, "wn": 1, "wg": 1},
-                         {"bk": 32, "bn": 128, "stages": 4, "wm": wm, "wn": 1, "wg": 1, "tn": 4},
                          {"bk": 32, "bn": 256, "stages": 5, "wm": wm, "wn": 1, "wg": 1},
                          {"bk": 64, "bn": 256, "stages": 4, "wm": wm, "wn": 2, "wg": 1},
                          {"bk": 32, "bn": 128, "stages": 5, "wm": wm, "wn": 1, "wg": 1}]
