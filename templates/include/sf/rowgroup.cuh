@@ -269,22 +269,23 @@ struct BLoaderFM {
   struct Idx {              // the rows of X one chunk gathers, this thread's
     int row[S::ITERS];
   };
+  static constexpr int DEPTH = 1;  // chunks whose indices (and loads) are in flight at once
   S slots;
-  Idx next;                 // the chunk issued next
+  Idx next[DEPTH];          // the chunk issued next
   const unsigned short *x0; // X
   const unsigned char *xc;  // X + this thread's first column (X itself past N: nothing is read)
   unsigned pitch;           // bytes from a row of X to the next
   int n_len;                // N
   int col;                  // this thread's first column (absolute)
 
-  __device__ __forceinline__ void flush() {}  // (its loads are copies: nothing held)
+  __device__ __forceinline__ void flush(int = 0) {}  // (its loads are copies: nothing held)
 
   __device__ __forceinline__ BLoaderFM(const unsigned short *x, int n, int n0)
       : x0(x), pitch(2u * static_cast<unsigned>(n)), n_len(n) {
     col = n0 + 8 * slots.col;
     xc = reinterpret_cast<const unsigned char *>(col < n_len ? x + col : x);
 #pragma unroll
-    for (int i = 0; i < S::ITERS; ++i) next.row[i] = 0;
+    for (int i = 0; i < S::ITERS; ++i) next[0].row[i] = 0;
   }
 
   // streamed tiles: the copies from here on fill the next tile of N
@@ -300,7 +301,7 @@ struct BLoaderFM {
       if (S::owns(i)) dst.row[i] = __ldg(p + i * S::STEP);
   }
 
-  __device__ __forceinline__ void load(const Idx &idx, unsigned s_b) const {
+  __device__ __forceinline__ void load(const Idx &idx, unsigned s_b, int = 0) const {
     const bool in = col < n_len;
 #pragma unroll
     for (int i = 0; i < S::ITERS; ++i) {
@@ -349,12 +350,20 @@ struct BLoaderTM {
   static constexpr int TITERS = Cfg::BN / TSTEP;
   static_assert(VEC || Cfg::BN % TSTEP == 0, "the element gather's steps tile BN");
   static constexpr bool HOLD = !VEC && TITERS * EPL <= 32;
+  // DEPTH 2 (a few tokens: decode): two chunks' columns and loads in
+  // flight, each chunk's held loads stored two main-loop iterations after
+  // they are issued and its columns fetched two ahead, so that each
+  // latency runs under two stages, not one (the stage a held chunk fills
+  // is read AHEAD >= 2 iterations after its issue: mma.sync, 3 stages or
+  // more, one tile of N)
+  static constexpr int DEPTH =
+      HOLD && !Cfg::WG && Cfg::TN == 1 && Cfg::STAGES >= 3 && 2 * TITERS * EPL <= 32 ? 2 : 1;
   struct Idx {
     int run;                 // first column of this thread's run (VEC)
     int cols[VEC ? 1 : EPL]; // this lane's columns (element loads)
   };
   S slots;
-  Idx next;                  // the chunk issued next
+  Idx next[DEPTH];           // the chunks issued next (main-loop iteration parity)
   int tok0;                  // VEC: this thread's first token (absolute)
   int tl0;                   // element loads: this lane's first token (in the tile)
   int lc;                    // ... and its first column (in the chunk)
@@ -366,11 +375,12 @@ struct BLoaderTM {
   // N = 16 on an H100); over many tokens they would take the registers
   static constexpr bool ROWS = !VEC && TITERS <= 8;
   const unsigned short *rows[ROWS ? TITERS : 1];
-  unsigned short held[HOLD ? TITERS : 1][HOLD ? EPL : 1];  // HOLD: loaded, not yet stored
-  unsigned held_dst;                                       // ... their B tile; 0: none
+  // HOLD: loaded, not yet stored (one chunk a parity), and their B tiles (0: none)
+  unsigned short held[DEPTH][HOLD ? TITERS : 1][HOLD ? EPL : 1];
+  unsigned held_dst[DEPTH];
 
   __device__ __forceinline__ BLoaderTM(const unsigned short *x_, int n, int n0_)
-      : next{}, x(x_), n_len(n), n0(n0_), held_dst(0) {
+      : next{}, x(x_), n_len(n), n0(n0_), held_dst{} {
     tok0 = n0 + slots.row0;
     const int lane = threadIdx.x & 31;
     tl0 = (threadIdx.x >> 5) * TPW + lane / LPT;
@@ -413,7 +423,9 @@ struct BLoaderTM {
     return 16u * S::chunk(t, c >> 3) + 2u * (c & 7);
   }
 
-  __device__ __forceinline__ void load(const Idx &idx, unsigned s_b) {
+  // `par` (a constant once inlined): the slot of held loads (DEPTH 2, the
+  // main-loop iteration's parity)
+  __device__ __forceinline__ void load(const Idx &idx, unsigned s_b, int par = 0) {
     if constexpr (VEC) {
 #pragma unroll
       for (int i = 0; i < S::ITERS; ++i) {
@@ -434,12 +446,13 @@ struct BLoaderTM {
           v[i][j] = in ? (ROWS ? __ldg(row + idx.cols[j]) : row[idx.cols[j]]) : (unsigned short)0;
       }
       if constexpr (HOLD) {
-        flush();  // the prologue's chunk before, while these loads fly: one held at a time
+        const int h = DEPTH == 1 ? 0 : par;
+        flush(h);  // the prologue's chunk before, while these loads fly: one held a slot
 #pragma unroll
         for (int i = 0; i < TITERS; ++i)
 #pragma unroll
-          for (int j = 0; j < EPL; ++j) held[i][j] = v[i][j];
-        held_dst = s_b;
+          for (int j = 0; j < EPL; ++j) held[h][i][j] = v[i][j];
+        held_dst[h] = s_b;
       } else {
         store(s_b, v);
       }
@@ -455,13 +468,14 @@ struct BLoaderTM {
         sm80::st_shared_u16(s_b + elem_offset(tl0 + i * TSTEP, lc + 32 * j), v[i][j]);
   }
 
-  // Stores the held chunk (if any) into its B tile: before the barrier
-  // that publishes the stage it fills.
-  __device__ __forceinline__ void flush() {
+  // Stores the chunk held in slot `par` (if any) into its B tile: before
+  // the barrier that publishes the stage it fills.
+  __device__ __forceinline__ void flush(int par = 0) {
     if constexpr (HOLD) {
-      if (held_dst != 0) {
-        store(held_dst, held);
-        held_dst = 0;
+      const int h = DEPTH == 1 ? 0 : par;
+      if (held_dst[h] != 0) {
+        store(held_dst[h], held[h]);
+        held_dst[h] = 0;
       }
     }
   }
@@ -486,10 +500,11 @@ struct BLoaderTMXS {
   static constexpr int TB = Cfg::BN / 8;          // runs of 8 tokens
   static constexpr int TJ = (TB + WARPS - 1) / WARPS;  // runs a lane loads per block
   static constexpr bool HOLD = CB * TJ * 4 <= 32;
+  static constexpr int DEPTH = 1;
   struct Idx {
     int cols[CB];          // this lane's union columns (-1: empty, or past U)
   };
-  Idx next;                // the chunk issued next
+  Idx next[DEPTH];         // the chunk issued next
   const unsigned short *x;
   int n_len, n0, warp, lane;
   unsigned held[HOLD ? CB : 1][HOLD ? TJ : 1][4];
@@ -510,7 +525,7 @@ struct BLoaderTMXS {
     }
   }
 
-  __device__ __forceinline__ void load(const Idx &idx, unsigned s_b) {
+  __device__ __forceinline__ void load(const Idx &idx, unsigned s_b, int = 0) {
     unsigned v[CB][TJ][4];
 #pragma unroll
     for (int b = 0; b < CB; ++b)
@@ -557,7 +572,7 @@ struct BLoaderTMXS {
     }
   }
 
-  __device__ __forceinline__ void flush() {
+  __device__ __forceinline__ void flush(int = 0) {
     if constexpr (HOLD) {
       if (held_dst != 0) {
         store(held_dst, held, held_cols);
@@ -844,14 +859,19 @@ __device__ __forceinline__ bool reduce_split(float (&acc)[Cfg::MF][Cfg::NF][4],
 
 // ---- the kernel body ------------------------------------------------------------------
 
+template <int V>
+struct Int {  // a compile-time int as a value (the main loop's iteration parity)
+  static constexpr int value = V;
+};
+
 // A chunk's copies into the stage at s_a: its weights (w_chunk), the rows
 // of X that `idx` names and, XS, its slot table (loc_chunk).
 template <class Cfg, class BL>
 __device__ __forceinline__ void issue_chunk(BL &bl, const typename BL::Idx &idx,
                                             unsigned s_a, const unsigned short *w_chunk,
-                                            const unsigned char *loc_chunk) {
+                                            const unsigned char *loc_chunk, int par = 0) {
   load_a_tile<Cfg>(s_a, w_chunk);
-  bl.load(idx, s_a + Cfg::A_BYTES);
+  bl.load(idx, s_a + Cfg::A_BYTES, par);
   if constexpr (Cfg::XS) {  // 16 bytes a thread
     if (threadIdx.x < Cfg::LOC_BYTES / 16)
       sm80::cp_async_16(s_a + Cfg::A_BYTES + Cfg::B_BYTES + 16 * threadIdx.x,
@@ -908,24 +928,31 @@ __device__ __forceinline__ void gemm_group(const unsigned char *__restrict__ pac
   // (zeroed at each tile's start)
   float acc[Cfg::MF][Cfg::NF][4];
 
-  typename BLoaderOf<Cfg, VEC, P::K>::type bl(x, n_len, n0);
+  using BL = typename BLoaderOf<Cfg, VEC, P::K>::type;
+  constexpr int DEPTH = BL::DEPTH;  // main-loop iterations from a chunk's index fetch to its issue
+  static_assert(DEPTH == 1 || (AHEAD >= 2 && Cfg::TN == 1), "a chunk held two iterations is "
+                "stored before the iteration that reads it");
+  BL bl(x, n_len, n0);
 
-  // prologue: the row indices of items 0 .. AHEAD fetched at once (one
-  // round trip, not one per chunk: the copies of a chunk wait for its
-  // indices), then items 0 .. AHEAD-1 in flight
-  // (one block of loads with no branch between them, so none waits for another)
-  typename BLoaderOf<Cfg, VEC, P::K>::type::Idx first[AHEAD];
+  // prologue: the row indices of items 0 .. AHEAD+DEPTH-1 fetched at once
+  // (one round trip, not one per chunk: the copies of a chunk wait for its
+  // indices), then items 0 .. AHEAD-1 in flight (one block of loads with
+  // no branch between them, so none waits for another; DEPTH 2: item s's
+  // held loads in slot s % 2, which iteration s % 2 <= s stores)
+  typename BL::Idx first[AHEAD];
   if (chunks > 0) {
 #pragma unroll
     for (int s = 0; s < AHEAD; ++s) bl.fetch(first[s], ind + chunk_of(s) * Cfg::B_ROWS);
-    bl.fetch(bl.next, ind + chunk_of(AHEAD) * Cfg::B_ROWS);
+#pragma unroll
+    for (int d = 0; d < DEPTH; ++d)
+      bl.fetch(bl.next[d], ind + chunk_of(AHEAD + d) * Cfg::B_ROWS);
   }
 #pragma unroll
   for (int s = 0; s < AHEAD; ++s) {
     if (s < items) {
       const int c = Cfg::TN == 1 ? s : chunk_of(s);
       issue_chunk<Cfg>(bl, first[s], s_base + s * Cfg::STAGE_BYTES, w + c * (Cfg::AM * Cfg::BK),
-                       loc + c * Cfg::LOC_BYTES);
+                       loc + c * Cfg::LOC_BYTES, s & 1);
       if constexpr (Cfg::TN > 1)
         if (c == chunks - 1) bl.advance();
     }
@@ -936,11 +963,11 @@ __device__ __forceinline__ void gemm_group(const unsigned char *__restrict__ pac
 
   // main loop: the stage of item i-(S-AHEAD) is refilled with item i+AHEAD
   int read_stage = 0, write_stage = AHEAD;
-  // item i+AHEAD's weights and slot table, item i+AHEAD+1's indices: each
-  // steps by a constant (one add, not a wide multiply, per iteration) and,
-  // streamed, wraps to the group's first chunk at a tile's end
+  // item i+AHEAD's weights and slot table, item i+AHEAD+DEPTH's indices:
+  // each steps by a constant (one add, not a wide multiply, per iteration)
+  // and, streamed, wraps to the group's first chunk at a tile's end
   int w_chunk = Cfg::TN == 1 ? AHEAD : (chunks > 0 ? chunk_of(AHEAD) : 0);
-  int i_chunk = Cfg::TN == 1 ? AHEAD + 1 : (chunks > 0 ? chunk_of(AHEAD + 1) : 0);
+  int i_chunk = Cfg::TN == 1 ? AHEAD + DEPTH : (chunks > 0 ? chunk_of(AHEAD + 1) : 0);
   const unsigned short *w_next = w + w_chunk * (Cfg::AM * Cfg::BK);
   const unsigned char *loc_next = loc + w_chunk * Cfg::LOC_BYTES;
   const int *ind_next = ind + i_chunk * Cfg::B_ROWS;
@@ -952,8 +979,13 @@ __device__ __forceinline__ void gemm_group(const unsigned char *__restrict__ pac
       for (int ni = 0; ni < Cfg::NF; ++ni)
 #pragma unroll
         for (int e = 0; e < 4; ++e) acc[mi][ni][e] = 0.0f;
-    for (int c = 0; c < chunks; ++c, ++item) {
-      bl.flush();  // element loads of the chunk issued last: into its stage, before the barrier
+    int c = 0;
+    // one iteration; `par_c` (Int<0> or Int<1>): its parity, DEPTH 2's slot
+    const auto step = [&](auto par_c) {
+      constexpr int par = decltype(par_c)::value;
+      // element loads of the chunk issued DEPTH iterations ago: into its
+      // stage, before the barrier
+      bl.flush(par);
       sm80::cp_async_wait<AHEAD - 1>();
       if constexpr (Cfg::WG) {
         sm90::fence_proxy_async();  // this thread's copies (and the zero rows) -> wgmma's proxy
@@ -961,9 +993,10 @@ __device__ __forceinline__ void gemm_group(const unsigned char *__restrict__ pac
       }
       __syncthreads();  // item i landed for everyone; the stage to refill is free
       const int next = item + AHEAD;
-      if (next < items) {  // then item next+1's indices, a whole stage ahead of their use
-        issue_chunk<Cfg>(bl, bl.next, s_base + write_stage * Cfg::STAGE_BYTES, w_next, loc_next);
-        if (next + 1 < items) bl.fetch(bl.next, ind_next);
+      if (next < items) {  // then item next+DEPTH's indices, DEPTH stages ahead of their use
+        issue_chunk<Cfg>(bl, bl.next[par], s_base + write_stage * Cfg::STAGE_BYTES, w_next,
+                         loc_next, par);
+        if (next + DEPTH < items) bl.fetch(bl.next[par], ind_next);
       }
       if constexpr (Cfg::TN == 1) {
         w_next += Cfg::AM * Cfg::BK;
@@ -993,6 +1026,17 @@ __device__ __forceinline__ void gemm_group(const unsigned char *__restrict__ pac
         mma_stage<Cfg>(acc, s_a, s_a + Cfg::A_BYTES, warp_m, warp_n, lane);
       read_stage = read_stage + 1 == S ? 0 : read_stage + 1;
       write_stage = write_stage + 1 == S ? 0 : write_stage + 1;
+      ++c;
+      ++item;
+    };
+    if constexpr (DEPTH == 1) {
+      while (c < chunks) step(Int<0>{});
+    } else {  // unrolled by two: each slot's registers are named, never moved
+      while (c + 1 < chunks) {
+        step(Int<0>{});
+        step(Int<1>{});
+      }
+      if (c < chunks) step(Int<0>{});
     }
 
     if constexpr (Cfg::WG) sm90::wait_group<0>();
