@@ -442,13 +442,27 @@ class Tuner:
                          + (f" ({bad} failed)" if bad else ""))
             if res[0].data is not None:
                 m = job.matrix
+                variants = [self._variant(self._untuned_pick(job, target, res, n), n)
+                            for n in sorted(set(ns))]
                 with self.phases("store"):
                     self.cache.put_layer(job.name, untuned_gpu_name(arch), job.fp, job.op_tag,
                                          m.rows, m.cols, job.op.elem_size, job.op.elem_size,
-                                         [self._variant(res[0].kernel, n) for n in sorted(set(ns))])
+                                         variants)
         result.note = "no GPU, measured nothing; " + "; ".join(notes)
         result.compiled = self.compiled - job.compiled_before
         return result
+
+    @staticmethod
+    def _untuned_pick(job: LayerJob, target: dict, built: list, n: int) -> Kernel:
+        """The kernel an untuned layer runs at N = n: the first of the
+        family's hints for that N (decode's tiles for a few tokens,
+        prefill's for many) among those compiled, else the first compiled."""
+        ok = [b.kernel for b in built if b.data is not None]
+        for hint in job.fam.hint_configs(job.matrix, job.op, job.params, target, n=n):
+            hit = next((k for k in ok if k.config == hint), None)
+            if hit is not None:
+                return hit
+        return ok[0]
 
     def _compile_picks(self, job: LayerJob, target: dict) -> tuple[list[dict], int]:
         """What compile-only compiles for `target`: the family's hints, then

@@ -191,3 +191,28 @@ def test_measure_rounds_builds_once_and_alternates(tmp_path, matrix):
         status, info = t.measure_rounds(matrix, "csr", {}, op, 64, [a, b], 3)
         assert status == "launch_fail" and len(w.trials) == 7 + 2
         t.close()
+
+
+def test_untuned_layer_runs_each_n_on_its_regimes_first_hint(tmp_path):
+    """No GPU: the untuned layer's N buckets run the first of the family's
+    hints for their N that compiled (decode's tiles at 16 tokens,
+    prefill's at 4096), not one configuration for all."""
+    from sparseforge import native
+    from sparseforge.generator.synth import random_matrix
+    if native.gpu_available()[0]:
+        pytest.skip("a GPU is here: the tuner measures instead of storing an untuned layer")
+    mat = random_matrix("shflbw:64", 256, 256, 0.25, "fp16", seed=1)
+    op = Operation("fp16", "tm")
+    with Cache(str(tmp_path / "u.db")) as cache:
+        t = Tuner(cache, arch="sm_90a", budget="4", jobs=2)
+        try:
+            res = t.tune(mat, "shflbw", {"v": 64}, op, [16, 4096], "l")
+        finally:
+            t.close()
+        (rec,) = cache.layers("l")
+    assert not res.measured and rec["gpu_name"] == "untuned (sm_90a)"
+    cfg = {v["n_bucket"]: json.loads(v["config"]) for v in rec["variants"]}
+    fam, target = get_family("shflbw"), {"arch": "sm_90a"}
+    assert cfg[16] != cfg[4096]
+    assert cfg[16]["bn"] <= 32 and cfg[16].get("ks") == 2 and cfg[4096].get("wg") == 1
+    assert cfg[16] == fam.hint_configs(mat, op, {"v": 64}, target, n=16)[0]
