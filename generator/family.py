@@ -57,6 +57,16 @@ def by_regime(decode: list, prefill: list, n: Optional[int]) -> list:
     return out + decode[len(prefill):] + prefill[len(decode):]
 
 
+def by_tile_n(hints: list, n: Optional[int], decode_max_bn: int = 64) -> list:
+    """`hints` (each with a tile of `bn` columns of N) ordered for N: those
+    of at most decode_max_bn columns are decode's tiles, the rest
+    prefill's (by_regime); N unknown, as given."""
+    if n is None:
+        return hints
+    return by_regime([h for h in hints if h["bn"] <= decode_max_bn],
+                     [h for h in hints if h["bn"] > decode_max_bn], n)
+
+
 @dataclass
 class Fit:
     """How a matrix fits one pattern (one parameter choice of a family)."""

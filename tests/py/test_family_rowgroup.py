@@ -596,6 +596,11 @@ def test_by_regime_orders_hints_by_n():
     assert by_regime(d, p, PREFILL_MIN_N) == ["p1", "d1", "d2", "d3"]
     assert by_regime(d, p, None) == by_regime(d, p, DECODE_MAX_N + 1) == ["d1", "p1", "d2", "d3"]
     assert by_regime([], p, 16) == p and by_regime(d, [], 4096) == d
+    from sparseforge.generator.family import by_tile_n
+    hints = [{"bn": 256}, {"bn": 16}, {"bn": 64}, {"bn": 128}]
+    assert by_tile_n(hints, None) == hints
+    assert by_tile_n(hints, 16) == [{"bn": 16}, {"bn": 64}, {"bn": 256}, {"bn": 128}]
+    assert by_tile_n(hints, 4096) == [{"bn": 256}, {"bn": 128}, {"bn": 16}, {"bn": 64}]
 
 
 def test_config_shared_memory_dtype_layout_and_keys(rng):

@@ -23,7 +23,7 @@ from typing import Optional
 
 import numpy as np
 
-from ...family import by_regime
+from ...family import by_tile_n
 from ...kernel import ConfigError, Kernel, Operation, config_name, make_launch, render, smem_limit
 from ...matrix import SparseMatrix
 from ...space import Constraint, Space
@@ -219,7 +219,7 @@ def _valid(cands: list[dict], matrix: SparseMatrix, op: Operation,
 def hint_configs(matrix: SparseMatrix, op: Operation, device: Optional[dict],
                  n: Optional[int] = None) -> list[dict]:
     """Measured first: one per regime (N known: its regime's first,
-    by_regime).  Decode (N <= 64): on Hopper rows in
+    by_tile_n).  Decode (N <= 64): on Hopper rows in
     blocks of 32 (N = 16) or 64, K split over 4 or 2 warps of four k-steps
     and a cluster of 2 (enough CTAs to fill the GPU with 4096-row
     matrices; elsewhere blocks of 32 rows and 4 warps along K); prefill:
@@ -241,9 +241,7 @@ def hint_configs(matrix: SparseMatrix, op: Operation, device: Optional[dict],
         hints += [dict(mf=1, wm=8, wk=1, ksw=2, bn=256, stages=4, ck=1, wg=1),
                   dict(mf=1, wm=4, wk=1, ksw=2, bn=64, stages=4, ck=4, wg=1)]
     hints.append(dict(mf=2, wm=2, wk=1, ksw=2, bn=128, stages=3, ck=1))
-    if n is not None:
-        hints = by_regime([h for h in hints if h["bn"] <= 64], [h for h in hints if h["bn"] > 64], n)
-    return _valid(hints, matrix, op, device)
+    return _valid(by_tile_n(hints, n), matrix, op, device)
 
 
 # ---- plan and render ------------------------------------------------------------------------

@@ -27,7 +27,7 @@ from typing import Optional
 import numpy as np
 
 from .. import register
-from ...family import Family, Fit, PatternError, Pruned, by_regime
+from ...family import Family, Fit, PatternError, Pruned, by_tile_n
 from ...kernel import ConfigError, Kernel, Operation, config_name, make_launch, render, smem_limit
 from ...matrix import SparseMatrix, from_device_bytes
 from ...space import Constraint, Space
@@ -427,8 +427,7 @@ class Nm24Family(Family):
               dict(bm=256, bn=128, bk=64, wm=2, wn=1, stages=6, wg=1, tma=1, cm=2, mw=2),
               dict(bm=128, bn=256, bk=64, wm=2, wn=1, stages=4, wg=1),
               dict(bm=64, bn=64, bk=128, wm=1, wn=1, stages=5, wg=1)]
-        if n is not None:   # N known: its regime's tiles first, the rest in turn
-            wg = by_regime([c for c in wg if c["bn"] <= 64], [c for c in wg if c["bn"] > 64], n)
+        wg = by_tile_n(wg, n)   # N known: its regime's tiles first, the rest in turn
         hopper = bool(device and device.get("arch") == "sm_90a")
         out = []
         for cfg in wg + ([] if hopper else [dict(BASE_CONFIG)]):   # as the space has them

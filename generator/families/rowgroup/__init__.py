@@ -266,13 +266,13 @@ class RowGroupFamily(Family):
             if op.layout == "tm":
                 # token-major decode (N of 16 to 64 tokens): 16 or 32
                 # columns a CTA and 64 of K a stage, ordered with the
-                # prefill tiles by N (by_regime).  H100, shflbw:64 at 75%, N = 16: 4096 x
-                # 4096 13.9 us against 33.6 with bk32 bn128; 11008 x 4096
-                # 17.8 against 41.2; 4096 x 11008 29.9 against 80.0.  Split
-                # K first where clusters exist (sm_90a): over 2 CTAs 4096 x
-                # 4096 10.3 us, 11008 x 4096 16.3, 4096 x 11008 19.2; over
-                # 4, 4096 x 11008 16.9 and bsr:64x64 4096 x 4096 8.0 against
-                # 12.1 (bench/RESULTS.md, 2026-11-25)
+                # prefill tiles by N (by_regime).  H100, shflbw:64 at 75%,
+                # N = 16: 4096 x 4096 13.9 us against 33.6 with bk32 bn128;
+                # 11008 x 4096 17.8 against 41.2; 4096 x 11008 29.9 against
+                # 80.0.  Split K first where clusters exist (sm_90a): over 2
+                # CTAs 4096 x 4096 10.3 us, 11008 x 4096 16.3, 4096 x 11008
+                # 19.2; over 4, 4096 x 11008 16.9 and bsr:64x64 4096 x 4096
+                # 8.0 against 12.1 (bench/RESULTS.md, 2026-11-25)
                 split = [{"bk": 64, "bn": 16, "stages": 4, "wm": 4, "wn": 1, "ks": 2},
                          {"bk": 64, "bn": 16, "stages": 4, "wm": 2, "wn": 1, "ks": 4}]
                 # (named only for a device that is sm_90a: without a device the
@@ -283,12 +283,13 @@ class RowGroupFamily(Family):
                           {"bk": 64, "bn": 16, "stages": 3, "wm": 2, "wn": 1},
                           {"bk": 64, "bn": 32, "stages": 3, "wm": 2, "wn": 2}]
                 decode = self._valid(decode, matrix, op, params, device)
-                # prefill: on sm_90a the wgmma tiles before mma.sync's.  H100, bsr:64x64 at 25%, N =
-                # 4096: bk32 bn256 wn2 s5 first on 4096 x 4096 (99.8 us
-                # against 139 for mma.sync), 11008 x 4096 and 3072 x 768, bk64
-                # bn128 s4 on 768 x 3072; streamed tiles (tn) no faster, and
-                # up to 1.7x slower on 768-row layers (too few CTAs), so no
-                # hint names them (bench/RESULTS.md, 2026-11-25)
+                # prefill: on sm_90a the wgmma tiles before mma.sync's.
+                # H100, bsr:64x64 at 25%, N = 4096: bk32 bn256 wn2 s5 first
+                # on 4096 x 4096 (99.8 us against 139 for mma.sync), 11008 x
+                # 4096 and 3072 x 768, bk64 bn128 s4 on 768 x 3072; streamed
+                # tiles (tn) no faster, and up to 1.7x slower on 768-row
+                # layers (too few CTAs), so no hint names them
+                # (bench/RESULTS.md, 2026-11-25)
                 wg_tm = [{"bk": 32, "bn": 256, "stages": 5, "wm": wm, "wn": 2, "wg": 1},
                          {"bk": 64, "bn": 128, "stages": 4, "wm": wm, "wn": 1, "wg": 1},
                          {"bk": 32, "bn": 256, "stages": 5, "wm": wm, "wn": 1, "wg": 1},
@@ -296,9 +297,8 @@ class RowGroupFamily(Family):
                          {"bk": 32, "bn": 128, "stages": 5, "wm": wm, "wn": 1, "wg": 1}]
                 prefill = self._valid((wg_tm if sm90a else []) + wide[2:] + wide[:2],
                                       matrix, op, params, device)
-                prefs = by_regime(decode, prefill, n)
-            else:
-                prefs = (small + wg if hopper else []) + wide
+                return by_regime(decode, prefill, n)   # (both valid already)
+            prefs = (small + wg if hopper else []) + wide
         return self._valid(prefs, matrix, op, params, device)
 
     def default_config(self, matrix: SparseMatrix, op: Operation, params: dict,

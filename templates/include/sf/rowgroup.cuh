@@ -53,8 +53,9 @@
 // its row width: 32, 64 or 128 bytes for BK = 16, 32, 64) and B = the
 // gathered X tile: feature-major MN-major (128-byte swizzle) stored as
 // columns of 64-wide atoms; token-major the BN x BK tile of the mma.sync
-// path, K-major with A's swizzle.  The tile has BM = 64 x (warpgroups along M) rows; a group
-// of AM < 64 rows leaves the rest of the A tile zero.  The pipeline keeps
+// path, K-major with A's swizzle.  The tile has BM = 64 x (warpgroups
+// along M) rows; a group of AM < 64 rows leaves the rest of the A tile
+// zero.  The pipeline keeps
 // STAGES-2 chunks in flight and one wgmma group running behind the one
 // being issued.
 //
