@@ -245,6 +245,30 @@ def test_search_space_valid(device, layout):
         assert not any(c.get("wg") for c in FAM.hint_configs(m, op, {}, device))
 
 
+def test_tiles_per_cta_fills_whole_waves():
+    """`mt` a CTA: the fewest tile-times on the GPU's SMs, a tile after the
+    first a little cheaper the shorter K is."""
+    tile = nm24_mod.PREFILL_MT_TILE
+    # 12 x 32 tiles: 3 waves of 132 one a CTA, or 1 of 128 CTAs taking 3
+    assert nm24_mod.tiles_per_cta(3072, 768, 4096, tile, 132) == 3
+    # 96 tiles: one wave already
+    assert nm24_mod.tiles_per_cta(768, 3072, 4096, tile, 132) == 1
+    # 43 x 32 tiles, long K: no mt saves a wave's worth
+    assert nm24_mod.tiles_per_cta(11008, 4096, 4096, tile, 132) == 1
+    # fewer SMs: 12 x 32 tiles on 64 SMs, 6 waves, or one of 64 CTAs taking 6
+    assert nm24_mod.tiles_per_cta(3072, 768, 4096, tile, 64) == 6
+
+
+def test_prefill_hints_take_several_tiles_a_cta_where_it_fills_the_waves():
+    m = random_24(3072, 768, seed=9)
+    op = Operation(dtype="fp16", layout="tm")
+    pre = FAM.hint_configs(m, op, {}, H100, n=4096)
+    assert pre[1] == dict(nm24_mod.PREFILL_MT_TILE, ks=1, mt=3)
+    assert not any(c.get("mt", 1) > 1 for c in FAM.hint_configs(m, op, {}, H100, n=16))
+    from sparseforge.tuner.strategies import hinted
+    assert hinted(FAM.search_space(m, op, {}, H100), pre) == pre
+
+
 @pytest.mark.parametrize("bad,what", [
     (dict(bm=96), r"bm in \(64, 128\): BM of a CTA tile"),
     (dict(bn=32), r"bn in \(64, 128, 256\): BN of a CTA tile"),
@@ -295,6 +319,10 @@ TMA = dict(bm=128, bn=256, bk=64, wm=2, wn=1, stages=4, wg=1, tma=1, cm=2)
     (dict(mw=2), "fm", 64, "bm == 64 \\* mw \\* wm"),
     (dict(mw=2, bm=256), "fm", 64, "the accumulators .* fit the registers"),
     (dict(bk=32), "tm", 64, "whole 128-byte swizzle atoms"),
+    (dict(mt=5), "fm", 64, r"mt in \(1, 2, 3, 4, 6, 8\)"),
+    (dict(mt=2, ks=2, cm=1, bn=64), "tm", 64, "several tiles a CTA only without split K"),
+    (dict(mt=2, cm=1, bn=64), "tm", 64, "several tiles a CTA only for prefill"),
+    (dict(mt=2, stages=4), "fm", 64, "fits the GPU's per-block limit"),
 ])
 def test_check_config_refusals_tma(bad, layout, k, what):
     m = random_24(64, k, seed=8)
@@ -318,6 +346,26 @@ def test_tma_plan_round_trip(layout):
     assert k.launch["block"] == (288, 1, 1) and k.launch["grid"] == (1, 2, 1)
     ae = nm24_pack.interleave_ae(b"\1" * 4 * 2 * 2048, b"\2" * 16 * 2 * 64, 256, 64)
     assert nm24_pack.split_ae(ae, 256, 64) == (b"\1" * 4 * 2 * 2048, b"\2" * 16 * 2 * 64)
+
+
+def test_tiles_per_cta_plan():
+    """`mt` tiles along M a CTA: the grid's y counts CTAs (a cluster's CM
+    side by side), the last slot taking what is left; the output tile gets
+    its own shared memory."""
+    m = random_24(1000, 200, seed=15)
+    for c, slots in ((dict(TMA, bm=256, bn=128, cm=1, mw=2, stages=4, mt=3), 2),   # 4 tiles
+                     (dict(TMA, stages=3, mt=2), 4),                                  # 4 pairs
+                     (dict(TMA, stages=3, mt=4), 2),
+                     (dict(TMA, bm=128, bn=128, cm=1, stages=4, mt=8), 1)):          # 8 tiles
+        for layout in ("fm", "tm"):
+            op = Operation(layout=layout)
+            plan = FAM.plan(m, op, {}, c)
+            assert plan.grid == (1, slots, 1), (c, plan.grid)
+            k = FAM.render(plan, op, c)
+            assert f", {c['mt']}>;" in k.source and k.launch["grid"] == (1, slots, 1)
+            env = nm24_mod.TMA_SPACE.env(c, {"tm": int(layout == "tm"), "k": 200})
+            assert plan.smem_bytes == 2048 + c["stages"] * env["stage_bytes"] + env["c_bytes"]
+            same_matrix(FAM.unpack(plan), m, "fp16")
 
 
 def test_split_k_plan():
@@ -418,6 +466,9 @@ WG_COMPILE_CASES = [
     ("fp16", "tm", dict(TMA, bm=64, wm=1, bn=64, bk=128, cm=1, ks=4, stages=5),
      Epilogue(bias=True, activation="gelu")),
     ("bf16", "fm", dict(TMA, bm=256, bn=128, cm=1, mw=2, stages=6), Epilogue(bias=True, activation="gelu")),
+    ("fp16", "tm", dict(TMA, bm=256, bn=128, cm=1, mw=2, stages=4, mt=4),
+     Epilogue(bias=True, activation="gelu")),
+    ("bf16", "fm", dict(TMA, stages=3, mt=2), Epilogue(activation="relu")),
     ("fp16", "fm", dict(WG), Epilogue()),
     ("bf16", "tm", dict(WG, bn=128, stages=5), Epilogue(bias=True, activation="gelu")),
     ("fp16", "fm", dict(WG, bm=64, bn=64, bk=32, wm=1, stages=3), Epilogue(activation="relu")),
@@ -545,6 +596,11 @@ TMA_GPU_CONFIGS = [
     dict(bm=256, bn=128, bk=64, wm=2, wn=1, stages=5, wg=1, tma=1, cm=2, mw=2),
     dict(bm=64, bn=64, bk=64, wm=1, wn=1, stages=12, wg=1, tma=1, cm=1, ks=2),   # deep, split
 ]
+# several tiles along M a CTA (`mt`): a slot with fewer tiles at the end of
+# M, a cluster pair, output rows by bulk copies or (odd N, feature-major) not
+TMA_MT = [dict(bm=128, bn=128, bk=64, wm=2, wn=1, stages=4, wg=1, tma=1, cm=1, mt=2),
+          dict(bm=256, bn=128, bk=64, wm=2, wn=1, stages=4, wg=1, tma=1, cm=1, mw=2, mt=3),
+          dict(bm=128, bn=256, bk=64, wm=2, wn=1, stages=3, wg=1, tma=1, cm=2, mt=2)]
 TMA_TM_ONLY = [dict(bm=128, bn=16, bk=64, wm=2, wn=1, stages=12, wg=1, tma=1, cm=1),  # decode
                dict(bm=64, bn=32, bk=128, wm=1, wn=1, stages=8, wg=1, tma=1, cm=1, ks=4)]
 
@@ -605,7 +661,7 @@ def test_gpu_tma_odd_shapes(hopper, layout, dtype):
     m = random_24(300, 520 if layout == "tm" else 523, seed=44, zero_rows=(0, 64, 299),
                   dtype=dtype)
     op = Operation(dtype=dtype, layout=layout)
-    for c in TMA_GPU_CONFIGS + (TMA_TM_ONLY if layout == "tm" else []):
+    for c in TMA_GPU_CONFIGS + TMA_MT + (TMA_TM_ONLY if layout == "tm" else []):
         for n in (1, 77, 264, 520):
             _verify(m, op, c, n)
 
@@ -619,7 +675,8 @@ def test_gpu_tma_epilogues(hopper, layout, dtype):
     for ep in (Epilogue(bias=True, activation="relu"), Epilogue(bias=True, activation="gelu", scale=0.5),
                Epilogue(activation="gelu"), Epilogue(scale=-2.0)):
         op = Operation(dtype=dtype, layout=layout, epilogue=ep)
-        for c in TMA_GPU_CONFIGS[:2] + TMA_GPU_CONFIGS[-2:] + (TMA_TM_ONLY if layout == "tm" else []):
+        for c in (TMA_GPU_CONFIGS[:2] + TMA_GPU_CONFIGS[-2:] + TMA_MT
+                  + (TMA_TM_ONLY if layout == "tm" else [])):
             _verify(m, op, c, 200, bias=bias if ep.bias else None)
 
 
@@ -628,7 +685,7 @@ def test_gpu_tma_epilogues(hopper, layout, dtype):
 def test_gpu_tma_large(hopper, layout):
     m = random_24(1024, 2048, seed=46, mode="full")
     op = Operation(dtype="fp16", layout=layout)
-    for c in TMA_GPU_CONFIGS[:3]:
+    for c in TMA_GPU_CONFIGS[:3] + [dict(TMA_MT[0], mt=4), dict(TMA_MT[2], mt=3)]:
         _verify(m, op, c, 4096)
 
 

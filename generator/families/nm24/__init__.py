@@ -27,7 +27,7 @@ from typing import Optional
 import numpy as np
 
 from .. import register
-from ...family import Family, Fit, PatternError, Pruned, by_tile_n
+from ...family import DECODE_MAX_N, Family, Fit, PatternError, Pruned, by_tile_n
 from ...kernel import ConfigError, Kernel, Operation, config_name, make_launch, render, smem_limit
 from ...matrix import SparseMatrix, from_device_bytes
 from ...space import Constraint, Space
@@ -126,12 +126,15 @@ WG_SPACE = Space(
 # warpgroups and a producer warp; the X tile shared by clusters of `cm`
 # CTAs along M.
 TMA_STAGE_CHOICES = (3, 4, 5, 6, 8, 12)
-TMA_KEYS = WG_KEYS + ("tma", "cm", "ks", "mw")
+TMA_KEYS = WG_KEYS + ("tma", "cm", "ks", "mw", "mt")
+TMA_OPTIONAL = ("ks", "mw", "mt")   # keys with defaults
+MT_CHOICES = (1, 2, 3, 4, 6, 8)
 TMA_BN_CHOICES = (16, 32, 64, 128, 256)   # below 64: token-major (decode's few tokens)
 TMA_SPACE = Space(
     choices={"bm": WG_BM_CHOICES, "bn": TMA_BN_CHOICES, "bk": WG_BK_CHOICES, "wn": (1, 2),
-             "stages": TMA_STAGE_CHOICES, "cm": (1, 2), "ks": (1, 2, 4), "mw": (1, 2)},
-    defaults={"ks": 1, "mw": 1},
+             "stages": TMA_STAGE_CHOICES, "cm": (1, 2), "ks": (1, 2, 4), "mw": (1, 2),
+             "mt": MT_CHOICES},
+    defaults={"ks": 1, "mw": 1, "mt": 1},
     derived={
         "wg_n": "bn // wn",
         "consumers": "128 * wm * wn",
@@ -142,7 +145,9 @@ TMA_SPACE = Space(
         "stage_bytes": "cdiv(b_bytes + ae_bytes, 1024) * 1024",
         "c_bytes": "(bn if tm else bm) * ((bm if tm else bn) + 8) * 2",
         "p_bytes": "bm * (bn + 4) * 4 if ks > 1 else 0",
-        "smem": "2048 + max(max(stages * stage_bytes, c_bytes), p_bytes)",
+        # with several tiles a CTA, the output tile has a buffer of its own
+        "smem": "2048 + (stages * stage_bytes + c_bytes if mt > 1 else "
+                "max(max(stages * stage_bytes, c_bytes), p_bytes))",
         # the accumulators and about 40 registers of addresses and epilogue
         "regs": "threads * (acc_regs + 40)",
     },
@@ -152,6 +157,10 @@ TMA_SPACE = Space(
         Constraint("ks in (1, 2, 4)", "K split over 1, 2 or 4 CTAs of a cluster"),
         Constraint("bm == 64 * mw * wm", "a warpgroup's rows are mw 64-row wgmma tiles"),
         Constraint("cm == 1 or ks == 1", "a cluster shares the X tile or splits K, not both"),
+        Constraint(f"mt in {MT_CHOICES}", "tiles along M a CTA takes in turn"),
+        Constraint("mt == 1 or ks == 1", "several tiles a CTA only without split K"),
+        Constraint("mt == 1 or bn >= 128", "several tiles a CTA only for prefill's wide tiles "
+                   "(they hide a tile's pipeline fill and output store behind the next)"),
         # where each knob pays: splitting K and deep pipelines for decode's few
         # columns, sharing the X tile for prefill's wide ones
         Constraint("ks == 1 or bn <= 64", "K is split only for tiles of at most 64 columns"),
@@ -211,6 +220,15 @@ def _device_env(device: Optional[dict]) -> dict:
 
 def _round_up(x: int, m: int) -> int:
     return max(m, -(-x // m) * m)
+
+
+def _tile_slots(mp: int, bm: int, config: dict) -> int:
+    """CTAs along M: one a tile, or (TMA, `mt` > 1) one for every `mt`
+    tiles, the cluster's `cm` CTAs side by side."""
+    if not is_tma(config):
+        return mp // bm
+    cm, mt = config.get("cm", 1), config.get("mt", 1)
+    return cm * -(-(mp // (bm * cm)) // mt)
 
 
 def _align16(x: int) -> int:
@@ -373,7 +391,7 @@ class Nm24Family(Family):
     # ---- configurations -------------------------------------------------------
     def check_config(self, config: dict, matrix: SparseMatrix, op: Operation,
                      params: dict, device: Optional[dict] = None) -> None:
-        keys = (tuple(k_ for k_ in TMA_KEYS if k_ not in ("ks", "mw")) if "tma" in config
+        keys = (tuple(k_ for k_ in TMA_KEYS if k_ not in TMA_OPTIONAL) if "tma" in config
                 else WG_KEYS if "wg" in config else CONFIG_KEYS)
         missing = [k for k in keys if k not in config]
         if missing:
@@ -428,6 +446,13 @@ class Nm24Family(Family):
               dict(bm=128, bn=256, bk=64, wm=2, wn=1, stages=4, wg=1),
               dict(bm=64, bn=64, bk=128, wm=1, wn=1, stages=5, wg=1)]
         wg = by_tile_n(wg, n)   # N known: its regime's tiles first, the rest in turn
+        if n is not None and n > DECODE_MAX_N:
+            # prefill: the 256 x 128 tile taking `mt` tiles a CTA, the number
+            # that fills the GPU's waves best, second
+            mt = tiles_per_cta(*matrix.shape, n, PREFILL_MT_TILE,
+                               int((device or {}).get("sm_count") or H100_SMS))
+            if mt > 1:
+                wg.insert(1, dict(PREFILL_MT_TILE, mt=mt))
         hopper = bool(device and device.get("arch") == "sm_90a")
         out = []
         for cfg in wg + ([] if hopper else [dict(BASE_CONFIG)]):   # as the space has them
@@ -504,7 +529,7 @@ class Nm24Family(Family):
             values_offset=values_offset, meta_offset=meta_offset, bias_offset=bias_offset,
             has_bias=ep.bias, smem_bytes=smem_bytes(cfg, op.layout, k),
             threads=cfg["wm"] * cfg["wn"] * (128 if wg else 32) + (32 if tma else 0),
-            grid=(1, mp // bm, ks),
+            grid=(1, _tile_slots(mp, bm, config), ks),
             perm=None if matrix.perm is None else matrix.perm.copy(),
             epilogue=dict(activation=ep.activation, scale=float(ep.scale)))
 
@@ -555,7 +580,7 @@ class Nm24Family(Family):
         template = ("nm24_tma.cu.j2" if is_tma(c) else "nm24_sm90.cu.j2" if is_wg(c)
                     else "nm24.cu.j2")
         source = render(template, name=plan.name, cm=c.get("cm", 1), ks=c.get("ks", 1),
-                        mw=c.get("mw", 1), dtype=plan.dtype, layout=plan.layout,
+                        mw=c.get("mw", 1), mt=c.get("mt", 1), dtype=plan.dtype, layout=plan.layout,
                         m=plan.m, k=plan.k, mp=plan.mp, kp=plan.kp,
                         bm=c["bm"], bn=c["bn"], bk=c["bk"], wm=c["wm"], wn=c["wn"],
                         stages=c["stages"], threads=plan.threads, smem_bytes=plan.smem_bytes,
@@ -566,6 +591,30 @@ class Nm24Family(Family):
                              n_tile=plan.config["bn"], shared_bytes=plan.smem_bytes)
         return Kernel(name=plan.name, source=source, packed=plan.packed, launch=launch,
                       config=dict(plan.config))
+
+
+# The prefill tile that takes several tiles along M a CTA (`mt`): two
+# warpgroups of two 64-row wgmma tiles, 4 stages (the output tile's own
+# buffer leaves no room for more).
+PREFILL_MT_TILE = dict(bm=256, bn=128, bk=64, wm=2, wn=1, stages=4, wg=1, tma=1, cm=1, mw=2)
+H100_SMS = 132   # where the device does not say
+
+
+def tiles_per_cta(m: int, k: int, n: int, config: dict, sms: int) -> int:
+    """The `mt` (of MT_CHOICES) that runs a problem's tiles in the fewest
+    tile-times: a CTA an SM (one wave of `sms` CTAs at a time) taking mt
+    tiles in turn, each tile after the first cheaper by the share of its
+    pipeline fill and store that the next tile's loads hide.  That share
+    (measured on an H100, bench/RESULTS.md: about 8% at 16 K tiles, 10%
+    at 12) is taken as 1.6 / (K tiles), at most 15%."""
+    rows = -(-m // config["bm"])
+    cols = -(-n // config["bn"])
+    gain = min(0.15, 1.6 / -(-k // config["bk"]))
+
+    def cost(mt: int) -> float:
+        waves = -(-cols * -(-rows // mt) // sms)
+        return waves * mt * (1.0 - gain * (1.0 - 1.0 / mt))
+    return min(MT_CHOICES, key=lambda mt: (cost(mt), mt))
 
 
 # mma.sp's default (the first configuration a budgeted search measures

@@ -335,15 +335,13 @@ struct CtaSync {
   __device__ __forceinline__ static void sync() { __syncthreads(); }
 };
 
-// acc -> act(scale * acc + bias) -> T, staged in shared memory, then written
-// with 16-byte stores where the row alignment allows, else element by element.
-// C::THREADS threads (tid < C::THREADS) take part; warp (warp_m, warp_n)'s
+// acc -> act(scale * acc + bias) -> T, staged in shared memory (rows m in
+// feature-major, n in token-major, C::C_LD apart).  Warp (warp_m, warp_n)'s
 // fragment row mi starts at row C::row_of(warp_m, mi) of the tile.
-template <class C, class P, typename T, class Sync = CtaSync>
-__device__ __forceinline__ void store_tile(unsigned char *smem, float (&acc)[C::MI][C::NI][4],
-                                           const unsigned char *packed, unsigned short *Y,
-                                           int m0, int n0, int N, int warp_m, int warp_n,
-                                           int lane, int tid) {
+template <class C, class P, typename T>
+__device__ __forceinline__ void stage_tile(unsigned char *smem, float (&acc)[C::MI][C::NI][4],
+                                           const unsigned char *packed, int m0, int warp_m,
+                                           int warp_n, int lane) {
   const int g = lane >> 2, t = lane & 3;
   unsigned short *sc = reinterpret_cast<unsigned short *>(smem);
   const float *bias = section<float>(packed, P::BIAS_OFFSET);
@@ -367,7 +365,14 @@ __device__ __forceinline__ void store_tile(unsigned char *smem, float (&acc)[C::
       }
     }
   }
-  Sync::sync();
+}
+
+// The staged tile -> Y by C::THREADS threads (tid < C::THREADS): 16-byte
+// stores where the row alignment allows, else element by element.
+template <class C, class P>
+__device__ __forceinline__ void copy_tile(const unsigned char *smem, unsigned short *Y, int m0,
+                                          int n0, int N, int tid) {
+  const unsigned short *sc = reinterpret_cast<const unsigned short *>(smem);
   // Rows of the staged tile: m (fm) or n (tm); 8-element chunks along them.
   constexpr int CPR = C::C_COLS / 8;
   constexpr int COUNT = C::C_ROWS * CPR;
@@ -395,6 +400,17 @@ __device__ __forceinline__ void store_tile(unsigned char *smem, float (&acc)[C::
       }
     }
   }
+}
+
+// acc -> the staged tile -> Y (stage_tile, the barrier, copy_tile).
+template <class C, class P, typename T, class Sync = CtaSync>
+__device__ __forceinline__ void store_tile(unsigned char *smem, float (&acc)[C::MI][C::NI][4],
+                                           const unsigned char *packed, unsigned short *Y,
+                                           int m0, int n0, int N, int warp_m, int warp_n,
+                                           int lane, int tid) {
+  stage_tile<C, P, T>(smem, acc, packed, m0, warp_m, warp_n, lane);
+  Sync::sync();
+  copy_tile<C, P>(smem, Y, m0, n0, N, tid);
 }
 
 // ---- kernel body --------------------------------------------------------------

@@ -30,9 +30,19 @@
 // (distributed shared memory, in a fixed order), applies the epilogue and
 // stores it.
 //
+// Several tiles a CTA (MT > 1, prefill): the CTA takes MT tiles along M in
+// turn (the same columns of N), the producer running on into the next
+// tile's stages while the consumers store the last one, so that neither
+// the pipeline's fill nor the store is paid once a tile.  A static split
+// (the launch record's grid is fixed per N tile): the tuner picks MT so
+// that the CTAs fill whole waves of the GPU (bench/RESULTS.md: short K,
+// -7 to -10% a tile).  Rows of Y by asynchronous bulk copies (the TMA
+// unit) were slower: they queue behind the producer's loads.
+//
 // Shared memory (from a 1024-byte aligned base): the barriers in the first
 // 1 KB, then the stages (X tile, then the weight and metadata runs), reused
-// at the end for the output tile (or the partial tile).
+// at the end for the output tile (or the partial tile); with MT > 1 the
+// output tile has its own buffer after the stages.
 #pragma once
 
 #include "sf/nm24_sm90.cuh"
@@ -44,7 +54,7 @@ namespace nm24 {
 constexpr int AE_STEP = WG_A_BYTES + 4 * META_BYTES;  // one 64-row tile x one K step
 
 template <int BM_, int BN_, int BK_, int WM_, int WN_, int MW_, int STAGES_, int CM_, int KS_,
-          bool TM_>
+          bool TM_, int MT_ = 1>
 struct TmaConfig {
   static constexpr int BM = BM_;          // 64 x MW x WM
   static constexpr int BN = BN_;
@@ -56,6 +66,7 @@ struct TmaConfig {
   static constexpr int CM = CM_;          // CTAs of a cluster along M sharing the X tile
   static constexpr int KS = KS_;          // CTAs of a cluster along z splitting K
   static constexpr bool TOKEN_MAJOR = TM_;
+  static constexpr int MT = MT_;          // tiles along M a CTA takes in turn (1: one tile)
 
   static constexpr int WG_N = BN / WN;
   static constexpr int THREADS = 128 * WM * WN;      // the consumers (store_tile's threads)
@@ -88,8 +99,13 @@ struct TmaConfig {
   // split K: the fp32 partial tile, rows padded by 4 floats
   static constexpr int P_LD = BN + 4;
   static constexpr int P_BYTES = KS > 1 ? BM * P_LD * 4 : 0;
-  // 1 KB of alignment slack, 1 KB of barriers, then the stages
-  static constexpr int SMEM_BYTES = 2048 + cmax(cmax(STAGES * STAGE_BYTES, C_BYTES), P_BYTES);
+  // 1 KB of alignment slack, 1 KB of barriers, then the stages; with MT > 1
+  // the output tile has its own buffer after them (the producer fills the
+  // next tile's stages while the consumers store this one)
+  static constexpr int C_OFFSET = MT > 1 ? STAGES * STAGE_BYTES : 0;  // from the stages
+  static constexpr int SMEM_BYTES =
+      2048 + (MT > 1 ? STAGES * STAGE_BYTES + C_BYTES
+                     : cmax(cmax(STAGES * STAGE_BYTES, C_BYTES), P_BYTES));
 
   // The configuration's constraints are asserted by the generated source,
   // from the table the search space filters with
@@ -124,22 +140,25 @@ __device__ __forceinline__ void tma_fallback_b_fm(unsigned sB, const unsigned sh
   }
 }
 
-// The producer warp: fills stage kt % STAGES for every kt, reusing a stage
-// once every consumer of the cluster has released it.
+// The producer warp: for each of the CTA's `tiles` tiles along M (rows m0,
+// m0 + step, ...) and each of its K tiles, fills stage it % STAGES (`it`
+// counting over the tiles), reusing a stage once every consumer of the
+// cluster has released it.
 template <class C, class P>
 __device__ __forceinline__ void tma_produce(const unsigned char *__restrict__ packed,
                                             const unsigned short *__restrict__ X, int N,
                                             const sm90::TensorMap *map, bool use_map,
                                             unsigned stages, unsigned full, unsigned empty,
-                                            int m0, int n0, unsigned rank, int kz, int lane) {
+                                            int m0, int step, int tiles, int n0, unsigned rank,
+                                            int kz, int lane) {
   constexpr int KT = P::KP / C::BK / C::KS;  // this CTA's stages: K tiles kz .. kz + KT - 1
   constexpr int S = C::STAGES;
   const unsigned char *ae = packed + P::AE_OFFSET;
-  const int t0 = m0 / 64;
 #pragma unroll 1
-  for (int kt = 0; kt < KT; ++kt) {
-    const int s = kt % S;
-    if (kt >= S) sm90::mbar_wait(empty + 8 * s, ((kt / S) - 1) & 1);
+  for (int it = 0; it < tiles * KT; ++it) {
+    const int kt = it % KT, t0 = (m0 + it / KT * step) / 64;
+    const int s = it % S;
+    if (it >= S) sm90::mbar_wait(empty + 8 * s, ((it / S) - 1) & 1);
     const unsigned sB = stages + s * C::STAGE_BYTES;
     const unsigned sAE = sB + C::B_BYTES;
     const int kg = kz + kt;
@@ -315,10 +334,15 @@ __device__ __forceinline__ void tma_gemm(const unsigned char *__restrict__ packe
   const unsigned base = sm80::smem_addr(smem);
   const unsigned full = base, empty = base + 8 * C::STAGES, stages = base + 1024;
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
-  const int n0 = blockIdx.x * C::BN, m0 = blockIdx.y * C::BM;
   // cluster (1, CM, KS): rank along M (the X tile's share) and along z (K's slice)
   const unsigned rank = C::CM > 1 ? blockIdx.y % C::CM : 0u;
   const int zrank = C::KS > 1 ? blockIdx.z : 0;
+  // the tiles along M: MT in turn, CM * BM rows apart (the cluster's other
+  // CTAs take the rows between); fewer at the end of M
+  constexpr int STEP = C::CM * C::BM;
+  const int slot = blockIdx.y / C::CM;
+  const int n0 = blockIdx.x * C::BN, m_first = (slot * C::MT * C::CM + rank) * C::BM;
+  const int tiles = C::MT == 1 ? 1 : min(C::MT, P::MP / STEP - slot * C::MT);
   constexpr bool CLUSTER = C::CM * C::KS > 1;
   // the runtime maps X unless its rows are not 16-byte aligned (layout 1, N % 8 != 0)
   const bool use_map = C::TOKEN_MAJOR || (N & 7) == 0;
@@ -338,51 +362,60 @@ __device__ __forceinline__ void tma_gemm(const unsigned char *__restrict__ packe
     __syncthreads();
 
   if (warp == C::PRODUCER_WARP) {
-    tma_produce<C, P>(packed, X, N, map, use_map, stages, full, empty, m0, n0, rank, zrank * KT,
-                      lane);
+    tma_produce<C, P>(packed, X, N, map, use_map, stages, full, empty, m_first, STEP, tiles, n0,
+                      rank, zrank * KT, lane);
   } else {
     const int wg = warp >> 2;
     const int wg_m = wg % C::WM, wg_n = wg / C::WM;
     float acc[C::MW][C::WG_N / 8][4];
-#pragma unroll
-    for (int i = 0; i < C::MW; ++i)
-#pragma unroll
-      for (int j = 0; j < C::WG_N / 8; ++j)
-#pragma unroll
-        for (int r = 0; r < 4; ++r) acc[i][j][r] = 0.0f;
     unsigned e0[TMA_META_REGS<C>], e1[TMA_META_REGS<C>];
-    auto iteration = [&](int kt, unsigned(&e)[TMA_META_REGS<C>]) {
-      const int s = kt % S;
-      sm90::mbar_wait(full + 8 * s, (kt / S) & 1);
-      keep(e);  // its last reader, stage kt-2's wgmma, is done (the wait below, one stage ago)
-      const unsigned sB = stages + s * C::STAGE_BYTES;
-      tma_load_meta<C>(e, sB + C::B_BYTES, wg_m, warp, lane);
-      tma_compute_stage<C, T>(acc, sB + C::B_BYTES, sB, e, wg_m, wg_n);
-      sm90::wait_group<1>();  // stage kt-1's wgmma is done: release it
-      if (kt > 0) tma_release<C>(empty, (kt - 1) % S);
-    };
-    int kt = 0;
-    for (; kt + 1 < KT; kt += 2) {
-      iteration(kt, e0);
-      iteration(kt + 1, e1);
+    unsigned char *c_tile = smem + 1024 + C::C_OFFSET;
+    int it0 = 0;  // stage counter at the tile's first K tile
+#pragma unroll 1
+    for (int t = 0; t < tiles; ++t, it0 += KT) {
+      const int m0 = m_first + t * STEP;
+#pragma unroll
+      for (int i = 0; i < C::MW; ++i)
+#pragma unroll
+        for (int j = 0; j < C::WG_N / 8; ++j)
+#pragma unroll
+          for (int r = 0; r < 4; ++r) acc[i][j][r] = 0.0f;
+      auto iteration = [&](int it, unsigned(&e)[TMA_META_REGS<C>]) {
+        const int s = it % S;
+        sm90::mbar_wait(full + 8 * s, (it / S) & 1);
+        keep(e);  // its last reader, stage it-2's wgmma, is done (the wait below, one stage ago)
+        const unsigned sB = stages + s * C::STAGE_BYTES;
+        tma_load_meta<C>(e, sB + C::B_BYTES, wg_m, warp, lane);
+        tma_compute_stage<C, T>(acc, sB + C::B_BYTES, sB, e, wg_m, wg_n);
+        sm90::wait_group<1>();  // stage it-1's wgmma is done: release it
+        if (it > it0) tma_release<C>(empty, (it - 1) % S);
+      };
+      int kt = 0;
+      for (; kt + 1 < KT; kt += 2) {
+        iteration(it0 + kt, e0);
+        iteration(it0 + kt + 1, e1);
+      }
+      if (kt < KT) iteration(it0 + kt, e0);
+      sm90::wait_group<0>();
+      keep(e0);
+      keep(e1);
+      tma_release<C>(empty, (it0 + KT - 1) % S);
+      // every consumer is done with the stages (MT == 1: the output tile
+      // reuses them) or with the last tile's output buffer (MT > 1: the
+      // producer meanwhile fills the next tile's stages)
+      sm90::named_sync(1, C::THREADS);
+      if constexpr (C::KS > 1) {
+        tma_store_partial<C>(stages, acc, wg_m * 4 + (warp & 3), wg_n, lane);
+      } else {
+        store_tile<C, P, T, ConsumerSync<C::THREADS>>(c_tile, acc, packed, Y, m0, n0, N,
+                                                      wg_m * 4 + (warp & 3), wg_n, lane, tid);
+      }
     }
-    if (kt < KT) iteration(kt, e0);
-    sm90::wait_group<0>();
-    keep(e0);
-    keep(e1);
-    tma_release<C>(empty, (KT - 1) % S);
-    // every consumer is done with the stages before the output tile reuses them
-    sm90::named_sync(1, C::THREADS);
-    if constexpr (C::KS > 1)
-      tma_store_partial<C>(stages, acc, wg_m * 4 + (warp & 3), wg_n, lane);
-    else
-      store_tile<C, P, T, ConsumerSync<C::THREADS>>(smem + 1024, acc, packed, Y, m0, n0, N,
-                                                    wg_m * 4 + (warp & 3), wg_n, lane, tid);
   }
   if constexpr (C::KS > 1) {
     sm90::cluster_sync();  // every partial tile of the cluster is written
     if (warp != C::PRODUCER_WARP)
-      tma_reduce_store<C, P, T>(stages, packed, Y, m0, n0, N, zrank, tid);
+      tma_reduce_store<C, P, T>(stages, packed, Y, m_first, n0, N, zrank, tid);  // (one tile)
   }
   // no CTA leaves while another of its cluster may still read its shared
   // memory or arrive on its barriers
