@@ -216,10 +216,11 @@ def _safe(name: str) -> str:
 
 # ---- tune / sweep / report --------------------------------------------------
 
-def _make_tuner(args, cache, device: int = 0, compiler=None, log=None):
+def _make_tuner(args, cache, device: int = 0, compiler=None, log=None, jobs=None):
     from .tuner.driver import DEFAULT_TIMING, EARLY_STOP, QUICK_TIMING, Tuner
     from .tuner.model import Progress
-    return Tuner(cache, arch=args.arch, strategy=args.strategy, budget=args.budget, jobs=args.jobs,
+    return Tuner(cache, arch=args.arch, strategy=args.strategy, budget=args.budget,
+                 jobs=args.jobs or jobs,
                  timing=QUICK_TIMING if args.quick else DEFAULT_TIMING,
                  progress=Progress(log or sys.stderr), seed=args.seed,
                  early_stop=None if args.no_early_stop else EARLY_STOP, compiler=compiler,
@@ -363,7 +364,7 @@ def _rank_tuner(args, cache, ranks, log):
                                                       native.gpu_available))
     elif args.gpus is not None:
         resolve_gpus(args.gpus, gpu_count, native.gpu_available)   # says why not
-    return _make_tuner(args, cache, device=device, log=log)
+    return _make_tuner(args, cache, device=device, log=log, jobs=mpi.compile_jobs(ranks))
 
 
 def _mixed_refusal(models: list, mixed: bool) -> str:

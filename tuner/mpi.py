@@ -26,6 +26,10 @@ file and resumes; remove `<db>.rank*` to reclaim the space.
 from __future__ import annotations
 
 import os
+import shutil
+import subprocess
+import sys
+import sysconfig
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Optional
@@ -87,6 +91,38 @@ def join(environ=None) -> Optional[Ranks]:
         return None
     local = world.Split_type(MPI.COMM_TYPE_SHARED, key=world.Get_rank())
     return Ranks(world, world.Get_rank(), world.Get_size(), local.Get_rank(), local.Get_size())
+
+
+def launcher(ranks: int) -> list[str]:
+    """The command that starts `ranks` processes as one MPI job on this
+    host (`mpiexec -n R`, with Open MPI's flags for more ranks than cores
+    and for root), found on PATH or beside this Python (where `pip install
+    mpich` puts it); ValueError saying what is missing otherwise."""
+    try:
+        import mpi4py  # noqa: F401
+    except ImportError:
+        raise ValueError("mpi4py is not installed (pip install 'sparseforge[mpi]' mpich)") from None
+    exe = (shutil.which("mpiexec") or shutil.which("mpirun")
+           or next((str(p) for n in ("mpiexec", "mpirun")
+                    for p in (Path(sysconfig.get_path("scripts")) / n, Path(sys.prefix) / "bin" / n)
+                    if p.exists()), None))
+    if exe is None:
+        raise ValueError("no mpiexec on PATH (pip install mpich, or your MPI's)")
+    cmd = [exe, "-n", str(ranks)]
+    version = subprocess.run([exe, "--version"], capture_output=True, text=True,
+                             stdin=subprocess.DEVNULL).stdout
+    if "Open MPI" in version or "OpenRTE" in version:
+        cmd.append("--oversubscribe")
+        if os.geteuid() == 0:
+            cmd.append("--allow-run-as-root")
+    return cmd
+
+
+def compile_jobs(ranks: Ranks, cores: int | None = None) -> int:
+    """Compile processes for one rank where --jobs is not given: the host's
+    cores shared by its ranks (each rank has its own compile pool; the
+    host's ranks compile at the same time)."""
+    return max(1, (cores or os.cpu_count() or 2) // max(1, ranks.local_size))
 
 
 def rank_db(db: Path, rank: int) -> Path:

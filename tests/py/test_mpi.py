@@ -10,10 +10,8 @@ from __future__ import annotations
 
 import os
 import re
-import shutil
 import subprocess
 import sys
-import sysconfig
 from pathlib import Path
 
 import pytest
@@ -174,22 +172,9 @@ def test_the_comparison_names_what_differs(tmp_path, no_gpu):
 # ---- mpiexec -n 2, for real -------------------------------------------------------
 def _mpiexec() -> list[str]:
     try:
-        import mpi4py  # noqa: F401
-    except ImportError:
-        pytest.skip("mpi4py is not installed (pip install 'sparseforge[mpi]' mpich; "
-                    "scripts/test.sh does)")
-    exe = (shutil.which("mpiexec") or shutil.which("mpirun")
-           or next((str(p) for p in (Path(sysconfig.get_path("scripts")) / n
-                                     for n in ("mpiexec", "mpirun")) if p.exists()), None))
-    if exe is None:
-        pytest.skip("no mpiexec on PATH (pip install mpich, or your MPI's)")
-    cmd = [exe, "-n", "2"]
-    version = subprocess.run([exe, "--version"], capture_output=True, text=True).stdout
-    if "Open MPI" in version or "OpenRTE" in version:
-        cmd.append("--oversubscribe")
-        if os.geteuid() == 0:
-            cmd.append("--allow-run-as-root")
-    return cmd
+        return mpi.launcher(2)
+    except ValueError as e:
+        pytest.skip(f"{e}; scripts/test.sh installs both")
 
 
 def _env(tmp_path) -> dict:
