@@ -6,7 +6,8 @@
 # last.  Stages: tests tune deploy sanitize bench (the default).  `claim`
 # measures the budgeted strategy; `model` tunes the BERT-base-sized model
 # (bench/tune_model.py, ~30 min for its two prunings); `gpus` runs the main
-# job on every GPU (--gpus all); `nm24` runs the 2:4 GPU tests and
+# job on every GPU (--gpus all); `scale` measures several GPUs and MPI
+# (bench/scale.py); `nm24` runs the 2:4 GPU tests and
 # bench/nm24.py (NM24_ARGS, e.g. --suites s2 or --configs for a probe).
 # The GPU machine lacks sqlite3.h: carry
 # .gpu/ (holding it) along.
@@ -53,6 +54,14 @@ case " $STAGES " in *" deploy "*)
 case " $STAGES " in *" gpus "*)
   step tune_gpus sparseforge tune examples/llama_block.toml --gpus all --db /tmp/sf-gpus.db
   tail -4 "$OUT/tune_gpus.log" ;; esac
+case " $STAGES " in *" scale "*)
+  # several GPUs (bench/scale.py, ~16 min on 2 H100s: longer than one call,
+  # so start it with bench/gpu_background.sh); mpi4py and MPICH from
+  # wheels carried in .whl/ where the machine lacks them
+  python3 -c "import mpi4py" 2>/dev/null || [ ! -d .whl ] || \
+    python3 -m pip install -q --no-index --no-deps --no-compile .whl/*.whl
+  step scale python3 bench/scale.py --work /tmp/sf-scale ${SCALE_ARGS:-} --results "$OUT/SCALE.md"
+  cat "$OUT/SCALE.md" 2>/dev/null ;; esac
 case " $STAGES " in *" model "*)
   step model python3 bench/tune_model.py --db-dir /tmp/sf-model ${MODEL_ARGS:-} --results "$OUT/MODEL.md"
   cat "$OUT/MODEL.md" 2>/dev/null ;; esac

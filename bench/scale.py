@@ -43,19 +43,20 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "bench"))
 
-from tune_model import BERT_BASE  # noqa: E402
+from tune_model import BERT_BASE, bert_recipe  # noqa: E402
 
 SWEEP = ROOT / "bench" / "sweeps" / "scale.toml"
 
 
-def recipe_toml(pattern: str, sparsity: float | None, layers: int, seed: int = 0) -> str:
-    """The BERT-base-sized model as a recipe file (the README's format)."""
-    lines = [f"seed = {seed}", 'dtype = "fp16"', f"repeat = {layers}"]
-    for name, m, k in BERT_BASE:
-        lines += ["", "[[layer]]", f'name = "{name}"', f"shape = [{m}, {k}]",
-                  f'pattern = "{pattern}"']
-        if sparsity is not None:
-            lines.append(f"sparsity = {sparsity}")
+def recipe_toml(recipe: dict) -> str:
+    """A model recipe (tune_model.bert_recipe's dict) as the file the
+    README describes."""
+    def value(v):
+        return f'"{v}"' if isinstance(v, str) else f"[{', '.join(map(str, v))}]" \
+            if isinstance(v, (list, tuple)) else str(v)
+    lines = [f"{k} = {value(v)}" for k, v in recipe.items() if k != "layer"]
+    for layer in recipe["layer"]:
+        lines += ["", "[[layer]]"] + [f"{k} = {value(v)}" for k, v in layer.items()]
     return "\n".join(lines) + "\n"
 
 
@@ -97,19 +98,24 @@ class Runner:
         return out
 
 
-def trial_count(db: Path) -> int:
-    """Trials of sparse kernels a database holds (cuBLAS's left out); 0
-    where it is missing or not yet written."""
+def count(db: Path, query: str) -> int:
+    """A COUNT query on a database, read-only, without disturbing a writer;
+    0 where it is missing or not yet written."""
     if not db.exists():
         return 0
     try:
         con = sqlite3.connect(f"file:{db}?mode=ro", uri=True, timeout=5)
         try:
-            return con.execute("SELECT COUNT(*) FROM trials WHERE matrix_fp != 'dense'").fetchone()[0]
+            return con.execute(query).fetchone()[0]
         finally:
             con.close()
     except sqlite3.Error:
         return 0
+
+
+def trial_count(db: Path) -> int:
+    """Trials of sparse kernels (cuBLAS's left out)."""
+    return count(db, "SELECT COUNT(*) FROM trials WHERE matrix_fp != 'dense'")
 
 
 def contents(db: Path) -> dict:
@@ -211,7 +217,7 @@ def stage_model(args, runner: Runner, gpus: int, launcher) -> dict:
     from sparseforge.tuner import mpi
     work = runner.work
     recipe = work / "bert.toml"
-    recipe.write_text(recipe_toml(args.pattern, args.sparsity, args.layers))
+    recipe.write_text(recipe_toml(bert_recipe(args.pattern, args.sparsity, args.layers)))
     n = ["--n", args.n]
     # the pruned model made once, before any timed run
     runner.run("model-prune", [sys.executable, "-m", "sparseforge", "inspect", str(recipe)])
@@ -261,7 +267,7 @@ def stage_kill(args, runner: Runner, gpus: int, launcher) -> dict:
     from sparseforge.tuner import mpi
     work = runner.work
     recipe = work / "bert2.toml"
-    recipe.write_text(recipe_toml(args.pattern, args.sparsity, 2))
+    recipe.write_text(recipe_toml(bert_recipe(args.pattern, args.sparsity, 2)))
     db = work / "kill.db"
     for p in work.glob("kill.db*"):
         p.unlink()
@@ -301,6 +307,7 @@ def stage_kill(args, runner: Runner, gpus: int, launcher) -> dict:
                               if re.search(r"BAD TERMINATION|KILLED|signal|exited on|EXIT CODE|"
                                            r"terminated", ln, re.I)][:6]
     first["ranks_after_kill"] = [contents(mpi.rank_db(db, r)) for r in range(len_ranks(launcher))]
+    kept = [_trials(mpi.rank_db(db, r)) for r in range(len_ranks(launcher))]
     first["merged_after_kill"] = contents(db)
     print(f"[scale] kill-first: exit {code}; the launcher said: {first['launcher_said']}",
           file=sys.stderr, flush=True)
@@ -309,10 +316,12 @@ def stage_kill(args, runner: Runner, gpus: int, launcher) -> dict:
     again["ranks"] = [contents(mpi.rank_db(db, r)) for r in range(len_ranks(launcher))]
     again["merged"] = contents(db)
     again["expected_layers"] = 2 * len(BERT_BASE)
-    # every trial of the first run is still there, and the rerun measured
-    # only the missing ones: no (matrix, op, N, config) twice in a rank's file
-    again["duplicate_trials"] = sum(_duplicates(mpi.rank_db(db, r))
-                                    for r in range(len_ranks(launcher)))
+    # the rerun measured only what was missing: every trial kept from the
+    # first run is still there, written once
+    after = [_trials(mpi.rank_db(db, r)) for r in range(len_ranks(launcher))]
+    again["kept_trials"] = sum(len(k) for k in kept)
+    again["kept_rewritten"] = sum(1 for k, a in zip(kept, after) for key, v in k.items()
+                                  if a.get(key) != v)
     return {"first": first, "again": again}
 
 
@@ -330,26 +339,18 @@ def len_ranks(launcher) -> int:
 
 
 def _binaries(db: Path) -> int:
-    if not db.exists():
-        return 0
-    try:
-        con = sqlite3.connect(f"file:{db}?mode=ro", uri=True, timeout=5)
-        try:
-            return con.execute("SELECT COUNT(*) FROM binaries").fetchone()[0]
-        finally:
-            con.close()
-    except sqlite3.Error:
-        return 0
+    return count(db, "SELECT COUNT(*) FROM binaries")
 
 
-def _duplicates(db: Path) -> int:
+def _trials(db: Path) -> dict:
+    """(environment, matrix, op, N, configuration) -> (created, median ms)
+    of every trial a database holds."""
     if not db.exists():
-        return 0
-    con = sqlite3.connect(f"file:{db}?mode=ro", uri=True)
+        return {}
+    con = sqlite3.connect(f"file:{db}?mode=ro", uri=True, timeout=5)
     try:
-        return con.execute(
-            "SELECT COUNT(*) FROM (SELECT 1 FROM trials GROUP BY env_key, matrix_fp, op, n, "
-            "config HAVING COUNT(*) > 1)").fetchone()[0]
+        return {row[:5]: row[5:] for row in con.execute(
+            "SELECT env_key, matrix_fp, op, n, config, created, median_ms FROM trials")}
     finally:
         con.close()
 
@@ -426,8 +427,9 @@ def table(results: dict, args, commit: str) -> str:
                   f"{f['merged_after_kill']['layers']} layers.",
                   f"- The same job again: exit {a['code']}, {a['wall_s']:.1f} s, "
                   f"{a['compiled']} kernels compiled; {ranks2}; merged: "
-                  f"{a['merged']['layers']} of {a['expected_layers']} layers; trials measured "
-                  f"twice: {a['duplicate_trials']}.", ""]
+                  f"{a['merged']['layers']} of {a['expected_layers']} layers; of the "
+                  f"{a['kept_trials']} trials kept from the first run, {a['kept_rewritten']} "
+                  "measured again.", ""]
     return "\n".join(lines) + "\n"
 
 

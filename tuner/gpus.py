@@ -107,8 +107,10 @@ class GpuPool:
         return self.compiler.compiled
 
     def phases(self) -> Phases:
-        """The GPUs' phases summed, with the compile pool's."""
+        """The GPUs' phases summed, with the compile pool's; its wall time
+        counts from the pool's start."""
         total = Phases()
+        total.started = self.compiler.phases.started
         for t in self.tuners:
             total.merge(t.phases)
         total.merge(self.compiler.phases)

@@ -217,3 +217,11 @@ def test_two_ranks_merge_to_the_single_process_database(tmp_path, command, sourc
     assert _compiled(out) == 0
     assert differences(single, merged) == []
 
+
+
+def test_a_ranks_compile_pool_takes_its_share_of_the_hosts_cores():
+    def ranks(local_size):
+        return mpi.Ranks(None, 0, 4, 0, local_size)
+    assert mpi.compile_jobs(ranks(2), cores=32) == 16
+    assert mpi.compile_jobs(ranks(1), cores=32) == 32
+    assert mpi.compile_jobs(ranks(8), cores=4) == 1          # never none
