@@ -57,7 +57,7 @@ case " $STAGES " in *" gpus "*)
 case " $STAGES " in *" scale "*)
   # several GPUs (bench/scale.py, ~16 min on 2 H100s: longer than one call,
   # so start it with bench/gpu_background.sh); mpi4py and MPICH from
-  # wheels carried in .whl/ where the machine lacks them
+  # wheels carried in .whl/ (bench/gpu_wheels.sh) where the machine lacks them
   python3 -c "import mpi4py" 2>/dev/null || [ ! -d .whl ] || \
     python3 -m pip install -q --no-index --no-deps --no-compile .whl/*.whl
   step scale python3 bench/scale.py --work /tmp/sf-scale ${SCALE_ARGS:-} --results "$OUT/SCALE.md"

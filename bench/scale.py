@@ -5,9 +5,10 @@ winners, and what a rank killed midway leaves behind.
 Stages (--stages, all by default; each one's result is kept in --work as
 JSON, so a call cut short goes on with --resume):
 - model: the BERT-base-sized model (bench/tune_model.py's, --pattern at
-  --sparsity, N = --n) tuned three times from empty databases: on one GPU
-  (the plain command), with `--gpus all`, and as `mpiexec -n G` (one rank
-  per GPU); wall times, kernels compiled, trials, and each run's winners
+  --sparsity, N = --n) tuned from empty databases: on one GPU (the plain
+  command), on one GPU with two searches in flight (`--lanes 2`), with
+  `--gpus all`, and as `mpiexec -n G` (one rank per GPU); wall times,
+  kernels compiled, trials, and each run's winners
   against the one-GPU run's: the same configuration, or the other
   run's winner as timed there over the one-GPU winner as timed here.
 - sweep: bench/sweeps/scale.toml on one GPU and under `mpiexec -n G`.
@@ -20,7 +21,7 @@ JSON, so a call cut short goes on with --resume):
     python3 bench/scale.py --stages kill,sweep --arch sm_90a    # no GPU: compiling only
 
 Without a GPU the stages still run (the runs compile and store, nothing
-is measured) except the `--gpus all` run, which needs GPUs; the times
+is measured) except the `--lanes` and `--gpus all` runs, which need GPUs; the times
 then say nothing of scaling on GPUs.  The commands run as the user runs
 them (`python3 -m sparseforge`), each in its own process.
 """
@@ -222,8 +223,8 @@ def stage_model(args, runner: Runner, gpus: int, launcher) -> dict:
     # the pruned model made once, before any timed run
     runner.run("model-prune", [sys.executable, "-m", "sparseforge", "inspect", str(recipe)])
     runs = {}
-    plan = [("one", []), ("gpus", ["--gpus", "all"] if gpus > 1 else None),
-            ("mpi", "mpi")]
+    plan = [("one", []), ("lanes", ["--lanes", "2"] if gpus else None),
+            ("gpus", ["--gpus", "all"] if gpus > 1 else None), ("mpi", "mpi")]
     for label, how in plan:
         if how is None:
             continue
@@ -374,8 +375,8 @@ def table(results: dict, args, commit: str) -> str:
                   "| run | wall s | speedup | per GPU | exit | kernels compiled | trials | layers "
                   "| same winner | differing: other / one (own runs) | (timed in the one-GPU run) |",
                   "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | --- | --- | --- |"]
-        for label, what in (("one", "one GPU (plain `tune`)"), ("gpus", "`--gpus all`"),
-                            ("mpi", f"`mpiexec -n {g}`")):
+        for label, what in (("one", "one GPU (plain `tune`)"), ("lanes", "one GPU, `--lanes 2`"),
+                            ("gpus", "`--gpus all`"), ("mpi", f"`mpiexec -n {g}`")):
             r = model.get(label)
             if not r:
                 continue
@@ -390,7 +391,7 @@ def table(results: dict, args, commit: str) -> str:
                 within = (f"{v['within_n']}: geomean {v['within_geomean']:.3f}, max "
                           f"{v['within_max']:.3f}" if v["within_n"] else "-")
             c = r["contents"]
-            lanes = 1 if label == "one" else g
+            lanes = 1 if label in ("one", "lanes") else g
             lines.append(f"| {what} | {r['wall_s']:.1f} | {sp:.2f}x | {sp / lanes:.2f} | "
                          f"{r['code']} | {r['compiled']} | {c['trials']} | {c['layers']} | {same} "
                          f"| {diff} | {within} |")

@@ -251,9 +251,12 @@ def _run(args, entries, ns, force) -> int:
     from .tuner.model import tune_entries
     ranks = mpi.join()
     if ranks is not None:
+        if args.lanes > 1:          # every rank stops; rank 0 says why
+            _fail_together(ranks, ["--lanes is not supported under MPI yet (one search in "
+                                   "flight a rank): leave it out, or run without mpiexec"])
         return _run_ranks(args, ranks, entries, ns, force)
     with _open_cache(args.db) as cache:
-        if args.gpus is not None:
+        if args.gpus is not None or args.lanes > 1:
             tables, phases, lanes, compiled, corrupt = _run_gpus(args, cache, entries, ns, force)
             measured = True
         else:
@@ -268,21 +271,30 @@ def _run(args, entries, ns, force) -> int:
             phases, lanes, measured = tuner.phases, 1, tuner.gpu
             compiled, corrupt = tuner.compiled, tuner.recompiled_corrupt
         _report(args, tables, f"{cache.path}", compiled, corrupt, measured,
-                phases.format(threads=args.jobs or os.cpu_count(), lanes=lanes))
+                phases.format(threads=args.jobs or os.cpu_count(), lanes=lanes,
+                              over="lanes" if args.lanes > 1 else "GPUs"))
     return EXIT_OK
 
 
 def _run_gpus(args, cache, entries, ns, force):
-    """--gpus: one tuner per GPU, sharing the compile pool (tuner/gpus.py)."""
+    """--gpus, --lanes: --lanes tuners per GPU, sharing the compile pool
+    (tuner/gpus.py)."""
     from . import native
     from .tuner.compiler import Compiler
     from .tuner.gpus import GpuPool, gpu_count, resolve_gpus
-    ordinals = resolve_gpus(args.gpus, gpu_count, native.gpu_available)
+    if args.gpus is None:
+        ok, reason = native.gpu_available()
+        if not ok:
+            raise ValueError(f"--lanes: no GPU here ({reason}); without a GPU tuning compiles "
+                             "only: leave --lanes out")
+    ordinals = resolve_gpus(args.gpus or [0], gpu_count, native.gpu_available)
     compiler = Compiler(cache, args.jobs or os.cpu_count() or 2)
     pool = GpuPool(ordinals, lambda o, c: _make_tuner(args, cache, device=o, compiler=c),
-                   compiler, mixed=args.mixed_gpus)
-    print(f"tuning on GPUs {', '.join(map(str, ordinals))}: "
-          + "; ".join(f"{name} x{len(ts)}" for name, ts in pool.groups.items()), file=sys.stderr)
+                   compiler, mixed=args.mixed_gpus, lanes=args.lanes)
+    lanes = f" ({args.lanes} lanes each)" if args.lanes > 1 else ""
+    print(f"tuning on GPU{'s' if len(ordinals) > 1 else ''} {', '.join(map(str, ordinals))}"
+          f"{lanes}: " + "; ".join(f"{name} x{len(ts) // args.lanes}"
+                                   for name, ts in pool.groups.items()), file=sys.stderr)
     try:
         tables = pool.run(entries, ns, force)
     except BaseException:
@@ -618,6 +630,9 @@ def build_parser() -> argparse.ArgumentParser:
                         help="measure on several GPUs of this host: all, or ordinals such as "
                              "0,1 (one worker each; under MPI, the GPUs the ranks of a host "
                              "take one each)")
+        sp.add_argument("--lanes", type=_positive_int, default=1,
+                        help="searches in flight on each GPU, taking turns on it: one measures "
+                             "while another waits for its kernels to compile (default 1)")
         sp.add_argument("--mixed-gpus", action="store_true",
                         help="allow GPUs of different models (every layer is tuned on each "
                              "model, stored under each GPU's name)")

@@ -273,6 +273,13 @@ class Tuner:
         self._inputs: dict = {}     # (n, op, id(bias)) -> future of _make_inputs, this layer's
         self._input_pool: Optional[ThreadPoolExecutor] = None
 
+    def take_turns(self, lock) -> None:
+        """This tuner's worker takes turns on its GPU with the workers of
+        other tuners holding the same `lock` (lanes of one GPU)."""
+        from .worker import TakingTurns
+        if self.worker is not None:
+            self.worker = TakingTurns(self.worker, lock)
+
     @property
     def compiled(self) -> int:
         """Kernels compiled (not found in the cache) so far."""

@@ -2,7 +2,10 @@
 
 One tuner per GPU, each with its own measurement worker process on that
 GPU; one compile pool and one database connection (this process's) for
-all of them.  The work items are (layer, N bucket) pairs in one queue per
+all of them.  With `lanes` > 1 a GPU has that many tuners (searches in
+flight), whose workers take turns on it: a search waiting for its next
+candidates to compile leaves the GPU to another, and nothing is timed
+beside another lane's work.  The work items are (layer, N bucket) pairs in one queue per
 GPU model, taken by that model's GPUs as they come free; a layer is stored
 once all its buckets are done.  Identical matrices wait for their first
 to be done (they are then served from its trials).
@@ -78,17 +81,29 @@ def check_models(names: dict, mixed: bool) -> None:
 
 
 class GpuPool:
-    """One tuner per GPU, sharing one compile pool; `make_tuner(ordinal,
-    compiler)` makes each (its worker on that GPU)."""
+    """`lanes` tuners per GPU, sharing one compile pool; `make_tuner(ordinal,
+    compiler)` makes each (its worker on that GPU).  The lanes of one GPU
+    take turns on it (tuner.worker.TakingTurns): one measures while
+    another waits for its candidates to compile."""
 
     def __init__(self, ordinals: list[int], make_tuner: Callable[[int, Compiler], Tuner],
-                 compiler: Compiler, mixed: bool = False):
+                 compiler: Compiler, mixed: bool = False, lanes: int = 1):
+        if lanes < 1:
+            raise ValueError(f"lanes: at least 1 a GPU, got {lanes}")
         self.compiler = compiler
         self.tuners: list[Tuner] = []
+        self.lanes = lanes
         try:
             for o in ordinals:
-                self.tuners.append(make_tuner(o, compiler))
-            check_models({o: t.device["name"] for o, t in zip(ordinals, self.tuners)}, mixed)
+                turns = threading.Lock()
+                for _ in range(lanes):
+                    t = make_tuner(o, compiler)
+                    if lanes > 1:
+                        t.take_turns(turns)
+                    self.tuners.append(t)
+            check_models({o: t.device["name"]
+                          for o, t in zip([o for o in ordinals for _ in range(lanes)],
+                                          self.tuners)}, mixed)
         except BaseException:
             self.close(kill=True)
             raise

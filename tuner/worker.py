@@ -504,3 +504,36 @@ class Worker:
 
     def __exit__(self, *exc):
         self.close()
+
+
+class TakingTurns:
+    """A worker that takes turns on its GPU with the other lanes' workers
+    there (`lock`, one per GPU): each request -- setup, trial, peer --
+    holds the GPU, so what one lane times never runs beside another's
+    work; a lane waiting for its kernels to compile leaves the GPU to the
+    others (tuner/gpus.py, `--lanes`)."""
+
+    def __init__(self, worker, lock):
+        self.worker, self.lock = worker, lock
+
+    def info(self) -> dict:
+        with self.lock:
+            return self.worker.info()
+
+    def setup(self, s: Setup):
+        with self.lock:
+            return self.worker.setup(s)
+
+    def trial(self, t: Trial):
+        with self.lock:
+            return self.worker.trial(t)
+
+    def peer(self, p: PeerJob):
+        with self.lock:
+            return self.worker.peer(p)
+
+    def close(self, kill: bool = False):
+        self.worker.close(kill=kill)
+
+    def __getattr__(self, name):            # restarts and the like: the worker's
+        return getattr(self.worker, name)

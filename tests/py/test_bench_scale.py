@@ -56,7 +56,7 @@ def test_a_killed_rank_is_reported_and_the_rerun_finishes_the_rest(tmp_path, mon
     assert again["compiled"] == total - kept          # what was kept is not compiled again
     assert again["kept_rewritten"] == 0
     model = state["model"]
-    assert "gpus" not in model                        # --gpus needs GPUs
+    assert "gpus" not in model and "lanes" not in model     # they need GPUs
     assert model["one"]["code"] == model["mpi"]["code"] == 0
     assert model["mpi"]["contents"]["layers"] == model["one"]["contents"]["layers"] == 6
     assert model["mpi"]["versus_one"]["pairs"] == 12 and model["mpi"]["versus_one"]["missing"] == 0

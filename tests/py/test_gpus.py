@@ -10,6 +10,7 @@ import os
 import subprocess
 import sys
 import threading
+import time
 from pathlib import Path
 
 import numpy as np
@@ -99,6 +100,42 @@ def test_items_are_shared_out_and_every_layer_stored_once(tmp_path):
             assert sorted(r.result.per_n) == NS and all(nr.config for nr in r.result.per_n.values())
 
 
+def test_the_lanes_of_one_gpu_take_turns_on_it(tmp_path):
+    """Two searches in flight on one GPU (`--lanes 2`): each lane's worker
+    gets work, and no two trials or setups are ever on the GPU at once."""
+    busy, seen, guard = [0], [], threading.Lock()
+
+    def on_gpu(worker, trial):
+        with guard:
+            busy[0] += 1
+            seen.append(busy[0])
+        time.sleep(0.003)
+        with guard:
+            busy[0] -= 1
+    workers = iter([ReplayWorker(on_trial=on_gpu), ReplayWorker(on_trial=on_gpu)])
+    lanes = []
+
+    def make(ordinal, compiler):
+        lanes.append(next(workers))
+        return Tuner(cache, strategy="exhaustive", worker=lanes[-1], compiler=compiler, jobs=2)
+    with Cache(tmp_path / "t.db") as cache:
+        p = GpuPool([0], make, Compiler(cache, 2), lanes=2)
+        try:
+            tables = p.run(plan_model(model()), NS)
+        finally:
+            p.close()
+        assert len(p.tuners) == 2 and all(w.trials for w in lanes), "a lane got no work"
+        assert max(seen) == 1, "two lanes were on the GPU at once"
+        assert sum(len(w.trials) for w in lanes) == 2 * len(NS) * 4
+        (rows,) = tables.values()
+        assert [r.name for r in rows] == ["layer0", "layer1", "copy_of_layer0", "dense"]
+        for name in ("layer0", "layer1", "copy_of_layer0"):
+            (layer,) = cache.layers(name)
+            assert [v["n_bucket"] for v in layer["variants"]] == NS
+    with pytest.raises(ValueError, match="at least 1"):
+        GpuPool([0], make, None, lanes=0)
+
+
 def test_gpus_of_different_models_are_refused_unless_asked(tmp_path):
     with Cache(tmp_path / "t.db") as cache:
         with pytest.raises(ValueError, match=r"GPUs of different models \(0: GPU A, 1: GPU B\).*"
@@ -164,3 +201,13 @@ def test_the_command_refuses_gpus_without_a_gpu(tmp_path):
     assert "sparseforge tune: error: --gpus: no GPU here" in r.stderr
     assert "leave --gpus out" in r.stderr
     assert not (tmp_path / "t.db").exists()
+    r = subprocess.run([sys.executable, "-m", "sparseforge", "tune", str(tmp_path / "m.npz"),
+                        "--db", str(tmp_path / "t.db"), "--lanes", "2"], env=env, cwd=ROOT,
+                       capture_output=True, text=True, timeout=300)
+    assert r.returncode == 1
+    assert "sparseforge tune: error: --lanes: no GPU here" in r.stderr
+    assert not (tmp_path / "t.db").exists()
+    r = subprocess.run([sys.executable, "-m", "sparseforge", "tune", str(tmp_path / "m.npz"),
+                        "--lanes", "0"], env=env, cwd=ROOT, capture_output=True, text=True,
+                       timeout=300)
+    assert r.returncode == 2 and "argument --lanes: a positive whole number" in r.stderr

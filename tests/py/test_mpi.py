@@ -225,3 +225,14 @@ def test_a_ranks_compile_pool_takes_its_share_of_the_hosts_cores():
     assert mpi.compile_jobs(ranks(2), cores=32) == 16
     assert mpi.compile_jobs(ranks(1), cores=32) == 32
     assert mpi.compile_jobs(ranks(8), cores=4) == 1          # never none
+
+
+def test_lanes_are_refused_under_mpi_by_every_rank_together(tmp_path):
+    mpiexec = _mpiexec()
+    (tmp_path / "model.toml").write_text(SMALL)
+    r = subprocess.run([*mpiexec, sys.executable, "-m", "sparseforge", "tune",
+                        str(tmp_path / "model.toml"), "--db", str(tmp_path / "t.db"), "--lanes", "2",
+                        *FLAGS], cwd=ROOT, env=_env(tmp_path), capture_output=True, text=True,
+                       timeout=600, stdin=subprocess.DEVNULL)
+    assert r.returncode != 0
+    assert r.stderr.count("--lanes is not supported under MPI yet") == 1     # rank 0 says it
