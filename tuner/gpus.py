@@ -5,9 +5,9 @@ GPU; one compile pool and one database connection (this process's) for
 all of them.  With `lanes` > 1 a GPU has that many tuners (searches in
 flight), whose workers take turns on it: a search waiting for its next
 candidates to compile leaves the GPU to another, and nothing is timed
-beside another lane's work.  The work items are (layer, N bucket) pairs in one queue per
-GPU model, taken by that model's GPUs as they come free; a layer is stored
-once all its buckets are done.  Identical matrices wait for their first
+beside another lane's work.  The work items are (layer, N bucket) pairs
+in one queue per GPU model, taken by that model's GPUs (lanes) as they
+come free; a layer is stored once all its buckets are done.  Identical matrices wait for their first
 to be done (they are then served from its trials).
 
 Winners are per GPU model, so a run refuses GPUs of different models
@@ -93,6 +93,7 @@ class GpuPool:
         self.compiler = compiler
         self.tuners: list[Tuner] = []
         self.lanes = lanes
+        names = {}
         try:
             for o in ordinals:
                 turns = threading.Lock()
@@ -101,9 +102,8 @@ class GpuPool:
                     if lanes > 1:
                         t.take_turns(turns)
                     self.tuners.append(t)
-            check_models({o: t.device["name"]
-                          for o, t in zip([o for o in ordinals for _ in range(lanes)],
-                                          self.tuners)}, mixed)
+                    names[o] = t.device["name"]
+            check_models(names, mixed)
         except BaseException:
             self.close(kill=True)
             raise
