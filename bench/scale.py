@@ -229,10 +229,8 @@ def stage_model(args, runner: Runner, gpus: int, launcher) -> dict:
         if how is None:
             continue
         db = work / f"model-{label}.db"
-        for side in ("", "-wal", "-shm"):
-            Path(str(db) + side).unlink(missing_ok=True)
-        for old in work.glob(f"model-{label}.db.rank*"):
-            old.unlink()
+        for p in work.glob(f"model-{label}.db*"):      # -wal, -shm, .rank<r>: from empty
+            p.unlink()
         if how == "mpi":
             cmd = runner.command("tune", recipe, db, launcher=launcher, extra=n)
         else:
@@ -253,7 +251,7 @@ def stage_sweep(args, runner: Runner, gpus: int, launcher) -> dict:
     runs = {}
     for label, how in (("one", ()), ("mpi", launcher)):
         db = work / f"sweep-{label}.db"
-        for p in [*work.glob(f"sweep-{label}.db*")]:
+        for p in work.glob(f"sweep-{label}.db*"):
             p.unlink()
         runs[label] = runner.run(f"sweep-{label}", runner.command(
             "sweep", args.sweep, db, launcher=how, extra=["--budget", str(args.sweep_budget)]))
