@@ -322,7 +322,9 @@ TMA = dict(bm=128, bn=256, bk=64, wm=2, wn=1, stages=4, wg=1, tma=1, cm=2)
     (dict(mt=5), "fm", 64, r"mt in \(1, 2, 3, 4, 6, 8\)"),
     (dict(mt=2, ks=2, cm=1, bn=64), "tm", 64, "several tiles a CTA only without split K"),
     (dict(mt=2, cm=1, bn=64), "tm", 64, "several tiles a CTA only for prefill"),
-    (dict(mt=2, stages=4), "fm", 64, "fits the GPU's per-block limit"),
+    (dict(mt=2, stages=3), "fm", 64, "several tiles a CTA only on 256-row tiles"),
+    (dict(bm=256, bn=128, cm=1, mw=2, mt=2, stages=5), "fm", 64,
+     "fits the GPU's per-block limit"),
 ])
 def test_check_config_refusals_tma(bad, layout, k, what):
     m = random_24(64, k, seed=8)
@@ -353,10 +355,9 @@ def test_tiles_per_cta_plan():
     side by side), the last slot taking what is left; the output tile gets
     its own shared memory."""
     m = random_24(1000, 200, seed=15)
-    for c, slots in ((dict(TMA, bm=256, bn=128, cm=1, mw=2, stages=4, mt=3), 2),   # 4 tiles
-                     (dict(TMA, stages=3, mt=2), 4),                                  # 4 pairs
-                     (dict(TMA, stages=3, mt=4), 2),
-                     (dict(TMA, bm=128, bn=128, cm=1, stages=4, mt=8), 1)):          # 8 tiles
+    mt_tile = dict(TMA, bm=256, bn=128, cm=1, mw=2, stages=4)         # 4 tiles of 256 rows
+    for c, slots in ((dict(mt_tile, mt=3), 2), (dict(mt_tile, mt=2), 2),
+                     (dict(mt_tile, stages=3, mt=4), 1), (dict(mt_tile, mt=8), 1)):
         for layout in ("fm", "tm"):
             op = Operation(layout=layout)
             plan = FAM.plan(m, op, {}, c)
@@ -468,7 +469,7 @@ WG_COMPILE_CASES = [
     ("bf16", "fm", dict(TMA, bm=256, bn=128, cm=1, mw=2, stages=6), Epilogue(bias=True, activation="gelu")),
     ("fp16", "tm", dict(TMA, bm=256, bn=128, cm=1, mw=2, stages=4, mt=4),
      Epilogue(bias=True, activation="gelu")),
-    ("bf16", "fm", dict(TMA, stages=3, mt=2), Epilogue(activation="relu")),
+    ("bf16", "fm", dict(TMA, bm=256, bn=128, cm=1, mw=2, stages=3, mt=2), Epilogue(activation="relu")),
     ("fp16", "fm", dict(WG), Epilogue()),
     ("bf16", "tm", dict(WG, bn=128, stages=5), Epilogue(bias=True, activation="gelu")),
     ("fp16", "fm", dict(WG, bm=64, bn=64, bk=32, wm=1, stages=3), Epilogue(activation="relu")),
@@ -598,9 +599,9 @@ TMA_GPU_CONFIGS = [
 ]
 # several tiles along M a CTA (`mt`): a slot with fewer tiles at the end of
 # M, a cluster pair, output rows by bulk copies or (odd N, feature-major) not
-TMA_MT = [dict(bm=128, bn=128, bk=64, wm=2, wn=1, stages=4, wg=1, tma=1, cm=1, mt=2),
+TMA_MT = [dict(bm=256, bn=128, bk=64, wm=2, wn=1, stages=3, wg=1, tma=1, cm=1, mw=2, mt=2),
           dict(bm=256, bn=128, bk=64, wm=2, wn=1, stages=4, wg=1, tma=1, cm=1, mw=2, mt=3),
-          dict(bm=128, bn=256, bk=64, wm=2, wn=1, stages=3, wg=1, tma=1, cm=2, mt=2)]
+          dict(bm=256, bn=128, bk=64, wm=2, wn=2, stages=4, wg=1, tma=1, cm=1, mw=2, mt=2)]
 TMA_TM_ONLY = [dict(bm=128, bn=16, bk=64, wm=2, wn=1, stages=12, wg=1, tma=1, cm=1),  # decode
                dict(bm=64, bn=32, bk=128, wm=1, wn=1, stages=8, wg=1, tma=1, cm=1, ks=4)]
 

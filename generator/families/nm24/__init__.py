@@ -161,6 +161,11 @@ TMA_SPACE = Space(
         Constraint("mt == 1 or ks == 1", "several tiles a CTA only without split K"),
         Constraint("mt == 1 or bn >= 128", "several tiles a CTA only for prefill's wide tiles "
                    "(they hide a tile's pipeline fill and output store behind the next)"),
+        # every value of mt on every tile would triple the space a search
+        # covers (482 to 1532 configurations); until measurements say where
+        # else it pays, mt goes with the tiles the prefill hint takes
+        Constraint("mt == 1 or (bm == 256 and cm == 1)",
+                   "several tiles a CTA only on 256-row tiles without a cluster"),
         # where each knob pays: splitting K and deep pipelines for decode's few
         # columns, sharing the X tile for prefill's wide ones
         Constraint("ks == 1 or bn <= 64", "K is split only for tiles of at most 64 columns"),
@@ -605,8 +610,9 @@ def tiles_per_cta(m: int, k: int, n: int, config: dict, sms: int) -> int:
     tile-times: a CTA an SM (one wave of `sms` CTAs at a time) taking mt
     tiles in turn, each tile after the first cheaper by the share of its
     pipeline fill and store that the next tile's loads hide.  That share
-    (measured on an H100, bench/RESULTS.md: about 8% at 16 K tiles, 10%
-    at 12) is taken as 1.6 / (K tiles), at most 15%."""
+    is taken as 1.6 / (K tiles), at most 15%: an estimate that no
+    benchmark in bench/RESULTS.md has checked yet (the tuner measures the
+    hint beside the others)."""
     rows = -(-m // config["bm"])
     cols = -(-n // config["bn"])
     gain = min(0.15, 1.6 / -(-k // config["bk"]))
