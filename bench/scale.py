@@ -8,9 +8,9 @@ JSON, so a call cut short goes on with --resume):
   --sparsity, N = --n) tuned from empty databases: on one GPU (the plain
   command), on one GPU with two searches in flight (`--lanes 2`), with
   `--gpus all`, and as `mpiexec -n G` (one rank per GPU); wall times,
-  kernels compiled, trials, and each run's winners
-  against the one-GPU run's: the same configuration, or the other
-  run's winner as timed there over the one-GPU winner as timed here.
+  kernels compiled, trials, and each run's winners against the one-GPU
+  run's: the same configuration, or the other run's winner as timed
+  there over the one-GPU winner as timed here.
 - sweep: bench/sweeps/scale.toml on one GPU and under `mpiexec -n G`.
 - kill: a 2-layer model under `mpiexec -n G`; rank 1 is killed (SIGKILL)
   once its database holds --kill-after trials; what the launcher says,
@@ -21,8 +21,8 @@ JSON, so a call cut short goes on with --resume):
     python3 bench/scale.py --stages kill,sweep --arch sm_90a    # no GPU: compiling only
 
 Without a GPU the stages still run (the runs compile and store, nothing
-is measured) except the `--lanes` and `--gpus all` runs, which need GPUs; the times
-then say nothing of scaling on GPUs.  The commands run as the user runs
+is measured) except the `--lanes` and `--gpus all` runs, which need GPUs;
+the times then say nothing of scaling on GPUs.  The commands run as the user runs
 them (`python3 -m sparseforge`), each in its own process.
 """
 from __future__ import annotations
