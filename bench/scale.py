@@ -78,7 +78,7 @@ class Runner:
         return [*launcher, sys.executable, "-m", "sparseforge", verb, str(source), "--db", str(db),
                 *self.flags, *extra]
 
-    def run(self, label: str, cmd: list[str], wrap_rank_pid: bool = False) -> dict:
+    def run(self, label: str, cmd: list[str]) -> dict:
         """Runs `cmd`, its output in <work>/<label>.log; wall time, exit
         code, kernels compiled."""
         log = self.work / f"{label}.log"
@@ -120,8 +120,7 @@ def trial_count(db: Path) -> int:
 
 
 def contents(db: Path) -> dict:
-    """What a database holds: trials (sparse, and by status), binaries,
-    layers."""
+    """What a database holds: trials of sparse kernels, binaries, layers."""
     from sparseforge.cache import Cache
     if not db.exists():
         return {"trials": 0, "binaries": 0, "layers": 0}
@@ -131,20 +130,27 @@ def contents(db: Path) -> dict:
             "layers": s.get("layers", 0)}
 
 
-def winners(db: Path) -> dict:
-    """(layer, N bucket) -> (config, its median ms as timed in that run)."""
+def times(db: Path) -> dict:
+    """(matrix, op, N, configuration) -> median ms of every ok trial of a
+    sparse kernel in a database."""
     from sparseforge.cache import Cache
+    with Cache(db, create=False, readonly=True) as c:
+        return {(t["matrix_fp"], t["op"], t["n"], _canon(t["config"])): t["median_ms"]
+                for t in c.trials() if t["status"] == "ok" and t["matrix_fp"] != "dense"}
+
+
+def winners(db: Path) -> dict:
+    """(layer, N bucket) -> (config, its median ms as timed in that run,
+    matrix, op)."""
+    from sparseforge.cache import Cache
+    timed = times(db)
     out = {}
     with Cache(db, create=False, readonly=True) as c:
-        times = {}
-        for t in c.trials():
-            if t["status"] == "ok" and t["matrix_fp"] != "dense":
-                times[(t["matrix_fp"], t["op"], t["n"], _canon(t["config"]))] = t["median_ms"]
         for rec in c.layers():
             for v in rec["variants"]:
                 cfg = _canon(v["config"])
                 out[(rec["name"], v["n_bucket"])] = (
-                    cfg, times.get((rec["matrix_fp"], rec["op"], v["n_bucket"], cfg), math.nan),
+                    cfg, timed.get((rec["matrix_fp"], rec["op"], v["n_bucket"], cfg), math.nan),
                     rec["matrix_fp"], rec["op"])
     return out
 
@@ -165,14 +171,8 @@ def compare(base: Path, other: Path) -> dict:
     other's winner over the base's winner, each as timed in its own run,
     and, where the base run also measured the other's winner, as timed
     there (one run, one GPU: no run-to-run drift)."""
-    a, b = winners(base), winners(other)
+    a, b, a_times = winners(base), winners(other), times(base)
     same, cross, within, missing = 0, [], [], 0
-    a_times = {}
-    from sparseforge.cache import Cache
-    with Cache(base, create=False, readonly=True) as c:
-        for t in c.trials():
-            if t["status"] == "ok":
-                a_times[(t["matrix_fp"], t["op"], t["n"], _canon(t["config"]))] = t["median_ms"]
     for key, (cfg, ms, fp, op) in a.items():
         if key not in b:
             missing += 1

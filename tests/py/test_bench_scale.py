@@ -62,3 +62,14 @@ def test_a_killed_rank_is_reported_and_the_rerun_finishes_the_rest(tmp_path, mon
     assert model["mpi"]["versus_one"]["pairs"] == 12 and model["mpi"]["versus_one"]["missing"] == 0
     text = results.read_text()
     assert "A rank killed: `mpiexec -n 2`" in text and "| `mpiexec -n 2` |" in text
+
+
+def test_winners_are_compared_per_layer_and_n(monkeypatch):
+    one = {("q", 16): ('{"bn": 64}', 1.0, "fp", "op"), ("q", 256): ('{"bn": 64}', 2.0, "fp", "op"),
+           ("k", 16): ('{"bn": 64}', 1.0, "fk", "op")}
+    other = {("q", 16): ('{"bn": 64}', 1.1, "fp", "op"), ("q", 256): ('{"bn": 128}', 2.2, "fp", "op")}
+    monkeypatch.setattr(scale, "winners", lambda db: one if db == "one" else other)
+    monkeypatch.setattr(scale, "times", lambda db: {("fp", "op", 256, '{"bn": 128}'): 2.1})
+    v = scale.compare("one", "other")
+    assert (v["pairs"], v["same"], v["differ"], v["missing"]) == (3, 1, 1, 1)
+    assert v["cross_geomean"] == pytest.approx(1.1) and v["within_geomean"] == pytest.approx(1.05)
