@@ -215,7 +215,6 @@ def gpu_names() -> list[str]:
 
 
 def stage_model(args, runner: Runner, gpus: int, launcher) -> dict:
-    from sparseforge.tuner import mpi
     work = runner.work
     recipe = work / "bert.toml"
     recipe.write_text(recipe_toml(bert_recipe(args.pattern, args.sparsity, args.layers)))
@@ -241,8 +240,7 @@ def stage_model(args, runner: Runner, gpus: int, launcher) -> dict:
         if label != "one" and runs["one"]["code"] == 0 and runs[label]["code"] == 0:
             runs[label]["versus_one"] = compare(work / "model-one.db", db)
         if how == "mpi":
-            runs[label]["rank_dbs"] = [contents(mpi.rank_db(db, r))
-                                       for r in range(len_ranks(launcher))]
+            runs[label]["rank_dbs"] = [contents(r) for r in rank_dbs(db, launcher)]
     return runs
 
 
@@ -305,19 +303,19 @@ def stage_kill(args, runner: Runner, gpus: int, launcher) -> dict:
     first["launcher_said"] = [ln for ln in text.splitlines()
                               if re.search(r"BAD TERMINATION|KILLED|signal|exited on|EXIT CODE|"
                                            r"terminated", ln, re.I)][:6]
-    first["ranks_after_kill"] = [contents(mpi.rank_db(db, r)) for r in range(len_ranks(launcher))]
-    kept = [_trials(mpi.rank_db(db, r)) for r in range(len_ranks(launcher))]
+    first["ranks_after_kill"] = [contents(r) for r in rank_dbs(db, launcher)]
+    kept = [_trials(r) for r in rank_dbs(db, launcher)]
     first["merged_after_kill"] = contents(db)
     print(f"[scale] kill-first: exit {code}; the launcher said: {first['launcher_said']}",
           file=sys.stderr, flush=True)
     again = runner.run("kill-again", runner.command("tune", recipe, db, launcher=launcher,
                                                     extra=["--n", args.n]))
-    again["ranks"] = [contents(mpi.rank_db(db, r)) for r in range(len_ranks(launcher))]
+    again["ranks"] = [contents(r) for r in rank_dbs(db, launcher)]
     again["merged"] = contents(db)
     again["expected_layers"] = 2 * len(BERT_BASE)
     # the rerun measured only what was missing: every trial kept from the
     # first run is still there, written once
-    after = [_trials(mpi.rank_db(db, r)) for r in range(len_ranks(launcher))]
+    after = [_trials(r) for r in rank_dbs(db, launcher)]
     again["kept_trials"] = sum(len(k) for k in kept)
     again["kept_rewritten"] = sum(1 for k, a in zip(kept, after) for key, v in k.items()
                                   if a.get(key) != v)
@@ -335,6 +333,12 @@ def _version(text: str) -> str:
 
 def len_ranks(launcher) -> int:
     return int(launcher[launcher.index("-n") + 1])
+
+
+def rank_dbs(db: Path, launcher) -> list[Path]:
+    """The databases the ranks of `launcher`'s job write beside `db`."""
+    from sparseforge.tuner import mpi
+    return [mpi.rank_db(db, r) for r in range(len_ranks(launcher))]
 
 
 def _binaries(db: Path) -> int:

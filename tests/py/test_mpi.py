@@ -183,10 +183,14 @@ def _env(tmp_path) -> dict:
                 PYTHONPATH=str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""))
 
 
+def _run(tmp_path, *args, mpiexec=()) -> subprocess.CompletedProcess:
+    return subprocess.run([*mpiexec, sys.executable, "-m", "sparseforge", *map(str, args), *FLAGS],
+                          cwd=ROOT, env=_env(tmp_path), capture_output=True, text=True,
+                          timeout=600, stdin=subprocess.DEVNULL)
+
+
 def _sparseforge(tmp_path, *args, mpiexec=()):
-    r = subprocess.run([*mpiexec, sys.executable, "-m", "sparseforge", *map(str, args), *FLAGS],
-                       cwd=ROOT, env=_env(tmp_path), capture_output=True, text=True, timeout=600,
-                       stdin=subprocess.DEVNULL)
+    r = _run(tmp_path, *args, mpiexec=mpiexec)
     assert r.returncode == 0, (r.stdout, r.stderr)
     return r.stdout, r.stderr
 
@@ -218,7 +222,6 @@ def test_two_ranks_merge_to_the_single_process_database(tmp_path, command, sourc
     assert differences(single, merged) == []
 
 
-
 def test_a_ranks_compile_pool_takes_its_share_of_the_hosts_cores():
     def ranks(local_size):
         return mpi.Ranks(None, 0, 4, 0, local_size)
@@ -230,9 +233,7 @@ def test_a_ranks_compile_pool_takes_its_share_of_the_hosts_cores():
 def test_lanes_are_refused_under_mpi_by_every_rank_together(tmp_path):
     mpiexec = _mpiexec()
     (tmp_path / "model.toml").write_text(SMALL)
-    r = subprocess.run([*mpiexec, sys.executable, "-m", "sparseforge", "tune",
-                        str(tmp_path / "model.toml"), "--db", str(tmp_path / "t.db"), "--lanes", "2",
-                        *FLAGS], cwd=ROOT, env=_env(tmp_path), capture_output=True, text=True,
-                       timeout=600, stdin=subprocess.DEVNULL)
+    r = _run(tmp_path, "tune", tmp_path / "model.toml", "--db", tmp_path / "t.db", "--lanes", "2",
+             mpiexec=mpiexec)
     assert r.returncode != 0
     assert r.stderr.count("--lanes is not supported under MPI yet") == 1     # rank 0 says it
