@@ -7,7 +7,8 @@ JSON, so a call cut short goes on with --resume):
 - model: the BERT-base-sized model (bench/tune_model.py's, --pattern at
   --sparsity, N = --n) tuned from empty databases: on one GPU (the plain
   command), on one GPU with two searches in flight (`--lanes 2`), with
-  `--gpus all`, and as `mpiexec -n G` (one rank per GPU); wall times,
+  `--gpus all`, and as `mpiexec -n G` (one rank per GPU; --runs picks
+  among them); wall times,
   kernels compiled, trials, and each run's winners against the one-GPU
   run's: the same configuration, or the other run's winner as timed
   there over the one-GPU winner as timed here.
@@ -225,7 +226,7 @@ def stage_model(args, runner: Runner, gpus: int, launcher) -> dict:
     plan = [("one", []), ("lanes", ["--lanes", "2"] if gpus else None),
             ("gpus", ["--gpus", "all"] if gpus > 1 else None), ("mpi", "mpi")]
     for label, how in plan:
-        if how is None:
+        if how is None or label not in args.runs:
             continue
         db = work / f"model-{label}.db"
         for p in work.glob(f"model-{label}.db*"):      # -wal, -shm, .rank<r>: from empty
@@ -444,6 +445,8 @@ def main(argv=None) -> int:
     ap.add_argument("--sparsity", type=float, default=0.75)
     ap.add_argument("--layers", type=int, default=12, help="the model's layers (BERT-base: 12)")
     ap.add_argument("--n", default="16,256,4096")
+    ap.add_argument("--runs", default="one,lanes,gpus,mpi",
+                    help="the model stage's runs (one, the baseline, always runs)")
     ap.add_argument("--sweep", default=str(SWEEP))
     ap.add_argument("--sweep-budget", type=int, default=12, help="trials per sweep search")
     ap.add_argument("--ranks", type=int, help="MPI ranks (default: the GPUs; 2 without a GPU)")
@@ -456,6 +459,10 @@ def main(argv=None) -> int:
     ap.add_argument("--resume", action="store_true", help="keep the stages done in --work")
     ap.add_argument("--results", help="append the table to this markdown file")
     args = ap.parse_args(argv)
+    args.runs = {"one", *(r.strip() for r in args.runs.split(",") if r.strip())}
+    if args.runs - {"one", "lanes", "gpus", "mpi"}:
+        ap.error(f"unknown runs {sorted(args.runs - {'one', 'lanes', 'gpus', 'mpi'})} "
+                 "(one, lanes, gpus, mpi)")
     from sparseforge.tuner import mpi
     work = Path(args.work)
     work.mkdir(parents=True, exist_ok=True)
