@@ -61,6 +61,7 @@ case " $STAGES " in *" scale "*)
   python3 -c "import mpi4py" 2>/dev/null || [ ! -d .whl ] || \
     python3 -m pip install -q --no-index --no-deps --no-compile .whl/*.whl
   step scale python3 bench/scale.py --work /tmp/sf-scale ${SCALE_ARGS:-} --results "$OUT/SCALE.md"
+  mkdir -p "$OUT/scale-logs"; cp /tmp/sf-scale/*.log "$OUT/scale-logs/" 2>/dev/null
   cat "$OUT/SCALE.md" 2>/dev/null ;; esac
 case " $STAGES " in *" model "*)
   step model python3 bench/tune_model.py --db-dir /tmp/sf-model ${MODEL_ARGS:-} --results "$OUT/MODEL.md"

@@ -7,8 +7,8 @@ JSON, so a call cut short goes on with --resume):
 - model: the BERT-base-sized model (bench/tune_model.py's, --pattern at
   --sparsity, N = --n) tuned from empty databases: on one GPU (the plain
   command), on one GPU with two searches in flight (`--lanes 2`), with
-  `--gpus all`, and as `mpiexec -n G` (one rank per GPU; --runs picks
-  among them); wall times,
+  `--gpus all`, and as `mpiexec -n G` (one rank per GPU), without and
+  with `--lanes 2` (--runs picks among them); wall times,
   kernels compiled, trials, and each run's winners against the one-GPU
   run's: the same configuration, or the other run's winner as timed
   there over the one-GPU winner as timed here.
@@ -48,6 +48,7 @@ sys.path.insert(0, str(ROOT / "bench"))
 from tune_model import BERT_BASE, bert_recipe  # noqa: E402
 
 SWEEP = ROOT / "bench" / "sweeps" / "scale.toml"
+RUNS = ("one", "lanes", "gpus", "mpi", "mpi_lanes")   # the model stage's runs
 
 
 def recipe_toml(recipe: dict) -> str:
@@ -224,23 +225,23 @@ def stage_model(args, runner: Runner, gpus: int, launcher) -> dict:
     runner.run("model-prune", [sys.executable, "-m", "sparseforge", "inspect", str(recipe)])
     runs = {}
     plan = [("one", []), ("lanes", ["--lanes", "2"] if gpus else None),
-            ("gpus", ["--gpus", "all"] if gpus > 1 else None), ("mpi", "mpi")]
+            ("gpus", ["--gpus", "all"] if gpus > 1 else None), ("mpi", []),
+            ("mpi_lanes", ["--lanes", "2"] if gpus else None)]
     for label, how in plan:
         if how is None or label not in args.runs:
             continue
         db = work / f"model-{label}.db"
         for p in work.glob(f"model-{label}.db*"):      # -wal, -shm, .rank<r>: from empty
             p.unlink()
-        if how == "mpi":
-            cmd = runner.command("tune", recipe, db, launcher=launcher, extra=n)
-        else:
-            cmd = runner.command("tune", recipe, db, extra=[*n, *how])
+        under_mpi = label.startswith("mpi")
+        cmd = runner.command("tune", recipe, db, launcher=launcher if under_mpi else (),
+                             extra=[*n, *how])
         runs[label] = runner.run(f"model-{label}", cmd)
         runs[label]["contents"] = contents(db)
         runs[label]["db"] = str(db)
         if label != "one" and runs["one"]["code"] == 0 and runs[label]["code"] == 0:
             runs[label]["versus_one"] = compare(work / "model-one.db", db)
-        if how == "mpi":
+        if under_mpi:
             runs[label]["rank_dbs"] = [contents(r) for r in rank_dbs(db, launcher)]
     return runs
 
@@ -379,7 +380,8 @@ def table(results: dict, args, commit: str) -> str:
                   "| same winner | differing: other / one (own runs) | (timed in the one-GPU run) |",
                   "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | --- | --- | --- |"]
         for label, what in (("one", "one GPU (plain `tune`)"), ("lanes", "one GPU, `--lanes 2`"),
-                            ("gpus", "`--gpus all`"), ("mpi", f"`mpiexec -n {g}`")):
+                            ("gpus", "`--gpus all`"), ("mpi", f"`mpiexec -n {g}`"),
+                            ("mpi_lanes", f"`mpiexec -n {g}`, `--lanes 2`")):
             r = model.get(label)
             if not r:
                 continue
@@ -445,7 +447,7 @@ def main(argv=None) -> int:
     ap.add_argument("--sparsity", type=float, default=0.75)
     ap.add_argument("--layers", type=int, default=12, help="the model's layers (BERT-base: 12)")
     ap.add_argument("--n", default="16,256,4096")
-    ap.add_argument("--runs", default="one,lanes,gpus,mpi",
+    ap.add_argument("--runs", default="one,lanes,gpus,mpi,mpi_lanes",
                     help="the model stage's runs (one, the baseline, always runs)")
     ap.add_argument("--sweep", default=str(SWEEP))
     ap.add_argument("--sweep-budget", type=int, default=12, help="trials per sweep search")
@@ -460,9 +462,8 @@ def main(argv=None) -> int:
     ap.add_argument("--results", help="append the table to this markdown file")
     args = ap.parse_args(argv)
     args.runs = {"one", *(r.strip() for r in args.runs.split(",") if r.strip())}
-    if args.runs - {"one", "lanes", "gpus", "mpi"}:
-        ap.error(f"unknown runs {sorted(args.runs - {'one', 'lanes', 'gpus', 'mpi'})} "
-                 "(one, lanes, gpus, mpi)")
+    if args.runs - set(RUNS):
+        ap.error(f"unknown runs {sorted(args.runs - set(RUNS))} ({', '.join(RUNS)})")
     from sparseforge.tuner import mpi
     work = Path(args.work)
     work.mkdir(parents=True, exist_ok=True)

@@ -251,9 +251,6 @@ def _run(args, entries, ns, force) -> int:
     from .tuner.model import tune_entries
     ranks = mpi.join()
     if ranks is not None:
-        if args.lanes > 1:          # every rank stops; rank 0 says why
-            _fail_together(ranks, ["--lanes is not supported under MPI yet (one search in "
-                                   "flight a rank): leave it out, or run without mpiexec"])
         return _run_ranks(args, ranks, entries, ns, force)
     with _open_cache(args.db) as cache:
         if args.gpus is not None or args.lanes > 1:
@@ -280,17 +277,11 @@ def _run_gpus(args, cache, entries, ns, force):
     """--gpus, --lanes: --lanes tuners per GPU, sharing the compile pool
     (tuner/gpus.py)."""
     from . import native
-    from .tuner.compiler import Compiler
-    from .tuner.gpus import GpuPool, gpu_count, resolve_gpus
+    from .tuner.gpus import gpu_count, resolve_gpus
     if args.gpus is None:
-        ok, reason = native.gpu_available()
-        if not ok:
-            raise ValueError(f"--lanes: no GPU here ({reason}); without a GPU tuning compiles "
-                             "only: leave --lanes out")
+        _lanes_need_a_gpu(*native.gpu_available())
     ordinals = resolve_gpus(args.gpus or [0], gpu_count, native.gpu_available)
-    compiler = Compiler(cache, args.jobs or os.cpu_count() or 2)
-    pool = GpuPool(ordinals, lambda o, c: _make_tuner(args, cache, device=o, compiler=c),
-                   compiler, mixed=args.mixed_gpus, lanes=args.lanes)
+    pool = _gpu_pool(args, cache, ordinals, args.jobs or os.cpu_count() or 2)
     lanes = f" ({args.lanes} lanes each)" if args.lanes > 1 else ""
     print(f"tuning on GPU{'s' if len(ordinals) > 1 else ''} {', '.join(map(str, ordinals))}"
           f"{lanes}: " + "; ".join(f"{name} x{len(ts) // args.lanes}"
@@ -301,7 +292,7 @@ def _run_gpus(args, cache, entries, ns, force):
         pool.close(kill=True)      # no waiting for a kernel being timed
         raise
     pool.close()
-    return tables, pool.phases(), len(pool.tuners), pool.compiled, compiler.recompiled_corrupt
+    return tables, pool.phases(), len(pool.tuners), pool.compiled, pool.recompiled_corrupt
 
 
 def _report(args, tables: dict, db: str, compiled: int, corrupt: int, measured: bool,
@@ -346,17 +337,21 @@ def _run_ranks(args, ranks, entries, ns, force) -> int:
         models = ranks.allgather(report.model)
         _fail_together(ranks, [_mixed_refusal(models, args.mixed_gpus)])
         share = mpi.my_share(entries, ranks, models)
-        print(f"rank {ranks.rank} of {ranks.size} ({report.model}): {len(share)} of "
+        lanes = f", {args.lanes} lanes" if args.lanes > 1 else ""
+        print(f"rank {ranks.rank} of {ranks.size} ({report.model}{lanes}): {len(share)} of "
               f"{len(entries)} entries, database {report.db}", file=log)
         try:
-            for row in tune_each(share, tuner, ns, force, log):
+            rows = tuner.run(share, ns, force, log)[report.model] if args.lanes > 1 else \
+                tune_each(share, tuner, ns, force, log)
+            for row in rows:
                 report.rows.append(row.light())
                 if not row.skipped:
                     report.names.append(row.name)
         except Exception as e:  # noqa: BLE001 - reported by rank 0, the work so far merged
             report.error = _sentence(e)
         report.compiled, report.corrupt = tuner.compiled, tuner.recompiled_corrupt
-        report.phases = tuner.phases.as_dict()
+        report.lanes = args.lanes
+        report.phases = (tuner.phases() if args.lanes > 1 else tuner.phases).as_dict()
     reports = ranks.gather(report)     # each rank's database is closed by now
     code = EXIT_OK
     if ranks.rank == 0:
@@ -366,17 +361,37 @@ def _run_ranks(args, ranks, entries, ns, force) -> int:
 
 def _rank_tuner(args, cache, ranks, log):
     """This rank's tuner: on the local GPU its place on the host picks, or
-    compiling only where there is none."""
+    compiling only where there is none; with --lanes, a GpuPool of that
+    many tuners on its GPU."""
     from . import native
     from .tuner import mpi
     from .tuner.gpus import gpu_count, resolve_gpus
     device = 0
-    if native.gpu_available()[0]:
+    gpu, reason = native.gpu_available()
+    if gpu:
         device = mpi.local_device(ranks, resolve_gpus(args.gpus or "all", gpu_count,
                                                       native.gpu_available))
     elif args.gpus is not None:
         resolve_gpus(args.gpus, gpu_count, native.gpu_available)   # says why not
-    return _make_tuner(args, cache, device=device, log=log, jobs=mpi.compile_jobs(ranks))
+    if args.lanes == 1:
+        return _make_tuner(args, cache, device=device, log=log, jobs=mpi.compile_jobs(ranks))
+    _lanes_need_a_gpu(gpu, reason)
+    return _gpu_pool(args, cache, [device], args.jobs or mpi.compile_jobs(ranks), log)
+
+
+def _lanes_need_a_gpu(gpu: bool, reason: str) -> None:
+    if not gpu:
+        raise ValueError(f"--lanes: no GPU here ({reason}); without a GPU tuning compiles only: "
+                         "leave --lanes out")
+
+
+def _gpu_pool(args, cache, ordinals: list[int], jobs: int, log=None):
+    """--lanes tuners on each of `ordinals`, sharing one compile pool of
+    `jobs` processes (tuner/gpus.py)."""
+    from .tuner.compiler import Compiler
+    from .tuner.gpus import GpuPool
+    return GpuPool(ordinals, lambda o, c: _make_tuner(args, cache, device=o, compiler=c, log=log),
+                   Compiler(cache, jobs), mixed=args.mixed_gpus, lanes=args.lanes)
 
 
 def _mixed_refusal(models: list, mixed: bool) -> str:
@@ -421,7 +436,8 @@ def _merge_ranks(args, db: Path, reports) -> int:
             f"{mpi.rank_db(db, 0).name} .. .rank{len(reports) - 1}, kept beside it for "
             f"resuming; {added} records added)", sum(r.compiled for r in reports),
             sum(r.corrupt for r in reports), not all(m.startswith("none") for m in tables),
-            total.format(wall=wall, lanes=len(reports), over="ranks"))
+            total.format(wall=wall, lanes=sum(r.lanes for r in reports),
+                         over="ranks" if all(r.lanes == 1 for r in reports) else "ranks' lanes"))
     failed = [r for r in reports if r.error]
     for r in failed:
         print(f"sparseforge {args.command}: error: rank {r.rank}: {r.error} (its work so far "

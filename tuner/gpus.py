@@ -121,6 +121,15 @@ class GpuPool:
     def compiled(self) -> int:
         return self.compiler.compiled
 
+    @property
+    def recompiled_corrupt(self) -> int:
+        return self.compiler.recompiled_corrupt
+
+    @property
+    def device(self) -> dict:
+        """The first GPU's description (an MPI rank's pool has one GPU)."""
+        return self.tuners[0].device
+
     def phases(self) -> Phases:
         """The GPUs' phases summed, with the compile pool's; its wall time
         counts from the pool's start."""

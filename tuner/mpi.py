@@ -161,6 +161,7 @@ class RankReport:
     model: str                      # its GPU's name, or "none (compiled for ...)"
     rows: list = field(default_factory=list)     # ModelRow, without matrices
     names: list = field(default_factory=list)    # the layers it stored
+    lanes: int = 1                  # searches in flight on its GPU (--lanes)
     compiled: int = 0
     corrupt: int = 0
     phases: dict = field(default_factory=dict)

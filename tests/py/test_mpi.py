@@ -230,10 +230,13 @@ def test_a_ranks_compile_pool_takes_its_share_of_the_hosts_cores():
     assert mpi.compile_jobs(ranks(8), cores=4) == 1          # never none
 
 
-def test_lanes_are_refused_under_mpi_by_every_rank_together(tmp_path):
+def test_lanes_without_a_gpu_are_refused_under_mpi_by_every_rank_together(tmp_path):
+    """Each rank runs --lanes searches on its GPU; without one (_env hides
+    the driver), every rank refuses and rank 0 says it once, for them all."""
     mpiexec = _mpiexec()
     (tmp_path / "model.toml").write_text(SMALL)
     r = _run(tmp_path, "tune", tmp_path / "model.toml", "--db", tmp_path / "t.db", "--lanes", "2",
              mpiexec=mpiexec)
     assert r.returncode != 0
-    assert r.stderr.count("--lanes is not supported under MPI yet") == 1     # rank 0 says it
+    assert r.stderr.count("sparseforge tune: error:") == 1                     # rank 0 says it
+    assert "rank 0: --lanes: no GPU here" in r.stderr and "rank 1: --lanes: no GPU" in r.stderr
