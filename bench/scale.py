@@ -329,7 +329,8 @@ def _version(text: str) -> str:
     m = re.search(r"Version:\s*(\S+)", text)         # MPICH's hydra
     if m:
         return f"MPICH {m.group(1)}"
-    m = re.search(r"\(Open MPI\)\s*(\S+)", text) or re.search(r"Open MPI.*?(\d[\d.]*)", text)
+    m = (re.search(r"\((?:Open MPI|OpenRTE)\)\s*(\S+)", text)     # 5.x; 4.x's runtime
+         or re.search(r"Open MPI.*?(\d[\d.]*)", text))
     return f"Open MPI {m.group(1)}" if m else (text.split("\n")[0].strip() or "?")
 
 

@@ -438,6 +438,8 @@ def _merge_ranks(args, db: Path, reports) -> int:
             sum(r.corrupt for r in reports), not all(m.startswith("none") for m in tables),
             total.format(wall=wall, lanes=sum(r.lanes for r in reports),
                          over="ranks" if all(r.lanes == 1 for r in reports) else "ranks' lanes"))
+    print("each rank's time: " + ", ".join(f"rank {r.rank} {r.phases.get('wall', 0.0):.1f} s "
+                                          f"({len(r.names)} layers)" for r in reports))
     failed = [r for r in reports if r.error]
     for r in failed:
         print(f"sparseforge {args.command}: error: rank {r.rank}: {r.error} (its work so far "

@@ -30,6 +30,15 @@ def test_the_recipe_file_is_the_benchmarks_model(tmp_path):
     assert recipe.read_toml(str(path), "recipe") == want
 
 
+@pytest.mark.parametrize("said,name", [
+    ("HYDRA build details:\n    Version:                                 5.0.2\n", "MPICH 5.0.2"),
+    ("mpirun (Open MPI) 5.0.3\n\nReport bugs to https://www.open-mpi.org/", "Open MPI 5.0.3"),
+    ("mpiexec (OpenRTE) 4.1.6\n\nReport bugs to http://www.open-mpi.org/", "Open MPI 4.1.6"),
+    ("something else\n", "something else")])
+def test_the_mpi_is_named_from_what_its_launcher_says(said, name):
+    assert scale._version(said) == name
+
+
 @pytest.fixture
 def launcher():
     try:

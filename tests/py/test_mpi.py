@@ -209,6 +209,7 @@ def test_two_ranks_merge_to_the_single_process_database(tmp_path, command, sourc
     out, err = _sparseforge(tmp_path, command, tmp_path / source, "--db", merged,
                             mpiexec=mpiexec)
     assert "merged from 2 rank databases" in out
+    assert re.search(r"each rank's time: rank 0 [\d.]+ s \(\d+ layers\), rank 1 ", out)
     assert "[rank 0]" in err and "[rank 1]" in err
     assert out.count("GPU: none") == 1                   # one table, printed by rank 0
     for name in (["q", "up", "down", "o"] if command == "tune" else ["nm24", "bsr:32x32", "shflbw:32"]):
