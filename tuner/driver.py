@@ -278,7 +278,7 @@ class Tuner:
         other tuners holding the same `lock` (lanes of one GPU)."""
         from .worker import TakingTurns
         if self.worker is not None:
-            self.worker = TakingTurns(self.worker, lock)
+            self.worker = TakingTurns(self.worker, lock, self.phases)
 
     @property
     def compiled(self) -> int:

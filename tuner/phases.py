@@ -10,6 +10,7 @@ other, so with "other" they add up to the run's wall time:
               the packed weights
     verify    the verification launch and the comparison with the reference
     time      the timing repetitions
+    turn      (--lanes) waiting while another lane of the same GPU has it
     peer      cuBLAS timed for the table
     store     the stored winners re-timed, the layers written
 
@@ -52,7 +53,7 @@ def _write_trace() -> None:
             for e in _events:
                 f.write(json.dumps(e) + "\n")
 
-FOREGROUND = ("wait", "reference", "load", "verify", "time", "peer", "store")
+FOREGROUND = ("wait", "reference", "load", "verify", "time", "peer", "store", "turn")
 BACKGROUND = ("plan", "compile")
 
 
@@ -72,6 +73,16 @@ class Phases:
         if _TRACE_FILE:
             now = time.perf_counter()
             trace(phase, now - seconds, now, what)
+
+    def move(self, seconds: float, into: str, out_of: str, what: str = "") -> None:
+        """Seconds of a block counted (or yet to be counted) as `out_of`
+        that were spent in `into`: a lane's wait for its turn on the GPU
+        inside its setup, trial or peer timing."""
+        if out_of not in self.seconds:
+            raise KeyError(f"unknown phase {out_of!r}; known: {', '.join(self.seconds)}")
+        with self._lock:
+            self.seconds[out_of] -= seconds
+        self.add(into, seconds, what)
 
     @contextmanager
     def __call__(self, phase: str):

@@ -44,6 +44,7 @@ import multiprocessing as mp
 import time
 import traceback
 from collections import OrderedDict
+from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
 from typing import Any, Callable, Optional
 
@@ -513,23 +514,33 @@ class TakingTurns:
     work; a lane waiting for its kernels to compile leaves the GPU to the
     others (tuner/gpus.py, `--lanes`)."""
 
-    def __init__(self, worker, lock):
-        self.worker, self.lock = worker, lock
+    def __init__(self, worker, lock, phases=None):
+        self.worker, self.lock, self.phases = worker, lock, phases
+
+    @contextmanager
+    def _turn(self, within: str):
+        """Holds the GPU; the wait for it moves from `within` (the phase
+        the caller counts the request in) to "turn"."""
+        t0 = time.perf_counter()
+        with self.lock:
+            if self.phases is not None:
+                self.phases.move(time.perf_counter() - t0, "turn", within)
+            yield
 
     def info(self) -> dict:
         with self.lock:
             return self.worker.info()
 
     def setup(self, s: Setup):
-        with self.lock:
+        with self._turn("reference"):
             return self.worker.setup(s)
 
     def trial(self, t: Trial):
-        with self.lock:
+        with self._turn("load"):          # Phases.add_trial: what the worker does not split
             return self.worker.trial(t)
 
     def peer(self, p: PeerJob):
-        with self.lock:
+        with self._turn("peer"):
             return self.worker.peer(p)
 
     def close(self, kill: bool = False):

@@ -126,6 +126,9 @@ def test_the_lanes_of_one_gpu_take_turns_on_it(tmp_path):
             p.close()
         assert len(p.tuners) == 2 and all(w.trials for w in lanes), "a lane got no work"
         assert max(seen) == 1, "two lanes were on the GPU at once"
+        # a lane's wait for the other's turn is its own phase, not the trial's load
+        assert sum(t.phases.seconds["turn"] for t in p.tuners) > 0
+        assert all(v >= 0 for t in p.tuners for v in t.phases.seconds.values())
         assert sum(len(w.trials) for w in lanes) == 2 * len(NS) * 4
         (rows,) = tables.values()
         assert [r.name for r in rows] == ["layer0", "layer1", "copy_of_layer0", "dense"]

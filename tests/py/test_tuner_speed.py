@@ -271,7 +271,8 @@ def test_the_tuner_keeps_per_phase_totals(tmp_path):
     assert d["load"] >= trials * SPLIT["load"]
     for phase in ("plan", "compile", "reference", "peer"):
         assert d[phase] > 0, phase
-    fg = sum(d[p] for p in ("wait", "reference", "load", "verify", "time", "peer", "store", "other"))
+    fg = sum(d[p] for p in ("wait", "reference", "load", "verify", "time", "peer", "store", "turn",
+                            "other"))
     assert fg == pytest.approx(d["wall"], rel=1e-6)
     line = t.phases.format(threads=2)
     assert line.startswith("time ") and "wait" in line and "background (2 threads)" in line
@@ -291,6 +292,11 @@ def test_phases_add_up_from_several_threads():
         p.add("bogus", 1.0)
     line = p.format(wall=10.0, lanes=2, over="ranks")
     assert "(phases summed over 2 ranks)" in line and "other 20.0" in line
+    p.add("load", 3.0)
+    p.move(1.0, "turn", "load")             # a wait for the GPU inside a trial
+    assert (p.seconds["load"], p.seconds["turn"]) == (2.0, 1.0)
+    with pytest.raises(KeyError, match="unknown phase 'bogus'"):
+        p.move(1.0, "turn", "bogus")
 
 
 @pytest.mark.parametrize("dtype,layout", [("fp16", "fm"), ("bf16", "tm"), ("fp32", "fm"),
