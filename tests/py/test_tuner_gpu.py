@@ -93,3 +93,37 @@ def test_planted_fault_is_recorded_and_the_run_goes_on(tmp_path, monkeypatch):
         assert "ILLEGAL_ADDRESS" in bad["message"] or "faulted" in bad["message"], bad
         assert restarts >= 1                      # a fresh worker took over
         assert cache.layers("faulty")
+
+
+@pytest.mark.gpu
+def test_the_command_with_two_lanes_tunes_every_layer_on_the_gpu(tmp_path):
+    """`sparseforge tune --lanes 2` on the GPU (two searches taking turns on
+    it): every layer stored with each N bucket, every winner verified, and
+    the time line says how long a lane waited for its turn."""
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    from sparseforge.generator import io
+    root = Path(__file__).resolve().parents[2]
+    mats = [(f"l{i}", random_matrix("shflbw:64", 256, 192, 0.25, "fp16", seed=i))
+            for i in range(3)]
+    io.save(tmp_path / "m.npz", mats)
+    db = tmp_path / "t.db"
+    env = dict(os.environ, XDG_CACHE_HOME=str(tmp_path / "xdg"),
+               PYTHONPATH=str(root) + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    r = subprocess.run([sys.executable, "-m", "sparseforge", "tune", str(tmp_path / "m.npz"),
+                        "--pattern", "shflbw:64", "--db", str(db), "--n", "16,256",
+                        "--budget", "4", "--quick", "--lanes", "2"],
+                       env=env, cwd=root, capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert "(phases summed over 2 lanes)" in r.stdout and "turn " in r.stdout
+    with Cache(str(db), readonly=True) as cache:
+        for name, _ in mats:
+            (layer,) = cache.layers(name)
+            assert [v["n_bucket"] for v in layer["variants"]] == [16, 256]
+            for v in layer["variants"]:      # each winner a verified trial of its bucket
+                (won,) = [t for t in cache.trials(matrix_fp=layer["matrix_fp"], op=layer["op"],
+                                                  n=v["n_bucket"]) if t["config"] == v["config"]]
+                assert won["status"] == "ok" and won["max_error"] < 1e-2
