@@ -292,7 +292,7 @@ def _run_gpus(args, cache, entries, ns, force):
         pool.close(kill=True)      # no waiting for a kernel being timed
         raise
     pool.close()
-    return tables, pool.phases(), len(pool.tuners), pool.compiled, pool.recompiled_corrupt
+    return tables, pool.phases, len(pool.tuners), pool.compiled, pool.recompiled_corrupt
 
 
 def _report(args, tables: dict, db: str, compiled: int, corrupt: int, measured: bool,
@@ -351,7 +351,7 @@ def _run_ranks(args, ranks, entries, ns, force) -> int:
             report.error = _sentence(e)
         report.compiled, report.corrupt = tuner.compiled, tuner.recompiled_corrupt
         report.lanes = args.lanes
-        report.phases = (tuner.phases() if args.lanes > 1 else tuner.phases).as_dict()
+        report.phases = tuner.phases.as_dict()
     reports = ranks.gather(report)     # each rank's database is closed by now
     code = EXIT_OK
     if ranks.rank == 0:

@@ -130,6 +130,7 @@ class GpuPool:
         """The first GPU's description (an MPI rank's pool has one GPU)."""
         return self.tuners[0].device
 
+    @property
     def phases(self) -> Phases:
         """The GPUs' phases summed, with the compile pool's; its wall time
         counts from the pool's start."""

@@ -85,7 +85,7 @@ def test_items_are_shared_out_and_every_layer_stored_once(tmp_path):
             p.close()
         assert waited == [True, True], "one GPU took every item"
         # the summary's wall time is the run's, not that of the summing
-        assert p.phases().as_dict()["wall"] >= p.phases().as_dict()["time"] / 2 > 0
+        assert p.phases.as_dict()["wall"] >= p.phases.as_dict()["time"] / 2 > 0
         (rows,) = tables.values()
         assert [r.name for r in rows] == ["layer0", "layer1", "copy_of_layer0", "dense"]
         assert rows[3].skipped and rows[2].result.note == "same matrix as layer0"
