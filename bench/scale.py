@@ -448,7 +448,7 @@ def main(argv=None) -> int:
     ap.add_argument("--sparsity", type=float, default=0.75)
     ap.add_argument("--layers", type=int, default=12, help="the model's layers (BERT-base: 12)")
     ap.add_argument("--n", default="16,256,4096")
-    ap.add_argument("--runs", default="one,lanes,gpus,mpi,mpi_lanes",
+    ap.add_argument("--runs", default=",".join(RUNS),
                     help="the model stage's runs (one, the baseline, always runs)")
     ap.add_argument("--sweep", default=str(SWEEP))
     ap.add_argument("--sweep-budget", type=int, default=12, help="trials per sweep search")

@@ -1,10 +1,16 @@
 """The tuner on a real GPU: a tune per family into a fresh database, the
 stored layer opened and run through the C runtime (the deployment path),
 and a planted faulting candidate recorded while the run goes on."""
+import os
+import subprocess
+import sys
+from pathlib import Path
+
 import numpy as np
 import pytest
 
 from sparseforge.cache import Cache
+from sparseforge.generator import io
 from sparseforge.generator.families import get_family, parse_pattern
 from sparseforge.generator.kernel import Operation, reference
 from sparseforge.generator.matrix import from_device_bytes, to_device_bytes
@@ -99,13 +105,8 @@ def test_planted_fault_is_recorded_and_the_run_goes_on(tmp_path, monkeypatch):
 def test_the_command_with_two_lanes_tunes_every_layer_on_the_gpu(tmp_path):
     """`sparseforge tune --lanes 2` on the GPU (two searches taking turns on
     it): every layer stored with each N bucket, every winner verified, and
-    the time line says how long a lane waited for its turn."""
-    import os
-    import subprocess
-    import sys
-    from pathlib import Path
-
-    from sparseforge.generator import io
+    the time line sums the phases over both lanes (a lane's waits for its
+    turn, under 0.05 s, may not be printed; test_gpus checks them)."""
     root = Path(__file__).resolve().parents[2]
     mats = [(f"l{i}", random_matrix("shflbw:64", 256, 192, 0.25, "fp16", seed=i))
             for i in range(3)]
@@ -118,7 +119,7 @@ def test_the_command_with_two_lanes_tunes_every_layer_on_the_gpu(tmp_path):
                         "--budget", "4", "--quick", "--lanes", "2"],
                        env=env, cwd=root, capture_output=True, text=True, timeout=600)
     assert r.returncode == 0, r.stdout + r.stderr
-    assert "(phases summed over 2 lanes)" in r.stdout and "turn " in r.stdout
+    assert "(phases summed over 2 lanes)" in r.stdout
     with Cache(str(db), readonly=True) as cache:
         for name, _ in mats:
             (layer,) = cache.layers(name)
