@@ -2,7 +2,14 @@
 rows and groups, bias + GELU) so that compute-sanitizer can watch them:
     compute-sanitizer --tool memcheck python3 bench/sanitize.py
 `--small`: smaller shapes and fewer kernels (racecheck); `--layout fm|tm`:
-only the cases of that layout.  Exits non-zero if any result is wrong."""
+only the cases of that layout; `--pattern P`: only the cases of that
+pattern; `--shape MxKxN`: that problem instead of the small awkward
+ones; `--configs JSON` (or @FILE): exactly these configurations, each on
+every case whose family accepts it, instead of a spread of the space:
+    compute-sanitizer --tool racecheck python3 bench/sanitize.py --small \
+        --pattern nm24 --configs '[{"bm": 256, ...}]'
+Exits non-zero if any result is wrong."""
+import json
 import sys
 from pathlib import Path
 
@@ -14,8 +21,30 @@ from sparseforge.generator.synth import random_matrix  # noqa: E402
 from sparseforge.tuner.execute import default_context, verify  # noqa: E402
 
 small = "--small" in sys.argv
-only_layout = sys.argv[sys.argv.index("--layout") + 1] if "--layout" in sys.argv else None
+
+
+def option(name):
+    return sys.argv[sys.argv.index(name) + 1] if name in sys.argv else None
+
+
+only_layout, only_pattern, configs = option("--layout"), option("--pattern"), option("--configs")
+shape = tuple(int(v) for v in option("--shape").split("x")) if option("--shape") else None
+if configs is not None:
+    configs = json.loads(Path(configs[1:]).read_text() if configs.startswith("@") else configs)
 device = default_context().device_info()  # on sm_90a the spaces hold the wgmma kernels
+
+
+def spread(space, per):
+    """A spread of each compute path's kernels (wgmma, its streamed tiles,
+    shared gather, clusters, the rest): `per` of each."""
+    paths: dict = {}
+    for cfg in space:
+        key = ("tn" if "tn" in cfg else "tma" if "tma" in cfg else "wg" if "wg" in cfg
+               else "xr" if "xr" in cfg else "ck" if cfg.get("ck", 1) > 1 else "")
+        paths.setdefault(key, []).append(cfg)
+    return [c for group in paths.values() for c in group[::max(1, len(group) // per)][:per]]
+
+
 CASES = [("csr", "fp32", "fm"), ("csr", "fp32", "tm"), ("csr", "fp16", "fm"), ("csr", "bf16", "tm"),
          ("bsr:32x32", "fp16", "fm"),
          ("bsr:64x64", "bf16", "fm"), ("shflbw:64", "fp16", "fm"), ("shflbw:32", "bf16", "fm"),
@@ -24,21 +53,15 @@ CASES = [("csr", "fp32", "fm"), ("csr", "fp32", "tm"), ("csr", "fp16", "fm"), ("
 bad = 0
 for pattern, dtype, layout in CASES:
     fam, params = family_of(pattern)
-    if layout not in fam.layouts or only_layout not in (None, layout):
+    if layout not in fam.layouts or only_layout not in (None, layout) or \
+            only_pattern not in (None, pattern):
         continue
-    m, k, n = (200, 264, 72) if not small else (130, 136, 72)  # 72: two tiles of 64 (tn)
+    m, k, n = ((200, 264, 72) if not small else (130, 136, 72)  # 72: two tiles of 64 (tn)
+               ) if shape is None else shape
     mat = random_matrix(pattern, m, k, 0.3, dtype, seed=1)
     op = Operation(dtype, layout, Epilogue(bias=True, activation="gelu"))
-    space = fam.search_space(mat, op, params, device)
-    # a spread of each compute path's kernels (wgmma, its streamed tiles,
-    # shared gather, clusters, the rest)
-    paths: dict = {}
-    for cfg in space:
-        key = ("tn" if "tn" in cfg else "tma" if "tma" in cfg else "wg" if "wg" in cfg
-               else "xr" if "xr" in cfg else "ck" if cfg.get("ck", 1) > 1 else "")
-        paths.setdefault(key, []).append(cfg)
-    per = 2 if small else 4
-    picks = [c for group in paths.values() for c in group[::max(1, len(group) // per)][:per]]
+    picks = (fam.accepted(configs, mat, op, params, device) if configs is not None
+             else spread(fam.search_space(mat, op, params, device), 2 if small else 4))
     for cfg in picks:
         res = verify(fam, mat, op, params, cfg, n, seed=2)
         bad += not res["ok"]

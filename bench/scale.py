@@ -224,8 +224,10 @@ def stage_model(args, runner: Runner, gpus: int, launcher) -> dict:
     # the pruned model made once, before any timed run
     runner.run("model-prune", [sys.executable, "-m", "sparseforge", "inspect", str(recipe)])
     runs = {}
-    plan = [("one", []), ("lanes", ["--lanes", "2"] if gpus else None),
-            ("gpus", ["--gpus", "all"] if gpus > 1 else None), ("mpi", []),
+    # one search a GPU unless the run is about lanes (the default is 2 on a GPU)
+    plan = [("one", ["--lanes", "1"]), ("lanes", ["--lanes", "2"] if gpus else None),
+            ("gpus", ["--gpus", "all", "--lanes", "1"] if gpus > 1 else None),
+            ("mpi", ["--lanes", "1"]),
             ("mpi_lanes", ["--lanes", "2"] if gpus else None)]
     for label, how in plan:
         if how is None or label not in args.runs:

@@ -164,6 +164,20 @@ class Family(ABC):
                      params: dict, device: Optional[dict] = None) -> None:
         """Raises ConfigError naming the broken constraint."""
 
+    def accepted(self, configs, matrix: SparseMatrix, op: Operation, params: dict,
+                 device: Optional[dict] = None) -> list[dict]:
+        """The configurations of `configs` that check_config accepts, each
+        once, in order."""
+        out = []
+        for cfg in configs:
+            try:
+                self.check_config(cfg, matrix, op, params, device)
+            except ConfigError:
+                continue
+            if cfg not in out:
+                out.append(cfg)
+        return out
+
     def hint_configs(self, matrix: SparseMatrix, op: Operation, params: dict,
                      device: Optional[dict] = None, n: Optional[int] = None) -> list[dict]:
         """Configurations a budgeted search measures first, best expected

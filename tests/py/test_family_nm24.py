@@ -263,7 +263,7 @@ def test_prefill_hints_take_several_tiles_a_cta_where_it_fills_the_waves():
     m = random_24(3072, 768, seed=9)
     op = Operation(dtype="fp16", layout="tm")
     pre = FAM.hint_configs(m, op, {}, H100, n=4096)
-    assert pre[1] == dict(nm24_mod.PREFILL_MT_TILE, ks=1, mt=3)
+    assert pre[1] == {**nm24_mod.TMA_SPACE.defaults, **nm24_mod.PREFILL_MT_TILE, "mt": 3}
     assert not any(c.get("mt", 1) > 1 for c in FAM.hint_configs(m, op, {}, H100, n=16))
     from sparseforge.tuner.strategies import hinted
     assert hinted(FAM.search_space(m, op, {}, H100), pre) == pre
@@ -323,6 +323,8 @@ TMA = dict(bm=128, bn=256, bk=64, wm=2, wn=1, stages=4, wg=1, tma=1, cm=2)
     (dict(mt=2, ks=2, cm=1, bn=64), "tm", 64, "several tiles a CTA only without split K"),
     (dict(mt=2, cm=1, bn=64), "tm", 64, "several tiles a CTA only for prefill"),
     (dict(mt=2, stages=3), "fm", 64, "several tiles a CTA only on 256-row tiles"),
+    (dict(ra=2), "fm", 64, r"ra in \(0, 1\)"),
+    (dict(ra=1, cm=1, bn=64), "tm", 64, "CTAs ordered down M only for prefill"),
     (dict(bm=256, bn=128, cm=1, mw=2, mt=2, stages=5), "fm", 64,
      "fits the GPU's per-block limit"),
 ])
@@ -363,7 +365,7 @@ def test_tiles_per_cta_plan():
             plan = FAM.plan(m, op, {}, c)
             assert plan.grid == (1, slots, 1), (c, plan.grid)
             k = FAM.render(plan, op, c)
-            assert f", {c['mt']}>;" in k.source and k.launch["grid"] == (1, slots, 1)
+            assert f", {c['mt']}, 0>;" in k.source and k.launch["grid"] == (1, slots, 1)
             env = nm24_mod.TMA_SPACE.env(c, {"tm": int(layout == "tm"), "k": 200})
             assert plan.smem_bytes == 2048 + c["stages"] * env["stage_bytes"] + env["c_bytes"]
             same_matrix(FAM.unpack(plan), m, "fp16")
@@ -470,6 +472,8 @@ WG_COMPILE_CASES = [
     ("fp16", "tm", dict(TMA, bm=256, bn=128, cm=1, mw=2, stages=4, mt=4),
      Epilogue(bias=True, activation="gelu")),
     ("bf16", "fm", dict(TMA, bm=256, bn=128, cm=1, mw=2, stages=3, mt=2), Epilogue(activation="relu")),
+    ("fp16", "tm", dict(TMA, ra=1), Epilogue()),
+    ("bf16", "fm", dict(TMA, bm=256, bn=128, cm=1, mw=2, stages=4, mt=2, ra=1), Epilogue(bias=True)),
     ("fp16", "fm", dict(WG), Epilogue()),
     ("bf16", "tm", dict(WG, bn=128, stages=5), Epilogue(bias=True, activation="gelu")),
     ("fp16", "fm", dict(WG, bm=64, bn=64, bk=32, wm=1, stages=3), Epilogue(activation="relu")),
@@ -602,6 +606,11 @@ TMA_GPU_CONFIGS = [
 TMA_MT = [dict(bm=256, bn=128, bk=64, wm=2, wn=1, stages=3, wg=1, tma=1, cm=1, mw=2, mt=2),
           dict(bm=256, bn=128, bk=64, wm=2, wn=1, stages=4, wg=1, tma=1, cm=1, mw=2, mt=3),
           dict(bm=256, bn=128, bk=64, wm=2, wn=2, stages=4, wg=1, tma=1, cm=1, mw=2, mt=2)]
+# consecutive CTAs down M (`ra`): with a cluster pair (the remap keeps a
+# cluster's CTAs on one column of N), with several tiles a CTA
+TMA_RA = [dict(bm=128, bn=256, bk=64, wm=2, wn=1, stages=4, wg=1, tma=1, cm=2, ra=1),
+          dict(bm=256, bn=128, bk=64, wm=2, wn=1, stages=4, wg=1, tma=1, cm=1, mw=2, mt=2, ra=1),
+          dict(bm=128, bn=128, bk=64, wm=2, wn=1, stages=4, wg=1, tma=1, cm=1, ra=1)]
 TMA_TM_ONLY = [dict(bm=128, bn=16, bk=64, wm=2, wn=1, stages=12, wg=1, tma=1, cm=1),  # decode
                dict(bm=64, bn=32, bk=128, wm=1, wn=1, stages=8, wg=1, tma=1, cm=1, ks=4)]
 
@@ -662,7 +671,7 @@ def test_gpu_tma_odd_shapes(hopper, layout, dtype):
     m = random_24(300, 520 if layout == "tm" else 523, seed=44, zero_rows=(0, 64, 299),
                   dtype=dtype)
     op = Operation(dtype=dtype, layout=layout)
-    for c in TMA_GPU_CONFIGS + TMA_MT + (TMA_TM_ONLY if layout == "tm" else []):
+    for c in TMA_GPU_CONFIGS + TMA_MT + TMA_RA + (TMA_TM_ONLY if layout == "tm" else []):
         for n in (1, 77, 264, 520):
             _verify(m, op, c, n)
 
@@ -676,7 +685,7 @@ def test_gpu_tma_epilogues(hopper, layout, dtype):
     for ep in (Epilogue(bias=True, activation="relu"), Epilogue(bias=True, activation="gelu", scale=0.5),
                Epilogue(activation="gelu"), Epilogue(scale=-2.0)):
         op = Operation(dtype=dtype, layout=layout, epilogue=ep)
-        for c in (TMA_GPU_CONFIGS[:2] + TMA_GPU_CONFIGS[-2:] + TMA_MT
+        for c in (TMA_GPU_CONFIGS[:2] + TMA_GPU_CONFIGS[-2:] + TMA_MT + TMA_RA
                   + (TMA_TM_ONLY if layout == "tm" else [])):
             _verify(m, op, c, 200, bias=bias if ep.bias else None)
 
@@ -686,8 +695,22 @@ def test_gpu_tma_epilogues(hopper, layout, dtype):
 def test_gpu_tma_large(hopper, layout):
     m = random_24(1024, 2048, seed=46, mode="full")
     op = Operation(dtype="fp16", layout=layout)
-    for c in TMA_GPU_CONFIGS[:3] + [dict(TMA_MT[0], mt=4), dict(TMA_MT[2], mt=3)]:
+    for c in TMA_GPU_CONFIGS[:3] + [dict(TMA_MT[0], mt=4), dict(TMA_MT[2], mt=3)] + TMA_RA:
         _verify(m, op, c, 4096)
+
+
+def test_tile_order_plan():
+    """`ra` reaches the kernel's configuration; the grid and block do not
+    change with it (the kernel remaps its index)."""
+    m = random_24(1000, 200, seed=15)
+    base = dict(TMA, bm=256, bn=128, cm=1, mw=2, stages=4, mt=2)
+    op = Operation(layout="tm")
+    for ra in (0, 1):
+        c = dict(base, ra=ra)
+        plan = FAM.plan(m, op, {}, c)
+        k = FAM.render(plan, op, c)
+        assert f", 2, {ra}>;" in k.source and plan.threads == 288
+        assert k.launch["grid"] == (1, 2, 1) and k.launch["block"] == (288, 1, 1)
 
 
 def test_configurations_that_pack_alike_share_one_packed_object():

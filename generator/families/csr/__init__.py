@@ -294,21 +294,16 @@ class CsrFamily(Family):
             self._check_params(params)
             return tc.search_space(matrix, op, device)
         space = SPACE[op.layout]
-        out = []
+        candidates = []
         for tables in self.tables_allowed(matrix):
             shapes = IMM_ROWS_SPLIT if tables == "imm" else ROWS_SPLIT
             unrolls = {"imm": (1,), "const": CONST_UNROLL}.get(tables, space["unroll"])
             for vec in (IMM_VEC if tables == "imm" else space["vec"]):
                 for rows, split in shapes:
                     for unroll in unrolls:
-                        cfg = {"tables": tables, "vec": vec, "rows": rows, "split": split,
-                               "unroll": unroll}
-                        try:
-                            self.check_config(cfg, matrix, op, params, device)
-                        except ConfigError:
-                            continue
-                        out.append(cfg)
-        return out
+                        candidates.append({"tables": tables, "vec": vec, "rows": rows,
+                                           "split": split, "unroll": unroll})
+        return self.accepted(candidates, matrix, op, params, device)
 
     @staticmethod
     def problem(matrix: SparseMatrix) -> dict:

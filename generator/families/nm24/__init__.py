@@ -126,15 +126,15 @@ WG_SPACE = Space(
 # warpgroups and a producer warp; the X tile shared by clusters of `cm`
 # CTAs along M.
 TMA_STAGE_CHOICES = (3, 4, 5, 6, 8, 12)
-TMA_KEYS = WG_KEYS + ("tma", "cm", "ks", "mw", "mt")
-TMA_OPTIONAL = ("ks", "mw", "mt")   # keys with defaults
+TMA_KEYS = WG_KEYS + ("tma", "cm", "ks", "mw", "mt", "ra")
+TMA_OPTIONAL = ("ks", "mw", "mt", "ra")   # keys with defaults
 MT_CHOICES = (1, 2, 3, 4, 6, 8)
 TMA_BN_CHOICES = (16, 32, 64, 128, 256)   # below 64: token-major (decode's few tokens)
 TMA_SPACE = Space(
     choices={"bm": WG_BM_CHOICES, "bn": TMA_BN_CHOICES, "bk": WG_BK_CHOICES, "wn": (1, 2),
              "stages": TMA_STAGE_CHOICES, "cm": (1, 2), "ks": (1, 2, 4), "mw": (1, 2),
-             "mt": MT_CHOICES},
-    defaults={"ks": 1, "mw": 1, "mt": 1},
+             "mt": MT_CHOICES, "ra": (0, 1)},
+    defaults={"ks": 1, "mw": 1, "mt": 1, "ra": 0},
     derived={
         "wg_n": "bn // wn",
         "consumers": "128 * wm * wn",
@@ -159,6 +159,9 @@ TMA_SPACE = Space(
         Constraint("cm == 1 or ks == 1", "a cluster shares the X tile or splits K, not both"),
         Constraint(f"mt in {MT_CHOICES}", "tiles along M a CTA takes in turn"),
         Constraint("mt == 1 or ks == 1", "several tiles a CTA only without split K"),
+        Constraint("ra in (0, 1)", "consecutive CTAs along N (0) or down M (1)"),
+        Constraint("ra == 0 or bn >= 128", "CTAs ordered down M only for prefill's wide tiles "
+                   "(decode has one column of N tiles)"),
         Constraint("mt == 1 or bn >= 128", "several tiles a CTA only for prefill's wide tiles "
                    "(they hide a tile's pipeline fill and output store behind the next)"),
         # every value of mt on every tile would triple the space a search
@@ -424,25 +427,22 @@ class Nm24Family(Family):
         candidates += [dict(c, wm=c["bm"] // 64, wg=1) for c in WG_SPACE.enumerate()]
         candidates += [dict(c, wm=c["bm"] // 64 // c["mw"], wg=1, tma=1)
                        for c in TMA_SPACE.enumerate() if c["bm"] >= 64 * c["mw"]]
-        out = []
-        for cfg in candidates:
-            try:
-                self.check_config(cfg, matrix, op, params, device)
-            except ConfigError:
-                continue
-            out.append(cfg)
-        return out
+        return self.accepted(candidates, matrix, op, params, device)
 
     def hint_configs(self, matrix: SparseMatrix, op: Operation, params: dict,
                      device: Optional[dict] = None, n: Optional[int] = None) -> list[dict]:
         """Large tiles of sparse wgmma first on sm_90a (two warpgroups along
         M, the widest N the problem fills), decode's tiles first for a few
         tokens (by_regime); mma.sp's default elsewhere."""
-        # (measured on an H100, bench/nm24.py: the first three win prefill,
+        # (measured on an H100, bench/nm24.py: the first four win prefill,
         # the next four decode)
         wg = [dict(bm=128, bn=256, bk=64, wm=2, wn=1, stages=4, wg=1, tma=1, cm=2),
               dict(bm=256, bn=128, bk=64, wm=2, wn=1, stages=6, wg=1, tma=1, cm=1, mw=2),
               dict(bm=128, bn=256, bk=64, wm=2, wn=1, stages=4, wg=1, tma=1, cm=1),
+              # the second with CTAs ordered down M: it won where X outgrows
+              # L2 (1024 x 4096 x 8192: -8%) and lost little elsewhere
+              # (bench/RESULTS.md, 2026-11-26)
+              dict(bm=256, bn=128, bk=64, wm=2, wn=1, stages=6, wg=1, tma=1, cm=1, mw=2, ra=1),
               dict(bm=64, bn=16, bk=64, wm=1, wn=1, stages=12, wg=1, tma=1, cm=1, ks=2),
               dict(bm=64, bn=64, bk=64, wm=1, wn=1, stages=12, wg=1, tma=1, cm=1, ks=2),
               dict(bm=128, bn=64, bk=128, wm=2, wn=1, stages=5, wg=1, tma=1, cm=1),
@@ -533,7 +533,7 @@ class Nm24Family(Family):
             m=m, k=k, mp=mp, kp=kp, config=cfg, packed=packed,
             values_offset=values_offset, meta_offset=meta_offset, bias_offset=bias_offset,
             has_bias=ep.bias, smem_bytes=smem_bytes(cfg, op.layout, k),
-            threads=cfg["wm"] * cfg["wn"] * (128 if wg else 32) + (32 if tma else 0),
+            threads=_space(cfg).env(cfg, _problem(op, k))["threads"],
             grid=(1, _tile_slots(mp, bm, config), ks),
             perm=None if matrix.perm is None else matrix.perm.copy(),
             epilogue=dict(activation=ep.activation, scale=float(ep.scale)))
@@ -585,7 +585,7 @@ class Nm24Family(Family):
         template = ("nm24_tma.cu.j2" if is_tma(c) else "nm24_sm90.cu.j2" if is_wg(c)
                     else "nm24.cu.j2")
         source = render(template, name=plan.name, cm=c.get("cm", 1), ks=c.get("ks", 1),
-                        mw=c.get("mw", 1), mt=c.get("mt", 1), dtype=plan.dtype, layout=plan.layout,
+                        mw=c.get("mw", 1), mt=c.get("mt", 1), ra=c.get("ra", 0), dtype=plan.dtype, layout=plan.layout,
                         m=plan.m, k=plan.k, mp=plan.mp, kp=plan.kp,
                         bm=c["bm"], bn=c["bn"], bk=c["bk"], wm=c["wm"], wn=c["wn"],
                         stages=c["stages"], threads=plan.threads, smem_bytes=plan.smem_bytes,

@@ -168,17 +168,6 @@ class RowGroupFamily(Family):
         space.SPACE.check(config, problem(self.tile_rows(matrix, params), op.layout),
                           device_constants(device))
 
-    def _valid(self, candidates, matrix, op, params, device) -> list[dict]:
-        out = []
-        for cfg in candidates:
-            try:
-                self.check_config(cfg, matrix, op, params, device)
-            except ConfigError:
-                continue
-            if cfg not in out:
-                out.append(cfg)
-        return out
-
     @staticmethod
     def xs_space() -> list[dict]:
         """Every shared-gather configuration shape (unchecked): half and
@@ -221,14 +210,14 @@ class RowGroupFamily(Family):
         fm = op.layout == "fm"
         hopper = bool(device and device.get("arch") == "sm_90a")
         whole = hopper and bm % 64 == 0      # whole warpgroups of rows
-        out = self._valid(self.wg_space(bm), matrix, op, params, device) if hopper else []
+        out = self.accepted(self.wg_space(bm), matrix, op, params, device) if hopper else []
         if fm and whole and out:
             return out
-        xs = [] if whole else self._valid(self.xs_space(), matrix, op, params, device)
-        mma = self._valid(space.MMA_SPACE.enumerate(), matrix, op, params, device)
+        xs = [] if whole else self.accepted(self.xs_space(), matrix, op, params, device)
+        mma = self.accepted(space.MMA_SPACE.enumerate(), matrix, op, params, device)
         # split K (sm_90a): the decode tiles over clusters of 2 or 4 CTAs (the table
         # keeps the few columns of N it serves)
-        mma += self._valid([dict(c, ks=ks) for ks in space.KS_CHOICES for c in mma],
+        mma += self.accepted([dict(c, ks=ks) for ks in space.KS_CHOICES for c in mma],
                            matrix, op, params, device)
         return out + (xs + mma if fm else mma + xs)
 
@@ -282,7 +271,7 @@ class RowGroupFamily(Family):
                           {"bk": 64, "bn": 32, "stages": 4, "wm": 4, "wn": 1},
                           {"bk": 64, "bn": 16, "stages": 3, "wm": 2, "wn": 1},
                           {"bk": 64, "bn": 32, "stages": 3, "wm": 2, "wn": 2}]
-                decode = self._valid(decode, matrix, op, params, device)
+                decode = self.accepted(decode, matrix, op, params, device)
                 # prefill: on sm_90a the wgmma tiles before mma.sync's.
                 # H100, bsr:64x64 at 25%, N = 4096: bk32 bn256 wn2 s5 first
                 # on 4096 x 4096 (99.8 us against 139 for mma.sync), 11008 x
@@ -295,11 +284,11 @@ class RowGroupFamily(Family):
                          {"bk": 32, "bn": 256, "stages": 5, "wm": wm, "wn": 1, "wg": 1},
                          {"bk": 64, "bn": 256, "stages": 4, "wm": wm, "wn": 2, "wg": 1},
                          {"bk": 32, "bn": 128, "stages": 5, "wm": wm, "wn": 1, "wg": 1}]
-                prefill = self._valid((wg_tm if sm90a else []) + wide[2:] + wide[:2],
+                prefill = self.accepted((wg_tm if sm90a else []) + wide[2:] + wide[:2],
                                       matrix, op, params, device)
                 return by_regime(decode, prefill, n)   # (both valid already)
             prefs = (small + wg if hopper else []) + wide
-        return self._valid(prefs, matrix, op, params, device)
+        return self.accepted(prefs, matrix, op, params, device)
 
     def default_config(self, matrix: SparseMatrix, op: Operation, params: dict,
                        device: Optional[dict] = None) -> dict:

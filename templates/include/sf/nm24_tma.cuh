@@ -39,6 +39,13 @@
 // -7 to -10% a tile).  Rows of Y by asynchronous bulk copies (the TMA
 // unit) were slower: they queue behind the producer's loads.
 //
+// The order of the tiles (RA): the hardware starts CTAs (clusters) in the
+// order of blockIdx, x first.  RA 0 takes x along N (consecutive CTAs read
+// the same rows of W and different columns of X); RA 1 remaps the index so
+// that consecutive CTAs go down M (the same columns of X, each read from
+// device memory once while the CTAs of a wave share it in L2: for X larger
+// than L2, RA 0 reads it once a wave of M tiles).
+//
 // Shared memory (from a 1024-byte aligned base): the barriers in the first
 // 1 KB, then the stages (X tile, then the weight and metadata runs), reused
 // at the end for the output tile (or the partial tile); with MT > 1 the
@@ -54,7 +61,7 @@ namespace nm24 {
 constexpr int AE_STEP = WG_A_BYTES + 4 * META_BYTES;  // one 64-row tile x one K step
 
 template <int BM_, int BN_, int BK_, int WM_, int WN_, int MW_, int STAGES_, int CM_, int KS_,
-          bool TM_, int MT_ = 1>
+          bool TM_, int MT_ = 1, int RA_ = 0>
 struct TmaConfig {
   static constexpr int BM = BM_;          // 64 x MW x WM
   static constexpr int BN = BN_;
@@ -67,6 +74,7 @@ struct TmaConfig {
   static constexpr int KS = KS_;          // CTAs of a cluster along z splitting K
   static constexpr bool TOKEN_MAJOR = TM_;
   static constexpr int MT = MT_;          // tiles along M a CTA takes in turn (1: one tile)
+  static constexpr bool RA = RA_ != 0;    // consecutive CTAs go down M (else along N)
 
   static constexpr int WG_N = BN / WN;
   static constexpr int THREADS = 128 * WM * WN;      // the consumers (store_tile's threads)
@@ -260,7 +268,13 @@ __device__ __forceinline__ void tma_compute_stage(float (&acc)[C::MW][C::WG_N / 
 }
 
 // The consumers' release of stage `s`: one thread of each warpgroup
-// arrives on `empty` of every CTA of the cluster.
+// arrives on `empty` of every CTA of the cluster.  Its warpgroup's
+// wgmma_wait covers the other warps' reads of the stage too: their
+// metadata loads come before their part of the stage's wgmma, which
+// completes for the whole warpgroup or not at all.  (compute-sanitizer's
+// racecheck reports these loads racing the producer's refill of the stage
+// whether one thread a warpgroup or one a warp arrives: it does not follow
+// the order an mbarrier gives the bulk copies; bench/RESULTS.md, 2026-11-26.)
 template <class C>
 __device__ __forceinline__ void tma_release(unsigned empty, int s) {
   if ((threadIdx.x & 127) == 0) {
@@ -340,8 +354,15 @@ __device__ __forceinline__ void tma_gemm(const unsigned char *__restrict__ packe
   // the tiles along M: MT in turn, CM * BM rows apart (the cluster's other
   // CTAs take the rows between); fewer at the end of M
   constexpr int STEP = C::CM * C::BM;
-  const int slot = blockIdx.y / C::CM;
-  const int n0 = blockIdx.x * C::BN, m_first = (slot * C::MT * C::CM + rank) * C::BM;
+  // this cluster's column of N tiles and slot along M (RA: remapped so
+  // that consecutive clusters go down M; a cluster's CTAs keep theirs)
+  int col = blockIdx.x, slot = blockIdx.y / C::CM;
+  if constexpr (C::RA) {
+    const int slots = gridDim.y / C::CM, u = col + gridDim.x * slot;
+    col = u / slots;
+    slot = u % slots;
+  }
+  const int n0 = col * C::BN, m_first = (slot * C::MT * C::CM + rank) * C::BM;
   const int tiles = C::MT == 1 ? 1 : min(C::MT, P::MP / STEP - slot * C::MT);
   constexpr bool CLUSTER = C::CM * C::KS > 1;
   // the runtime maps X unless its rows are not 16-byte aligned (layout 1, N % 8 != 0)
