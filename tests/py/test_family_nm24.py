@@ -311,10 +311,9 @@ TMA = dict(bm=128, bn=256, bk=64, wm=2, wn=1, stages=4, wg=1, tma=1, cm=2)
 
 @pytest.mark.parametrize("bad,layout,k,what", [
     (dict(cm=3), "fm", 64, r"cm in \(1, 2\)"),
-    (dict(bn=64, cm=2), "fm", 64, "the X tile is shared only by tiles of 128 columns"),
+    (dict(bn=64, cm=2), "fm", 64, "feature-major X tiles are shared only by tiles of 128 columns"),
     (dict(), "tm", 60, "token-major X rows .* must be 16-byte aligned"),
     (dict(tma=2), "fm", 64, "wg == 1 and tma == 1"),
-    (dict(ks=2), "fm", 64, "a cluster shares the X tile or splits K, not both"),
     (dict(ks=3, cm=1), "fm", 64, r"ks in \(1, 2, 4\)"),
     (dict(mw=2), "fm", 64, "bm == 64 \\* mw \\* wm"),
     (dict(mw=2, bm=256), "fm", 64, "the accumulators .* fit the registers"),
@@ -473,6 +472,8 @@ WG_COMPILE_CASES = [
      Epilogue(bias=True, activation="gelu")),
     ("bf16", "fm", dict(TMA, bm=256, bn=128, cm=1, mw=2, stages=3, mt=2), Epilogue(activation="relu")),
     ("fp16", "tm", dict(TMA, ra=1), Epilogue()),
+    ("bf16", "tm", dict(TMA, bm=64, wm=1, bn=64, bk=128, stages=8, cm=2, ks=2),
+     Epilogue(bias=True, activation="gelu")),
     ("bf16", "fm", dict(TMA, bm=256, bn=128, cm=1, mw=2, stages=4, mt=2, ra=1), Epilogue(bias=True)),
     ("fp16", "fm", dict(WG), Epilogue()),
     ("bf16", "tm", dict(WG, bn=128, stages=5), Epilogue(bias=True, activation="gelu")),
@@ -612,6 +613,10 @@ TMA_RA = [dict(bm=128, bn=256, bk=64, wm=2, wn=1, stages=4, wg=1, tma=1, cm=2, r
           dict(bm=256, bn=128, bk=64, wm=2, wn=1, stages=4, wg=1, tma=1, cm=1, mw=2, mt=2, ra=1),
           dict(bm=128, bn=128, bk=64, wm=2, wn=1, stages=4, wg=1, tma=1, cm=1, ra=1)]
 TMA_TM_ONLY = [dict(bm=128, bn=16, bk=64, wm=2, wn=1, stages=12, wg=1, tma=1, cm=1),  # decode
+               # decode's X tile shared by a cluster pair, with K split over 2 and 4
+               dict(bm=64, bn=64, bk=128, wm=1, wn=1, stages=8, wg=1, tma=1, cm=2, ks=2),
+               dict(bm=64, bn=16, bk=64, wm=1, wn=1, stages=12, wg=1, tma=1, cm=2, ks=4),
+               dict(bm=128, bn=32, bk=128, wm=2, wn=1, stages=6, wg=1, tma=1, cm=2),
                dict(bm=64, bn=32, bk=128, wm=1, wn=1, stages=8, wg=1, tma=1, cm=1, ks=4)]
 
 
@@ -697,6 +702,19 @@ def test_gpu_tma_large(hopper, layout):
     op = Operation(dtype="fp16", layout=layout)
     for c in TMA_GPU_CONFIGS[:3] + [dict(TMA_MT[0], mt=4), dict(TMA_MT[2], mt=3)] + TMA_RA:
         _verify(m, op, c, 4096)
+
+
+def test_token_major_decode_shares_x_in_a_cluster_that_splits_k():
+    """Token-major X tiles of any width are shared by a cluster pair (rows
+    split between the two), with K split too: a cluster of CM x KS."""
+    m = random_24(300, 512, seed=16)
+    op = Operation(layout="tm")
+    c = dict(TMA, bm=64, wm=1, bn=64, bk=128, stages=8, cm=2, ks=2)
+    FAM.check_config(c, m, op, {}, H100)
+    k = FAM.generate(m, op, {}, c)
+    assert "__cluster_dims__(1, 2, 2)" in k.source and k.launch["grid"] == (1, 6, 2)
+    with pytest.raises(ConfigError, match="feature-major X tiles are shared only"):
+        FAM.check_config(c, m, Operation(layout="fm"), {}, H100)
 
 
 def test_tile_order_plan():

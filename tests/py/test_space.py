@@ -91,7 +91,7 @@ PROBES = {"bk": (8, 16, 32, 48, 64, 128), "bn": (8, 16, 32, 64, 96, 128, 256, 51
           "split": (1, 2, 4, 8, 64), "unroll": (1, 3, 4, 8, 64),
           "tables": ("global", "const", "imm"), "cm": (1, 2, 3), "tma": (1, 2), "ks": (1, 2, 3, 4),
           "mw": (1, 2, 3), "mf": (1, 2, 3), "wk": (1, 2, 3, 4, 8), "ksw": (1, 2, 3, 4, 8),
-          "ck": (1, 2, 3, 4, 8, 16), "mt": (1, 2, 3, 5, 8), "ra": (0, 1, 2)}
+          "ck": (1, 2, 3, 4, 8, 16), "mt": (1, 2, 3, 5, 8), "ra": (1, 2)}
 # Constraints no configuration of these problems can break first: those the
 # problem fixes for every plan (bm, m, k, nnz, const_bytes) and `wm >= 1 and
 # wn >= 1` (a zero divides in the derived sizes first; the compiler refuses

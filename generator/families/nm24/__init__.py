@@ -156,7 +156,6 @@ TMA_SPACE = Space(
         Constraint("mw in (1, 2)", "1 or 2 wgmma tiles of 64 rows per warpgroup"),
         Constraint("ks in (1, 2, 4)", "K split over 1, 2 or 4 CTAs of a cluster"),
         Constraint("bm == 64 * mw * wm", "a warpgroup's rows are mw 64-row wgmma tiles"),
-        Constraint("cm == 1 or ks == 1", "a cluster shares the X tile or splits K, not both"),
         Constraint(f"mt in {MT_CHOICES}", "tiles along M a CTA takes in turn"),
         Constraint("mt == 1 or ks == 1", "several tiles a CTA only without split K"),
         Constraint("ra in (0, 1)", "consecutive CTAs along N (0) or down M (1)"),
@@ -174,8 +173,8 @@ TMA_SPACE = Space(
         Constraint("ks == 1 or bn <= 64", "K is split only for tiles of at most 64 columns"),
         Constraint("stages <= 6 or bn <= 64", "pipelines deeper than 6 only for tiles of at "
                    "most 64 columns"),
-        Constraint("cm == 1 or bn >= 128", "the X tile is shared only by tiles of 128 columns "
-                   "or more (in feature-major, whole 64-column boxes for each CTA)"),
+        Constraint("cm == 1 or tm or bn >= 128", "feature-major X tiles are shared only by tiles "
+                   "of 128 columns or more (whole 64-column boxes for each CTA)"),
         Constraint("(mw == 1 and wn == 1) or bn >= 128",
                    "two tiles per warpgroup, or two warpgroups along N, only for 128 columns or more"),
         Constraint("wg_n * wn == bn and wg_n in (16, 32, 64, 128, 256)",
