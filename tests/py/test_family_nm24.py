@@ -472,7 +472,7 @@ WG_COMPILE_CASES = [
      Epilogue(bias=True, activation="gelu")),
     ("bf16", "fm", dict(TMA, bm=256, bn=128, cm=1, mw=2, stages=3, mt=2), Epilogue(activation="relu")),
     ("fp16", "tm", dict(TMA, ra=1), Epilogue()),
-    ("bf16", "tm", dict(TMA, bm=64, wm=1, bn=64, bk=128, stages=8, cm=2, ks=2),
+    ("bf16", "tm", dict(TMA, bm=64, wm=1, bn=64, bk=128, stages=8, cm=2),
      Epilogue(bias=True, activation="gelu")),
     ("bf16", "fm", dict(TMA, bm=256, bn=128, cm=1, mw=2, stages=4, mt=2, ra=1), Epilogue(bias=True)),
     ("fp16", "fm", dict(WG), Epilogue()),
@@ -613,9 +613,8 @@ TMA_RA = [dict(bm=128, bn=256, bk=64, wm=2, wn=1, stages=4, wg=1, tma=1, cm=2, r
           dict(bm=256, bn=128, bk=64, wm=2, wn=1, stages=4, wg=1, tma=1, cm=1, mw=2, mt=2, ra=1),
           dict(bm=128, bn=128, bk=64, wm=2, wn=1, stages=4, wg=1, tma=1, cm=1, ra=1)]
 TMA_TM_ONLY = [dict(bm=128, bn=16, bk=64, wm=2, wn=1, stages=12, wg=1, tma=1, cm=1),  # decode
-               # decode's X tile shared by a cluster pair, with K split over 2 and 4
-               dict(bm=64, bn=64, bk=128, wm=1, wn=1, stages=8, wg=1, tma=1, cm=2, ks=2),
-               dict(bm=64, bn=16, bk=64, wm=1, wn=1, stages=12, wg=1, tma=1, cm=2, ks=4),
+               # decode's X tile shared by a cluster pair (rows split between the two)
+               dict(bm=64, bn=64, bk=128, wm=1, wn=1, stages=8, wg=1, tma=1, cm=2),
                dict(bm=128, bn=32, bk=128, wm=2, wn=1, stages=6, wg=1, tma=1, cm=2),
                dict(bm=64, bn=32, bk=128, wm=1, wn=1, stages=8, wg=1, tma=1, cm=1, ks=4)]
 
@@ -704,17 +703,19 @@ def test_gpu_tma_large(hopper, layout):
         _verify(m, op, c, 4096)
 
 
-def test_token_major_decode_shares_x_in_a_cluster_that_splits_k():
+def test_token_major_decode_shares_x_in_a_cluster_pair():
     """Token-major X tiles of any width are shared by a cluster pair (rows
-    split between the two), with K split too: a cluster of CM x KS."""
+    split between the two); feature-major ones only from 128 columns."""
     m = random_24(300, 512, seed=16)
     op = Operation(layout="tm")
-    c = dict(TMA, bm=64, wm=1, bn=64, bk=128, stages=8, cm=2, ks=2)
+    c = dict(TMA, bm=64, wm=1, bn=64, bk=128, stages=8, cm=2)
     FAM.check_config(c, m, op, {}, H100)
     k = FAM.generate(m, op, {}, c)
-    assert "__cluster_dims__(1, 2, 2)" in k.source and k.launch["grid"] == (1, 6, 2)
+    assert "__cluster_dims__(1, 2, 1)" in k.source and k.launch["grid"] == (1, 6, 1)
     with pytest.raises(ConfigError, match="feature-major X tiles are shared only"):
         FAM.check_config(c, m, Operation(layout="fm"), {}, H100)
+    with pytest.raises(ConfigError, match="a cluster shares the X tile or splits K, not both"):
+        FAM.check_config(dict(c, ks=2), m, op, {}, H100)
 
 
 def test_tile_order_plan():

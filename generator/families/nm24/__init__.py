@@ -156,6 +156,9 @@ TMA_SPACE = Space(
         Constraint("mw in (1, 2)", "1 or 2 wgmma tiles of 64 rows per warpgroup"),
         Constraint("ks in (1, 2, 4)", "K split over 1, 2 or 4 CTAs of a cluster"),
         Constraint("bm == 64 * mw * wm", "a warpgroup's rows are mw 64-row wgmma tiles"),
+        # (both, a cluster of CM x KS, ran slower than either alone on every
+        # token-major S2 problem: bench/RESULTS.md, 2026-11-26)
+        Constraint("cm == 1 or ks == 1", "a cluster shares the X tile or splits K, not both"),
         Constraint(f"mt in {MT_CHOICES}", "tiles along M a CTA takes in turn"),
         Constraint("mt == 1 or ks == 1", "several tiles a CTA only without split K"),
         Constraint("ra in (0, 1)", "consecutive CTAs along N (0) or down M (1)"),
@@ -434,7 +437,7 @@ class Nm24Family(Family):
         M, the widest N the problem fills), decode's tiles first for a few
         tokens (by_regime); mma.sp's default elsewhere."""
         # (measured on an H100, bench/nm24.py: the first four win prefill,
-        # the next four decode)
+        # the next five decode)
         wg = [dict(bm=128, bn=256, bk=64, wm=2, wn=1, stages=4, wg=1, tma=1, cm=2),
               dict(bm=256, bn=128, bk=64, wm=2, wn=1, stages=6, wg=1, tma=1, cm=1, mw=2),
               dict(bm=128, bn=256, bk=64, wm=2, wn=1, stages=4, wg=1, tma=1, cm=1),
@@ -446,6 +449,9 @@ class Nm24Family(Family):
               dict(bm=64, bn=64, bk=64, wm=1, wn=1, stages=12, wg=1, tma=1, cm=1, ks=2),
               dict(bm=128, bn=64, bk=128, wm=2, wn=1, stages=5, wg=1, tma=1, cm=1),
               dict(bm=64, bn=16, bk=64, wm=1, wn=1, stages=12, wg=1, tma=1, cm=1, ks=4),
+              # token-major, N = 64: the X tile shared by a cluster pair
+              # (4096 x 4096 x 64: -11% against splitting K; RESULTS.md)
+              dict(bm=64, bn=64, bk=128, wm=1, wn=1, stages=8, wg=1, tma=1, cm=2),
               dict(bm=256, bn=128, bk=64, wm=2, wn=1, stages=6, wg=1, tma=1, cm=2, mw=2),
               dict(bm=128, bn=256, bk=64, wm=2, wn=1, stages=4, wg=1),
               dict(bm=64, bn=64, bk=128, wm=1, wn=1, stages=5, wg=1)]

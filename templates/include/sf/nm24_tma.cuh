@@ -28,9 +28,7 @@
 // along z each take 1/KS of K; their fp32 partial tiles meet in shared
 // memory, and each CTA sums one slice of the tile's rows over the cluster
 // (distributed shared memory, in a fixed order), applies the epilogue and
-// stores it.  Both at once (token-major decode): a cluster of CM x KS, the
-// CM CTAs of each K slice sharing its X tile (cluster ranks CM z ..
-// CM z + CM - 1).
+// stores it.
 //
 // Several tiles a CTA (MT > 1, prefill): the CTA takes MT tiles along M in
 // turn (the same columns of N), the producer running on into the next
@@ -160,9 +158,7 @@ __device__ __forceinline__ void tma_produce(const unsigned char *__restrict__ pa
                                             const sm90::TensorMap *map, bool use_map,
                                             unsigned stages, unsigned full, unsigned empty,
                                             int m0, int step, int tiles, int n0, unsigned rank,
-                                            unsigned peers, int kz, int lane) {
-  // the CTAs sharing the X tile: this K slice's CM, from cluster rank `peers`
-  const unsigned short mask = ((1u << C::CM) - 1) << peers;
+                                            int kz, int lane) {
   constexpr int KT = P::KP / C::BK / C::KS;  // this CTA's stages: K tiles kz .. kz + KT - 1
   constexpr int S = C::STAGES;
   const unsigned char *ae = packed + P::AE_OFFSET;
@@ -189,7 +185,7 @@ __device__ __forceinline__ void tma_produce(const unsigned char *__restrict__ pa
             const unsigned dst = sB + a * C::BN * 128 + rank * C::BOX_ROWS * 128;
             const int c0 = k0 + 64 * a, c1 = n0 + rank * C::BOX_ROWS;
             if constexpr (C::CM > 1)
-              sm90::tma_load_2d_multicast(dst, map, c0, c1, full + 8 * s, mask);
+              sm90::tma_load_2d_multicast(dst, map, c0, c1, full + 8 * s, (1u << C::CM) - 1);
             else
               sm90::tma_load_2d(dst, map, c0, c1, full + 8 * s);
           }
@@ -198,7 +194,8 @@ __device__ __forceinline__ void tma_produce(const unsigned char *__restrict__ pa
           for (int c = rank; c < C::BN / 64; c += C::CM) {
             const unsigned dst = sB + c * C::BK * 128;
             if constexpr (C::CM > 1)
-              sm90::tma_load_2d_multicast(dst, map, n0 + 64 * c, k0, full + 8 * s, mask);
+              sm90::tma_load_2d_multicast(dst, map, n0 + 64 * c, k0, full + 8 * s,
+                                          (1u << C::CM) - 1);
             else
               sm90::tma_load_2d(dst, map, n0 + 64 * c, k0, full + 8 * s);
           }
@@ -279,11 +276,11 @@ __device__ __forceinline__ void tma_compute_stage(float (&acc)[C::MW][C::WG_N / 
 // whether one thread a warpgroup or one a warp arrives: it does not follow
 // the order an mbarrier gives the bulk copies; bench/RESULTS.md, 2026-11-26.)
 template <class C>
-__device__ __forceinline__ void tma_release(unsigned empty, int s, unsigned peers) {
+__device__ __forceinline__ void tma_release(unsigned empty, int s) {
   if ((threadIdx.x & 127) == 0) {
     if constexpr (C::CM > 1) {
 #pragma unroll
-      for (int c = 0; c < C::CM; ++c) sm90::mbar_arrive_cluster(empty + 8 * s, peers + c);
+      for (int c = 0; c < C::CM; ++c) sm90::mbar_arrive_cluster(empty + 8 * s, c);
     } else {
       sm90::mbar_arrive(empty + 8 * s);
     }
@@ -316,7 +313,7 @@ __device__ __forceinline__ void tma_store_partial(unsigned part,
 template <class C, class P, typename T>
 __device__ __forceinline__ void tma_reduce_store(unsigned part, const unsigned char *packed,
                                                  unsigned short *Y, int m0, int n0, int N,
-                                                 unsigned rank, int zrank, int tid) {
+                                                 int zrank, int tid) {
   constexpr int ROWS = C::BM / C::KS;
   const float *bias = section<float>(packed, P::BIAS_OFFSET);
   const int r0 = zrank * ROWS;
@@ -329,7 +326,7 @@ __device__ __forceinline__ void tma_reduce_store(unsigned part, const unsigned c
     const unsigned off = part + ((r0 + r) * C::P_LD + c) * 4;
     float v = 0.0f;
 #pragma unroll
-    for (int z = 0; z < C::KS; ++z) v += sm90::ld_cluster_f32(off, rank + C::CM * z);
+    for (int z = 0; z < C::KS; ++z) v += sm90::ld_cluster_f32(off, z);
     const float bv = P::HAS_BIAS ? bias[m] : 0.0f;
     const unsigned pair = sm80::epilogue_pair<T, P::HAS_BIAS, P::ACT>(v, 0.0f, P::SCALE, bv);
     Y[C::TOKEN_MAJOR ? (size_t)n * P::M + m : (size_t)m * N + n] =
@@ -354,7 +351,6 @@ __device__ __forceinline__ void tma_gemm(const unsigned char *__restrict__ packe
   // cluster (1, CM, KS): rank along M (the X tile's share) and along z (K's slice)
   const unsigned rank = C::CM > 1 ? blockIdx.y % C::CM : 0u;
   const int zrank = C::KS > 1 ? blockIdx.z : 0;
-  const unsigned peers = C::CM * zrank;  // cluster rank of this K slice's first CTA
   // the tiles along M: MT in turn, CM * BM rows apart (the cluster's other
   // CTAs take the rows between); fewer at the end of M
   constexpr int STEP = C::CM * C::BM;
@@ -388,7 +384,7 @@ __device__ __forceinline__ void tma_gemm(const unsigned char *__restrict__ packe
 
   if (warp == C::PRODUCER_WARP) {
     tma_produce<C, P>(packed, X, N, map, use_map, stages, full, empty, m_first, STEP, tiles, n0,
-                      rank, peers, zrank * KT, lane);
+                      rank, zrank * KT, lane);
   } else {
     const int wg = warp >> 2;
     const int wg_m = wg % C::WM, wg_n = wg / C::WM;
@@ -413,7 +409,7 @@ __device__ __forceinline__ void tma_gemm(const unsigned char *__restrict__ packe
         tma_load_meta<C>(e, sB + C::B_BYTES, wg_m, warp, lane);
         tma_compute_stage<C, T>(acc, sB + C::B_BYTES, sB, e, wg_m, wg_n);
         sm90::wait_group<1>();  // stage it-1's wgmma is done: release it
-        if (it > it0) tma_release<C>(empty, (it - 1) % S, peers);
+        if (it > it0) tma_release<C>(empty, (it - 1) % S);
       };
       int kt = 0;
       for (; kt + 1 < KT; kt += 2) {
@@ -424,7 +420,7 @@ __device__ __forceinline__ void tma_gemm(const unsigned char *__restrict__ packe
       sm90::wait_group<0>();
       keep(e0);
       keep(e1);
-      tma_release<C>(empty, (it0 + KT - 1) % S, peers);
+      tma_release<C>(empty, (it0 + KT - 1) % S);
       // every consumer is done with the stages (MT == 1: the output tile
       // reuses them) or with the last tile's output buffer (MT > 1: the
       // producer meanwhile fills the next tile's stages)
@@ -440,7 +436,7 @@ __device__ __forceinline__ void tma_gemm(const unsigned char *__restrict__ packe
   if constexpr (C::KS > 1) {
     sm90::cluster_sync();  // every partial tile of the cluster is written
     if (warp != C::PRODUCER_WARP)
-      tma_reduce_store<C, P, T>(stages, packed, Y, m_first, n0, N, rank, zrank, tid);  // (one tile)
+      tma_reduce_store<C, P, T>(stages, packed, Y, m_first, n0, N, zrank, tid);  // (one tile)
   }
   // no CTA leaves while another of its cluster may still read its shared
   // memory or arrive on its barriers
