@@ -56,8 +56,7 @@ for pattern, dtype, layout in CASES:
     if layout not in fam.layouts or only_layout not in (None, layout) or \
             only_pattern not in (None, pattern):
         continue
-    m, k, n = ((200, 264, 72) if not small else (130, 136, 72)  # 72: two tiles of 64 (tn)
-               ) if shape is None else shape
+    m, k, n = shape or ((130, 136, 72) if small else (200, 264, 72))  # 72: two tiles of 64 (tn)
     mat = random_matrix(pattern, m, k, 0.3, dtype, seed=1)
     op = Operation(dtype, layout, Epilogue(bias=True, activation="gelu"))
     picks = (fam.accepted(configs, mat, op, params, device) if configs is not None

@@ -600,7 +600,8 @@ class Nm24Family(Family):
         template = ("nm24_tma.cu.j2" if is_tma(c) else "nm24_sm90.cu.j2" if is_wg(c)
                     else "nm24.cu.j2")
         source = render(template, name=plan.name, cm=c.get("cm", 1), ks=c.get("ks", 1),
-                        mw=c.get("mw", 1), mt=c.get("mt", 1), ra=c.get("ra", 0), dtype=plan.dtype, layout=plan.layout,
+                        mw=c.get("mw", 1), mt=c.get("mt", 1), ra=c.get("ra", 0),
+                        dtype=plan.dtype, layout=plan.layout,
                         m=plan.m, k=plan.k, mp=plan.mp, kp=plan.kp,
                         bm=c["bm"], bn=c["bn"], bk=c["bk"], wm=c["wm"], wn=c["wn"],
                         stages=c["stages"], threads=plan.threads, smem_bytes=plan.smem_bytes,

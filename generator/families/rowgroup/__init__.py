@@ -218,7 +218,7 @@ class RowGroupFamily(Family):
         # split K (sm_90a): the decode tiles over clusters of 2 or 4 CTAs (the table
         # keeps the few columns of N it serves)
         mma += self.accepted([dict(c, ks=ks) for ks in space.KS_CHOICES for c in mma],
-                           matrix, op, params, device)
+                             matrix, op, params, device)
         return out + (xs + mma if fm else mma + xs)
 
     def hint_configs(self, matrix: SparseMatrix, op: Operation, params: dict,
@@ -285,7 +285,7 @@ class RowGroupFamily(Family):
                          {"bk": 64, "bn": 256, "stages": 4, "wm": wm, "wn": 2, "wg": 1},
                          {"bk": 32, "bn": 128, "stages": 5, "wm": wm, "wn": 1, "wg": 1}]
                 prefill = self.accepted((wg_tm if sm90a else []) + wide[2:] + wide[:2],
-                                      matrix, op, params, device)
+                                        matrix, op, params, device)
                 return by_regime(decode, prefill, n)   # (both valid already)
             prefs = (small + wg if hopper else []) + wide
         return self.accepted(prefs, matrix, op, params, device)
