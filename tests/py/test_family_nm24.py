@@ -336,6 +336,7 @@ TMA = dict(bm=128, bn=256, bk=64, wm=2, wn=1, stages=4, wg=1, tma=1, cm=2)
     (dict(mt=2, stages=3), "fm", 64, "several tiles a CTA only on 256-row tiles"),
     (dict(ra=2), "fm", 64, r"ra in \(0, 1\)"),
     (dict(ra=1, cm=1, bn=64), "tm", 64, "CTAs ordered down M only for prefill"),
+    (dict(ra=1), "fm", 64, "CTAs ordered down M only on 256-row tiles"),
     (dict(bm=256, bn=128, cm=1, mw=2, mt=2, stages=5), "fm", 64,
      "fits the GPU's per-block limit"),
 ])
@@ -483,7 +484,7 @@ WG_COMPILE_CASES = [
     ("fp16", "tm", dict(TMA, bm=256, bn=128, cm=1, mw=2, stages=4, mt=4),
      Epilogue(bias=True, activation="gelu")),
     ("bf16", "fm", dict(TMA, bm=256, bn=128, cm=1, mw=2, stages=3, mt=2), Epilogue(activation="relu")),
-    ("fp16", "tm", dict(TMA, ra=1), Epilogue()),
+    ("fp16", "tm", dict(TMA, bm=256, bn=128, mw=2, stages=5, ra=1), Epilogue()),
     ("bf16", "tm", dict(TMA, bm=64, wm=1, bn=64, bk=128, stages=8, cm=2),
      Epilogue(bias=True, activation="gelu")),
     ("bf16", "fm", dict(TMA, bm=256, bn=128, cm=1, mw=2, stages=4, mt=2, ra=1), Epilogue(bias=True)),
@@ -621,9 +622,9 @@ TMA_MT = [dict(bm=256, bn=128, bk=64, wm=2, wn=1, stages=3, wg=1, tma=1, cm=1, m
           dict(bm=256, bn=128, bk=64, wm=2, wn=2, stages=4, wg=1, tma=1, cm=1, mw=2, mt=2)]
 # consecutive CTAs down M (`ra`): with a cluster pair (the remap keeps a
 # cluster's CTAs on one column of N), with several tiles a CTA
-TMA_RA = [dict(bm=128, bn=256, bk=64, wm=2, wn=1, stages=4, wg=1, tma=1, cm=2, ra=1),
+TMA_RA = [dict(bm=256, bn=128, bk=64, wm=2, wn=1, stages=5, wg=1, tma=1, cm=2, mw=2, ra=1),
           dict(bm=256, bn=128, bk=64, wm=2, wn=1, stages=4, wg=1, tma=1, cm=1, mw=2, mt=2, ra=1),
-          dict(bm=128, bn=128, bk=64, wm=2, wn=1, stages=4, wg=1, tma=1, cm=1, ra=1)]
+          dict(bm=256, bn=128, bk=64, wm=2, wn=1, stages=6, wg=1, tma=1, cm=1, mw=2, ra=1)]
 TMA_TM_ONLY = [dict(bm=128, bn=16, bk=64, wm=2, wn=1, stages=12, wg=1, tma=1, cm=1),  # decode
                # decode's X tile shared by a cluster pair (rows split between the two)
                dict(bm=64, bn=64, bk=128, wm=1, wn=1, stages=8, wg=1, tma=1, cm=2),

@@ -164,6 +164,9 @@ TMA_SPACE = Space(
         Constraint("ra in (0, 1)", "consecutive CTAs along N (0) or down M (1)"),
         Constraint("ra == 0 or bn >= 128", "CTAs ordered down M only for prefill's wide tiles "
                    "(decode has one column of N tiles)"),
+        # (it won only on them, and lost 2-10% on the 128 x 256 cluster tile:
+        # bench/RESULTS.md, 2026-11-26)
+        Constraint("ra == 0 or bm == 256", "CTAs ordered down M only on 256-row tiles"),
         Constraint("mt == 1 or bn >= 128", "several tiles a CTA only for prefill's wide tiles "
                    "(they hide a tile's pipeline fill and output store behind the next)"),
         # every value of mt on every tile would triple the space a search
