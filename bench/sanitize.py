@@ -9,6 +9,7 @@ every case whose family accepts it, instead of a spread of the space:
     compute-sanitizer --tool racecheck python3 bench/sanitize.py --small \
         --pattern nm24 --configs '[{"bm": 256, ...}]'
 Exits non-zero if any result is wrong."""
+import argparse
 import json
 import sys
 from pathlib import Path
@@ -20,17 +21,18 @@ from sparseforge.generator.kernel import Epilogue, Operation  # noqa: E402
 from sparseforge.generator.synth import random_matrix  # noqa: E402
 from sparseforge.tuner.execute import default_context, verify  # noqa: E402
 
-small = "--small" in sys.argv
-
-
-def option(name):
-    return sys.argv[sys.argv.index(name) + 1] if name in sys.argv else None
-
-
-only_layout, only_pattern, configs = option("--layout"), option("--pattern"), option("--configs")
-shape = tuple(int(v) for v in option("--shape").split("x")) if option("--shape") else None
-if configs is not None:
-    configs = json.loads(Path(configs[1:]).read_text() if configs.startswith("@") else configs)
+ap = argparse.ArgumentParser(description=__doc__,
+                             formatter_class=argparse.RawDescriptionHelpFormatter)
+ap.add_argument("--small", action="store_true", help="smaller shapes, fewer kernels (racecheck)")
+ap.add_argument("--layout", choices=["fm", "tm"], help="only the cases of this layout")
+ap.add_argument("--pattern", help="only the cases of this pattern (e.g. nm24)")
+ap.add_argument("--shape", type=lambda v: tuple(int(x) for x in v.split("x")),
+                help="MxKxN instead of the small awkward shapes")
+ap.add_argument("--configs", help="a JSON list of configurations (or @FILE holding one)")
+args = ap.parse_args()
+small, only_layout, only_pattern, shape = args.small, args.layout, args.pattern, args.shape
+configs = None if args.configs is None else json.loads(
+    Path(args.configs[1:]).read_text() if args.configs.startswith("@") else args.configs)
 device = default_context().device_info()  # on sm_90a the spaces hold the wgmma kernels
 
 

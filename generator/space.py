@@ -29,6 +29,9 @@ _BINOPS = {ast.Add: "+", ast.Sub: "-", ast.Mult: "*", ast.FloorDiv: "/", ast.Mod
 _CMPOPS = {ast.Eq: "==", ast.NotEq: "!=", ast.Lt: "<", ast.LtE: "<=", ast.Gt: ">",
            ast.GtE: ">="}
 _FUNCS = {"cdiv": 2, "min": 2, "max": 2}
+# what an expression sees besides its names (built once: a search space
+# evaluates tens of thousands of configurations)
+_GLOBALS = {"__builtins__": {}, "cdiv": lambda a, b: -(-a // b), "min": min, "max": max}
 
 
 class ConfigError(ValueError):
@@ -84,11 +87,9 @@ class Expr:
                              "subset shared with C++")
 
     def eval(self, env: Mapping) -> int:
-        missing = self.names - set(env)
-        if missing:
-            raise KeyError(f"expression {self.text!r} needs {sorted(missing)}")
-        return eval(self._code, {"__builtins__": {}, "cdiv": lambda a, b: -(-a // b),
-                                 "min": min, "max": max}, dict(env))
+        if not self.names <= env.keys():
+            raise KeyError(f"expression {self.text!r} needs {sorted(self.names - env.keys())}")
+        return eval(self._code, _GLOBALS, env)
 
     def cpp(self) -> str:
         return self._cpp(self.tree)
@@ -195,15 +196,17 @@ class Space:
                    device: Optional[Mapping] = None) -> list:
         """The constraints `config` breaks; the device ones only when the
         device's constants are given."""
+        return list(self._broken(config, problem, device))
+
+    def _broken(self, config: Mapping, problem: Mapping, device: Optional[Mapping]):
         env = self.env(config, problem, device)
-        return [c for c in self.constraints
-                if (device is not None or not c.device) and not c.holds(env)]
+        return (c for c in self.constraints
+                if (device is not None or not c.device) and not c.holds(env))
 
     def check(self, config: Mapping, problem: Mapping, device: Optional[Mapping] = None) -> None:
         """Raises ConfigError naming the first broken constraint."""
-        bad = self.violations(config, problem, device)
-        if bad:
-            c = bad[0]
+        c = next(self._broken(config, problem, device), None)   # (the rest unevaluated)
+        if c is not None:
             shown = ", ".join(f"{k}={v}" for k, v in sorted(config.items()))
             raise ConfigError(f"{c.rule}: {c.message} ({shown})")
 

@@ -348,6 +348,9 @@ class Nm24Family(Family):
     layouts = ("fm", "tm")
     auto_rank = 10
 
+    def __init__(self):
+        self._spaces: dict = {}   # search_space's, per (dtype, layout, K, device)
+
     # ---- the pattern --------------------------------------------------------
     def fits(self, matrix: SparseMatrix, params: dict) -> bool:
         return fits_nm24(matrix)
@@ -425,7 +428,17 @@ class Nm24Family(Family):
         mma.sp is left out: sparse wgmma won every S1 and S2 problem on an
         H100 (bench/RESULTS.md, 6ca2191), and a quarter fewer candidates
         shortens the first search of a shape."""
+        # check_config reads the matrix only for K and the operation only for
+        # its dtype and layout: one filtering of the ~65,000 candidates
+        # serves every layer of a shape (about a second each)
         hopper = bool(device and device.get("arch") == "sm_90a")
+        key = (op.dtype, op.layout, matrix.cols, hopper,
+               tuple(sorted(_device_env(device).items())))
+        if key not in self._spaces:
+            self._spaces[key] = self._filtered_space(matrix, op, params, device, hopper)
+        return [dict(c) for c in self._spaces[key]]
+
+    def _filtered_space(self, matrix, op, params, device, hopper: bool) -> list[dict]:
         candidates = [] if hopper else [dict(c, wm=wm, wn=wn, stages=stages)
                                         for c in SPACE.enumerate(("bm", "bn", "bk"))
                                         for wm, wn in WARP_LAYOUTS for stages in STAGE_CHOICES]
