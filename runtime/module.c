@@ -81,11 +81,11 @@ static sf_status read_x_map(sf_context *ctx, sf_module *mod, struct sf_kernel *k
                     "the module's sf_x_map has %zu bytes, not 16 (int[4])", bytes);
   r = ctx->drv->MemcpyDtoH(v, ptr, sizeof v);
   if (r != CUDA_SUCCESS) return sf__cu_fail(ctx, SF_ERR_CUDA, r, "reading sf_x_map");
-  if ((v[0] != 1 && v[0] != 2) || v[1] < 1 || v[2] < 1 || v[2] > 256 || v[3] < 1 ||
-      v[3] > 256)
+  if ((v[0] != 1 && v[0] != 2) || v[1] < 1 || (v[2] != 16 && v[2] != 32 && v[2] != 64) ||
+      v[3] < 1 || v[3] > 256)
     return sf__fail(ctx, SF_ERR_INVALID_ARG,
                     "the module's sf_x_map {%d, %d, %d, %d} is malformed (layout 1 or 2, "
-                    "K >= 1, box of 1..256 by 1..256)",
+                    "K >= 1, box of 16, 32 or 64 by 1..256)",
                     v[0], v[1], v[2], v[3]);
   memcpy(k->x_map, v, sizeof v);
   return SF_OK;
@@ -120,10 +120,14 @@ sf_status sf_kernel_args_set(sf_context *ctx, sf_kernel *k, sf_devptr packed,
   cuuint64_t strides[1] = {2 * dims[0]};
   cuuint32_t box[2] = {(cuuint32_t)k->x_map[2], (cuuint32_t)k->x_map[3]};
   cuuint32_t elem[2] = {1, 1};
+  /* swizzled to the box's row: 128, 64 or 32 bytes (read_x_map) */
+  const CUtensorMapSwizzle swizzle = box[0] == 64   ? CU_TENSOR_MAP_SWIZZLE_128B
+                                     : box[0] == 32 ? CU_TENSOR_MAP_SWIZZLE_64B
+                                                    : CU_TENSOR_MAP_SWIZZLE_32B;
   CUtensorMap map;
   CUresult r = ctx->drv->TensorMapEncodeTiled(
       &map, CU_TENSOR_MAP_DATA_TYPE_UINT16, 2, (void *)(uintptr_t)x, dims, strides, box,
-      elem, CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
+      elem, CU_TENSOR_MAP_INTERLEAVE_NONE, swizzle,
       CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
   if (r != CUDA_SUCCESS)
     return sf__cu_fail(ctx, SF_ERR_INVALID_ARG, r,

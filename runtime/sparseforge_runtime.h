@@ -299,7 +299,8 @@ typedef struct sf_kernel_args {
  * declare, in a global `int sf_x_map[4]` = {layout, K, box width, box
  * rows}, that its kernel reads X through a TMA tensor map (layout 1: X is
  * K x N, row-major; 2: X is N x K), 16-bit elements, box of `box width`
- * elements along X's contiguous dimension by `box rows`, 128-byte swizzle,
+ * (16, 32 or 64) elements along X's contiguous dimension by `box rows`
+ * (1..256), swizzled to the box's row (32-, 64- or 128-byte swizzle),
  * zeros outside X: the map of this X and N is then encoded
  * (cuTensorMapEncodeTiled) as the fifth argument.  X of layout 1 with N %
  * 8 != 0 has rows that are not 16-byte aligned: the map is left zero and

@@ -485,6 +485,9 @@ WG_COMPILE_CASES = [
      Epilogue(bias=True, activation="gelu")),
     ("bf16", "fm", dict(TMA, bm=256, bn=128, cm=1, mw=2, stages=3, mt=2), Epilogue(activation="relu")),
     ("fp16", "tm", dict(TMA, bm=256, bn=128, mw=2, stages=5, ra=1), Epilogue()),
+    ("fp16", "fm", dict(TMA, bm=64, wm=1, bn=16, bk=128, stages=12, cm=1, ks=2), Epilogue()),
+    ("bf16", "fm", dict(TMA, bm=128, bn=32, bk=128, stages=6, cm=1),
+     Epilogue(bias=True, activation="gelu")),
     ("bf16", "tm", dict(TMA, bm=64, wm=1, bn=64, bk=128, stages=8, cm=2),
      Epilogue(bias=True, activation="gelu")),
     ("bf16", "fm", dict(TMA, bm=256, bn=128, cm=1, mw=2, stages=4, mt=2, ra=1), Epilogue(bias=True)),
@@ -625,7 +628,13 @@ TMA_MT = [dict(bm=256, bn=128, bk=64, wm=2, wn=1, stages=3, wg=1, tma=1, cm=1, m
 TMA_RA = [dict(bm=256, bn=128, bk=64, wm=2, wn=1, stages=5, wg=1, tma=1, cm=2, mw=2, ra=1),
           dict(bm=256, bn=128, bk=64, wm=2, wn=1, stages=4, wg=1, tma=1, cm=1, mw=2, mt=2, ra=1),
           dict(bm=256, bn=128, bk=64, wm=2, wn=1, stages=6, wg=1, tma=1, cm=1, mw=2, ra=1)]
-TMA_TM_ONLY = [dict(bm=128, bn=16, bk=64, wm=2, wn=1, stages=12, wg=1, tma=1, cm=1),  # decode
+# decode's narrow tiles, both layouts (feature-major: one box of 32- or
+# 64-byte rows, swizzled to it)
+TMA_NARROW = [dict(bm=128, bn=16, bk=64, wm=2, wn=1, stages=12, wg=1, tma=1, cm=1),
+              dict(bm=64, bn=16, bk=128, wm=1, wn=1, stages=12, wg=1, tma=1, cm=1, ks=2),
+              dict(bm=128, bn=32, bk=128, wm=2, wn=1, stages=6, wg=1, tma=1, cm=1),
+              dict(bm=64, bn=32, bk=64, wm=1, wn=1, stages=8, wg=1, tma=1, cm=1, ks=4)]
+TMA_TM_ONLY = [
                # decode's X tile shared by a cluster pair (rows split between the two)
                dict(bm=64, bn=64, bk=128, wm=1, wn=1, stages=8, wg=1, tma=1, cm=2),
                dict(bm=128, bn=32, bk=128, wm=2, wn=1, stages=6, wg=1, tma=1, cm=2),
@@ -688,7 +697,8 @@ def test_gpu_tma_odd_shapes(hopper, layout, dtype):
     m = random_24(300, 520 if layout == "tm" else 523, seed=44, zero_rows=(0, 64, 299),
                   dtype=dtype)
     op = Operation(dtype=dtype, layout=layout)
-    for c in TMA_GPU_CONFIGS + TMA_MT + TMA_RA + (TMA_TM_ONLY if layout == "tm" else []):
+    for c in (TMA_GPU_CONFIGS + TMA_MT + TMA_RA + TMA_NARROW
+              + (TMA_TM_ONLY if layout == "tm" else [])):
         for n in (1, 77, 264, 520):
             _verify(m, op, c, n)
 
@@ -702,7 +712,7 @@ def test_gpu_tma_epilogues(hopper, layout, dtype):
     for ep in (Epilogue(bias=True, activation="relu"), Epilogue(bias=True, activation="gelu", scale=0.5),
                Epilogue(activation="gelu"), Epilogue(scale=-2.0)):
         op = Operation(dtype=dtype, layout=layout, epilogue=ep)
-        for c in (TMA_GPU_CONFIGS[:2] + TMA_GPU_CONFIGS[-2:] + TMA_MT + TMA_RA
+        for c in (TMA_GPU_CONFIGS[:2] + TMA_GPU_CONFIGS[-2:] + TMA_MT + TMA_RA + TMA_NARROW
                   + (TMA_TM_ONLY if layout == "tm" else [])):
             _verify(m, op, c, 200, bias=bias if ep.bias else None)
 

@@ -129,7 +129,7 @@ TMA_STAGE_CHOICES = (3, 4, 5, 6, 8, 12)
 TMA_KEYS = WG_KEYS + ("tma", "cm", "ks", "mw", "mt", "ra")
 TMA_OPTIONAL = ("ks", "mw", "mt", "ra")   # keys with defaults
 MT_CHOICES = (1, 2, 3, 4, 6, 8)
-TMA_BN_CHOICES = (16, 32, 64, 128, 256)   # below 64: token-major (decode's few tokens)
+TMA_BN_CHOICES = (16, 32, 64, 128, 256)   # below 64: decode's few tokens
 TMA_SPACE = Space(
     choices={"bm": WG_BM_CHOICES, "bn": TMA_BN_CHOICES, "bk": WG_BK_CHOICES, "wn": (1, 2),
              "stages": TMA_STAGE_CHOICES, "cm": (1, 2), "ks": (1, 2, 4), "mw": (1, 2),
@@ -185,8 +185,9 @@ TMA_SPACE = Space(
                    "two tiles per warpgroup, or two warpgroups along N, only for 128 columns or more"),
         Constraint("wg_n * wn == bn and wg_n in (16, 32, 64, 128, 256)",
                    "a warpgroup's columns are one wgmma N of 16, 32, 64, 128 or 256"),
-        Constraint("tm or bn % 64 == 0",
-                   "feature-major X tiles are whole 64-column swizzle atoms"),
+        # (feature-major X tiles are whole 64-column swizzle atoms, or one
+        # atom of 16 or 32 columns, 32- or 64-byte swizzle: what the rules
+        # on wg_n and wn above already leave)
         Constraint("not tm or bk in (64, 128)",
                    "token-major X tile rows are whole 128-byte swizzle atoms"),
         Constraint("not tm or k % 8 == 0",

@@ -87,10 +87,19 @@ struct TmaConfig {
   static constexpr int AE_BYTES = (BM / 64) * KSTEPS * AE_STEP;
   static constexpr int STAGE_BYTES = (B_BYTES + AE_BYTES + 1023) / 1024 * 1024;
   // the X tile a CTA loads itself and multicasts: feature-major, columns of
-  // 64 (one box each) taken in turn by the CM ranks; token-major, rows
-  // split in CM boxes per 64-column atom of K
-  static constexpr int BOX_W = 64;
+  // 64 (one box each) taken in turn by the CM ranks, or a narrower tile of
+  // 16 or 32 columns (decode) as one box; token-major, rows split in CM
+  // boxes per 64-column atom of K.  Each box is swizzled to its row: 128
+  // bytes, or 32 and 64 for the narrow feature-major tiles (the runtime's
+  // map follows the box width).
+  static constexpr int BOX_W = TOKEN_MAJOR || BN >= 64 ? 64 : BN;
   static constexpr int BOX_ROWS = TOKEN_MAJOR ? BN / CM : BK;
+  static constexpr int ROW_BYTES = 2 * BOX_W;  // of the X tile (token-major: 128)
+  static_assert(TOKEN_MAJOR || BN % 64 == 0 || (BN < 64 && WN == 1),
+                "a narrow feature-major X tile is one swizzle atom, read by one warpgroup");
+  static constexpr sm90::Swizzle B_SWIZZLE = ROW_BYTES == 128  ? sm90::SWIZZLE_128B
+                                             : ROW_BYTES == 64 ? sm90::SWIZZLE_64B
+                                                               : sm90::SWIZZLE_32B;
 
   // store_tile's view: warp w of warpgroup (wg_m, wg_n), passed as warp_m =
   // 4 wg_m + w, owns 16 rows of each of its MW wgmma tiles
@@ -126,6 +135,18 @@ struct ConsumerSync {
   __device__ __forceinline__ static void sync() { sm90::named_sync(1, THREADS); }
 };
 
+// 16-byte chunk `c` (along N) of row `row` of a feature-major X tile, as
+// the TMA unit swizzles it (to the tile's row: 128, 64 or 32 bytes).
+template <class C>
+__device__ __forceinline__ int fm_chunk(int row, int c) {
+  if constexpr (C::ROW_BYTES == 128)
+    return atom_chunk<C::BK>(row, c);
+  else if constexpr (C::ROW_BYTES == 64)
+    return row * 4 + (c ^ ((row >> 1) & 3));
+  else
+    return row * 2 + (c ^ ((row >> 2) & 1));
+}
+
 // Feature-major X (K x N) with N % 8 != 0, by the producer warp's 32 lanes:
 // element loads, zero past K and N, stored in the swizzled layout.
 template <class C, class P>
@@ -144,7 +165,7 @@ __device__ __forceinline__ void tma_fallback_b_fm(unsigned sB, const unsigned sh
       const unsigned hi = (gk < P::K && n + 1 < N) ? X[(size_t)gk * N + n + 1] : 0u;
       w[j] = lo | (hi << 16);
     }
-    sts128(sB + atom_chunk<C::BK>(row, c) * 16, w[0], w[1], w[2], w[3]);
+    sts128(sB + fm_chunk<C>(row, c) * 16, w[0], w[1], w[2], w[3]);
   }
 }
 
@@ -191,13 +212,13 @@ __device__ __forceinline__ void tma_produce(const unsigned char *__restrict__ pa
           }
         } else {
 #pragma unroll
-          for (int c = rank; c < C::BN / 64; c += C::CM) {
-            const unsigned dst = sB + c * C::BK * 128;
+          for (int c = rank; c < C::BN / C::BOX_W; c += C::CM) {
+            const unsigned dst = sB + c * C::BK * C::ROW_BYTES;
             if constexpr (C::CM > 1)
-              sm90::tma_load_2d_multicast(dst, map, n0 + 64 * c, k0, full + 8 * s,
+              sm90::tma_load_2d_multicast(dst, map, n0 + C::BOX_W * c, k0, full + 8 * s,
                                           (1u << C::CM) - 1);
             else
-              sm90::tma_load_2d(dst, map, n0 + 64 * c, k0, full + 8 * s);
+              sm90::tma_load_2d(dst, map, n0 + C::BOX_W * c, k0, full + 8 * s);
           }
         }
       }
@@ -249,9 +270,10 @@ __device__ __forceinline__ void tma_compute_stage(float (&acc)[C::MW][C::WG_N / 
     if constexpr (C::TOKEN_MAJOR)
       db = sm90::make_desc(sB + (s >> 1) * C::BN * 128 + wg_n * C::WG_N * 128 + (s & 1) * 64, 16,
                            1024, sm90::SWIZZLE_128B);
-    else
-      db = sm90::make_desc(sB + wg_n * (C::WG_N / 64) * C::BK * 128 + s * KSTEP * 128,
-                           C::BK * 128, 1024, sm90::SWIZZLE_128B);
+    else  // MN-major: atoms of BOX_W columns x 8 rows of K, LBO apart along N
+      db = sm90::make_desc(
+          sB + wg_n * (C::WG_N / C::BOX_W) * C::BK * C::ROW_BYTES + s * KSTEP * C::ROW_BYTES,
+          C::BK * C::ROW_BYTES, 8 * C::ROW_BYTES, C::B_SWIZZLE);
 #pragma unroll
     for (int i = 0; i < C::MW; ++i) {
       const unsigned a = sAE + ((wg_m * C::MW + i) * C::KSTEPS + s) * AE_STEP;
