@@ -248,13 +248,19 @@ def test_search_space_valid(device, layout):
 def test_decode_hints_put_tiles_as_wide_as_n_first():
     """A budgeted search measures its first few hints only: at N = 64 the
     16- and 32-column tiles (which read the weights 4 and 2 times) come
-    after every tile at least 64 wide; at N = 16 the 16-column tile leads."""
+    after every tile at least 64 wide; at N = 16 the 16- and 32-column
+    tiles lead."""
     m = random_24(512, 512, seed=17)
     op = Operation(dtype="fp16", layout="tm")
     at64 = [c["bn"] for c in FAM.hint_configs(m, op, {}, H100, n=64)]
     assert at64[0] >= 64 and sorted(at64, key=lambda bn: bn < 64) == at64
     assert any(bn < 64 for bn in at64)           # kept, later
     assert FAM.hint_configs(m, op, {}, H100, n=16)[0]["bn"] == 16
+    at16 = [c["bn"] for c in FAM.hint_configs(m, op, {}, H100, n=16)]
+    assert set(at16[:4]) <= {16, 32} and 64 in at16
+    # feature-major takes the narrow tiles too (one 32- or 64-byte box)
+    fm16 = FAM.hint_configs(m, Operation(dtype="fp16", layout="fm"), {}, H100, n=16)
+    assert [c["bn"] for c in fm16][:2] == [16, 32]
 
 
 def test_tiles_per_cta_fills_whole_waves():

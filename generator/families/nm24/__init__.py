@@ -471,6 +471,9 @@ class Nm24Family(Family):
               # 11008 x 4096 x 16, token-major: 1.64x of cuBLAS, where the
               # 16-column tiles reach 1.1x
               dict(bm=128, bn=32, bk=128, wm=2, wn=1, stages=6, wg=1, tma=1, cm=1),
+              # 11008 x 4096 x 16, feature-major: 1.52x of cuBLAS (H200), where
+              # the 32-column tile reaches 1.33x
+              dict(bm=128, bn=16, bk=128, wm=2, wn=1, stages=6, wg=1, tma=1, cm=1),
               # token-major, N = 64: the X tile shared by a cluster pair
               # (4096 x 4096 x 64: -11% against splitting K)
               dict(bm=64, bn=64, bk=128, wm=1, wn=1, stages=8, wg=1, tma=1, cm=2),
@@ -481,8 +484,10 @@ class Nm24Family(Family):
         wg = by_tile_n(wg, n)   # N known: its regime's tiles first, the rest in turn
         if n is not None and n <= DECODE_MAX_N:
             # decode: the tiles at least N wide first (at N = 64 a 16-column
-            # tile reads the weights four times: 2-3x slower), else in turn
-            wg = sorted(wg, key=lambda c: c["bn"] < n)
+            # tile reads the weights four times: 2-3x slower), and of those
+            # the ones at most twice N (at N = 16 a 64-column tile is 10-50%
+            # slower than the 16-column ones), else in turn
+            wg = sorted(wg, key=lambda c: (c["bn"] < n, c["bn"] > 2 * n))
         if n is not None and n > DECODE_MAX_N:
             # prefill: the 256 x 128 tile taking `mt` tiles a CTA, the number
             # that fills the GPU's waves best, second
