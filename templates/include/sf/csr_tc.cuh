@@ -540,21 +540,52 @@ __device__ __forceinline__ void finish_split(float *s_r, const unsigned char *pa
   const float *bias = section<float>(packed, P::BIAS_OFF);
   const int rows = row_hi - row_lo;
   // fm: threads run along N (Y rows contiguous); tm: along M
-  for (int i = threadIdx.x; i < rows * C::BN; i += C::THREADS) {
-    const int row = row_lo + (C::TM ? i % rows : i / C::BN);
-    const int col = C::TM ? i / rows : i % C::BN;
+  auto store = [&](int row, int col, float v) {
     const int m = m0 + row, n = n0 + col;
-    if (m >= P::M || n >= n_len) continue;
-    float v = s_r[row * C::R_LD + col];
-    if constexpr (C::CK > 1) {
-      const unsigned addr = sm80::smem_addr(s_r + row * C::R_LD + col);
-#pragma unroll
-      for (int k = 1; k < C::CK; ++k) v += ld_cluster_f32(addr, (rank + k) % C::CK);
-    }
+    if (m >= P::M || n >= n_len) return;
     const float bv = P::HAS_BIAS ? __ldg(bias + m) : 0.0f;
     const float out = epilogue<P::HAS_BIAS, P::ACT, true>(v, P::SCALE, bv);
     const unsigned short bits = static_cast<unsigned short>(sm80::pack2<T>(out, 0.0f) & 0xffffu);
     y[C::TM ? (size_t)n * P::M + m : (size_t)m * n_len + n] = bits;
+  };
+  if constexpr (C::CK > 1) {
+    // a batch of a thread's elements: every partial loaded from the
+    // cluster before any is added (one element at a time, each remote
+    // load's latency was paid in turn), then summed in the same order
+    static_assert(C::BM % C::CK == 0, "a cluster's CTAs finish equal shares of the rows");
+    constexpr int ROWS = C::BM / C::CK, COUNT = ROWS * C::BN;
+    constexpr int ITERS = cdiv(COUNT, C::THREADS);
+    constexpr int BATCH = ITERS < 32 / C::CK ? ITERS : 32 / C::CK;
+#pragma unroll 1
+    for (int j0 = 0; j0 < ITERS; j0 += BATCH) {
+      float part[BATCH][C::CK];
+#pragma unroll
+      for (int b = 0; b < BATCH; ++b) {
+        const int i = min(static_cast<int>(threadIdx.x) + (j0 + b) * C::THREADS, COUNT - 1);
+        const int row = row_lo + (C::TM ? i % ROWS : i / C::BN);
+        const int col = C::TM ? i / ROWS : i % C::BN;
+        part[b][0] = s_r[row * C::R_LD + col];
+        const unsigned addr = sm80::smem_addr(s_r + row * C::R_LD + col);
+#pragma unroll
+        for (int k = 1; k < C::CK; ++k) part[b][k] = ld_cluster_f32(addr, (rank + k) % C::CK);
+      }
+#pragma unroll
+      for (int b = 0; b < BATCH; ++b) {
+        const int i = static_cast<int>(threadIdx.x) + (j0 + b) * C::THREADS;
+        if (i >= COUNT) continue;
+        float v = part[b][0];
+#pragma unroll
+        for (int k = 1; k < C::CK; ++k) v += part[b][k];
+        store(row_lo + (C::TM ? i % ROWS : i / C::BN), C::TM ? i / ROWS : i % C::BN, v);
+      }
+    }
+    (void)rows;
+  } else {
+    for (int i = threadIdx.x; i < rows * C::BN; i += C::THREADS) {
+      const int row = row_lo + (C::TM ? i % rows : i / C::BN);
+      const int col = C::TM ? i / rows : i % C::BN;
+      store(row, col, s_r[row * C::R_LD + col]);
+    }
   }
   if constexpr (C::CK > 1) cluster_sync();  // no CTA leaves while another reads its partials
 }

@@ -331,28 +331,51 @@ __device__ __forceinline__ void tma_store_partial(unsigned part,
 
 // This CTA's slice of rows (BM / KS of them): the KS partials summed in
 // rank order, then the epilogue, stored element by element (contiguous
-// along Y's rows in either layout).
+// along Y's rows in either layout).  A thread loads a batch of its
+// elements' partials from the cluster before it adds any: one element at a
+// time, each remote load's latency was paid in turn (16 a thread on a
+// 64 x 64 tile split in two: microseconds of a decode kernel's ten).
 template <class C, class P, typename T>
 __device__ __forceinline__ void tma_reduce_store(unsigned part, const unsigned char *packed,
                                                  unsigned short *Y, int m0, int n0, int N,
                                                  int zrank, int tid) {
   constexpr int ROWS = C::BM / C::KS;
+  constexpr int COUNT = ROWS * C::BN;
+  constexpr int ITERS = (COUNT + C::THREADS - 1) / C::THREADS;
+  constexpr int BATCH = ITERS < 32 / C::KS ? ITERS : 32 / C::KS;  // 32 partials in registers
   const float *bias = section<float>(packed, P::BIAS_OFFSET);
   const int r0 = zrank * ROWS;
+  auto element = [&](int j, int &r, int &c) {  // this thread's j-th element; false past the tile
+    const int i = tid + j * C::THREADS;
+    r = C::TOKEN_MAJOR ? i % ROWS : i / C::BN;
+    c = C::TOKEN_MAJOR ? i / ROWS : i % C::BN;
+    return i < COUNT;
+  };
 #pragma unroll 1
-  for (int i = tid; i < ROWS * C::BN; i += C::THREADS) {
-    const int r = C::TOKEN_MAJOR ? i % ROWS : i / C::BN;
-    const int c = C::TOKEN_MAJOR ? i / ROWS : i % C::BN;
-    const int m = m0 + r0 + r, n = n0 + c;
-    if (m >= P::M || n >= N) continue;
-    const unsigned off = part + ((r0 + r) * C::P_LD + c) * 4;
-    float v = 0.0f;
+  for (int j0 = 0; j0 < ITERS; j0 += BATCH) {
+    float v[BATCH][C::KS];
 #pragma unroll
-    for (int z = 0; z < C::KS; ++z) v += sm90::ld_cluster_f32(off, z);
-    const float bv = P::HAS_BIAS ? bias[m] : 0.0f;
-    const unsigned pair = sm80::epilogue_pair<T, P::HAS_BIAS, P::ACT>(v, 0.0f, P::SCALE, bv);
-    Y[C::TOKEN_MAJOR ? (size_t)n * P::M + m : (size_t)m * N + n] =
-        static_cast<unsigned short>(pair & 0xffffu);
+    for (int b = 0; b < BATCH; ++b) {
+      int r, c;
+      const bool in = element(j0 + b, r, c);
+      const unsigned off = part + ((r0 + (in ? r : 0)) * C::P_LD + (in ? c : 0)) * 4;
+#pragma unroll
+      for (int z = 0; z < C::KS; ++z) v[b][z] = sm90::ld_cluster_f32(off, z);
+    }
+#pragma unroll
+    for (int b = 0; b < BATCH; ++b) {
+      int r, c;
+      if (!element(j0 + b, r, c)) continue;
+      const int m = m0 + r0 + r, n = n0 + c;
+      if (m >= P::M || n >= N) continue;
+      float sum = 0.0f;
+#pragma unroll
+      for (int z = 0; z < C::KS; ++z) sum += v[b][z];
+      const float bv = P::HAS_BIAS ? bias[m] : 0.0f;
+      const unsigned pair = sm80::epilogue_pair<T, P::HAS_BIAS, P::ACT>(sum, 0.0f, P::SCALE, bv);
+      Y[C::TOKEN_MAJOR ? (size_t)n * P::M + m : (size_t)m * N + n] =
+          static_cast<unsigned short>(pair & 0xffffu);
+    }
   }
 }
 
