@@ -331,10 +331,13 @@ __device__ __forceinline__ void tma_store_partial(unsigned part,
 
 // This CTA's slice of rows (BM / KS of them): the KS partials summed in
 // rank order, then the epilogue, stored element by element (contiguous
-// along Y's rows in either layout).  A thread loads a batch of its
-// elements' partials from the cluster before it adds any: one element at a
-// time, each remote load's latency was paid in turn (16 a thread on a
-// 64 x 64 tile split in two: microseconds of a decode kernel's ten).
+// along Y's rows in either layout).  Feature-major, a thread loads a batch
+// of its elements' partials from the cluster before it adds any: one
+// element at a time, each remote load's latency was paid in turn (16 a
+// thread on a 64 x 64 tile split in two; batched, 4096 x 4096 x 64 took 9%
+// less).  Token-major reads the partial tile down its columns (the stores
+// run along M), in 4-way bank conflicts, and was 3-7% slower batched: one
+// element at a time there (bench/RESULTS.md, 2026-11-26).
 template <class C, class P, typename T>
 __device__ __forceinline__ void tma_reduce_store(unsigned part, const unsigned char *packed,
                                                  unsigned short *Y, int m0, int n0, int N,
@@ -342,7 +345,7 @@ __device__ __forceinline__ void tma_reduce_store(unsigned part, const unsigned c
   constexpr int ROWS = C::BM / C::KS;
   constexpr int COUNT = ROWS * C::BN;
   constexpr int ITERS = (COUNT + C::THREADS - 1) / C::THREADS;
-  constexpr int BATCH = ITERS < 32 / C::KS ? ITERS : 32 / C::KS;  // 32 partials in registers
+  constexpr int BATCH = C::TOKEN_MAJOR ? 1 : ITERS < 32 / C::KS ? ITERS : 32 / C::KS;
   const float *bias = section<float>(packed, P::BIAS_OFFSET);
   const int r0 = zrank * ROWS;
   auto element = [&](int j, int &r, int &c) {  // this thread's j-th element; false past the tile
