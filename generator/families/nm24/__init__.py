@@ -144,7 +144,8 @@ TMA_SPACE = Space(
         "acc_regs": "mw * wg_n // 2",
         "stage_bytes": "cdiv(b_bytes + ae_bytes, 1024) * 1024",
         "c_bytes": "(bn if tm else bm) * ((bm if tm else bn) + 8) * 2",
-        "p_bytes": "bm * (bn + 4) * 4 if ks > 1 else 0",
+        # the split's partial tile: [bm][bn + 4] floats, token-major [bn][bm + 4]
+        "p_bytes": "((bn * (bm + 4)) if tm else (bm * (bn + 4))) * 4 if ks > 1 else 0",
         # with several tiles a CTA, the output tile has a buffer of its own
         "smem": "2048 + (stages * stage_bytes + c_bytes if mt > 1 else "
                 "max(max(stages * stage_bytes, c_bytes), p_bytes))",

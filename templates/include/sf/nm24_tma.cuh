@@ -114,8 +114,16 @@ struct TmaConfig {
   static constexpr int C_LD = C_COLS + 8;
   static constexpr int C_BYTES = C_ROWS * C_LD * 2;
   // split K: the fp32 partial tile, rows padded by 4 floats
-  static constexpr int P_LD = BN + 4;
-  static constexpr int P_BYTES = KS > 1 ? BM * P_LD * 4 : 0;
+  // (feature-major [BM][BN + 4], rows of Y; token-major [BN][BM + 4],
+  // columns of Y: its reduction reads down M, the way its stores run,
+  // without bank conflicts, and a warp's scalar writes of its fragments
+  // fall on 32 banks, 2 (BM + 4) being 8 modulo 32)
+  static constexpr int P_LD = TOKEN_MAJOR ? BM + 4 : BN + 4;
+  static constexpr int P_BYTES = KS > 1 ? (TOKEN_MAJOR ? BN : BM) * P_LD * 4 : 0;
+  // the float of element (row r, column c) of the partial tile
+  __device__ __forceinline__ static int part_at(int r, int c) {
+    return TOKEN_MAJOR ? c * P_LD + r : r * P_LD + c;
+  }
   // 1 KB of alignment slack, 1 KB of barriers, then the stages; with MT > 1
   // the output tile has its own buffer after them (the producer fills the
   // next tile's stages while the consumers store this one)
@@ -310,7 +318,7 @@ __device__ __forceinline__ void tma_release(unsigned empty, int s) {
 }
 
 // ---- split K: the partial tiles summed over the cluster --------------------------------------
-// acc -> this CTA's fp32 partial tile in shared memory ([BM][P_LD], rows of Y).
+// acc -> this CTA's fp32 partial tile in shared memory (part_at).
 template <class C>
 __device__ __forceinline__ void tma_store_partial(unsigned part,
                                                   const float (&acc)[C::MW][C::WG_N / 8][4],
@@ -323,21 +331,28 @@ __device__ __forceinline__ void tma_store_partial(unsigned part,
 #pragma unroll
       for (int half = 0; half < 2; ++half) {
         const int r = C::row_of(warp_m, i) + g + 8 * half, c = wg_n * C::WG_N + 8 * j + 2 * t;
-        asm volatile("st.shared.v2.f32 [%0], {%1, %2};\n" ::"r"(part + (r * C::P_LD + c) * 4),
-                     "f"(acc[i][j][2 * half]), "f"(acc[i][j][2 * half + 1])
-                     : "memory");
+        if constexpr (C::TOKEN_MAJOR) {  // columns c and c + 1 are P_LD apart
+          asm volatile("st.shared.f32 [%0], %1;\n" ::"r"(part + C::part_at(r, c) * 4),
+                       "f"(acc[i][j][2 * half])
+                       : "memory");
+          asm volatile("st.shared.f32 [%0], %1;\n" ::"r"(part + C::part_at(r, c + 1) * 4),
+                       "f"(acc[i][j][2 * half + 1])
+                       : "memory");
+        } else {
+          asm volatile("st.shared.v2.f32 [%0], {%1, %2};\n" ::"r"(part + C::part_at(r, c) * 4),
+                       "f"(acc[i][j][2 * half]), "f"(acc[i][j][2 * half + 1])
+                       : "memory");
+        }
       }
 }
 
 // This CTA's slice of rows (BM / KS of them): the KS partials summed in
 // rank order, then the epilogue, stored element by element (contiguous
-// along Y's rows in either layout).  Feature-major, a thread loads a batch
-// of its elements' partials from the cluster before it adds any: one
-// element at a time, each remote load's latency was paid in turn (16 a
-// thread on a 64 x 64 tile split in two; batched, 4096 x 4096 x 64 took 9%
-// less).  Token-major reads the partial tile down its columns (the stores
-// run along M), in 4-way bank conflicts, and was 3-7% slower batched: one
-// element at a time there (bench/RESULTS.md, 2026-11-26).
+// along Y's rows in either layout).  A thread loads a batch of its
+// elements' partials from the cluster before it adds any: one element at a
+// time, each remote load's latency was paid in turn (16 a thread on a
+// 64 x 64 tile split in two; batched, 4096 x 4096 x 64 took 9% less,
+// bench/RESULTS.md, 2026-11-26).
 template <class C, class P, typename T>
 __device__ __forceinline__ void tma_reduce_store(unsigned part, const unsigned char *packed,
                                                  unsigned short *Y, int m0, int n0, int N,
@@ -345,7 +360,7 @@ __device__ __forceinline__ void tma_reduce_store(unsigned part, const unsigned c
   constexpr int ROWS = C::BM / C::KS;
   constexpr int COUNT = ROWS * C::BN;
   constexpr int ITERS = (COUNT + C::THREADS - 1) / C::THREADS;
-  constexpr int BATCH = C::TOKEN_MAJOR ? 1 : ITERS < 32 / C::KS ? ITERS : 32 / C::KS;
+  constexpr int BATCH = ITERS < 32 / C::KS ? ITERS : 32 / C::KS;  // 32 partials in registers
   const float *bias = section<float>(packed, P::BIAS_OFFSET);
   const int r0 = zrank * ROWS;
   auto element = [&](int j, int &r, int &c) {  // this thread's j-th element; false past the tile
@@ -361,7 +376,7 @@ __device__ __forceinline__ void tma_reduce_store(unsigned part, const unsigned c
     for (int b = 0; b < BATCH; ++b) {
       int r, c;
       const bool in = element(j0 + b, r, c);
-      const unsigned off = part + ((r0 + (in ? r : 0)) * C::P_LD + (in ? c : 0)) * 4;
+      const unsigned off = part + C::part_at(r0 + (in ? r : 0), in ? c : 0) * 4;
 #pragma unroll
       for (int z = 0; z < C::KS; ++z) v[b][z] = sm90::ld_cluster_f32(off, z);
     }
