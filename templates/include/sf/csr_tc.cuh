@@ -538,7 +538,6 @@ __device__ __forceinline__ void finish_split(float *s_r, const unsigned char *pa
     __syncthreads();
   }
   const float *bias = section<float>(packed, P::BIAS_OFF);
-  const int rows = row_hi - row_lo;
   // fm: threads run along N (Y rows contiguous); tm: along M
   auto store = [&](int row, int col, float v) {
     const int m = m0 + row, n = n0 + col;
@@ -556,14 +555,15 @@ __device__ __forceinline__ void finish_split(float *s_r, const unsigned char *pa
     constexpr int ROWS = C::BM / C::CK, COUNT = ROWS * C::BN;
     constexpr int ITERS = cdiv(COUNT, C::THREADS);
     constexpr int BATCH = ITERS < 32 / C::CK ? ITERS : 32 / C::CK;
+    auto row_of = [&](int i) { return row_lo + (C::TM ? i % ROWS : i / C::BN); };
+    auto col_of = [](int i) { return C::TM ? i / ROWS : i % C::BN; };
 #pragma unroll 1
     for (int j0 = 0; j0 < ITERS; j0 += BATCH) {
       float part[BATCH][C::CK];
 #pragma unroll
       for (int b = 0; b < BATCH; ++b) {
         const int i = min(static_cast<int>(threadIdx.x) + (j0 + b) * C::THREADS, COUNT - 1);
-        const int row = row_lo + (C::TM ? i % ROWS : i / C::BN);
-        const int col = C::TM ? i / ROWS : i % C::BN;
+        const int row = row_of(i), col = col_of(i);
         part[b][0] = s_r[row * C::R_LD + col];
         const unsigned addr = sm80::smem_addr(s_r + row * C::R_LD + col);
 #pragma unroll
@@ -576,11 +576,11 @@ __device__ __forceinline__ void finish_split(float *s_r, const unsigned char *pa
         float v = part[b][0];
 #pragma unroll
         for (int k = 1; k < C::CK; ++k) v += part[b][k];
-        store(row_lo + (C::TM ? i % ROWS : i / C::BN), C::TM ? i / ROWS : i % C::BN, v);
+        store(row_of(i), col_of(i), v);
       }
     }
-    (void)rows;
   } else {
+    const int rows = row_hi - row_lo;
     for (int i = threadIdx.x; i < rows * C::BN; i += C::THREADS) {
       const int row = row_lo + (C::TM ? i % rows : i / C::BN);
       const int col = C::TM ? i / rows : i % C::BN;
