@@ -64,6 +64,7 @@ static const symbol_spec kSymbols[] = {
     SYM(FuncGetAttribute, "cuFuncGetAttribute", "cuFuncGetAttribute", NULL),
     SYM(FuncSetAttribute, "cuFuncSetAttribute", "cuFuncSetAttribute", NULL),
     SYM(LaunchKernel, "cuLaunchKernel", "cuLaunchKernel", NULL),
+    SYM(LaunchKernelEx, "cuLaunchKernelEx", "cuLaunchKernelEx", NULL),
     SYM(StreamCreate, "cuStreamCreate", "cuStreamCreate", NULL),
     SYM(StreamDestroy, "cuStreamDestroy", "cuStreamDestroy_v2",
         "cuStreamDestroy"),

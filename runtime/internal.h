@@ -117,6 +117,7 @@ typedef struct sf__driver {
   CUresult (*LaunchKernel)(CUfunction, unsigned, unsigned, unsigned, unsigned,
                            unsigned, unsigned, unsigned, CUstream, void **,
                            void **);
+  CUresult (*LaunchKernelEx)(const CUlaunchConfig *, CUfunction, void **, void **);
   CUresult (*StreamCreate)(CUstream *, unsigned int);
   CUresult (*StreamDestroy)(CUstream);
   CUresult (*StreamSynchronize)(CUstream);
@@ -179,6 +180,11 @@ struct sf_kernel {
   /* the module's sf_x_map: {layout (1 feature-major, 2 token-major), K,
    * box width, box rows}; all 0 when it declares none */
   int x_map[4];
+  /* launched as a programmatic dependent of the stream's previous work
+   * (the module declares sf_pdl: its kernels wait for it with
+   * griddepcontrol.wait before reading what that work wrote; SF_PDL=0
+   * turns it off) */
+  int pdl;
   struct sf_kernel *next; /* in the module */
 };
 

@@ -91,6 +91,29 @@ static sf_status read_x_map(sf_context *ctx, sf_module *mod, struct sf_kernel *k
   return SF_OK;
 }
 
+/* Whether the module declares sf_pdl (an int, 1): its kernels call
+ * griddepcontrol.wait before they read anything the stream's previous
+ * work may write, and may be launched before that work has finished
+ * (programmatic dependent launch).  SF_PDL=0 in the environment launches
+ * them in plain stream order. */
+static sf_status read_pdl(sf_context *ctx, sf_module *mod, struct sf_kernel *k) {
+  CUdeviceptr ptr = 0;
+  size_t bytes = 0;
+  k->pdl = 0;
+  CUresult r = ctx->drv->ModuleGetGlobal(&ptr, &bytes, mod->mod, "sf_pdl");
+  if (r == CUDA_ERROR_NOT_FOUND) return SF_OK;
+  if (r != CUDA_SUCCESS) return sf__cu_fail(ctx, SF_ERR_CUDA, r, "cuModuleGetGlobal(\"sf_pdl\")");
+  int v = 0;
+  if (bytes != sizeof v)
+    return sf__fail(ctx, SF_ERR_INVALID_ARG, "the module's sf_pdl has %zu bytes, not 4 (int)",
+                    bytes);
+  r = ctx->drv->MemcpyDtoH(&v, ptr, sizeof v);
+  if (r != CUDA_SUCCESS) return sf__cu_fail(ctx, SF_ERR_CUDA, r, "reading sf_pdl");
+  const char *env = getenv("SF_PDL");
+  k->pdl = v == 1 && !(env && strcmp(env, "0") == 0);
+  return SF_OK;
+}
+
 sf_status sf_kernel_args_set(sf_context *ctx, sf_kernel *k, sf_devptr packed,
                              sf_devptr x, sf_devptr y, int64_t n,
                              sf_kernel_args *out) {
@@ -177,7 +200,7 @@ sf_status sf_kernel_get(sf_context *ctx, sf_module *mod, const char *name,
   k->fn = fn;
   k->name = copy;
   k->dyn_smem_limit = SF_DEFAULT_DYN_SMEM;
-  if ((st = read_x_map(ctx, mod, k)) != SF_OK) {
+  if ((st = read_x_map(ctx, mod, k)) != SF_OK || (st = read_pdl(ctx, mod, k)) != SF_OK) {
     free(k);
     free(copy);
     return st;
@@ -265,9 +288,32 @@ static sf_status launch_on(sf_context *ctx, sf_kernel *k,
     }
     k->dyn_smem_limit = (int)cfg->shared_bytes;
   }
-  r = d->LaunchKernel(k->fn, cfg->grid[0], cfg->grid[1], cfg->grid[2],
-                      cfg->block[0], cfg->block[1], cfg->block[2],
-                      cfg->shared_bytes, stream, args, NULL);
+  if (k->pdl) {
+    /* a programmatic dependent of the stream's previous work: the kernel
+     * may start (and read its constant operands) while that work drains,
+     * and waits for it before anything else (read_pdl) */
+    CUlaunchAttribute attr;
+    memset(&attr, 0, sizeof attr);
+    attr.id = CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION;
+    attr.value.programmaticStreamSerializationAllowed = 1;
+    CUlaunchConfig lc;
+    memset(&lc, 0, sizeof lc);
+    lc.gridDimX = cfg->grid[0];
+    lc.gridDimY = cfg->grid[1];
+    lc.gridDimZ = cfg->grid[2];
+    lc.blockDimX = cfg->block[0];
+    lc.blockDimY = cfg->block[1];
+    lc.blockDimZ = cfg->block[2];
+    lc.sharedMemBytes = cfg->shared_bytes;
+    lc.hStream = stream;
+    lc.attrs = &attr;
+    lc.numAttrs = 1;
+    r = d->LaunchKernelEx(&lc, k->fn, args, NULL);
+  } else {
+    r = d->LaunchKernel(k->fn, cfg->grid[0], cfg->grid[1], cfg->grid[2],
+                        cfg->block[0], cfg->block[1], cfg->block[2],
+                        cfg->shared_bytes, stream, args, NULL);
+  }
   if (r != CUDA_SUCCESS) {
     char what[512];
     snprintf(what, sizeof what,

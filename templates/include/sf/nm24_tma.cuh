@@ -177,35 +177,57 @@ __device__ __forceinline__ void tma_fallback_b_fm(unsigned sB, const unsigned sh
   }
 }
 
+// The producer warp's weights for stage `it` (lane 0): the stage's
+// `full` barrier armed for all of its bytes, and the bulk copies of the
+// compressed weights and metadata of its 64-row tiles.
+template <class C, class P>
+__device__ __forceinline__ void tma_produce_weights(const unsigned char *__restrict__ packed,
+                                                    bool use_map, unsigned stages, unsigned full,
+                                                    int m0, int step, int it, int kz) {
+  constexpr int KT = P::KP / C::BK / C::KS;
+  const int kt = it % KT, t0 = (m0 + it / KT * step) / 64, s = it % C::STAGES;
+  const unsigned sAE = stages + s * C::STAGE_BYTES + C::B_BYTES;
+  const unsigned char *ae = packed + P::AE_OFFSET;
+  sm90::mbar_arrive_expect(full + 8 * s, use_map ? C::B_BYTES + C::AE_BYTES : C::AE_BYTES);
+#pragma unroll
+  for (int t = 0; t < C::BM / 64; ++t)
+    sm90::bulk_load(sAE + t * C::KSTEPS * AE_STEP,
+                    ae + ((size_t)(t0 + t) * P::KSTEPS + (size_t)(kz + kt) * C::KSTEPS) * AE_STEP,
+                    C::KSTEPS * AE_STEP, full + 8 * s);
+}
+
+// How many stages' weights the producer copies before the kernel waits
+// for the stream's previous work (SF_DECLARE_PDL): as many as the stages
+// hold.
+template <class C, class P>
+__device__ __forceinline__ int tma_early_stages(int tiles) {
+  constexpr int KT = P::KP / C::BK / C::KS;
+  return min(C::STAGES, tiles * KT);
+}
+
 // The producer warp: for each of the CTA's `tiles` tiles along M (rows m0,
 // m0 + step, ...) and each of its K tiles, fills stage it % STAGES (`it`
 // counting over the tiles), reusing a stage once every consumer of the
-// cluster has released it.
+// cluster has released it.  The weights of the first `early` stages are
+// already on their way (tma_produce_weights, before griddep_wait).
 template <class C, class P>
 __device__ __forceinline__ void tma_produce(const unsigned char *__restrict__ packed,
                                             const unsigned short *__restrict__ X, int N,
                                             const sm90::TensorMap *map, bool use_map,
                                             unsigned stages, unsigned full, unsigned empty,
                                             int m0, int step, int tiles, int n0, unsigned rank,
-                                            int kz, int lane) {
+                                            int kz, int lane, int early) {
   constexpr int KT = P::KP / C::BK / C::KS;  // this CTA's stages: K tiles kz .. kz + KT - 1
   constexpr int S = C::STAGES;
-  const unsigned char *ae = packed + P::AE_OFFSET;
 #pragma unroll 1
   for (int it = 0; it < tiles * KT; ++it) {
-    const int kt = it % KT, t0 = (m0 + it / KT * step) / 64;
+    const int kt = it % KT;
     const int s = it % S;
     if (it >= S) sm90::mbar_wait(empty + 8 * s, ((it / S) - 1) & 1);
     const unsigned sB = stages + s * C::STAGE_BYTES;
-    const unsigned sAE = sB + C::B_BYTES;
     const int kg = kz + kt;
     if (lane == 0) {
-      sm90::mbar_arrive_expect(full + 8 * s, use_map ? C::B_BYTES + C::AE_BYTES : C::AE_BYTES);
-#pragma unroll
-      for (int t = 0; t < C::BM / 64; ++t)
-        sm90::bulk_load(sAE + t * C::KSTEPS * AE_STEP,
-                        ae + ((size_t)(t0 + t) * P::KSTEPS + (size_t)kg * C::KSTEPS) * AE_STEP,
-                        C::KSTEPS * AE_STEP, full + 8 * s);
+      if (it >= early) tma_produce_weights<C, P>(packed, use_map, stages, full, m0, step, it, kz);
       if (use_map) {
         const int k0 = kg * C::BK;
         if constexpr (C::TOKEN_MAJOR) {
@@ -446,9 +468,18 @@ __device__ __forceinline__ void tma_gemm(const unsigned char *__restrict__ packe
   else
     __syncthreads();
 
+  // the weights of the first stages are constant: copied while the
+  // stream's previous kernel drains; nothing else before it is done
+  const int early = tma_early_stages<C, P>(tiles);
+  if (warp == C::PRODUCER_WARP && lane == 0)
+    for (int it = 0; it < early; ++it)
+      tma_produce_weights<C, P>(packed, use_map, stages, full, m_first, STEP, it, zrank * KT);
+  sm90::griddep_wait();
+
   if (warp == C::PRODUCER_WARP) {
     tma_produce<C, P>(packed, X, N, map, use_map, stages, full, empty, m_first, STEP, tiles, n0,
-                      rank, zrank * KT, lane);
+                      rank, zrank * KT, lane, early);
+    sm90::griddep_launch_dependents();
   } else {
     const int wg = warp >> 2;
     const int wg_m = wg % C::WM, wg_n = wg / C::WM;
@@ -485,6 +516,9 @@ __device__ __forceinline__ void tma_gemm(const unsigned char *__restrict__ packe
       keep(e0);
       keep(e1);
       tma_release<C>(empty, (it0 + KT - 1) % S);
+      // the CTA's last main loop is done: the next kernel may start (its
+      // weights' first stages load while this one stores)
+      if (t + 1 == tiles) sm90::griddep_launch_dependents();
       // every consumer is done with the stages (MT == 1: the output tile
       // reuses them) or with the last tile's output buffer (MT > 1: the
       // producer meanwhile fills the next tile's stages)

@@ -129,6 +129,23 @@ __device__ __forceinline__ float ld_cluster_f32(unsigned local, unsigned cta) {
   return v;
 }
 
+// Programmatic dependent launch.  A module that declares SF_DECLARE_PDL is
+// launched (runtime/module.c) while the stream's previous work is still
+// draining: its kernels call griddep_wait() before they read anything
+// that work may write (X) or write anything it may read (Y); only their
+// constant operands (the packed weights) may be read before it.  Once
+// every CTA has called griddep_launch_dependents() (or exited), the next
+// such kernel may start the same way.
+#define SF_DECLARE_PDL() extern "C" __device__ const int sf_pdl = 1
+
+__device__ __forceinline__ void griddep_wait() {
+  asm volatile("griddepcontrol.wait;\n" ::: "memory");
+}
+
+__device__ __forceinline__ void griddep_launch_dependents() {
+  asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
+}
+
 // Named barrier `id` (1..15) over `threads` threads (a multiple of 32).
 __device__ __forceinline__ void named_sync(int id, int threads) {
   asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
