@@ -739,46 +739,11 @@ def test_gpu_tma_large(hopper, layout):
     dict(bm=128, bn=256, bk=64, wm=2, wn=1, stages=4, wg=1, tma=1, cm=2)])
 def test_gpu_tma_dependent_launches(hopper, config):
     """The TMA kernels are launched as programmatic dependents of the
-    stream's previous work (SF_DECLARE_PDL): three launches back to back
-    on one stream with no synchronization between them, each reading the
-    previous one's output (Y1 = W X, Y2 = W Y1) and the third overwriting
-    the first one's input (X = W Y2).  A kernel that read X before the one
-    writing it had finished, or wrote Y while the previous one still read
-    it, would give wrong values (the outputs start poisoned)."""
-    from sparseforge.generator.matrix import from_device_bytes, to_device_bytes as dev_bytes
-    from sparseforge.tuner.execute import POISON, compile_kernel, default_context
-    m = random_24(512, 512, seed=47, mode="full")
-    op = Operation(dtype="fp16", layout="tm")
-    n = 64 if config["bn"] <= 64 else 320
-    k = FAM.generate(m, op, {}, config)
-    ctx = default_context()
-    fn = ctx.load(compile_kernel(k, ctx)).kernel(k.name)
-    assert "SF_DECLARE_PDL();" in k.source
-    rng = np.random.default_rng(5)
-    x0 = rng.standard_normal((n, 512)).astype(np.float32)
-    packed = ctx.upload(k.packed)
-    bx = ctx.upload(dev_bytes(x0, "fp16"))
-    b1, b2 = ctx.alloc(n * 512 * 2), ctx.alloc(n * 512 * 2)
-    try:
-        ctx.memset(b1, POISON)
-        ctx.memset(b2, POISON)
-        ctx.synchronize()
-        cfg = k.launch_config(n)
-        for src, dst in ((bx, b1), (b1, b2), (b2, bx)):
-            ctx.launch(fn, cfg["grid"], cfg["block"], ctx.kernel_args(fn, packed, src, dst, n),
-                       shared=cfg["shared_bytes"])
-        ctx.synchronize()
-        ys = [from_device_bytes(ctx.download(b, n * 512 * 2), "fp16", n * 512).reshape(n, 512)
-              for b in (b1, b2, bx)]
-    finally:
-        for b in (packed, bx, b1, b2):
-            b.free()
-    w = m.to_dense().astype(np.float64)
-    inputs = [round_to_dtype(x0, "fp16")] + ys[:2]
-    for i, (xin, y) in enumerate(zip(inputs, ys)):
-        ref = xin.astype(np.float64) @ w.T
-        err = np.abs(y - ref).max() / max(1e-6, np.abs(ref).max())
-        assert np.isfinite(y).all() and err < 5e-3, (config, i, err)
+    stream's previous work (SF_DECLARE_PDL): three of them back to back
+    on one stream, each reading the one before's output (tests/py/chain.py)."""
+    from chain import check_dependent_chain
+    check_dependent_chain(FAM, random_24(512, 512, seed=47, mode="full"), {}, config,
+                          64 if config["bn"] <= 64 else 320)
 
 
 def test_token_major_decode_shares_x_in_a_cluster_pair():

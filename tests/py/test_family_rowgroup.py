@@ -949,6 +949,26 @@ def test_gpu_correct(case):
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("family, params, layout, cfg, n", [
+    ("shflbw", {"v": 64}, "tm", KS_CFG, 16),                         # decode, split K
+    ("shflbw", {"v": 64}, "tm", dict(WG_CFG, bn=128, wn=1), 300),    # wgmma, element gather
+    ("bsr", {"br": 64, "bc": 64}, "fm", dict(WG_CFG, bn=128, wn=1), 256)])
+def test_gpu_dependent_launches(family, params, layout, cfg, n):
+    """On sm_90 the row-group kernels are launched as programmatic
+    dependents of the stream's previous work (SF_DECLARE_PDL): three back
+    to back on one stream, each reading the one before's output
+    (tests/py/chain.py)."""
+    from chain import check_dependent_chain
+    from sparseforge.tuner.execute import default_context
+    if default_context().device_info()["arch"] != "sm_90a":
+        pytest.skip("programmatic dependent launch needs sm_90 (Hopper)")
+    rng = np.random.default_rng(48)
+    mat = (make_shflbw(512, 512, 64, 0.25, rng) if family == "shflbw"
+           else make_bsr(512, 512, 64, 64, 0.3, rng))
+    check_dependent_chain(get_family(family), mat, params, cfg, n, layout)
+
+
+@pytest.mark.gpu
 def test_gpu_small_every_bk_and_stage_count():
     """The 'small' set (for compute-sanitizer): one matrix per family, a
     sweep of pipeline shapes, odd N."""

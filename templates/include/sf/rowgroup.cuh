@@ -948,6 +948,11 @@ __device__ __forceinline__ void gemm_group(const unsigned char *__restrict__ pac
     for (int d = 0; d < DEPTH; ++d)
       bl.fetch(bl.next[d], ind + chunk_of(AHEAD + d) * Cfg::B_ROWS);
   }
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  // launched as a programmatic dependent (SF_DECLARE_PDL, sm_90): the
+  // schedule and the first chunks' indices are constant, X is not
+  sm90::griddep_wait();
+#endif
 #pragma unroll
   for (int s = 0; s < AHEAD; ++s) {
     if (s < items) {
@@ -1043,6 +1048,9 @@ __device__ __forceinline__ void gemm_group(const unsigned char *__restrict__ pac
     if constexpr (Cfg::WG) sm90::wait_group<0>();
     if (Cfg::TN == 1) sm80::cp_async_wait<0>();  // streamed: the next tile's copies fly on
     __syncthreads();  // the tile's stages are free for the output tile; row map visible
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    if (tile + 1 == tiles) sm90::griddep_launch_dependents();  // the next kernel may start
+#endif
     if constexpr (Cfg::KS > 1)
       if (!reduce_split<Cfg>(acc, smem)) return;  // rank 0 holds the sum
     CTile ct;
