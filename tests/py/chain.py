@@ -4,12 +4,13 @@ third overwrites the first one's input).  A kernel launched as a
 programmatic dependent (SF_DECLARE_PDL) that read its X before the kernel
 writing it had finished, or wrote its Y while the one before still read
 it, gives wrong values: the outputs start poisoned, and each is checked
-against W times the input it should have read."""
+against W times the input it should have read (scaled by the epilogue
+so that the values stay within fp16's range)."""
 from __future__ import annotations
 
 import numpy as np
 
-from sparseforge.generator.kernel import Operation, reference
+from sparseforge.generator.kernel import Epilogue, Operation, reference
 from sparseforge.generator.matrix import from_device_bytes, round_to_dtype, to_device_bytes
 
 
@@ -17,7 +18,11 @@ def check_dependent_chain(fam, matrix, params: dict, config: dict, n: int, layou
     from sparseforge.tuner.execute import POISON, compile_kernel, default_context
     size = matrix.rows
     assert matrix.cols == size, "a chain needs a square W"
-    op = Operation(dtype="fp16", layout=layout)
+    # the epilogue's scale keeps each output about the size of its input
+    # (three products of W would otherwise overflow fp16)
+    rms = float(np.sqrt(np.mean(np.square(matrix.values.astype(np.float64))))) if matrix.nnz else 1.0
+    scale = float(np.float32(1.0 / max(1e-6, rms * np.sqrt(max(1.0, matrix.nnz / size)))))
+    op = Operation(dtype="fp16", layout=layout, epilogue=Epilogue(scale=scale))
     k = fam.generate(matrix, op, params, config)
     assert "SF_DECLARE_PDL();" in k.source
     ctx = default_context()
