@@ -319,10 +319,11 @@ SF_API sf_status sf_kernel_args_set(sf_context *ctx, sf_kernel *k, sf_devptr pac
  * CUDA_ERROR_ILLEGAL_ADDRESS from an earlier kernel); SF_ERR_INVALID_ARG
  * for a zero grid or block dimension or a kernel of another context.  Does
  * not wait for the kernel.  A kernel whose module declares `int sf_pdl = 1`
- * (the 2:4 TMA kernels) is launched as a programmatic dependent of the
- * stream's previous work: it may start, and copy its packed weights, while
- * that work drains, and waits for it (griddepcontrol.wait) before reading
- * X or writing Y; SF_PDL=0 in the environment launches it in plain stream
+ * (the 2:4 TMA kernels, and the row-group kernels built for sm_90) is
+ * launched as a programmatic dependent of the stream's previous work: it
+ * may start, and read its constant packed operands, while that work
+ * drains, and waits for it (griddepcontrol.wait) before reading X or
+ * writing Y; SF_PDL=0 in the environment launches it in plain stream
  * order. */
 SF_API sf_status sf_launch(sf_context *ctx, sf_kernel *k,
                            const sf_launch_config *cfg, void **args);
