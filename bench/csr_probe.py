@@ -1,12 +1,16 @@
-"""Configurations of the csr family measured side by side on one problem:
+"""Configurations of one family measured side by side on one problem:
 each built once, one X, then ROUNDS rounds in which every configuration is
 a trial in turn (verified against float64, then timed by the tuner's
 protocol: N <= 256 as CUDA graphs rotating through operands twice the L2);
-medians over the rounds.  Matrices: standard-normal weights magnitude-pruned
-to each density (bench/csr.py's decode and prefill matrices).
+medians over the rounds.  Matrices: for csr (the default --pattern),
+standard-normal weights magnitude-pruned to each density (bench/csr.py's
+decode and prefill matrices); for any other pattern (shflbw:64,
+bsr:64x64, nm24, ...), a random matrix of it at each density (seed 0).
 
     python3 bench/csr_probe.py 4096 4096 16 --densities 0.5,0.1 \\
         --configs '[{"mf":1,"wm":2,"wk":4,"ksw":4,"bn":16,"stages":4,"ck":2}, ...]'
+    python3 bench/csr_probe.py 4096 4096 16 --pattern shflbw:64 --densities 0.25 \\
+        --configs '[{"bk":64,"bn":16,"stages":4,"wm":4,"wn":1,"ks":2}]'
 """
 import argparse
 import json
@@ -21,7 +25,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from csr import pruned_normal  # noqa: E402
 from sparseforge.cache import Cache  # noqa: E402
+from sparseforge.generator.families import family_of  # noqa: E402
 from sparseforge.generator.kernel import ConfigError, Operation  # noqa: E402
+from sparseforge.generator.synth import random_matrix  # noqa: E402
 from sparseforge.tuner.driver import QUICK_TIMING, Tuner  # noqa: E402
 
 
@@ -34,6 +40,8 @@ def main(argv=None, worker=None) -> int:
     ap.add_argument("n", type=int)
     ap.add_argument("--configs", required=True,
                     help="a JSON list of configurations (or @FILE holding one)")
+    ap.add_argument("--pattern", default="csr",
+                    help="the family and its parameters (default csr; e.g. shflbw:64, bsr:64x64)")
     ap.add_argument("--densities", default="0.5,0.1")
     ap.add_argument("--layout", default="tm", choices=["fm", "tm"])
     ap.add_argument("--dtype", default="fp16", choices=["fp16", "bf16"])
@@ -44,6 +52,7 @@ def main(argv=None, worker=None) -> int:
     if not isinstance(cfgs, list) or not cfgs:
         ap.error("--configs: a non-empty JSON list of configurations")
     op = Operation(args.dtype, args.layout)
+    fam, params = family_of(args.pattern)
     bad = 0
     with tempfile.TemporaryDirectory() as tmp, Cache(str(Path(tmp) / "probe.db")) as cache:
         tuner = Tuner(cache, strategy="greedy", budget=1, timing=QUICK_TIMING, seed=1,
@@ -51,9 +60,12 @@ def main(argv=None, worker=None) -> int:
         try:
             for d in (float(x) for x in args.densities.split(",")):
                 t0 = time.time()
-                mat = pruned_normal(args.m, args.k, d, args.dtype, 0)
-                status, infos = tuner.measure_rounds(mat, "csr", {}, op, args.n, cfgs, args.rounds)
-                head = f"{args.m}x{args.k} N={args.n} {args.layout} {args.dtype} d={d}"
+                mat = (pruned_normal(args.m, args.k, d, args.dtype, 0) if fam.name == "csr"
+                       else random_matrix(args.pattern, args.m, args.k, d, args.dtype, seed=0))
+                status, infos = tuner.measure_rounds(mat, fam.name, params, op, args.n, cfgs,
+                                                     args.rounds)
+                head = (f"{args.pattern} {args.m}x{args.k} N={args.n} {args.layout} {args.dtype} "
+                        f"d={d}")
                 if status != "ok":
                     print(f"{head}: {status} {str(infos)[:600]}", flush=True)
                     bad += 1

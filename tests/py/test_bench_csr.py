@@ -109,8 +109,16 @@ def test_probe_measures_side_by_side(capsys):
     assert csr_probe.main(["64", "96", "16", "--densities", "0.5,0.2", "--rounds", "2",
                            "--configs", cfgs], worker=w) == 0
     lines = [x for x in capsys.readouterr().out.splitlines() if " us " in x]
-    assert len(lines) == 4 and all("64x96 N=16 tm fp16" in x for x in lines)
+    assert len(lines) == 4 and all("csr 64x96 N=16 tm fp16" in x for x in lines)
     assert len(w.trials) == 2 * 2 * 2
+    # another family: its own pattern and parameters
+    w = ReplayWorker()
+    assert csr_probe.main(["128", "96", "16", "--pattern", "bsr:32x32", "--densities", "0.5",
+                           "--rounds", "2", "--configs",
+                           '[{"bk":32,"bn":16,"stages":2,"wm":2,"wn":1}]'], worker=w) == 0
+    lines = [x for x in capsys.readouterr().out.splitlines() if " us " in x]
+    assert len(lines) == 1 and lines[0].startswith("bsr:32x32 128x96 N=16 tm fp16 d=0.5")
+    assert len(w.trials) == 2
     with pytest.raises(ConfigError, match="ksw"):
         csr_probe.main(["64", "96", "16", "--configs", '[{"mf":1,"wm":2,"wk":1,"ksw":3,'
                         '"bn":16,"stages":4,"ck":1}]'], worker=ReplayWorker())
