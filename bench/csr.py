@@ -73,17 +73,20 @@ class Problem:
     row: dict = field(default_factory=dict)
 
 
-def pruned_normal(m: int, k: int, density: float, dtype: str, seed: int):
-    """Standard normal weights, magnitude-pruned to `density` (csr's
-    pruning: the largest |w|)."""
+def pruned_normal(m: int, k: int, density: float, dtype: str, seed: int, pattern: str = "csr"):
+    """Standard normal weights, magnitude-pruned to `density` by the
+    pattern's own pruning (csr's: the largest |w|; a block family keeps
+    the blocks of largest |w|, and its permutation, if it finds one)."""
     import numpy as np
-    from sparseforge.generator.families import get_family
+    from sparseforge.generator.families import family_of
     from sparseforge.generator.matrix import SparseMatrix
+    fam, params = family_of(pattern)
     rng = np.random.default_rng(seed)
     w = rng.standard_normal((m, k), dtype=np.float32)
-    mask = get_family("csr").prune(w, {}, 1.0 - density, rng).mask
-    w[~mask] = 0.0
+    pruned = fam.prune(w, params, 1.0 - density, rng)
+    w[~pruned.mask] = 0.0
     mat = SparseMatrix.from_dense(w, dtype=dtype)
+    mat.perm = pruned.perm
     mat.name = f"normal {m}x{k} d={density:g}"
     return mat
 

@@ -2,10 +2,10 @@
 each built once, one X, then ROUNDS rounds in which every configuration is
 a trial in turn (verified against float64, then timed by the tuner's
 protocol: N <= 256 as CUDA graphs rotating through operands twice the L2);
-medians over the rounds.  Matrices: for csr (the default --pattern),
-standard-normal weights magnitude-pruned to each density (bench/csr.py's
-decode and prefill matrices); for any other pattern (shflbw:64,
-bsr:64x64, nm24, ...), a random matrix of it at each density (seed 0).
+medians over the rounds.  Matrices: standard-normal weights pruned to
+each density by the pattern's own pruning (--pattern, default csr: then
+bench/csr.py's decode and prefill matrices; shflbw:64, bsr:64x64, nm24,
+...).
 
     python3 bench/csr_probe.py 4096 4096 16 --densities 0.5,0.1 \\
         --configs '[{"mf":1,"wm":2,"wk":4,"ksw":4,"bn":16,"stages":4,"ck":2}, ...]'
@@ -27,7 +27,6 @@ from csr import pruned_normal  # noqa: E402
 from sparseforge.cache import Cache  # noqa: E402
 from sparseforge.generator.families import family_of  # noqa: E402
 from sparseforge.generator.kernel import ConfigError, Operation  # noqa: E402
-from sparseforge.generator.synth import random_matrix  # noqa: E402
 from sparseforge.tuner.driver import QUICK_TIMING, Tuner  # noqa: E402
 
 
@@ -60,8 +59,7 @@ def main(argv=None, worker=None) -> int:
         try:
             for d in (float(x) for x in args.densities.split(",")):
                 t0 = time.time()
-                mat = (pruned_normal(args.m, args.k, d, args.dtype, 0) if fam.name == "csr"
-                       else random_matrix(args.pattern, args.m, args.k, d, args.dtype, seed=0))
+                mat = pruned_normal(args.m, args.k, d, args.dtype, 0, args.pattern)
                 status, infos = tuner.measure_rounds(mat, fam.name, params, op, args.n, cfgs,
                                                      args.rounds)
                 head = (f"{args.pattern} {args.m}x{args.k} N={args.n} {args.layout} {args.dtype} "
