@@ -65,22 +65,39 @@ void sf_module_unload(sf_module *m) {
 
 /* ---- kernels ----------------------------------------------------------- */
 
+/* The module's global int array `name` of `count` ints, into v; *found
+ * is 0 (and v untouched) where the module declares none. */
+static sf_status read_module_ints(sf_context *ctx, sf_module *mod, const char *name, int *v,
+                                  size_t count, int *found) {
+  CUdeviceptr ptr = 0;
+  size_t bytes = 0;
+  char what[96];
+  *found = 0;
+  CUresult r = ctx->drv->ModuleGetGlobal(&ptr, &bytes, mod->mod, name);
+  if (r == CUDA_ERROR_NOT_FOUND) return SF_OK;
+  if (r != CUDA_SUCCESS) {
+    snprintf(what, sizeof what, "cuModuleGetGlobal(\"%s\")", name);
+    return sf__cu_fail(ctx, SF_ERR_CUDA, r, what);
+  }
+  if (bytes != count * sizeof *v)
+    return sf__fail(ctx, SF_ERR_INVALID_ARG, "the module's %s has %zu bytes, not %zu (int[%zu])",
+                    name, bytes, count * sizeof *v, count);
+  r = ctx->drv->MemcpyDtoH(v, ptr, count * sizeof *v);
+  if (r != CUDA_SUCCESS) {
+    snprintf(what, sizeof what, "reading %s", name);
+    return sf__cu_fail(ctx, SF_ERR_CUDA, r, what);
+  }
+  *found = 1;
+  return SF_OK;
+}
+
 /* The module's sf_x_map (sf_kernel_args_set), into k->x_map: zeros where
  * the module declares none. */
 static sf_status read_x_map(sf_context *ctx, sf_module *mod, struct sf_kernel *k) {
-  CUdeviceptr ptr = 0;
-  size_t bytes = 0;
+  int v[4] = {0, 0, 0, 0}, found = 0;
   memset(k->x_map, 0, sizeof k->x_map);
-  CUresult r = ctx->drv->ModuleGetGlobal(&ptr, &bytes, mod->mod, "sf_x_map");
-  if (r == CUDA_ERROR_NOT_FOUND) return SF_OK;
-  if (r != CUDA_SUCCESS)
-    return sf__cu_fail(ctx, SF_ERR_CUDA, r, "cuModuleGetGlobal(\"sf_x_map\")");
-  int v[4] = {0, 0, 0, 0};
-  if (bytes != sizeof v)
-    return sf__fail(ctx, SF_ERR_INVALID_ARG,
-                    "the module's sf_x_map has %zu bytes, not 16 (int[4])", bytes);
-  r = ctx->drv->MemcpyDtoH(v, ptr, sizeof v);
-  if (r != CUDA_SUCCESS) return sf__cu_fail(ctx, SF_ERR_CUDA, r, "reading sf_x_map");
+  sf_status st = read_module_ints(ctx, mod, "sf_x_map", v, 4, &found);
+  if (st != SF_OK || !found) return st;
   if ((v[0] != 1 && v[0] != 2) || v[1] < 1 || (v[2] != 16 && v[2] != 32 && v[2] != 64) ||
       v[3] < 1 || v[3] > 256)
     return sf__fail(ctx, SF_ERR_INVALID_ARG,
@@ -97,18 +114,10 @@ static sf_status read_x_map(sf_context *ctx, sf_module *mod, struct sf_kernel *k
  * (programmatic dependent launch).  SF_PDL=0 in the environment launches
  * them in plain stream order. */
 static sf_status read_pdl(sf_context *ctx, sf_module *mod, struct sf_kernel *k) {
-  CUdeviceptr ptr = 0;
-  size_t bytes = 0;
+  int v = 0, found = 0;
   k->pdl = 0;
-  CUresult r = ctx->drv->ModuleGetGlobal(&ptr, &bytes, mod->mod, "sf_pdl");
-  if (r == CUDA_ERROR_NOT_FOUND) return SF_OK;
-  if (r != CUDA_SUCCESS) return sf__cu_fail(ctx, SF_ERR_CUDA, r, "cuModuleGetGlobal(\"sf_pdl\")");
-  int v = 0;
-  if (bytes != sizeof v)
-    return sf__fail(ctx, SF_ERR_INVALID_ARG, "the module's sf_pdl has %zu bytes, not 4 (int)",
-                    bytes);
-  r = ctx->drv->MemcpyDtoH(&v, ptr, sizeof v);
-  if (r != CUDA_SUCCESS) return sf__cu_fail(ctx, SF_ERR_CUDA, r, "reading sf_pdl");
+  sf_status st = read_module_ints(ctx, mod, "sf_pdl", &v, 1, &found);
+  if (st != SF_OK || !found) return st;
   const char *env = getenv("SF_PDL");
   k->pdl = v == 1 && !(env && strcmp(env, "0") == 0);
   return SF_OK;

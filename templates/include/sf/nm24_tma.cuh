@@ -196,15 +196,6 @@ __device__ __forceinline__ void tma_produce_weights(const unsigned char *__restr
                     C::KSTEPS * AE_STEP, full + 8 * s);
 }
 
-// How many stages' weights the producer copies before the kernel waits
-// for the stream's previous work (SF_DECLARE_PDL): as many as the stages
-// hold.
-template <class C, class P>
-__device__ __forceinline__ int tma_early_stages(int tiles) {
-  constexpr int KT = P::KP / C::BK / C::KS;
-  return min(C::STAGES, tiles * KT);
-}
-
 // The producer warp: for each of the CTA's `tiles` tiles along M (rows m0,
 // m0 + step, ...) and each of its K tiles, fills stage it % STAGES (`it`
 // counting over the tiles), reusing a stage once every consumer of the
@@ -468,9 +459,10 @@ __device__ __forceinline__ void tma_gemm(const unsigned char *__restrict__ packe
   else
     __syncthreads();
 
-  // the weights of the first stages are constant: copied while the
-  // stream's previous kernel drains; nothing else before it is done
-  const int early = tma_early_stages<C, P>(tiles);
+  // the weights of the first stages (as many as the stages hold) are
+  // constant: copied while the stream's previous kernel drains; nothing
+  // else before it is done (SF_DECLARE_PDL)
+  const int early = min(S, tiles * KT);
   if (warp == C::PRODUCER_WARP && lane == 0)
     for (int it = 0; it < early; ++it)
       tma_produce_weights<C, P>(packed, use_map, stages, full, m_first, STEP, it, zrank * KT);
