@@ -865,19 +865,27 @@ struct Int {  // a compile-time int as a value (the main loop's iteration parity
   static constexpr int value = V;
 };
 
-// A chunk's copies into the stage at s_a: its weights (w_chunk), the rows
-// of X that `idx` names and, XS, its slot table (loc_chunk).
-template <class Cfg, class BL>
-__device__ __forceinline__ void issue_chunk(BL &bl, const typename BL::Idx &idx,
-                                            unsigned s_a, const unsigned short *w_chunk,
-                                            const unsigned char *loc_chunk, int par = 0) {
+// A chunk's constant copies into the stage at s_a: its weights (w_chunk)
+// and, XS, its slot table (loc_chunk).
+template <class Cfg>
+__device__ __forceinline__ void issue_chunk_weights(unsigned s_a, const unsigned short *w_chunk,
+                                                    const unsigned char *loc_chunk) {
   load_a_tile<Cfg>(s_a, w_chunk);
-  bl.load(idx, s_a + Cfg::A_BYTES, par);
   if constexpr (Cfg::XS) {  // 16 bytes a thread
     if (threadIdx.x < Cfg::LOC_BYTES / 16)
       sm80::cp_async_16(s_a + Cfg::A_BYTES + Cfg::B_BYTES + 16 * threadIdx.x,
                         loc_chunk + 16 * threadIdx.x, true);
   }
+}
+
+// A chunk's copies into the stage at s_a: issue_chunk_weights's and the
+// rows of X that `idx` names.
+template <class Cfg, class BL>
+__device__ __forceinline__ void issue_chunk(BL &bl, const typename BL::Idx &idx,
+                                            unsigned s_a, const unsigned short *w_chunk,
+                                            const unsigned char *loc_chunk, int par = 0) {
+  issue_chunk_weights<Cfg>(s_a, w_chunk, loc_chunk);
+  bl.load(idx, s_a + Cfg::A_BYTES, par);
 }
 
 // One group x BN columns.  Both compute paths share the schedule, loaders
@@ -950,9 +958,30 @@ __device__ __forceinline__ void gemm_group(const unsigned char *__restrict__ pac
   }
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   // launched as a programmatic dependent (SF_DECLARE_PDL, sm_90): the
-  // schedule and the first chunks' indices are constant, X is not
+  // schedule, the first chunks' indices, weights and slot tables are
+  // constant, X is not.  The weights of items 0 .. AHEAD-1 are copied
+  // before the wait (uncommitted: they join item 0's group, which the
+  // main loop waits for first), their rows of X after it.
+#pragma unroll
+  for (int s = 0; s < AHEAD; ++s) {
+    if (s < items) {
+      const int c = Cfg::TN == 1 ? s : chunk_of(s);
+      issue_chunk_weights<Cfg>(s_base + s * Cfg::STAGE_BYTES, w + c * (Cfg::AM * Cfg::BK),
+                               loc + c * Cfg::LOC_BYTES);
+    }
+  }
   sm90::griddep_wait();
-#endif
+#pragma unroll
+  for (int s = 0; s < AHEAD; ++s) {
+    if (s < items) {
+      const int c = Cfg::TN == 1 ? s : chunk_of(s);
+      bl.load(first[s], s_base + s * Cfg::STAGE_BYTES + Cfg::A_BYTES, s & 1);
+      if constexpr (Cfg::TN > 1)
+        if (c == chunks - 1) bl.advance();
+    }
+    sm80::cp_async_commit();
+  }
+#else
 #pragma unroll
   for (int s = 0; s < AHEAD; ++s) {
     if (s < items) {
@@ -964,6 +993,7 @@ __device__ __forceinline__ void gemm_group(const unsigned char *__restrict__ pac
     }
     sm80::cp_async_commit();
   }
+#endif
   load_row_map<Cfg, P>(packed, slot, s_rows);  // behind the copies; the main loop's barriers
                                                // (or the epilogue's) publish it
 
