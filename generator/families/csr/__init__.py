@@ -2,8 +2,11 @@
 matrix as SparseRT does.  One family to the user, two kernels by dtype:
 
   fp32         CSR on CUDA cores (below; templates/include/sf/csr.cuh);
-  fp16, bf16   tiled bitmaps decoded into tensor-core fragments, fp32
-               accumulation (tc.py, bitmap.py; templates/include/sf/csr_tc.cuh).
+  fp16, bf16   two formats, fp32 accumulation, the tuner measuring both:
+               tiled bitmaps decoded into tensor-core fragments (tc.py,
+               bitmap.py; templates/include/sf/csr_tc.cuh), and on sm_90a
+               a 2:4 part on Sparse Tensor Cores plus a residual CSR
+               (split24.py, config key `s24`; sf/nm24_tma.cuh).
 
 fp32.  The plan sorts the rows by their nonzero count, descending (a row
 swizzle: the warps of a block, and the blocks launched first, get similar
@@ -40,7 +43,7 @@ from ...kernel import ConfigError, Kernel, Operation, config_name, make_launch, 
 from ...matrix import SparseMatrix, round_to_dtype
 from ...prune import top_mask
 from ...space import Constraint, Space
-from . import tc
+from . import split24, tc
 
 MAGIC = 0x53434653          # 'SFCS' little-endian
 ALIGN = 16                  # every packed section starts at a multiple of this
@@ -56,6 +59,10 @@ IMM_MAX_ROWS = 4096         # cases of the slot switch
 MAX_THREADS = 1024
 CONFIG_KEYS = ("tables", "vec", "rows", "split", "unroll")
 SMEM_LIMIT = 48 * 1024      # static shared memory of the split reduction
+# fp16/bf16: the split 2:4 format's hints go first where its residual holds
+# at most this share of the nonzeros (random patterns: density 0.3 about 8%,
+# 0.5 about 19%)
+SPLIT24_FIRST = 0.10
 
 # The search space (see search_space for the restrictions per matrix).
 # (rows, split) pairs: 4 or 8 warps a block.  "const" tables are for small
@@ -292,7 +299,7 @@ class CsrFamily(Family):
         self.check_op(op)
         if op.dtype != "fp32":
             self._check_params(params)
-            return tc.search_space(matrix, op, device)
+            return tc.search_space(matrix, op, device) + split24.candidates(matrix, op, device)
         space = SPACE[op.layout]
         candidates = []
         for tables in self.tables_allowed(matrix):
@@ -314,13 +321,30 @@ class CsrFamily(Family):
     def hint_configs(self, matrix: SparseMatrix, op: Operation, params: dict,
                      device: Optional[dict] = None, n: Optional[int] = None) -> list[dict]:
         if op.dtype != "fp32":
-            return tc.hint_configs(matrix, op, device, n)
+            return self._tc_hints(matrix, op, device, n)
         return super().hint_configs(matrix, op, params, device, n)
+
+    @staticmethod
+    def _tc_hints(matrix: SparseMatrix, op: Operation, device: Optional[dict],
+                  n: Optional[int] = None) -> list[dict]:
+        """The bitmap format's hints and the split 2:4 format's in turn,
+        the format first whose work is smaller: the split 2:4 where its
+        residual holds at most SPLIT24_FIRST of the nonzeros."""
+        bitmaps = tc.hint_configs(matrix, op, device, n)
+        s24 = split24.candidates(matrix, op, device, n)
+        if not s24:
+            return bitmaps
+        first, second = ((s24, bitmaps) if split24.residual_fraction(matrix) <= SPLIT24_FIRST
+                         else (bitmaps, s24))
+        out = []
+        for i in range(max(len(first), len(second))):
+            out += first[i:i + 1] + second[i:i + 1]
+        return out
 
     def default_config(self, matrix: SparseMatrix, op: Operation, params: dict,
                        device: Optional[dict] = None) -> dict:
-        """Untuned: fp32, the first of the space; fp16/bf16, the first hint
-        (the decode-shaped kernel)."""
+        """Untuned: fp32, the first of the space; fp16/bf16, the bitmap
+        format's first hint (the decode-shaped kernel, on any GPU)."""
         if op.dtype != "fp32":
             hints = tc.hint_configs(matrix, op, device)
             if hints:
@@ -337,7 +361,10 @@ class CsrFamily(Family):
         self.check_op(op)
         self._check_params(params)
         if op.dtype != "fp32":
-            tc.check(config, matrix, op, device)
+            if split24.is_split24(config):
+                split24.check(config, matrix, op, device)
+            else:
+                tc.check(config, matrix, op, device)
             return
         missing = [k for k in CONFIG_KEYS if k not in config]
         extra = [k for k in config if k not in CONFIG_KEYS]
@@ -370,6 +397,8 @@ class CsrFamily(Family):
         if op.dtype != "fp32":
             self.check_op(op)
             self._check_params(params)
+            if split24.is_split24(config):
+                return split24.plan(matrix, op, self.tag({}), config, bias)
             return tc.plan(matrix, op, self.tag({}), config, bias)
         self.check_config(config, matrix, op, params)
         if op.epilogue.bias and bias is None:
@@ -383,6 +412,8 @@ class CsrFamily(Family):
         values as the kernel reads them, the permutation carried along)."""
         if isinstance(plan, tc.TcPlan):
             return tc.unpack(plan)
+        if isinstance(plan, split24.Nm24Plan):
+            return split24.unpack(plan)
         mat, _ = unpack_packed(plan.packed, plan.dtype)
         mat.perm = None if plan.perm is None else plan.perm.copy()
         mat.name = plan.name
@@ -391,6 +422,8 @@ class CsrFamily(Family):
     def render(self, p, op: Operation, config: dict) -> Kernel:
         if isinstance(p, tc.TcPlan):
             return tc.render_kernel(p, op, _float_literal)
+        if isinstance(p, split24.Nm24Plan):
+            return split24.render_kernel(p, op)
         m, k = p.shape
         tables, vec, rows, split, unroll = (int(config[k_]) if k_ != "tables" else config[k_]
                                             for k_ in CONFIG_KEYS)

@@ -326,6 +326,10 @@ class Nm24Plan:
     grid: tuple[int, int, int]   # for one N tile of BN
     perm: Optional[np.ndarray] = None
     epilogue: dict = field(default_factory=dict)
+    # csr's split 2:4 format (csr/split24.py): the residual's sections in
+    # `packed` (row offsets, records), 0 when there is none
+    res_ptr: int = 0
+    res_rec: int = 0
 
 
 def top2_of_4(g: np.ndarray) -> np.ndarray:
@@ -632,7 +636,8 @@ class Nm24Family(Family):
                         stages=c["stages"], threads=plan.threads, smem_bytes=plan.smem_bytes,
                         values_offset=plan.values_offset, meta_offset=plan.meta_offset,
                         bias_offset=plan.bias_offset, has_bias=plan.has_bias,
-                        act=op.act_code, scale=_float_literal(scale), constraints=checks)
+                        act=op.act_code, scale=_float_literal(scale), constraints=checks,
+                        res_ptr=plan.res_ptr, res_rec=plan.res_rec)
         launch = make_launch(grid=plan.grid, block=(plan.threads,), n_axis=0,
                              n_tile=plan.config["bn"], shared_bytes=plan.smem_bytes)
         return Kernel(name=plan.name, source=source, packed=plan.packed, launch=launch,

@@ -330,6 +330,80 @@ __device__ __forceinline__ void tma_release(unsigned empty, int s) {
   }
 }
 
+// ---- the residual (csr's split 2:4 format) ---------------------------------------------
+// Unstructured W stored as a 2:4 part (the packed weights above) plus the
+// nonzeros that did not fit it, a CSR over the padded rows (P::HAS_RES):
+// ptr int32[MP + 1] at P::RES_PTR, records {column, value} at P::RES_REC.
+// The residual is added to the fp32 sums before the epilogue, each of its
+// nonzeros times a row (feature-major) or a column (token-major) of X read
+// from device memory.
+struct ResRec {
+  int col;
+  float val;
+};
+
+// X at feature k, token n (n < N): xk = X's feature k (its row feature-major,
+// its column token-major), read at token n.
+template <class C, class P, typename T>
+__device__ __forceinline__ const unsigned short *res_xk(const unsigned short *X, int k, int N) {
+  return X + (C::TOKEN_MAJOR ? (size_t)k : (size_t)k * N);
+}
+template <class C, class P, typename T>
+__device__ __forceinline__ float res_x(const unsigned short *xk, int n) {
+  const unsigned short h = __ldg(xk + (C::TOKEN_MAJOR ? (size_t)n * P::K : (size_t)n));
+  return to_float(*reinterpret_cast<const T *>(&h));
+}
+
+// The residual of row m at token n.
+template <class C, class P, typename T>
+__device__ __forceinline__ float res_dot(const unsigned char *packed, const unsigned short *X,
+                                         int m, int n, int N) {
+  const int *ptr = section<int>(packed, P::RES_PTR);
+  const ResRec *rec = section<ResRec>(packed, P::RES_REC);
+  float s = 0.0f;
+  const int hi = __ldg(ptr + m + 1);
+#pragma unroll 4
+  for (int e = __ldg(ptr + m); e < hi; ++e) {
+    const int2 q = __ldg(reinterpret_cast<const int2 *>(rec + e));
+    s = fmaf(__int_as_float(q.y), res_x<C, P, T>(res_xk<C, P, T>(X, q.x, N), n), s);
+  }
+  return s;
+}
+
+// The residual added to a consumer thread's accumulators (KS = 1): each of
+// its rows' nonzeros times the row (column) of X at the thread's columns.
+template <class C, class P, typename T>
+__device__ __forceinline__ void add_residual(float (&acc)[C::MW][C::WG_N / 8][4],
+                                             const unsigned char *packed,
+                                             const unsigned short *X, int m0, int n0, int N,
+                                             int warp_m, int wg_n, int lane) {
+  const int *ptr = section<int>(packed, P::RES_PTR);
+  const ResRec *rec = section<ResRec>(packed, P::RES_REC);
+  const int g = lane >> 2, t = lane & 3;
+  const int nb = n0 + wg_n * C::WG_N + 2 * t;
+#pragma unroll
+  for (int i = 0; i < C::MW; ++i)
+#pragma unroll
+    for (int half = 0; half < 2; ++half) {
+      const int m = m0 + C::row_of(warp_m, i) + g + 8 * half;  // < MP: ptr covers the padding
+      const int hi = __ldg(ptr + m + 1);
+#pragma unroll 1
+      for (int e = __ldg(ptr + m); e < hi; ++e) {
+        const int2 q = __ldg(reinterpret_cast<const int2 *>(rec + e));
+        const float v = __int_as_float(q.y);
+        const unsigned short *xk = res_xk<C, P, T>(X, q.x, N);
+#pragma unroll
+        for (int j = 0; j < C::WG_N / 8; ++j) {
+          const int n = nb + 8 * j;
+          const float x0 = n < N ? res_x<C, P, T>(xk, n) : 0.0f;
+          const float x1 = n + 1 < N ? res_x<C, P, T>(xk, n + 1) : 0.0f;
+          acc[i][j][2 * half] = fmaf(v, x0, acc[i][j][2 * half]);
+          acc[i][j][2 * half + 1] = fmaf(v, x1, acc[i][j][2 * half + 1]);
+        }
+      }
+    }
+}
+
 // ---- split K: the partial tiles summed over the cluster --------------------------------------
 // acc -> this CTA's fp32 partial tile in shared memory (part_at).
 template <class C>
@@ -369,8 +443,8 @@ __device__ __forceinline__ void tma_store_partial(unsigned part,
 // token-major (bench/RESULTS.md, 2026-11-26).
 template <class C, class P, typename T>
 __device__ __forceinline__ void tma_reduce_store(unsigned part, const unsigned char *packed,
-                                                 unsigned short *Y, int m0, int n0, int N,
-                                                 int zrank, int tid) {
+                                                 const unsigned short *X, unsigned short *Y,
+                                                 int m0, int n0, int N, int zrank, int tid) {
   constexpr int ROWS = C::BM / C::KS;
   constexpr int COUNT = ROWS * C::BN;
   constexpr int ITERS = (COUNT + C::THREADS - 1) / C::THREADS;
@@ -403,6 +477,7 @@ __device__ __forceinline__ void tma_reduce_store(unsigned part, const unsigned c
       float sum = 0.0f;
 #pragma unroll
       for (int z = 0; z < C::KS; ++z) sum += v[b][z];
+      if constexpr (P::HAS_RES) sum += res_dot<C, P, T>(packed, X, m, n, N);
       const float bv = P::HAS_BIAS ? bias[m] : 0.0f;
       const unsigned pair = sm80::epilogue_pair<T, P::HAS_BIAS, P::ACT>(sum, 0.0f, P::SCALE, bv);
       Y[C::TOKEN_MAJOR ? (size_t)n * P::M + m : (size_t)m * N + n] =
@@ -508,6 +583,8 @@ __device__ __forceinline__ void tma_gemm(const unsigned char *__restrict__ packe
       keep(e0);
       keep(e1);
       tma_release<C>(empty, (it0 + KT - 1) % S);
+      if constexpr (P::HAS_RES && C::KS == 1)
+        add_residual<C, P, T>(acc, packed, X, m0, n0, N, wg_m * 4 + (warp & 3), wg_n, lane);
       // the CTA's last main loop is done: the next kernel may start (its
       // weights' first stages load while this one stores)
       if (t + 1 == tiles) sm90::griddep_launch_dependents();
@@ -526,7 +603,7 @@ __device__ __forceinline__ void tma_gemm(const unsigned char *__restrict__ packe
   if constexpr (C::KS > 1) {
     sm90::cluster_sync();  // every partial tile of the cluster is written
     if (warp != C::PRODUCER_WARP)
-      tma_reduce_store<C, P, T>(stages, packed, Y, m_first, n0, N, zrank, tid);  // (one tile)
+      tma_reduce_store<C, P, T>(stages, packed, X, Y, m_first, n0, N, zrank, tid);  // (one tile)
   }
   // no CTA leaves while another of its cluster may still read its shared
   // memory or arrive on its barriers

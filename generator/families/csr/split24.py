@@ -1,0 +1,180 @@
+"""The `csr` family's split 2:4 format (sm_90a; config key `s24`: 1):
+unstructured W in fp16 or bf16 stored as a 2:4 part, run on Sparse Tensor
+Cores by the 2:4 family's warp-specialized TMA kernel (sf/nm24_tma.cuh),
+plus a residual: the nonzeros beyond the two largest of their group of 4
+along K, a CSR that the same kernel adds to its fp32 sums before the
+epilogue.
+
+Why: the bitmap format's decode costs the same per 16 x 16 tile at any
+density (bench/RESULTS.md, 2026-11-26: the decode rows at density 0.1 run
+no faster than at 0.5), and its tensor-core work is dense.  Below a
+density of about 0.3 nearly every group of 4 of a random pattern holds at
+most 2 nonzeros (density 0.1: 0.4% of the groups overflow, 0.3: 8%), so
+the 2:4 part carries almost all of W at half the MMA work and 9/16 of the
+dense weight bytes, and the residual is short.  Above that the residual
+grows (density 0.5: a third of the groups overflow) and the tuner, which
+measures both formats, keeps the bitmaps.
+
+A configuration is one of the 2:4 family's TMA tiles with `s24`: 1; the
+candidates are that family's measured tiles (its hints), not its whole
+space.
+"""
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+from typing import Optional
+
+import numpy as np
+
+from ...kernel import ConfigError, Kernel, Operation, config_name
+from ...matrix import SparseMatrix, round_to_dtype
+from ..nm24 import Nm24Family, Nm24Plan, TMA_KEYS, is_tma
+
+KEY = "s24"
+ALIGN = 16
+REC_BYTES = 8          # {int32 column, float32 value} a residual nonzero
+
+_NM24 = Nm24Family()   # the 2:4 kernels' planner (not registered twice: a private instance)
+
+
+def is_split24(config: dict) -> bool:
+    return bool(config.get(KEY, 0))
+
+
+def tile_config(config: dict) -> dict:
+    """The 2:4 kernel's configuration (without `s24`)."""
+    return {k: v for k, v in config.items() if k != KEY}
+
+
+def _align(n: int) -> int:
+    return (n + ALIGN - 1) // ALIGN * ALIGN
+
+
+def split(matrix: SparseMatrix) -> tuple[SparseMatrix, SparseMatrix]:
+    """W = part + residual: `part` keeps the two largest |w| of every
+    aligned group of 4 along K (ties: the lower column), `residual` the
+    rest.  Both in W's dtype and shape, without W's permutation."""
+    m, k = matrix.shape
+    rows = matrix.row_ids()
+    cols = matrix.indices.astype(np.int64)
+    groups = rows * ((k + 3) // 4) + cols // 4
+    # rank within the group by |w| descending, then column ascending
+    order = np.lexsort((cols, -np.abs(matrix.values), groups))
+    g_sorted = groups[order]
+    starts = np.ones(g_sorted.size, dtype=bool)
+    starts[1:] = g_sorted[1:] != g_sorted[:-1]
+    first = np.maximum.accumulate(np.where(starts, np.arange(g_sorted.size), 0))
+    rank = np.empty(g_sorted.size, dtype=np.int64)
+    rank[order] = np.arange(g_sorted.size) - first
+    keep = rank < 2
+
+    def part(mask: np.ndarray) -> SparseMatrix:
+        counts = np.bincount(rows[mask], minlength=m)
+        indptr = np.concatenate([[0], np.cumsum(counts)])
+        return SparseMatrix((m, k), indptr, matrix.indices[mask], matrix.values[mask],
+                            dtype=matrix.dtype)
+    return part(keep), part(~keep)
+
+
+def _split_cached(matrix: SparseMatrix) -> tuple[SparseMatrix, SparseMatrix]:
+    return matrix.cached(("csr.split24",), lambda: split(matrix))
+
+
+def residual_fraction(matrix: SparseMatrix) -> float:
+    """The share of W's nonzeros the residual holds."""
+    if matrix.nnz == 0:
+        return 0.0
+    return _split_cached(matrix)[1].nnz / matrix.nnz
+
+
+def check(config: dict, matrix: SparseMatrix, op: Operation,
+          device: Optional[dict] = None) -> None:
+    if config.get(KEY) != 1:
+        raise ConfigError(f"{KEY} must be 1 (the split 2:4 format), got {config.get(KEY)!r}")
+    tile = tile_config(config)
+    if not is_tma(tile):
+        raise ConfigError("the split 2:4 format runs on the 2:4 family's TMA kernels (tma: 1)")
+    extra = sorted(set(tile) - set(TMA_KEYS))
+    if extra:
+        raise ConfigError(f"split 2:4 config has unknown keys {', '.join(extra)}")
+    # the 2:4 kernel's rules read the matrix for its shape only
+    _NM24.check_config(tile, matrix, op, {}, device)
+
+
+def candidates(matrix: SparseMatrix, op: Operation, device: Optional[dict],
+               n: Optional[int] = None) -> list[dict]:
+    """The 2:4 family's TMA hints for this shape (N known: its regime's
+    first), each as a split 2:4 configuration, those the device takes."""
+    if device and device.get("arch") not in (None, "sm_90a"):
+        return []
+    out = []
+    for c in _NM24.hint_configs(matrix, op, {}, device, n):
+        if not is_tma(c):
+            continue
+        if c.get("ra"):   # its index remap and the residual's loop spill (tm, mw 2: 8 bytes)
+            continue
+        c = dict(c, **{KEY: 1})
+        try:
+            check(c, matrix, op, device)
+        except ConfigError:
+            continue
+        if c not in out:
+            out.append(c)
+    return out
+
+
+def plan(matrix: SparseMatrix, op: Operation, tag: str, config: dict,
+         bias: Optional[np.ndarray]) -> Nm24Plan:
+    """The 2:4 part planned by the 2:4 family, the residual appended to its
+    packed buffer: ptr int32[MP + 1], then the records."""
+    check(config, matrix, op)
+    part, res = _split_cached(matrix)
+    p = _NM24.plan(part, op, {}, tile_config(config), bias)
+    counts = np.zeros(p.mp, dtype=np.int64)
+    counts[:matrix.rows] = res.row_nnz()
+    ptr = np.concatenate([[0], np.cumsum(counts)]).astype("<i4")
+    rec = np.empty(res.nnz, dtype=[("col", "<i4"), ("val", "<f4")])
+    rec["col"] = res.indices
+    rec["val"] = round_to_dtype(res.values, op.dtype)
+    res_ptr = _align(len(p.packed))
+    res_rec = _align(res_ptr + ptr.nbytes)
+    total = _align(res_rec + rec.nbytes)
+
+    def assemble() -> bytes:
+        buf = bytearray(total)
+        buf[:len(p.packed)] = p.packed
+        buf[res_ptr:res_ptr + ptr.nbytes] = ptr.tobytes()
+        buf[res_rec:res_rec + rec.nbytes] = rec.tobytes()
+        return bytes(buf)
+    # shared by the configurations whose 2:4 packing is shared
+    packed = matrix.cached(("csr.split24.packed", op.dtype, p.mp, p.kp,
+                            hashlib.blake2b(p.packed, digest_size=16).digest()), assemble)
+    cfg = {k: int(v) for k, v in config.items()}
+    return dataclasses.replace(
+        p, name=config_name(tag, cfg, op), config=cfg, packed=packed, res_ptr=res_ptr,
+        res_rec=res_rec, perm=None if matrix.perm is None else matrix.perm.copy())
+
+
+def render_kernel(p: Nm24Plan, op: Operation) -> Kernel:
+    tile = dataclasses.replace(p, config=tile_config(p.config))
+    k = _NM24.render(tile, op, tile.config)
+    return dataclasses.replace(k, config=dict(p.config))
+
+
+def unpack(p: Nm24Plan) -> SparseMatrix:
+    """W back: the 2:4 part (the 2:4 family's unpacking) plus the residual
+    read from the packed buffer."""
+    part = _NM24.unpack(dataclasses.replace(p, config=tile_config(p.config), perm=None))
+    ptr = np.frombuffer(p.packed, dtype="<i4", count=p.mp + 1, offset=p.res_ptr)
+    nres = int(ptr[-1])
+    rec = np.frombuffer(p.packed, dtype=[("col", "<i4"), ("val", "<f4")], count=nres,
+                        offset=p.res_rec)
+    if np.any(np.diff(ptr) < 0) or np.any(ptr[p.m + 1:] != nres):
+        raise ValueError("corrupt plan: residual row offsets")
+    dense = part.to_dense()
+    rows = np.repeat(np.arange(p.m), np.diff(ptr[:p.m + 1]))
+    if np.any(dense[rows, rec["col"]] != 0):
+        raise ValueError("corrupt plan: a residual nonzero overlaps the 2:4 part")
+    dense[rows, rec["col"]] = rec["val"]
+    return SparseMatrix.from_dense(dense, dtype=p.dtype, perm=p.perm)

@@ -1,0 +1,180 @@
+"""The csr family's split 2:4 format (fp16/bf16 on sm_90a, config key
+`s24`): the split (a 2:4 part holding the two largest of every group of 4,
+a residual holding the rest, their sum W), the packed buffer read back,
+the configurations (the 2:4 family's TMA tiles), the hint order, NVRTC
+compiles without spills; on a GPU, correctness over odd shapes, both
+layouts, both dtypes, the epilogues, split K, clusters, N not a multiple
+of 8 and residuals from none to a third of the nonzeros."""
+from __future__ import annotations
+
+import os
+import re
+
+import numpy as np
+import pytest
+
+from sparseforge.generator.families import get_family
+from sparseforge.generator.families.csr import split24
+from sparseforge.generator.families.nm24.pack import first_violation
+from sparseforge.generator.kernel import ConfigError, Epilogue, Operation
+from sparseforge.generator.matrix import SparseMatrix, round_to_dtype
+
+FAM = get_family("csr")
+H100 = {"smem_per_block_optin": 232448, "sm_count": 132, "cc_major": 9, "cc_minor": 0,
+        "arch": "sm_90a"}
+A100 = {"smem_per_block_optin": 166912, "sm_count": 108, "cc_major": 8, "cc_minor": 0,
+        "arch": "sm_80"}
+TILE = dict(bm=64, bn=16, bk=128, wm=1, wn=1, stages=12, wg=1, tma=1, cm=1, ks=2, mw=1, mt=1,
+            ra=0, s24=1)
+
+
+def random_matrix(m, k, density, seed=0, dtype="fp16"):
+    rng = np.random.default_rng(seed)
+    d = rng.standard_normal((m, k)).astype(np.float32)
+    d[rng.random((m, k)) >= density] = 0
+    return SparseMatrix.from_dense(d, dtype=dtype)
+
+
+@pytest.mark.parametrize("m,k,density", [(37, 53, 0.3), (64, 128, 0.6), (5, 7, 1.0),
+                                         (20, 40, 0.0)])
+def test_split_keeps_the_two_largest_of_each_group(m, k, density):
+    mat = random_matrix(m, k, density, seed=m)
+    part, res = split24.split(mat)
+    assert first_violation(part) is None
+    np.testing.assert_array_equal(part.to_dense() + res.to_dense(), mat.to_dense())
+    assert not np.any(part.mask() & res.mask())
+    # every residual entry is at most the smaller of its group's two kept ones
+    dense_p, dense_r = np.abs(part.to_dense()), np.abs(res.to_dense())
+    kp = -(-k // 4) * 4
+    pad = lambda a: np.pad(a, ((0, 0), (0, kp - k))).reshape(m, kp // 4, 4)
+    gp, gr = pad(dense_p), pad(dense_r)
+    kept = (pad(part.mask())).sum(axis=2)
+    over = gr.max(axis=2) > 0
+    assert np.all(kept[over] == 2)
+    smallest_kept = np.where(pad(part.mask()), gp, np.inf).min(axis=2)
+    assert np.all(gr.max(axis=2)[over] <= smallest_kept[over])
+    expect = 0.0 if mat.nnz == 0 else res.nnz / mat.nnz
+    assert split24.residual_fraction(mat) == pytest.approx(expect)
+
+
+@pytest.mark.parametrize("layout,dtype", [("fm", "fp16"), ("tm", "bf16")])
+def test_plan_reads_back_and_carries_bias_and_permutation(layout, dtype):
+    mat = random_matrix(100, 200, 0.4, seed=3, dtype=dtype)
+    mat.perm = np.random.default_rng(0).permutation(100)
+    op = Operation(dtype, layout, Epilogue(bias=True, activation="gelu"))
+    p = FAM.plan(mat, op, {}, TILE, bias=np.arange(100.0))
+    back = FAM.unpack(p)
+    np.testing.assert_array_equal(back.to_dense(), round_to_dtype(mat.to_dense(), dtype))
+    np.testing.assert_array_equal(back.perm, mat.perm)
+    assert p.res_ptr % 16 == 0 and p.res_rec % 16 == 0 and p.res_rec > p.res_ptr
+    k = FAM.generate(mat, op, {}, TILE, bias=np.arange(100.0))
+    assert k.name.startswith("sf_csr_") and "s241" in k.name and k.config == TILE
+    assert "HAS_RES = true" in k.source and "RES_PTR" in k.source
+    with pytest.raises(ValueError, match="bias"):
+        FAM.plan(mat, op, {}, TILE)
+
+
+def test_corrupt_residual_is_refused():
+    mat = random_matrix(64, 64, 0.5, seed=1)
+    op = Operation("fp16", "fm")
+    p = FAM.plan(mat, op, {}, TILE)
+    raw = bytearray(p.packed)
+    ptr = np.frombuffer(raw, dtype="<i4", count=p.mp + 1, offset=p.res_ptr).copy()
+    ptr[1], ptr[2] = ptr[2] + 1, ptr[1]
+    raw[p.res_ptr:p.res_ptr + ptr.nbytes] = ptr.tobytes()
+    import dataclasses
+    with pytest.raises(ValueError, match="corrupt plan"):
+        FAM.unpack(dataclasses.replace(p, packed=bytes(raw)))
+
+
+def test_configs_are_the_tma_tiles_on_sm90a_only():
+    mat = random_matrix(300, 520, 0.2, seed=2)
+    op = Operation("fp16", "tm")
+    space = FAM.search_space(mat, op, {}, H100)
+    s24 = [c for c in space if c.get("s24")]
+    assert s24 and all(c["tma"] == 1 for c in s24)
+    for c in s24:
+        FAM.check_config(c, mat, op, {}, H100)
+    assert not [c for c in FAM.search_space(mat, op, {}, A100) if c.get("s24")]
+    with pytest.raises(ConfigError, match="TMA"):
+        FAM.check_config(dict(bm=128, bn=128, bk=64, wm=2, wn=1, stages=4, wg=1, s24=1), mat,
+                         op, {}, H100)
+    with pytest.raises(ConfigError, match="s24"):
+        FAM.check_config(dict(TILE, s24=2), mat, op, {}, H100)
+    with pytest.raises(ConfigError, match="sm_90a"):
+        FAM.check_config(TILE, mat, op, {}, A100)
+    with pytest.raises(ConfigError, match="unknown"):
+        FAM.check_config(dict(TILE, ck=2), mat, op, {}, H100)
+
+
+def test_hints_lead_with_the_format_of_less_work():
+    """The split 2:4 hints first where the residual is short, the bitmaps
+    first where it is long, the two in turn; the untuned default stays
+    the bitmaps' (any GPU)."""
+    op = Operation("fp16", "tm")
+    sparse, dense = random_matrix(256, 512, 0.1, seed=4), random_matrix(256, 512, 0.6, seed=4)
+    assert split24.residual_fraction(sparse) <= 0.1 < split24.residual_fraction(dense)
+    for mat, first in ((sparse, True), (dense, False)):
+        hints = FAM.hint_configs(mat, op, {}, H100, 16)
+        flags = [bool(h.get("s24")) for h in hints]
+        assert flags[0] is first and flags[1] is not first and sum(flags) >= 4
+        space = FAM.search_space(mat, op, {}, H100)
+        assert all(h in space for h in hints)
+        assert not FAM.default_config(mat, op, {}, H100).get("s24")
+    assert not any(h.get("s24") for h in FAM.hint_configs(sparse, op, {}, A100, 16))
+
+
+@pytest.mark.parametrize("layout", ["fm", "tm"])
+def test_hints_compile_without_spills(layout, nvrtc):
+    from concurrent.futures import ThreadPoolExecutor
+    mat = random_matrix(300, 520, 0.3, seed=13)
+    op = Operation("bf16", layout, Epilogue(bias=True, activation="gelu"))
+    picks = [h for h in FAM.hint_configs(mat, op, {}, H100) if h.get("s24")]
+    assert picks
+
+    def build(cfg):
+        k = FAM.generate(mat, op, {}, cfg, bias=np.zeros(300))
+        return nvrtc(k.source, "sm_90a", "csr_s24.cu", options=("--ptxas-options=-v",)).log
+
+    with ThreadPoolExecutor(max_workers=os.cpu_count() or 2) as pool:
+        logs = list(pool.map(build, picks))
+    for cfg, log in zip(picks, logs):
+        spills = re.findall(r"(\d+) bytes spill stores, (\d+) bytes spill loads", log)
+        assert spills and all(sp == ("0", "0") for sp in spills), (cfg, log)
+
+
+# ---- GPU ------------------------------------------------------------------------------------
+
+GPU_CASES = [
+    # (shape, density, dtype, layout, epilogue, tile changes, N values)
+    ((37, 56), 0.3, "fp16", "fm", Epilogue(bias=True, activation="gelu"), {}, (1, 5, 16, 17)),
+    ((37, 56), 0.3, "bf16", "tm", Epilogue(bias=True, activation="relu"), {}, (1, 16, 33)),
+    ((300, 520), 0.5, "fp16", "tm", Epilogue(), dict(ks=4, bk=64), (3, 16, 40)),
+    ((300, 520), 0.1, "bf16", "fm", Epilogue(scale=0.5), dict(bn=64, stages=8), (7, 64, 70)),
+    ((300, 520), 0.6, "fp16", "fm", Epilogue(bias=True),
+     dict(bm=128, bn=64, wm=2, ks=1, stages=5), (1, 64, 65)),
+    ((300, 520), 0.2, "bf16", "tm", Epilogue(activation="gelu"),
+     dict(bm=64, bn=64, ks=1, cm=2, stages=8), (9, 64)),
+    ((513, 1000), 0.3, "fp16", "tm", Epilogue(bias=True, activation="gelu"),
+     dict(bm=256, bn=128, bk=64, wm=2, mw=2, ks=1, stages=6), (5, 256, 300)),
+    ((513, 1000), 0.05, "bf16", "fm", Epilogue(bias=True),
+     dict(bm=128, bn=256, bk=64, wm=2, ks=1, stages=4, cm=2), (8, 256, 257)),
+    ((64, 64), 0.0, "fp16", "tm", Epilogue(bias=True), {}, (1, 16)),
+    ((128, 128), 1.0, "fp16", "fm", Epilogue(), dict(bn=64, stages=8), (16, 64)),
+]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("case", range(len(GPU_CASES)))
+def test_gpu_correct(case):
+    from sparseforge.tuner.execute import default_context, verify
+    if default_context().device_info()["arch"] != "sm_90a":
+        pytest.skip("the split 2:4 format runs sparse wgmma: it needs an sm_90a GPU (Hopper)")
+    shape, density, dtype, layout, ep, change, ns = GPU_CASES[case]
+    mat = random_matrix(*shape, density, seed=200 + case, dtype=dtype)
+    op = Operation(dtype, layout, ep)
+    cfg = dict(TILE, **change)
+    FAM.check_config(cfg, mat, op, {})
+    for n in ns:
+        res = verify("csr", mat, op, {}, cfg, n, seed=case * 5 + n)
+        assert res["ok"], (n, res)
