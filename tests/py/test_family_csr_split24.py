@@ -108,29 +108,35 @@ def test_configs_are_the_tma_tiles_on_sm90a_only():
 
 
 def test_hints_lead_with_the_format_of_less_work():
-    """The split 2:4 hints first where the residual is short, the bitmaps
-    first where it is long, the two in turn; the untuned default stays
+    """Decode tiles only, where the residual is short: the split 2:4 hints
+    first where it is shortest, the bitmaps first up to MAX_RESIDUAL, the
+    two in turn; none past it, nor off sm_90a; the untuned default stays
     the bitmaps' (any GPU)."""
     op = Operation("fp16", "tm")
-    sparse, dense = random_matrix(256, 512, 0.1, seed=4), random_matrix(256, 512, 0.6, seed=4)
-    assert split24.residual_fraction(sparse) <= 0.1 < split24.residual_fraction(dense)
-    for mat, first in ((sparse, True), (dense, False)):
+    mats = [random_matrix(256, 512, d, seed=4) for d in (0.05, 0.2, 0.6)]
+    fracs = [split24.residual_fraction(m) for m in mats]
+    assert fracs[0] <= 0.02 < fracs[1] <= split24.MAX_RESIDUAL < fracs[2]
+    for mat, first in zip(mats[:2], (True, False)):
         hints = FAM.hint_configs(mat, op, {}, H100, 16)
         flags = [bool(h.get("s24")) for h in hints]
         assert flags[0] is first and flags[1] is not first and sum(flags) >= 4
+        assert all(h["bn"] <= split24.DECODE_BN for h in hints if h.get("s24"))
         space = FAM.search_space(mat, op, {}, H100)
         assert all(h in space for h in hints)
         assert not FAM.default_config(mat, op, {}, H100).get("s24")
-    assert not any(h.get("s24") for h in FAM.hint_configs(sparse, op, {}, A100, 16))
+    assert not any(h.get("s24") for h in FAM.hint_configs(mats[2], op, {}, H100, 16))
+    assert not any(c.get("s24") for c in FAM.search_space(mats[2], op, {}, H100))
+    assert not any(h.get("s24") for h in FAM.hint_configs(mats[0], op, {}, A100, 16))
 
 
 @pytest.mark.parametrize("layout", ["fm", "tm"])
 def test_hints_compile_without_spills(layout, nvrtc):
     from concurrent.futures import ThreadPoolExecutor
-    mat = random_matrix(300, 520, 0.3, seed=13)
+    mat = random_matrix(300, 520, 0.1, seed=13)
     op = Operation("bf16", layout, Epilogue(bias=True, activation="gelu"))
     picks = [h for h in FAM.hint_configs(mat, op, {}, H100) if h.get("s24")]
-    assert picks
+    picks += FAM.accepted([dict(TILE, **change) for change in GPU_CHANGES], mat, op, {}, H100)
+    assert len(picks) >= 10
 
     def build(cfg):
         k = FAM.generate(mat, op, {}, cfg, bias=np.zeros(300))
@@ -178,3 +184,6 @@ def test_gpu_correct(case):
     for n in ns:
         res = verify("csr", mat, op, {}, cfg, n, seed=case * 5 + n)
         assert res["ok"], (n, res)
+
+
+GPU_CHANGES = [case[5] for case in GPU_CASES if case[5]]

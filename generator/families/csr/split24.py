@@ -12,12 +12,11 @@ density of about 0.3 nearly every group of 4 of a random pattern holds at
 most 2 nonzeros (density 0.1: 0.4% of the groups overflow, 0.3: 8%), so
 the 2:4 part carries almost all of W at half the MMA work and 9/16 of the
 dense weight bytes, and the residual is short.  Above that the residual
-grows (density 0.5: a third of the groups overflow) and the tuner, which
-measures both formats, keeps the bitmaps.
+grows (density 0.5: a third of the groups overflow, 19% of the nonzeros).
 
 A configuration is one of the 2:4 family's TMA tiles with `s24`: 1; the
-candidates are that family's measured tiles (its hints), not its whole
-space.
+candidates are that family's measured decode tiles (its hints), offered
+where the residual is short (MAX_RESIDUAL).
 """
 from __future__ import annotations
 
@@ -34,6 +33,15 @@ from ..nm24 import Nm24Family, Nm24Plan, TMA_KEYS, is_tma
 KEY = "s24"
 ALIGN = 16
 REC_BYTES = 8          # {int32 column, float32 value} a residual nonzero
+
+# Where the format is offered (measured on an H100, bench/RESULTS.md,
+# 2026-11-26): the residual is read from device memory in the epilogue, a
+# nonzero at a time per row and tile of N, so it pays only for few columns
+# of N (decode tiles) and short residuals.  Prefill tiles (N = 4096,
+# density 0.1) ran 1.8x slower than the bitmaps; decode rows with a third
+# of the nonzeros in the residual (density 0.5) 10-60x slower.
+DECODE_BN = 64
+MAX_RESIDUAL = 0.05
 
 _NM24 = Nm24Family()   # the 2:4 kernels' planner (not registered twice: a private instance)
 
@@ -108,11 +116,13 @@ def candidates(matrix: SparseMatrix, op: Operation, device: Optional[dict],
     first), each as a split 2:4 configuration, those the device takes."""
     if device and device.get("arch") not in (None, "sm_90a"):
         return []
+    if residual_fraction(matrix) > MAX_RESIDUAL:
+        return []
     out = []
     for c in _NM24.hint_configs(matrix, op, {}, device, n):
         if not is_tma(c):
             continue
-        if c.get("ra"):   # its index remap and the residual's loop spill (tm, mw 2: 8 bytes)
+        if c["bn"] > DECODE_BN:   # the residual's reads of X: see MAX_RESIDUAL
             continue
         c = dict(c, **{KEY: 1})
         try:

@@ -354,6 +354,17 @@ __device__ __forceinline__ float res_x(const unsigned short *xk, int n) {
   return to_float(*reinterpret_cast<const T *>(&h));
 }
 
+// RES_UNROLL of row m's residual nonzeros from e on (those past hi: value
+// 0, column 0), loaded together: a row's nonzeros are read in batches, not
+// one dependent chain of loads each.
+constexpr int RES_UNROLL = 4;
+__device__ __forceinline__ void res_batch(const ResRec *rec, int e, int hi,
+                                          int2 (&q)[RES_UNROLL]) {
+#pragma unroll
+  for (int u = 0; u < RES_UNROLL; ++u)
+    q[u] = e + u < hi ? __ldg(reinterpret_cast<const int2 *>(rec + e + u)) : make_int2(0, 0);
+}
+
 // The residual of row m at token n.
 template <class C, class P, typename T>
 __device__ __forceinline__ float res_dot(const unsigned char *packed, const unsigned short *X,
@@ -362,10 +373,15 @@ __device__ __forceinline__ float res_dot(const unsigned char *packed, const unsi
   const ResRec *rec = section<ResRec>(packed, P::RES_REC);
   float s = 0.0f;
   const int hi = __ldg(ptr + m + 1);
-#pragma unroll 4
-  for (int e = __ldg(ptr + m); e < hi; ++e) {
-    const int2 q = __ldg(reinterpret_cast<const int2 *>(rec + e));
-    s = fmaf(__int_as_float(q.y), res_x<C, P, T>(res_xk<C, P, T>(X, q.x, N), n), s);
+#pragma unroll 1
+  for (int e = __ldg(ptr + m); e < hi; e += RES_UNROLL) {
+    int2 q[RES_UNROLL];
+    res_batch(rec, e, hi, q);
+    float x[RES_UNROLL];
+#pragma unroll
+    for (int u = 0; u < RES_UNROLL; ++u) x[u] = res_x<C, P, T>(res_xk<C, P, T>(X, q[u].x, N), n);
+#pragma unroll
+    for (int u = 0; u < RES_UNROLL; ++u) s = fmaf(__int_as_float(q[u].y), x[u], s);
   }
   return s;
 }
@@ -381,6 +397,8 @@ __device__ __forceinline__ void add_residual(float (&acc)[C::MW][C::WG_N / 8][4]
   const ResRec *rec = section<ResRec>(packed, P::RES_REC);
   const int g = lane >> 2, t = lane & 3;
   const int nb = n0 + wg_n * C::WG_N + 2 * t;
+  // (a batch of RES_UNROLL nonzeros for narrow tiles: their X loads in flight together)
+  constexpr int U = C::WG_N <= 32 ? RES_UNROLL : 1;
 #pragma unroll
   for (int i = 0; i < C::MW; ++i)
 #pragma unroll
@@ -388,17 +406,25 @@ __device__ __forceinline__ void add_residual(float (&acc)[C::MW][C::WG_N / 8][4]
       const int m = m0 + C::row_of(warp_m, i) + g + 8 * half;  // < MP: ptr covers the padding
       const int hi = __ldg(ptr + m + 1);
 #pragma unroll 1
-      for (int e = __ldg(ptr + m); e < hi; ++e) {
-        const int2 q = __ldg(reinterpret_cast<const int2 *>(rec + e));
-        const float v = __int_as_float(q.y);
-        const unsigned short *xk = res_xk<C, P, T>(X, q.x, N);
+      for (int e = __ldg(ptr + m); e < hi; e += U) {
+        int2 q[RES_UNROLL];
+        if constexpr (U == RES_UNROLL) {
+          res_batch(rec, e, hi, q);
+        } else {
+          q[0] = __ldg(reinterpret_cast<const int2 *>(rec + e));
+        }
 #pragma unroll
-        for (int j = 0; j < C::WG_N / 8; ++j) {
-          const int n = nb + 8 * j;
-          const float x0 = n < N ? res_x<C, P, T>(xk, n) : 0.0f;
-          const float x1 = n + 1 < N ? res_x<C, P, T>(xk, n + 1) : 0.0f;
-          acc[i][j][2 * half] = fmaf(v, x0, acc[i][j][2 * half]);
-          acc[i][j][2 * half + 1] = fmaf(v, x1, acc[i][j][2 * half + 1]);
+        for (int u = 0; u < U; ++u) {
+          const float v = __int_as_float(q[u].y);
+          const unsigned short *xk = res_xk<C, P, T>(X, q[u].x, N);
+#pragma unroll
+          for (int j = 0; j < C::WG_N / 8; ++j) {
+            const int n = nb + 8 * j;
+            const float x0 = n < N ? res_x<C, P, T>(xk, n) : 0.0f;
+            const float x1 = n + 1 < N ? res_x<C, P, T>(xk, n + 1) : 0.0f;
+            acc[i][j][2 * half] = fmaf(v, x0, acc[i][j][2 * half]);
+            acc[i][j][2 * half + 1] = fmaf(v, x1, acc[i][j][2 * half + 1]);
+          }
         }
       }
     }
