@@ -4,7 +4,8 @@ a residual holding the rest, their sum W), the packed buffer read back,
 the configurations (the 2:4 family's TMA tiles), the hint order, NVRTC
 compiles without spills; on a GPU, correctness over odd shapes, both
 layouts, both dtypes, the epilogues, split K, clusters, N not a multiple
-of 8 and residuals from none to a third of the nonzeros."""
+of 8, several K slices of a row's residual, and residuals from none to a
+third of the nonzeros."""
 from __future__ import annotations
 
 import os
@@ -105,6 +106,8 @@ def test_configs_are_the_tma_tiles_on_sm90a_only():
         FAM.check_config(TILE, mat, op, {}, A100)
     with pytest.raises(ConfigError, match="unknown"):
         FAM.check_config(dict(TILE, ck=2), mat, op, {}, H100)
+    with pytest.raises(ConfigError, match="decode tiles"):
+        FAM.check_config(dict(TILE, bn=128, ks=1, stages=4), mat, op, {}, H100)
 
 
 def test_hints_lead_with_the_format_of_less_work():
@@ -120,7 +123,7 @@ def test_hints_lead_with_the_format_of_less_work():
         hints = FAM.hint_configs(mat, op, {}, H100, 16)
         flags = [bool(h.get("s24")) for h in hints]
         assert flags[0] is first and flags[1] is not first and sum(flags) >= 4
-        assert all(h["bn"] <= split24.DECODE_BN for h in hints if h.get("s24"))
+        assert all(h["bn"] // h["wn"] <= split24.MAX_WG_N for h in hints if h.get("s24"))
         space = FAM.search_space(mat, op, {}, H100)
         assert all(h in space for h in hints)
         assert not FAM.default_config(mat, op, {}, H100).get("s24")
@@ -162,9 +165,12 @@ GPU_CASES = [
     ((300, 520), 0.2, "bf16", "tm", Epilogue(activation="gelu"),
      dict(bm=64, bn=64, ks=1, cm=2, stages=8), (9, 64)),
     ((513, 1000), 0.3, "fp16", "tm", Epilogue(bias=True, activation="gelu"),
-     dict(bm=256, bn=128, bk=64, wm=2, mw=2, ks=1, stages=6), (5, 256, 300)),
+     dict(bm=128, bn=64, bk=64, wm=2, ks=1, stages=6), (5, 64, 300)),
     ((513, 1000), 0.05, "bf16", "fm", Epilogue(bias=True),
-     dict(bm=128, bn=256, bk=64, wm=2, ks=1, stages=4, cm=2), (8, 256, 257)),
+     dict(bm=64, bn=128, bk=64, wm=1, wn=2, ks=1, stages=4), (8, 128, 257)),
+    ((200, 3000), 0.15, "fp16", "tm", Epilogue(), dict(ks=4, bk=64, cm=1), (16, 20)),
+    ((200, 3000), 0.15, "bf16", "fm", Epilogue(activation="relu"),
+     dict(bm=128, bn=32, wm=2, ks=1, stages=6), (31, 32, 33)),
     ((64, 64), 0.0, "fp16", "tm", Epilogue(bias=True), {}, (1, 16)),
     ((128, 128), 1.0, "fp16", "fm", Epilogue(), dict(bn=64, stages=8), (16, 64)),
 ]

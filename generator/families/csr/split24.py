@@ -2,8 +2,10 @@
 unstructured W in fp16 or bf16 stored as a 2:4 part, run on Sparse Tensor
 Cores by the 2:4 family's warp-specialized TMA kernel (sf/nm24_tma.cuh),
 plus a residual: the nonzeros beyond the two largest of their group of 4
-along K, a CSR that the same kernel adds to its fp32 sums before the
-epilogue.
+along K, records sorted by row and column that the same kernel adds stage
+by stage, each times the X tile the stage holds in shared memory, while
+the stage's sparse wgmma run (sums in registers of their own, added to
+the accumulators after the last stage).
 
 Why: the bitmap format's decode costs the same per 16 x 16 tile at any
 density (bench/RESULTS.md, 2026-11-26: the decode rows at density 0.1 run
@@ -34,13 +36,11 @@ KEY = "s24"
 ALIGN = 16
 REC_BYTES = 8          # {int32 column, float32 value} a residual nonzero
 
-# Where the format is offered (measured on an H100, bench/RESULTS.md,
-# 2026-11-26): the residual is read from device memory in the epilogue, a
-# nonzero at a time per row and tile of N, so it pays only for few columns
-# of N (decode tiles) and short residuals.  Prefill tiles (N = 4096,
-# density 0.1) ran 1.8x slower than the bitmaps; decode rows with a third
-# of the nonzeros in the residual (density 0.5) 10-60x slower.
-DECODE_BN = 64
+# The residual's sums have registers of their own (bn / wn / 2 a thread):
+# decode tiles only (sf/nm24_tma.cuh asserts it too).
+MAX_WG_N = 64
+# Offered where the residual holds at most this share of the nonzeros
+# (random patterns: density 0.1 about 1%, 0.2 about 4%, 0.3 8%).
 MAX_RESIDUAL = 0.05
 
 _NM24 = Nm24Family()   # the 2:4 kernels' planner (not registered twice: a private instance)
@@ -106,6 +106,9 @@ def check(config: dict, matrix: SparseMatrix, op: Operation,
     extra = sorted(set(tile) - set(TMA_KEYS))
     if extra:
         raise ConfigError(f"split 2:4 config has unknown keys {', '.join(extra)}")
+    if tile.get("bn", 0) // max(1, tile.get("wn", 1)) > MAX_WG_N:
+        raise ConfigError(f"bn / wn <= {MAX_WG_N}: the residual's sums take bn / wn / 2 "
+                          "registers a thread more (decode tiles)")
     # the 2:4 kernel's rules read the matrix for its shape only
     _NM24.check_config(tile, matrix, op, {}, device)
 
@@ -121,8 +124,6 @@ def candidates(matrix: SparseMatrix, op: Operation, device: Optional[dict],
     out = []
     for c in _NM24.hint_configs(matrix, op, {}, device, n):
         if not is_tma(c):
-            continue
-        if c["bn"] > DECODE_BN:   # the residual's reads of X: see MAX_RESIDUAL
             continue
         c = dict(c, **{KEY: 1})
         try:
@@ -141,9 +142,7 @@ def plan(matrix: SparseMatrix, op: Operation, tag: str, config: dict,
     check(config, matrix, op)
     part, res = _split_cached(matrix)
     p = _NM24.plan(part, op, {}, tile_config(config), bias)
-    counts = np.zeros(p.mp, dtype=np.int64)
-    counts[:matrix.rows] = res.row_nnz()
-    ptr = np.concatenate([[0], np.cumsum(counts)]).astype("<i4")
+    ptr = slice_starts(res, p.mp, p.kp, int(config.get("ks", 1))).astype("<i4")
     rec = np.empty(res.nnz, dtype=[("col", "<i4"), ("val", "<f4")])
     rec["col"] = res.indices
     rec["val"] = round_to_dtype(res.values, op.dtype)
@@ -166,6 +165,21 @@ def plan(matrix: SparseMatrix, op: Operation, tag: str, config: dict,
         res_rec=res_rec, perm=None if matrix.perm is None else matrix.perm.copy())
 
 
+def slice_starts(res: SparseMatrix, mp: int, kp: int, ks: int) -> np.ndarray:
+    """ptr[MP][KS + 1]: row m's first record in K slice z (columns from
+    z kp / ks) and, last, its end; rows past M empty."""
+    m = res.rows
+    ptr = np.empty((mp, ks + 1), dtype=np.int64)
+    ptr[m:] = res.nnz
+    if m:
+        rows = res.row_ids()
+        for z in range(ks):   # records before column z kp / ks in each row
+            before = np.bincount(rows[res.indices < z * (kp // ks)], minlength=m)
+            ptr[:m, z] = res.indptr[:-1] + before
+        ptr[:m, ks] = res.indptr[1:]
+    return ptr.ravel()
+
+
 def render_kernel(p: Nm24Plan, op: Operation) -> Kernel:
     tile = dataclasses.replace(p, config=tile_config(p.config))
     k = _NM24.render(tile, op, tile.config)
@@ -176,15 +190,28 @@ def unpack(p: Nm24Plan) -> SparseMatrix:
     """W back: the 2:4 part (the 2:4 family's unpacking) plus the residual
     read from the packed buffer."""
     part = _NM24.unpack(dataclasses.replace(p, config=tile_config(p.config), perm=None))
-    ptr = np.frombuffer(p.packed, dtype="<i4", count=p.mp + 1, offset=p.res_ptr)
-    nres = int(ptr[-1])
+    ks = int(p.config.get("ks", 1))
+    ptr = np.frombuffer(p.packed, dtype="<i4", count=p.mp * (ks + 1),
+                        offset=p.res_ptr).reshape(p.mp, ks + 1).astype(np.int64)
+    nres = int(ptr[-1, -1])
+    if nres < 0:
+        raise ValueError("corrupt plan: residual row offsets")
     rec = np.frombuffer(p.packed, dtype=[("col", "<i4"), ("val", "<f4")], count=nres,
                         offset=p.res_rec)
-    if np.any(np.diff(ptr) < 0) or np.any(ptr[p.m + 1:] != nres):
+    ends = ptr[:, ks]
+    starts = np.concatenate([[0], ends[:-1]])
+    if (np.any(np.diff(ptr, axis=1) < 0) or np.any(ptr[:, 0] != starts)
+            or np.any(ends[p.m:] != nres)):
         raise ValueError("corrupt plan: residual row offsets")
+    rows = np.repeat(np.arange(p.mp), ends - starts)
+    cols = rec["col"].astype(np.int64)
+    z = np.minimum(cols // (p.kp // ks), ks - 1)
+    e = np.arange(nres)
+    if np.any(rows >= p.m) or np.any(cols < 0) or np.any(cols >= p.k) or \
+            np.any(e < ptr[rows, z]) or np.any(e >= ptr[rows, z + 1]):
+        raise ValueError("corrupt plan: residual records outside their row or K slice")
     dense = part.to_dense()
-    rows = np.repeat(np.arange(p.m), np.diff(ptr[:p.m + 1]))
-    if np.any(dense[rows, rec["col"]] != 0):
+    if np.any(dense[rows, cols] != 0):
         raise ValueError("corrupt plan: a residual nonzero overlaps the 2:4 part")
-    dense[rows, rec["col"]] = rec["val"]
+    dense[rows, cols] = rec["val"]
     return SparseMatrix.from_dense(dense, dtype=p.dtype, perm=p.perm)

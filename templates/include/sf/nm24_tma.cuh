@@ -332,102 +332,109 @@ __device__ __forceinline__ void tma_release(unsigned empty, int s) {
 
 // ---- the residual (csr's split 2:4 format) ---------------------------------------------
 // Unstructured W stored as a 2:4 part (the packed weights above) plus the
-// nonzeros that did not fit it, a CSR over the padded rows (P::HAS_RES):
-// ptr int32[MP + 1] at P::RES_PTR, records {column, value} at P::RES_REC.
-// The residual is added to the fp32 sums before the epilogue, each of its
-// nonzeros times a row (feature-major) or a column (token-major) of X read
-// from device memory.
+// nonzeros that did not fit it (P::HAS_RES): records {column, value} at
+// P::RES_REC, sorted by row and, within a row, by column; int32
+// ptr[MP][KS + 1] at P::RES_PTR, where ptr[m][z] is row m's first record in
+// K slice z (columns from z KP / KS) and ptr[m][KS] its end.  A consumer
+// thread adds its rows' records stage by stage, reading X from the stage's
+// tile in shared memory while the stage's wgmma run (they cannot touch the
+// wgmma accumulators: the records' sums have registers of their own,
+// added to the accumulators once the tile's last wgmma is done).  Each row
+// keeps a cursor and its next record in registers, loaded a record ahead.
 struct ResRec {
   int col;
   float val;
 };
 
-// X at feature k, token n (n < N): xk = X's feature k (its row feature-major,
-// its column token-major), read at token n.
-template <class C, class P, typename T>
-__device__ __forceinline__ const unsigned short *res_xk(const unsigned short *X, int k, int N) {
-  return X + (C::TOKEN_MAJOR ? (size_t)k : (size_t)k * N);
-}
-template <class C, class P, typename T>
-__device__ __forceinline__ float res_x(const unsigned short *xk, int n) {
-  const unsigned short h = __ldg(xk + (C::TOKEN_MAJOR ? (size_t)n * P::K : (size_t)n));
-  return to_float(*reinterpret_cast<const T *>(&h));
+template <class C>
+struct ResRows {
+  static constexpr int R = 2 * C::MW;  // this thread's rows: g and g + 8 of each 16-row slice
+  int e[R], hi[R];
+  int2 q[R];
+  float acc[C::MW][C::WG_N / 8][4];
+};
+
+// Byte offset of X element (token n of the tile, feature kk of the stage)
+// in a stage's X tile, as the TMA unit swizzles it (see tma_produce).
+template <class C>
+__device__ __forceinline__ unsigned res_x_offset(int n, int kk) {
+  if constexpr (C::TOKEN_MAJOR)  // 64-feature atoms of BN rows of 128 bytes
+    return (kk >> 6) * C::BN * 128 + n * 128 + ((((kk >> 3) & 7) ^ (n & 7)) << 4) + (kk & 7) * 2;
+  else
+    return fm_chunk<C>(kk, n >> 3) * 16 + (n & 7) * 2;
 }
 
-// RES_UNROLL of row m's residual nonzeros from e on (those past hi: value
-// 0, column 0), loaded together: a row's nonzeros are read in batches, not
-// one dependent chain of loads each.
-constexpr int RES_UNROLL = 4;
-__device__ __forceinline__ void res_batch(const ResRec *rec, int e, int hi,
-                                          int2 (&q)[RES_UNROLL]) {
-#pragma unroll
-  for (int u = 0; u < RES_UNROLL; ++u)
-    q[u] = e + u < hi ? __ldg(reinterpret_cast<const int2 *>(rec + e + u)) : make_int2(0, 0);
+__device__ __forceinline__ int2 res_load(const ResRec *rec, int e, int hi) {
+  return e < hi ? __ldg(reinterpret_cast<const int2 *>(rec + e)) : make_int2(0x7fffffff, 0);
 }
 
-// The residual of row m at token n.
-template <class C, class P, typename T>
-__device__ __forceinline__ float res_dot(const unsigned char *packed, const unsigned short *X,
-                                         int m, int n, int N) {
+// A tile's start: the cursors of this thread's rows at K slice zrank.
+template <class C, class P>
+__device__ __forceinline__ void res_begin(ResRows<C> &rs, const unsigned char *packed, int m0,
+                                          int warp_m, int lane, int zrank) {
   const int *ptr = section<int>(packed, P::RES_PTR);
   const ResRec *rec = section<ResRec>(packed, P::RES_REC);
-  float s = 0.0f;
-  const int hi = __ldg(ptr + m + 1);
-#pragma unroll 1
-  for (int e = __ldg(ptr + m); e < hi; e += RES_UNROLL) {
-    int2 q[RES_UNROLL];
-    res_batch(rec, e, hi, q);
-    float x[RES_UNROLL];
-#pragma unroll
-    for (int u = 0; u < RES_UNROLL; ++u) x[u] = res_x<C, P, T>(res_xk<C, P, T>(X, q[u].x, N), n);
-#pragma unroll
-    for (int u = 0; u < RES_UNROLL; ++u) s = fmaf(__int_as_float(q[u].y), x[u], s);
-  }
-  return s;
-}
-
-// The residual added to a consumer thread's accumulators (KS = 1): each of
-// its rows' nonzeros times the row (column) of X at the thread's columns.
-template <class C, class P, typename T>
-__device__ __forceinline__ void add_residual(float (&acc)[C::MW][C::WG_N / 8][4],
-                                             const unsigned char *packed,
-                                             const unsigned short *X, int m0, int n0, int N,
-                                             int warp_m, int wg_n, int lane) {
-  const int *ptr = section<int>(packed, P::RES_PTR);
-  const ResRec *rec = section<ResRec>(packed, P::RES_REC);
-  const int g = lane >> 2, t = lane & 3;
-  const int nb = n0 + wg_n * C::WG_N + 2 * t;
-  // (a batch of RES_UNROLL nonzeros for narrow tiles: their X loads in flight together)
-  constexpr int U = C::WG_N <= 32 ? RES_UNROLL : 1;
 #pragma unroll
   for (int i = 0; i < C::MW; ++i)
 #pragma unroll
     for (int half = 0; half < 2; ++half) {
-      const int m = m0 + C::row_of(warp_m, i) + g + 8 * half;  // < MP: ptr covers the padding
-      const int hi = __ldg(ptr + m + 1);
+      const int m = m0 + C::row_of(warp_m, i) + (lane >> 2) + 8 * half;  // < MP
+      const int r = 2 * i + half;
+      rs.e[r] = __ldg(ptr + m * (C::KS + 1) + zrank);
+      rs.hi[r] = __ldg(ptr + m * (C::KS + 1) + zrank + 1);
+    }
+#pragma unroll
+  for (int r = 0; r < ResRows<C>::R; ++r) rs.q[r] = res_load(rec, rs.e[r], rs.hi[r]);
+#pragma unroll
+  for (int i = 0; i < C::MW; ++i)
+#pragma unroll
+    for (int j = 0; j < C::WG_N / 8; ++j)
+#pragma unroll
+      for (int v = 0; v < 4; ++v) rs.acc[i][j][v] = 0.0f;
+}
+
+// The records of this thread's rows whose columns fall in the stage at sB
+// (features k0 .. k0 + BK - 1), times the stage's X tile.
+template <class C, class P, typename T>
+__device__ __forceinline__ void res_stage(ResRows<C> &rs, const unsigned char *packed,
+                                          unsigned sB, int k0, int wg_n, int lane) {
+  const ResRec *rec = section<ResRec>(packed, P::RES_REC);
+  const int nb = wg_n * C::WG_N + 2 * (lane & 3);
+#pragma unroll
+  for (int i = 0; i < C::MW; ++i)
+#pragma unroll
+    for (int half = 0; half < 2; ++half) {
+      const int r = 2 * i + half;
 #pragma unroll 1
-      for (int e = __ldg(ptr + m); e < hi; e += U) {
-        int2 q[RES_UNROLL];
-        if constexpr (U == RES_UNROLL) {
-          res_batch(rec, e, hi, q);
-        } else {
-          q[0] = __ldg(reinterpret_cast<const int2 *>(rec + e));
-        }
+      while (rs.q[r].x < k0 + C::BK) {  // past the row's end: a column no stage reaches
+        const int kk = rs.q[r].x - k0;
+        const float v = __int_as_float(rs.q[r].y);
+        rs.q[r] = res_load(rec, ++rs.e[r], rs.hi[r]);
 #pragma unroll
-        for (int u = 0; u < U; ++u) {
-          const float v = __int_as_float(q[u].y);
-          const unsigned short *xk = res_xk<C, P, T>(X, q[u].x, N);
+        for (int j = 0; j < C::WG_N / 8; ++j)
 #pragma unroll
-          for (int j = 0; j < C::WG_N / 8; ++j) {
-            const int n = nb + 8 * j;
-            const float x0 = n < N ? res_x<C, P, T>(xk, n) : 0.0f;
-            const float x1 = n + 1 < N ? res_x<C, P, T>(xk, n + 1) : 0.0f;
-            acc[i][j][2 * half] = fmaf(v, x0, acc[i][j][2 * half]);
-            acc[i][j][2 * half + 1] = fmaf(v, x1, acc[i][j][2 * half + 1]);
+          for (int b = 0; b < 2; ++b) {
+            unsigned short h;
+            asm volatile("ld.shared.u16 %0, [%1];\n"
+                         : "=h"(h)
+                         : "r"(sB + res_x_offset<C>(nb + 8 * j + b, kk)));
+            rs.acc[i][j][2 * half + b] =
+                fmaf(v, to_float(*reinterpret_cast<const T *>(&h)), rs.acc[i][j][2 * half + b]);
           }
-        }
       }
     }
+}
+
+// The tile's records' sums into its accumulators (its wgmma are done).
+template <class C>
+__device__ __forceinline__ void res_end(const ResRows<C> &rs,
+                                        float (&acc)[C::MW][C::WG_N / 8][4]) {
+#pragma unroll
+  for (int i = 0; i < C::MW; ++i)
+#pragma unroll
+    for (int j = 0; j < C::WG_N / 8; ++j)
+#pragma unroll
+      for (int v = 0; v < 4; ++v) acc[i][j][v] += rs.acc[i][j][v];
 }
 
 // ---- split K: the partial tiles summed over the cluster --------------------------------------
@@ -469,8 +476,8 @@ __device__ __forceinline__ void tma_store_partial(unsigned part,
 // token-major (bench/RESULTS.md, 2026-11-26).
 template <class C, class P, typename T>
 __device__ __forceinline__ void tma_reduce_store(unsigned part, const unsigned char *packed,
-                                                 const unsigned short *X, unsigned short *Y,
-                                                 int m0, int n0, int N, int zrank, int tid) {
+                                                 unsigned short *Y, int m0, int n0, int N,
+                                                 int zrank, int tid) {
   constexpr int ROWS = C::BM / C::KS;
   constexpr int COUNT = ROWS * C::BN;
   constexpr int ITERS = (COUNT + C::THREADS - 1) / C::THREADS;
@@ -503,7 +510,6 @@ __device__ __forceinline__ void tma_reduce_store(unsigned part, const unsigned c
       float sum = 0.0f;
 #pragma unroll
       for (int z = 0; z < C::KS; ++z) sum += v[b][z];
-      if constexpr (P::HAS_RES) sum += res_dot<C, P, T>(packed, X, m, n, N);
       const float bv = P::HAS_BIAS ? bias[m] : 0.0f;
       const unsigned pair = sm80::epilogue_pair<T, P::HAS_BIAS, P::ACT>(sum, 0.0f, P::SCALE, bv);
       Y[C::TOKEN_MAJOR ? (size_t)n * P::M + m : (size_t)m * N + n] =
@@ -517,6 +523,8 @@ template <class C, class P, typename T>
 __device__ __forceinline__ void tma_gemm(const unsigned char *__restrict__ packed,
                                          const void *__restrict__ Xv, void *__restrict__ Yv,
                                          int N, const sm90::TensorMap *map) {
+  static_assert(!P::HAS_RES || C::WG_N <= 64,
+                "the residual's sums take WG_N / 2 registers a thread more: decode tiles only");
   static_assert(P::MP % (C::BM * C::CM) == 0 && P::KP % (C::BK * C::KS) == 0,
                 "plan must pad M to the cluster's rows and K to its stages");
   const unsigned short *X = static_cast<const unsigned short *>(Xv);
@@ -579,6 +587,7 @@ __device__ __forceinline__ void tma_gemm(const unsigned char *__restrict__ packe
     float acc[C::MW][C::WG_N / 8][4];
     unsigned e0[TMA_META_REGS<C>], e1[TMA_META_REGS<C>];
     unsigned char *c_tile = smem + 1024 + C::C_OFFSET;
+    ResRows<C> rs;  // (P::HAS_RES: the residual's rows; unused otherwise)
     int it0 = 0;  // stage counter at the tile's first K tile
 #pragma unroll 1
     for (int t = 0; t < tiles; ++t, it0 += KT) {
@@ -589,6 +598,7 @@ __device__ __forceinline__ void tma_gemm(const unsigned char *__restrict__ packe
         for (int j = 0; j < C::WG_N / 8; ++j)
 #pragma unroll
           for (int r = 0; r < 4; ++r) acc[i][j][r] = 0.0f;
+      if constexpr (P::HAS_RES) res_begin<C, P>(rs, packed, m0, wg_m * 4 + (warp & 3), lane, zrank);
       auto iteration = [&](int it, unsigned(&e)[TMA_META_REGS<C>]) {
         const int s = it % S;
         sm90::mbar_wait(full + 8 * s, (it / S) & 1);
@@ -596,6 +606,8 @@ __device__ __forceinline__ void tma_gemm(const unsigned char *__restrict__ packe
         const unsigned sB = stages + s * C::STAGE_BYTES;
         tma_load_meta<C>(e, sB + C::B_BYTES, wg_m, warp, lane);
         tma_compute_stage<C, T>(acc, sB + C::B_BYTES, sB, e, wg_m, wg_n);
+        if constexpr (P::HAS_RES)  // while the stage's wgmma run
+          res_stage<C, P, T>(rs, packed, sB, (zrank * KT + it - it0) * C::BK, wg_n, lane);
         sm90::wait_group<1>();  // stage it-1's wgmma is done: release it
         if (it > it0) tma_release<C>(empty, (it - 1) % S);
       };
@@ -609,8 +621,7 @@ __device__ __forceinline__ void tma_gemm(const unsigned char *__restrict__ packe
       keep(e0);
       keep(e1);
       tma_release<C>(empty, (it0 + KT - 1) % S);
-      if constexpr (P::HAS_RES && C::KS == 1)
-        add_residual<C, P, T>(acc, packed, X, m0, n0, N, wg_m * 4 + (warp & 3), wg_n, lane);
+      if constexpr (P::HAS_RES) res_end<C>(rs, acc);
       // the CTA's last main loop is done: the next kernel may start (its
       // weights' first stages load while this one stores)
       if (t + 1 == tiles) sm90::griddep_launch_dependents();
@@ -629,7 +640,7 @@ __device__ __forceinline__ void tma_gemm(const unsigned char *__restrict__ packe
   if constexpr (C::KS > 1) {
     sm90::cluster_sync();  // every partial tile of the cluster is written
     if (warp != C::PRODUCER_WARP)
-      tma_reduce_store<C, P, T>(stages, packed, X, Y, m_first, n0, N, zrank, tid);  // (one tile)
+      tma_reduce_store<C, P, T>(stages, packed, Y, m_first, n0, N, zrank, tid);  // (one tile)
   }
   // no CTA leaves while another of its cluster may still read its shared
   // memory or arrive on its barriers
