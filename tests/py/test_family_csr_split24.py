@@ -75,6 +75,25 @@ def test_plan_reads_back_and_carries_bias_and_permutation(layout, dtype):
         FAM.plan(mat, op, {}, TILE)
 
 
+def test_each_k_split_has_its_own_slice_table():
+    """Two tiles padding K alike (bk 128 x ks 2, bk 64 x ks 4) share the
+    2:4 packing, not the residual's slice table."""
+    mat = random_matrix(200, 264, 0.3, seed=5)
+    op = Operation("fp16", "fm")
+    a = FAM.plan(mat, op, {}, TILE)
+    b = FAM.plan(mat, op, {}, dict(TILE, bk=64, ks=4))
+    assert a.kp == b.kp and a.packed != b.packed
+    for p in (a, b):
+        np.testing.assert_array_equal(FAM.unpack(p).to_dense(), mat.to_dense())
+    ptr = np.frombuffer(b.packed, dtype="<i4", count=b.mp * 5, offset=b.res_ptr).reshape(-1, 5)
+    _, res = split24.split(mat)
+    cols = res.indices
+    for m in range(0, 200, 37):
+        lo, hi = res.indptr[m], res.indptr[m + 1]
+        expect = [lo + int(np.sum(cols[lo:hi] < z * 128)) for z in range(4)] + [hi]
+        assert list(ptr[m]) == expect
+
+
 def test_corrupt_residual_is_refused():
     mat = random_matrix(64, 64, 0.5, seed=1)
     op = Operation("fp16", "fm")

@@ -156,8 +156,8 @@ def plan(matrix: SparseMatrix, op: Operation, tag: str, config: dict,
         buf[res_ptr:res_ptr + ptr.nbytes] = ptr.tobytes()
         buf[res_rec:res_rec + rec.nbytes] = rec.tobytes()
         return bytes(buf)
-    # shared by the configurations whose 2:4 packing is shared
-    packed = matrix.cached(("csr.split24.packed", op.dtype, p.mp, p.kp,
+    # shared by the configurations whose 2:4 packing and K slices are shared
+    packed = matrix.cached(("csr.split24.packed", op.dtype, p.mp, p.kp, int(config.get("ks", 1)),
                             hashlib.blake2b(p.packed, digest_size=16).digest()), assemble)
     cfg = {k: int(v) for k, v in config.items()}
     return dataclasses.replace(
