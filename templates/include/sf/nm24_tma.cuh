@@ -340,17 +340,21 @@ __device__ __forceinline__ void tma_release(unsigned empty, int s) {
 // tile in shared memory while the stage's wgmma run (they cannot touch the
 // wgmma accumulators: the records' sums have registers of their own,
 // added to the accumulators once the tile's last wgmma is done).  Each row
-// keeps a cursor and its next record in registers, loaded a record ahead.
+// keeps a cursor and its next RES_AHEAD records in registers: a record is
+// loaded RES_AHEAD records before it is used, so that its load's latency
+// spreads over the stages between.
 struct ResRec {
   int col;
   float val;
 };
 
+constexpr int RES_AHEAD = 4;
+
 template <class C>
 struct ResRows {
   static constexpr int R = 2 * C::MW;  // this thread's rows: g and g + 8 of each 16-row slice
-  int e[R], hi[R];
-  int2 q[R];
+  int e[R], hi[R];                     // e: the record after the window
+  int2 q[R][RES_AHEAD];                // the window: q[r][0] next
   float acc[C::MW][C::WG_N / 8][4];
 };
 
@@ -384,7 +388,9 @@ __device__ __forceinline__ void res_begin(ResRows<C> &rs, const unsigned char *p
       rs.hi[r] = __ldg(ptr + m * (C::KS + 1) + zrank + 1);
     }
 #pragma unroll
-  for (int r = 0; r < ResRows<C>::R; ++r) rs.q[r] = res_load(rec, rs.e[r], rs.hi[r]);
+  for (int r = 0; r < ResRows<C>::R; ++r)
+#pragma unroll
+    for (int a = 0; a < RES_AHEAD; ++a) rs.q[r][a] = res_load(rec, rs.e[r]++, rs.hi[r]);
 #pragma unroll
   for (int i = 0; i < C::MW; ++i)
 #pragma unroll
@@ -406,10 +412,12 @@ __device__ __forceinline__ void res_stage(ResRows<C> &rs, const unsigned char *p
     for (int half = 0; half < 2; ++half) {
       const int r = 2 * i + half;
 #pragma unroll 1
-      while (rs.q[r].x < k0 + C::BK) {  // past the row's end: a column no stage reaches
-        const int kk = rs.q[r].x - k0;
-        const float v = __int_as_float(rs.q[r].y);
-        rs.q[r] = res_load(rec, ++rs.e[r], rs.hi[r]);
+      while (rs.q[r][0].x < k0 + C::BK) {  // past the row's end: a column no stage reaches
+        const int kk = rs.q[r][0].x - k0;
+        const float v = __int_as_float(rs.q[r][0].y);
+#pragma unroll
+        for (int a = 0; a + 1 < RES_AHEAD; ++a) rs.q[r][a] = rs.q[r][a + 1];
+        rs.q[r][RES_AHEAD - 1] = res_load(rec, rs.e[r]++, rs.hi[r]);
 #pragma unroll
         for (int j = 0; j < C::WG_N / 8; ++j)
 #pragma unroll
@@ -575,6 +583,11 @@ __device__ __forceinline__ void tma_gemm(const unsigned char *__restrict__ packe
   if (warp == C::PRODUCER_WARP && lane == 0)
     for (int it = 0; it < early; ++it)
       tma_produce_weights<C, P>(packed, use_map, stages, full, m_first, STEP, it, zrank * KT);
+  // (P::HAS_RES) the residual's cursors of the first tile, constant too
+  ResRows<C> rs;
+  if constexpr (P::HAS_RES)
+    if (warp != C::PRODUCER_WARP)
+      res_begin<C, P>(rs, packed, m_first, (warp >> 2) % C::WM * 4 + (warp & 3), lane, zrank);
   sm90::griddep_wait();
 
   if (warp == C::PRODUCER_WARP) {
@@ -587,7 +600,6 @@ __device__ __forceinline__ void tma_gemm(const unsigned char *__restrict__ packe
     float acc[C::MW][C::WG_N / 8][4];
     unsigned e0[TMA_META_REGS<C>], e1[TMA_META_REGS<C>];
     unsigned char *c_tile = smem + 1024 + C::C_OFFSET;
-    ResRows<C> rs;  // (P::HAS_RES: the residual's rows; unused otherwise)
     int it0 = 0;  // stage counter at the tile's first K tile
 #pragma unroll 1
     for (int t = 0; t < tiles; ++t, it0 += KT) {
@@ -598,7 +610,8 @@ __device__ __forceinline__ void tma_gemm(const unsigned char *__restrict__ packe
         for (int j = 0; j < C::WG_N / 8; ++j)
 #pragma unroll
           for (int r = 0; r < 4; ++r) acc[i][j][r] = 0.0f;
-      if constexpr (P::HAS_RES) res_begin<C, P>(rs, packed, m0, wg_m * 4 + (warp & 3), lane, zrank);
+      if constexpr (P::HAS_RES)
+        if (t > 0) res_begin<C, P>(rs, packed, m0, wg_m * 4 + (warp & 3), lane, zrank);
       auto iteration = [&](int it, unsigned(&e)[TMA_META_REGS<C>]) {
         const int s = it % S;
         sm90::mbar_wait(full + 8 * s, (it / S) & 1);
