@@ -340,11 +340,9 @@ __device__ __forceinline__ void tma_release(unsigned empty, int s) {
 // tile in shared memory while the stage's wgmma run (they cannot touch the
 // wgmma accumulators: the records' sums have registers of their own,
 // added to the accumulators once the tile's last wgmma is done).  Each row
-// keeps two windows of RES_AHEAD records in registers: the current one, read
-// at `pos`, and the next, loaded when the current one was; when the
-// current one is used up the next one takes its place and the one after
-// is loaded.  (Shifting a window a record at a time waited on each new
-// record's load at the next record.)
+// keeps a cursor and its next RES_AHEAD records in registers: a record is
+// loaded RES_AHEAD records before it is used, so that its load's latency
+// spreads over the stages between.
 struct ResRec {
   int col;
   float val;
@@ -355,8 +353,8 @@ constexpr int RES_AHEAD = 4;
 template <class C>
 struct ResRows {
   static constexpr int R = 2 * C::MW;  // this thread's rows: g and g + 8 of each 16-row slice
-  int e[R], hi[R], pos[R];             // e: the record after the windows
-  int2 q[R][RES_AHEAD], nq[R][RES_AHEAD];  // the current window and the next
+  int e[R], hi[R];                     // e: the record after the window
+  int2 q[R][RES_AHEAD];                // the window: q[r][0] next
   float acc[C::MW][C::WG_N / 8][4];
 };
 
@@ -390,15 +388,9 @@ __device__ __forceinline__ void res_begin(ResRows<C> &rs, const unsigned char *p
       rs.hi[r] = __ldg(ptr + m * (C::KS + 1) + zrank + 1);
     }
 #pragma unroll
-  for (int r = 0; r < ResRows<C>::R; ++r) {
-    rs.pos[r] = 0;
+  for (int r = 0; r < ResRows<C>::R; ++r)
 #pragma unroll
-    for (int a = 0; a < RES_AHEAD; ++a) rs.q[r][a] = res_load(rec, rs.e[r] + a, rs.hi[r]);
-#pragma unroll
-    for (int a = 0; a < RES_AHEAD; ++a)
-      rs.nq[r][a] = res_load(rec, rs.e[r] + RES_AHEAD + a, rs.hi[r]);
-    rs.e[r] += 2 * RES_AHEAD;
-  }
+    for (int a = 0; a < RES_AHEAD; ++a) rs.q[r][a] = res_load(rec, rs.e[r]++, rs.hi[r]);
 #pragma unroll
   for (int i = 0; i < C::MW; ++i)
 #pragma unroll
@@ -419,26 +411,13 @@ __device__ __forceinline__ void res_stage(ResRows<C> &rs, const unsigned char *p
 #pragma unroll
     for (int half = 0; half < 2; ++half) {
       const int r = 2 * i + half;
-      auto current = [&]() {
-        int2 c = rs.q[r][0];
-#pragma unroll
-        for (int a = 1; a < RES_AHEAD; ++a) c = rs.pos[r] == a ? rs.q[r][a] : c;
-        return c;
-      };
-      int2 cur = current();
 #pragma unroll 1
-      while (cur.x < k0 + C::BK) {  // past the row's end: a column no stage reaches
-        const int kk = cur.x - k0;
-        const float v = __int_as_float(cur.y);
-        if (++rs.pos[r] == RES_AHEAD) {
-          rs.pos[r] = 0;
+      while (rs.q[r][0].x < k0 + C::BK) {  // past the row's end: a column no stage reaches
+        const int kk = rs.q[r][0].x - k0;
+        const float v = __int_as_float(rs.q[r][0].y);
 #pragma unroll
-          for (int a = 0; a < RES_AHEAD; ++a) {
-            rs.q[r][a] = rs.nq[r][a];
-            rs.nq[r][a] = res_load(rec, rs.e[r] + a, rs.hi[r]);
-          }
-          rs.e[r] += RES_AHEAD;
-        }
+        for (int a = 0; a + 1 < RES_AHEAD; ++a) rs.q[r][a] = rs.q[r][a + 1];
+        rs.q[r][RES_AHEAD - 1] = res_load(rec, rs.e[r]++, rs.hi[r]);
 #pragma unroll
         for (int j = 0; j < C::WG_N / 8; ++j)
 #pragma unroll
@@ -450,7 +429,6 @@ __device__ __forceinline__ void res_stage(ResRows<C> &rs, const unsigned char *p
             rs.acc[i][j][2 * half + b] =
                 fmaf(v, to_float(*reinterpret_cast<const T *>(&h)), rs.acc[i][j][2 * half + b]);
           }
-        cur = current();
       }
     }
 }
