@@ -64,3 +64,23 @@ def nvrtc():
 
     yield compile_
     ctx.close()
+
+
+@pytest.fixture
+def assert_no_spills(nvrtc):
+    """check(configs, make, arch, name): builds make(config) (a generated
+    Kernel) for each configuration, compiles them in parallel with ptxas's
+    report, and fails on any configuration whose kernel spills."""
+    import re
+    from concurrent.futures import ThreadPoolExecutor
+
+    def check(configs, make, arch, name):
+        def build(cfg):
+            return nvrtc(make(cfg).source, arch, name, options=("--ptxas-options=-v",)).log
+
+        with ThreadPoolExecutor(max_workers=os.cpu_count() or 2) as pool:
+            logs = list(pool.map(build, configs))
+        for cfg, log in zip(configs, logs):
+            spills = re.findall(r"(\d+) bytes spill stores, (\d+) bytes spill loads", log)
+            assert spills and all(sp == ("0", "0") for sp in spills), (cfg, log)
+    return check

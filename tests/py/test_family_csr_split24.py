@@ -8,8 +8,6 @@ of 8, several K slices of a row's residual, and residuals from none to a
 third of the nonzeros."""
 from __future__ import annotations
 
-import os
-import re
 
 import numpy as np
 import pytest
@@ -152,23 +150,14 @@ def test_hints_lead_with_the_format_of_less_work():
 
 
 @pytest.mark.parametrize("layout", ["fm", "tm"])
-def test_hints_compile_without_spills(layout, nvrtc):
-    from concurrent.futures import ThreadPoolExecutor
+def test_hints_compile_without_spills(layout, assert_no_spills):
     mat = random_matrix(300, 520, 0.1, seed=13)
     op = Operation("bf16", layout, Epilogue(bias=True, activation="gelu"))
     picks = [h for h in FAM.hint_configs(mat, op, {}, H100) if h.get("s24")]
     picks += FAM.accepted([dict(TILE, **change) for change in GPU_CHANGES], mat, op, {}, H100)
     assert len(picks) >= 10
-
-    def build(cfg):
-        k = FAM.generate(mat, op, {}, cfg, bias=np.zeros(300))
-        return nvrtc(k.source, "sm_90a", "csr_s24.cu", options=("--ptxas-options=-v",)).log
-
-    with ThreadPoolExecutor(max_workers=os.cpu_count() or 2) as pool:
-        logs = list(pool.map(build, picks))
-    for cfg, log in zip(picks, logs):
-        spills = re.findall(r"(\d+) bytes spill stores, (\d+) bytes spill loads", log)
-        assert spills and all(sp == ("0", "0") for sp in spills), (cfg, log)
+    assert_no_spills(picks, lambda cfg: FAM.generate(mat, op, {}, cfg, bias=np.zeros(300)),
+                     "sm_90a", "csr_s24.cu")
 
 
 # ---- GPU ------------------------------------------------------------------------------------

@@ -333,24 +333,14 @@ def test_template_compiles(arch, case, nvrtc, tmp_path):
 
 @pytest.mark.parametrize("arch,layout", [("sm_90a", "fm"), ("sm_90a", "tm"), ("sm_80", "fm"),
                                          ("sm_80", "tm")])
-def test_a_spread_of_the_space_compiles_without_spills(arch, layout, nvrtc):
+def test_a_spread_of_the_space_compiles_without_spills(arch, layout, assert_no_spills):
     """Every 12th configuration of the space (the whole of it compiles so
     too: 608 kernels, checked when the table changes)."""
-    from concurrent.futures import ThreadPoolExecutor
     mat = random_matrix(1000, 700, 0.3, seed=13)
     op = Operation("fp16", layout, Epilogue(bias=True, activation="gelu"))
     space = FAM.search_space(mat, op, {}, H100 if arch == "sm_90a" else A100)
-    picks = space[::12]
-
-    def build(cfg):
-        k = FAM.generate(mat, op, {}, cfg, bias=np.zeros(1000))
-        return nvrtc(k.source, arch, "csr_tc.cu", options=("--ptxas-options=-v",)).log
-
-    with ThreadPoolExecutor(max_workers=os.cpu_count() or 2) as pool:
-        logs = list(pool.map(build, picks))
-    for cfg, log in zip(picks, logs):
-        spills = re.findall(r"(\d+) bytes spill stores, (\d+) bytes spill loads", log)
-        assert spills and all(sp == ("0", "0") for sp in spills), (cfg, log)
+    assert_no_spills(space[::12], lambda cfg: FAM.generate(mat, op, {}, cfg, bias=np.zeros(1000)),
+                     arch, "csr_tc.cu")
 
 
 # ---- GPU ------------------------------------------------------------------------------------
