@@ -65,17 +65,24 @@ def split(matrix: SparseMatrix) -> tuple[SparseMatrix, SparseMatrix]:
     rest.  Both in W's dtype and shape, without W's permutation."""
     m, k = matrix.shape
     rows = matrix.row_ids()
-    cols = matrix.indices.astype(np.int64)
-    groups = rows * ((k + 3) // 4) + cols // 4
-    # rank within the group by |w| descending, then column ascending
-    order = np.lexsort((cols, -np.abs(matrix.values), groups))
-    g_sorted = groups[order]
-    starts = np.ones(g_sorted.size, dtype=bool)
-    starts[1:] = g_sorted[1:] != g_sorted[:-1]
-    first = np.maximum.accumulate(np.where(starts, np.arange(g_sorted.size), 0))
-    rank = np.empty(g_sorted.size, dtype=np.int64)
-    rank[order] = np.arange(g_sorted.size) - first
-    keep = rank < 2
+    nnz = matrix.nnz
+    # the nonzeros run by row, then column: their groups of 4 are runs too
+    groups = rows * ((k + 3) // 4) + matrix.indices // 4
+    starts = np.flatnonzero(np.diff(groups, prepend=-1)) if nnz else np.zeros(0, np.int64)
+    sizes = np.diff(np.concatenate([starts, [nnz]]))
+    keep = np.ones(nnz, dtype=bool)
+    over = np.flatnonzero(sizes > 2)             # groups holding 3 or 4
+    if over.size:
+        # their members as rows of 4 (|w|, -1 for no member), in column order
+        member = starts[over, None] + np.arange(4)[None, :]
+        present = np.arange(4)[None, :] < sizes[over, None]
+        mag = np.where(present, np.abs(matrix.values)[np.minimum(member, nnz - 1)], -1.0)
+        # rank: members before it by |w| descending, ties to the lower column
+        beats = (mag[:, None, :] > mag[:, :, None]) | (
+            (mag[:, None, :] == mag[:, :, None]) &
+            (np.arange(4)[None, None, :] < np.arange(4)[None, :, None]))
+        rank = beats.sum(axis=2)
+        keep[member[present]] = rank[present] < 2
 
     def part(mask: np.ndarray) -> SparseMatrix:
         counts = np.bincount(rows[mask], minlength=m)
