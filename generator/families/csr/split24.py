@@ -9,12 +9,14 @@ the accumulators after the last stage).
 
 Why: the bitmap format's decode costs the same per 16 x 16 tile at any
 density (bench/RESULTS.md, 2026-11-26: the decode rows at density 0.1 run
-no faster than at 0.5), and its tensor-core work is dense.  Below a
-density of about 0.3 nearly every group of 4 of a random pattern holds at
-most 2 nonzeros (density 0.1: 0.4% of the groups overflow, 0.3: 8%), so
-the 2:4 part carries almost all of W at half the MMA work and 9/16 of the
-dense weight bytes, and the residual is short.  Above that the residual
-grows (density 0.5: a third of the groups overflow, 19% of the nonzeros).
+no faster than at 0.5), and its tensor-core work is dense.  At low
+density nearly every group of 4 of a random pattern holds at most 2
+nonzeros (the residual holds 1% of the nonzeros at density 0.1, 4% at
+0.2, 8% at 0.3, 19% at 0.5), so the 2:4 part carries almost all of W at
+half the MMA work and 9/16 of the dense weight bytes.  The residual's
+records cost each stage consumer time: on an H100 the format ran 1.2-2.6x
+faster than the bitmaps at density 0.05, 1.5-2.1x at 0.1 with N = 64 (on
+a par with N = 16), and 2-5x slower at 0.2 (bench/RESULTS.md).
 
 A configuration is one of the 2:4 family's TMA tiles with `s24`: 1; the
 candidates are that family's measured decode tiles (its hints), offered
@@ -30,11 +32,10 @@ import numpy as np
 
 from ...kernel import ConfigError, Kernel, Operation, config_name
 from ...matrix import SparseMatrix, round_to_dtype
-from ..nm24 import Nm24Family, Nm24Plan, TMA_KEYS, is_tma
+from ..nm24 import Nm24Family, Nm24Plan, TMA_KEYS, _align16, is_tma
 
 KEY = "s24"
-ALIGN = 16
-REC_BYTES = 8          # {int32 column, float32 value} a residual nonzero
+REC = np.dtype([("col", "<i4"), ("val", "<f4")])   # a residual nonzero (sf::nm24::ResRec)
 
 # The residual's sums have registers of their own (bn / wn / 2 a thread):
 # decode tiles only (sf/nm24_tma.cuh asserts it too).
@@ -53,10 +54,6 @@ def is_split24(config: dict) -> bool:
 def tile_config(config: dict) -> dict:
     """The 2:4 kernel's configuration (without `s24`)."""
     return {k: v for k, v in config.items() if k != KEY}
-
-
-def _align(n: int) -> int:
-    return (n + ALIGN - 1) // ALIGN * ALIGN
 
 
 def split(matrix: SparseMatrix) -> tuple[SparseMatrix, SparseMatrix]:
@@ -150,12 +147,12 @@ def plan(matrix: SparseMatrix, op: Operation, tag: str, config: dict,
     part, res = _split_cached(matrix)
     p = _NM24.plan(part, op, {}, tile_config(config), bias)
     ptr = slice_starts(res, p.mp, p.kp, int(config.get("ks", 1))).astype("<i4")
-    rec = np.empty(res.nnz, dtype=[("col", "<i4"), ("val", "<f4")])
+    rec = np.empty(res.nnz, dtype=REC)
     rec["col"] = res.indices
     rec["val"] = round_to_dtype(res.values, op.dtype)
-    res_ptr = _align(len(p.packed))
-    res_rec = _align(res_ptr + ptr.nbytes)
-    total = _align(res_rec + rec.nbytes)
+    res_ptr = _align16(len(p.packed))
+    res_rec = _align16(res_ptr + ptr.nbytes)
+    total = _align16(res_rec + rec.nbytes)
 
     def assemble() -> bytes:
         buf = bytearray(total)
@@ -203,7 +200,7 @@ def unpack(p: Nm24Plan) -> SparseMatrix:
     nres = int(ptr[-1, -1])
     if nres < 0:
         raise ValueError("corrupt plan: residual row offsets")
-    rec = np.frombuffer(p.packed, dtype=[("col", "<i4"), ("val", "<f4")], count=nres,
+    rec = np.frombuffer(p.packed, dtype=REC, count=nres,
                         offset=p.res_rec)
     ends = ptr[:, ks]
     starts = np.concatenate([[0], ends[:-1]])
