@@ -92,6 +92,16 @@ def test_each_k_split_has_its_own_slice_table():
         assert list(ptr[m]) == expect
 
 
+def test_inspect_reports_the_residual():
+    short, long_ = random_matrix(256, 512, 0.1, seed=6), random_matrix(256, 512, 0.6, seed=6)
+    for mat, tail in ((short, ""), (long_, " (too long: bitmaps only)")):
+        fit, = FAM.analyze(mat)
+        frac = split24.residual_fraction(mat)
+        assert fit.data["split24_residual"] == frac
+        assert fit.detail.endswith(f"split 2:4 residual {100 * frac:.1f}% of the nonzeros{tail}")
+    assert "split24_residual" not in FAM.analyze(short.astype("fp32"))[0].data
+
+
 def test_corrupt_residual_is_refused():
     mat = random_matrix(64, 64, 0.5, seed=1)
     op = Operation("fp16", "fm")

@@ -266,8 +266,13 @@ class CsrFamily(Family):
     def analyze(self, matrix: SparseMatrix) -> list[Fit]:
         from ...analysis import stats
         cv = stats(matrix.row_nnz())[3]
-        return [Fit("csr", "csr", True, 0.0, "0.000", f"row imbalance (cv) {cv:.3f}",
-                    {"fits": True, "cost": 0.0, "imbalance": cv})]
+        detail, data = f"row imbalance (cv) {cv:.3f}", {"fits": True, "cost": 0.0, "imbalance": cv}
+        if matrix.dtype != "fp32":   # the split 2:4 format's residual (Hopper)
+            frac = split24.residual_fraction(matrix)
+            detail += (f", split 2:4 residual {100 * frac:.1f}% of the nonzeros"
+                       f"{'' if frac <= split24.MAX_RESIDUAL else ' (too long: bitmaps only)'}")
+            data["split24_residual"] = frac
+        return [Fit("csr", "csr", True, 0.0, "0.000", detail, data)]
 
     def detect(self, matrix: SparseMatrix) -> Optional[dict]:
         return {}
