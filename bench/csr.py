@@ -241,7 +241,7 @@ def _f(v: float, spec: str = ".4f", suffix: str = "") -> str:
 
 def report(probs: list[Problem], gpu: str, bw: float, args) -> str:
     from s1 import commit_id, geomean
-    from sparseforge.generator.families.csr import tc
+    from sparseforge.generator.families.csr import speedup_limit
     date = datetime.date.today().isoformat()
     out = [f"\n## csr (unstructured) against cuBLAS and cuSPARSE CSR: {date}, {gpu}, "
            f"commit {commit_id()}", "",
@@ -261,7 +261,8 @@ def report(probs: list[Problem], gpu: str, bw: float, args) -> str:
         if not r:
             continue
         cfg = ",".join(f"{k}{v}" for k, v in sorted((r["config"] or {}).items()))
-        limit = tc.speedup_limit(p.density) if p.suite == "decode" else math.nan
+        # (the limit of the format the row's kernel uses)
+        limit = speedup_limit(p.density, r["config"]) if p.suite == "decode" else math.nan
         out.append(f"| {p.suite} | {p.name} | {p.density:.3f} | {p.n} | {p.dtype} | "
                    f"{_f(r['ms'])} | {_f(r['cublas'])} | {_f(r['speedup'], '.2f', 'x')} | "
                    f"{_f(p.target, '.2f', 'x')} | {_f(limit, '.2f', 'x')} | {_f(r['cusparse'])} | "

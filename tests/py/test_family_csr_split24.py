@@ -92,6 +92,17 @@ def test_each_k_split_has_its_own_slice_table():
         assert list(ptr[m]) == expect
 
 
+def test_speedup_limit_counts_the_format_bytes():
+    """The 2:4 part's 1 + 1/8 bytes an entry of W and the residual's 8 a
+    record: 1.78x at low density whatever it is; the bitmaps' otherwise."""
+    from sparseforge.generator.families.csr import speedup_limit, tc
+    assert split24.speedup_limit(0.0) == pytest.approx(2 / 1.125)
+    # density 0.5: a group leaves 1 record with probability 4/16, 2 with 1/16
+    assert split24.speedup_limit(0.5) == pytest.approx(2 / (1.125 + 8 * (4 / 16 + 2 / 16) / 4))
+    assert speedup_limit(0.1, TILE) == split24.speedup_limit(0.1)
+    assert speedup_limit(0.1, {"mf": 1}) == speedup_limit(0.1) == tc.speedup_limit(0.1)
+
+
 def test_inspect_reports_the_residual():
     short, long_ = random_matrix(256, 512, 0.1, seed=6), random_matrix(256, 512, 0.6, seed=6)
     for mat, tail in ((short, ""), (long_, " (too long: bitmaps only)")):

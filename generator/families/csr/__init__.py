@@ -111,6 +111,15 @@ TABLE = Space(
     ])
 
 
+def speedup_limit(density: float, config: Optional[dict] = None) -> float:
+    """What a memory-bound fp16/bf16 decode can gain over dense at most, in
+    the format of `config` (the bitmaps' unless it is a split 2:4 one), for
+    a random pattern at `density`."""
+    if config and split24.is_split24(config):
+        return split24.speedup_limit(density)
+    return tc.speedup_limit(density)
+
+
 def _align(n: int) -> int:
     return (n + ALIGN - 1) // ALIGN * ALIGN
 

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
+import math
 from typing import Optional
 
 import numpy as np
@@ -98,6 +99,17 @@ def residual_fraction(matrix: SparseMatrix) -> float:
     if matrix.nnz == 0:
         return 0.0
     return _split_cached(matrix)[1].nnz / matrix.nnz
+
+
+def speedup_limit(density: float) -> float:
+    """Dense fp16 weight bytes over the format's, for a random pattern at
+    `density`: the 2:4 part's values (1 byte an entry of W) and metadata
+    (1/8), and the residual's records (8 bytes each; a group of 4 with j > 2
+    nonzeros leaves j - 2 of them).  What a memory-bound decode can gain at
+    most: 1.78x at any low density, where the bitmaps allow up to 5x."""
+    d = float(density)
+    extra = sum((j - 2) * math.comb(4, j) * d ** j * (1 - d) ** (4 - j) for j in (3, 4))
+    return 2.0 / (1.0 + 1.0 / 8 + REC.itemsize * extra / 4)
 
 
 def check(config: dict, matrix: SparseMatrix, op: Operation,
