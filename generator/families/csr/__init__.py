@@ -59,10 +59,6 @@ IMM_MAX_ROWS = 4096         # cases of the slot switch
 MAX_THREADS = 1024
 CONFIG_KEYS = ("tables", "vec", "rows", "split", "unroll")
 SMEM_LIMIT = 48 * 1024      # static shared memory of the split reduction
-# fp16/bf16: the split 2:4 format's hints go first where its residual holds
-# at most this share of the nonzeros (random patterns: density 0.1 about 1%,
-# 0.3 about 8%; offered up to split24.MAX_RESIDUAL)
-SPLIT24_FIRST = 0.02
 
 # The search space (see search_space for the restrictions per matrix).
 # (rows, split) pairs: 4 or 8 warps a block.  "const" tables are for small
@@ -341,18 +337,14 @@ class CsrFamily(Family):
     @staticmethod
     def _tc_hints(matrix: SparseMatrix, op: Operation, device: Optional[dict],
                   n: Optional[int] = None) -> list[dict]:
-        """The bitmap format's hints and the split 2:4 format's in turn,
-        the format first whose work is smaller: the split 2:4 where its
-        residual holds at most SPLIT24_FIRST of the nonzeros."""
+        """The split 2:4 format's hints and the bitmap format's in turn,
+        the split 2:4 first where it is offered (a short residual: faster
+        on most decode rows measured, split24.MAX_RESIDUAL)."""
         bitmaps = tc.hint_configs(matrix, op, device, n)
         s24 = split24.candidates(matrix, op, device, n)
-        if not s24:
-            return bitmaps
-        first, second = ((s24, bitmaps) if split24.residual_fraction(matrix) <= SPLIT24_FIRST
-                         else (bitmaps, s24))
         out = []
-        for i in range(max(len(first), len(second))):
-            out += first[i:i + 1] + second[i:i + 1]
+        for i in range(max(len(s24), len(bitmaps))):
+            out += s24[i:i + 1] + bitmaps[i:i + 1]
         return out
 
     def default_config(self, matrix: SparseMatrix, op: Operation, params: dict,
