@@ -15,8 +15,9 @@ nonzeros (the residual holds 1% of the nonzeros at density 0.1, 4% at
 0.2, 8% at 0.3, 19% at 0.5), so the 2:4 part carries almost all of W at
 half the MMA work and 9/16 of the dense weight bytes.  The residual's
 records cost each stage consumer time: on an H100 the format ran 1.2-2.6x
-faster than the bitmaps at density 0.05, 1.5-2.1x at 0.1 with N = 64 (on
-a par with N = 16), and 2-5x slower at 0.2 (bench/RESULTS.md).
+faster than the bitmaps at density 0.05, 1.5-2.1x at 0.1 with N = 64
+(from 17% slower to 1.5x faster with N = 16), and 2-5x slower at 0.2
+(bench/RESULTS.md).
 
 A configuration is one of the 2:4 family's TMA tiles with `s24`: 1; the
 candidates are that family's measured decode tiles (its hints), offered
