@@ -363,7 +363,7 @@ struct ResRows {
 template <class C>
 __device__ __forceinline__ unsigned res_x_offset(int n, int kk) {
   if constexpr (C::TOKEN_MAJOR)  // 64-feature atoms of BN rows of 128 bytes
-    return (kk >> 6) * C::BN * 128 + n * 128 + ((((kk >> 3) & 7) ^ (n & 7)) << 4) + (kk & 7) * 2;
+    return atom_chunk<C::BN>(n, kk >> 3) * 16 + (kk & 7) * 2;
   else
     return fm_chunk<C>(kk, n >> 3) * 16 + (n & 7) * 2;
 }
