@@ -258,8 +258,9 @@ def test_templates_compile_with_nvrtc(arch, nvrtc):
         op = Operation(dtype="fp32", layout=layout, epilogue=ep)
         k = FAM.generate(m, op, {}, cfg(tables, vec, rows, unroll, split),
                          bias=bias if ep.bias else None)
-        cubin = nvrtc(k.source, arch, k.name + ".cu").data
-        assert len(cubin) > 0 and k.name.encode() in cubin
+        res = nvrtc(k.source, arch, k.name + ".cu", options=("--ptxas-options=-v",))
+        assert len(res.data) > 0 and k.name.encode() in res.data
+        assert "0 bytes spill stores" in res.log and "warning" not in res.log.lower(), res.log
 
 
 # ---- GPU ---------------------------------------------------------------------------------

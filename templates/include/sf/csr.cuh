@@ -115,20 +115,32 @@ template <> struct Vec<4> {
 };
 
 // ---- accumulators: acc(col, value) adds value * X[col, this thread's n] ----
-// Feature-major, vector path: VEC consecutive columns n0..n0+VEC-1 of X row
-// `col`, one VEC-wide load.  Threads past N load column 0 (valid: N >= VEC)
-// and store nothing.
+// Feature-major: row `col` of X starts col * 4N bytes in, one 32 x 32 -> 64
+// bit multiply-add (IMAD.WIDE.U32) off the thread's base.  4N fits 32 bits:
+// the grid's N axis (at most 65535 tiles of at most 128 columns) bounds N.
+// (A 64-bit `col * N` took seven instructions and a reload of N and X from
+// the constant bank per nonzero.)
+__device__ __forceinline__ const float *row_at(const char *base, int col, unsigned ldb) {
+  return reinterpret_cast<const float *>(
+      base + static_cast<unsigned long long>(static_cast<unsigned>(col)) * ldb);
+}
+
+// Vector path: VEC consecutive columns n0..n0+VEC-1 of X row `col`, one
+// VEC-wide load.  Threads past N load column 0 (valid: N >= VEC) and store
+// nothing.
 template <int VEC> struct FmVecAcc {
-  const float *xp;      // X + n0 (or X for an idle thread)
-  long long ld;         // N, the leading dimension of X
+  static constexpr bool WHOLE_CHUNKS = true;  // row_sum_staged: whole chunks unmasked
+  const char *xp;       // X + n0 (or X for an idle thread)
+  unsigned ldb;         // 4 N: a row of X in bytes
   float acc[VEC];
-  __device__ FmVecAcc(const float *X, int N, int n0) : xp(X + (n0 < N ? n0 : 0)), ld(N) {
+  __device__ FmVecAcc(const float *X, int N, int n0)
+      : xp(reinterpret_cast<const char *>(X + (n0 < N ? n0 : 0))), ldb(4u * N) {
 #pragma unroll
     for (int i = 0; i < VEC; ++i) acc[i] = 0.0f;
   }
   __device__ __forceinline__ void operator()(int col, float w) {
     float x[VEC];
-    Vec<VEC>::load(xp + col * ld, x);
+    Vec<VEC>::load(row_at(xp, col, ldb), x);
 #pragma unroll
     for (int i = 0; i < VEC; ++i) acc[i] = fmaf(w, x[i], acc[i]);
   }
@@ -137,11 +149,13 @@ template <int VEC> struct FmVecAcc {
 // Feature-major, scalar path (any N and alignment): VEC scalar loads with
 // the column clamped to N - 1.
 template <int VEC> struct FmScalarAcc {
-  const float *X;
-  long long ld;
+  static constexpr bool WHOLE_CHUNKS = false;  // (the rare path: one loop, no spills)
+  const char *X;
+  unsigned ldb;         // 4 N
   int nc[VEC];          // clamped columns
   float acc[VEC];
-  __device__ FmScalarAcc(const float *X_, int N, int n0) : X(X_), ld(N) {
+  __device__ FmScalarAcc(const float *X_, int N, int n0)
+      : X(reinterpret_cast<const char *>(X_)), ldb(4u * N) {
 #pragma unroll
     for (int i = 0; i < VEC; ++i) {
       nc[i] = min(n0 + i, N - 1);
@@ -149,7 +163,7 @@ template <int VEC> struct FmScalarAcc {
     }
   }
   __device__ __forceinline__ void operator()(int col, float w) {
-    const float *row = X + col * ld;
+    const float *row = row_at(X, col, ldb);
 #pragma unroll
     for (int i = 0; i < VEC; ++i) acc[i] = fmaf(w, __ldg(row + nc[i]), acc[i]);
   }
@@ -159,6 +173,7 @@ template <int VEC> struct FmScalarAcc {
 // that the lanes of a warp read consecutive tokens.  Tokens past N are
 // clamped to N - 1 for loading and not stored.
 template <int K, int VEC> struct TmAcc {
+  static constexpr bool WHOLE_CHUNKS = true;
   const float *xr[VEC];  // X row of each token
   float acc[VEC];
   __device__ TmAcc(const float *X, int N, int t0) {
@@ -178,6 +193,8 @@ template <int K, int VEC> struct TmAcc {
 // Global tables: the warp stages 32 nonzeros at a time (one coalesced load
 // of columns and of values, a lane each) and broadcasts them by shuffle.
 // All lanes run the loop together: `hi - lo` is uniform over the warp.
+// Whole chunks of 32 run without the per-nonzero mask (Acc::WHOLE_CHUNKS:
+// a row's last, partial chunk keeps it).
 template <int UNROLL, class Acc>
 __device__ __forceinline__ void row_sum_staged(const int *__restrict__ col,
                                                const float *__restrict__ val, int lo, int hi,
@@ -187,6 +204,15 @@ __device__ __forceinline__ void row_sum_staged(const int *__restrict__ col,
     const int count = min(WARP, hi - base);
     const int my_col = lane < count ? __ldg(col + base + lane) : 0;
     const float my_val = lane < count ? __ldg(val + base + lane) : 0.0f;
+    if (Acc::WHOLE_CHUNKS && count == WARP) {  // a whole chunk: no nonzero to mask off
+#pragma unroll 1
+      for (int j0 = 0; j0 < WARP; j0 += UNROLL) {
+#pragma unroll
+        for (int u = 0; u < UNROLL; ++u)
+          acc(__shfl_sync(FULL_MASK, my_col, j0 + u), __shfl_sync(FULL_MASK, my_val, j0 + u));
+      }
+      continue;
+    }
     for (int j0 = 0; j0 < count; j0 += UNROLL) {
 #pragma unroll
       for (int u = 0; u < UNROLL; ++u) {
