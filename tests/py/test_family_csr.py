@@ -107,7 +107,7 @@ def test_plan_rejects_bad_bias():
 
 def test_search_space_small_matrix_has_every_table_kind():
     m = random_matrix(37, 53, 0.3)
-    for op, lo, hi in ((FM, 40, 60), (TM, 20, 60)):
+    for op, lo, hi in ((FM, 60, 80), (TM, 20, 60)):
         space = FAM.search_space(m, op, {})
         assert lo <= len(space) <= hi
         assert {c["tables"] for c in space} == {"global", "const", "imm"}
@@ -140,7 +140,7 @@ def test_search_space_respects_device_thread_limit():
 
 
 @pytest.mark.parametrize("bad,match", [
-    ({"vec": 3}, r"vec in \(1, 2, 4\)"),
+    ({"vec": 3}, r"vec in \(1, 2, 4, 8\)"),
     ({"rows": 0}, "rows and split are >= 1"),
     ({"rows": 33}, "with at most 32 warps a block"),
     ({"rows": 8, "split": 8}, "with at most 32 warps a block"),
@@ -240,6 +240,8 @@ def test_name_is_the_configuration():
 
 COMPILE_CASES = [  # layout, tables, vec, rows, split, unroll, epilogue
     ("fm", "global", 4, 4, 1, 8, Epilogue()),
+    ("fm", "global", 8, 2, 2, 8, Epilogue(bias=True, activation="gelu")),
+    ("fm", "const", 8, 4, 1, 8, Epilogue()),
     ("fm", "global", 1, 2, 4, 4, Epilogue(bias=True, activation="gelu", scale=0.5)),
     ("fm", "const", 2, 2, 2, 4, Epilogue(activation="relu")),
     ("fm", "imm", 2, 4, 1, 1, Epilogue(bias=True)),
@@ -292,7 +294,7 @@ def test_gpu_small_epilogues(layout):
                Epilogue(bias=True, activation="gelu", scale=0.5), Epilogue(activation="gelu")):
         op = Operation(dtype="fp32", layout=layout, epilogue=ep)
         for tables in ("global", "const", "imm"):
-            for vec in (1, 2) if layout == "tm" or tables == "imm" else (1, 4):
+            for vec in (1, 2) if layout == "tm" or tables == "imm" else (1, 4, 8):
                 for n in (3, 64):
                     _verify(m, op, cfg(tables, vec), n)
 
@@ -321,7 +323,7 @@ def test_gpu_large_n_and_long_rows(layout):
     d[40:45] = 0
     m = SparseMatrix.from_dense(d)
     for c in (cfg("global", 4 if layout == "fm" else 2, 4, 8), cfg("global", 1, 8, 4),
-              cfg("global", 2, 2, 8, split=4)):
+              cfg("global", 2, 2, 8, split=4), cfg("global", 8 if layout == "fm" else 2, 2, 4, 2)):
         for n in (4096, 4093):
             _verify(m, op, c, n)
     # straight-line code with a long row (imm allows up to 8192 nonzeros)

@@ -21,7 +21,7 @@ chooses where the index lists live (`tables`):
             (only for small matrices: compile time grows with nnz);
 
 and the shape of the work: `vec` (1, 2, 4: columns of X per thread, as
-float / float2 / float4 loads; tokens per thread for "tm"), `rows` (row
+float / float2 / float4 / two float4 loads; tokens per thread for "tm"), `rows` (row
 slots per block), `split` (warps per row, each over a share of its
 nonzeros, added in shared memory: parallelism for few, long rows; 1 for
 "imm") and `unroll` (nonzeros per step of the table loops; 1 for "imm",
@@ -49,7 +49,7 @@ MAGIC = 0x53434653          # 'SFCS' little-endian
 ALIGN = 16                  # every packed section starts at a multiple of this
 
 TABLES = ("global", "const", "imm")
-VECS = (1, 2, 4)
+VECS = (1, 2, 4, 8)
 CONST_BYTES = 65536         # the __constant__ bank a module may fill
 # Straight-line code compiles in time that grows faster than nnz (NVRTC
 # 13.0, sm_90a, one core): 819 nonzeros 1-2 s, 3276: 5-11 s, 7372: 14-32 s
@@ -66,7 +66,7 @@ SMEM_LIMIT = 48 * 1024      # static shared memory of the split reduction
 # each and vary in vec only (1 or 2: with float4 loads ptxas hoists so many
 # of them that the straight-line code spills even at 128 registers).
 SPACE = {
-    "fm": {"vec": (1, 2, 4), "unroll": (4, 8)},
+    "fm": {"vec": (1, 2, 4, 8), "unroll": (4, 8)},
     "tm": {"vec": (1, 2), "unroll": (4, 8)},
 }
 ROWS_SPLIT = ((4, 1), (2, 2), (4, 2), (1, 4), (2, 4), (1, 8))
@@ -86,7 +86,7 @@ TABLE = Space(
     constraints=[
         Constraint("m >= 1 and k >= 1", "W has at least one row and one column"),
         Constraint(f"vec in {VECS}", "columns (fm) or tokens (tm) per thread: float, float2, "
-                   "float4"),
+                   "float4, two float4"),
         Constraint(f"smem <= {SMEM_LIMIT}", "the split reduction fits static shared memory"),
         Constraint(f"rows >= 1 and split >= 1 and threads <= {MAX_THREADS}",
                    "rows and split are >= 1 with at most 32 warps a block"),

@@ -62,9 +62,10 @@ struct Config {
   static constexpr int BN = WARP * VEC;   // columns / tokens of one block
   // Blocks per SM the register allocation must allow: at least 1024
   // resident threads (64 registers a thread); 512 (128 registers) for the
-  // straight-line code, whose loads ptxas hoists far ahead.  Without a
-  // bound ptxas may aim for full occupancy and spill.
-  static constexpr int MIN_THREADS_PER_SM = TABLES_ == 2 ? 512 : 1024;
+  // straight-line code, whose loads ptxas hoists far ahead, and for 8
+  // columns a thread (8 accumulators, 8 loaded values a nonzero in flight).
+  // Without a bound ptxas may aim for full occupancy and spill.
+  static constexpr int MIN_THREADS_PER_SM = TABLES_ == 2 || VEC_ == 8 ? 512 : 1024;
   static constexpr int MIN_BLOCKS = THREADS >= MIN_THREADS_PER_SM ? 1 : MIN_THREADS_PER_SM / THREADS;
   // Shared memory of the split reduction: (SPLIT - 1) x ROWS x VEC x 32.
   static constexpr int SMEM_FLOATS = (SPLIT - 1) * ROWS * VEC * WARP;
@@ -113,11 +114,23 @@ template <> struct Vec<4> {
     *reinterpret_cast<float4 *>(p) = make_float4(v[0], v[1], v[2], v[3]);
   }
 };
+template <> struct Vec<8> {  // two float4: the shuffles and address of a nonzero serve 8 columns
+  __device__ static void load(const float *p, float (&v)[8]) {
+    const float4 t = __ldg(reinterpret_cast<const float4 *>(p));
+    const float4 u = __ldg(reinterpret_cast<const float4 *>(p) + 1);
+    v[0] = t.x; v[1] = t.y; v[2] = t.z; v[3] = t.w;
+    v[4] = u.x; v[5] = u.y; v[6] = u.z; v[7] = u.w;
+  }
+  __device__ static void store(float *p, const float (&v)[8]) {
+    reinterpret_cast<float4 *>(p)[0] = make_float4(v[0], v[1], v[2], v[3]);
+    reinterpret_cast<float4 *>(p)[1] = make_float4(v[4], v[5], v[6], v[7]);
+  }
+};
 
 // ---- accumulators: acc(col, value) adds value * X[col, this thread's n] ----
 // Feature-major: row `col` of X starts col * 4N bytes in, one 32 x 32 -> 64
 // bit multiply-add (IMAD.WIDE.U32) off the thread's base.  4N fits 32 bits:
-// the grid's N axis (at most 65535 tiles of at most 128 columns) bounds N.
+// the grid's N axis (at most 65535 tiles of at most 256 columns) bounds N.
 // (A 64-bit `col * N` took seven instructions and a reload of N and X from
 // the constant bank per nonzero.)
 __device__ __forceinline__ const float *row_at(const char *base, int col, unsigned ldb) {
@@ -370,7 +383,7 @@ __device__ __forceinline__ bool vector_ok(const void *X, const void *Y, int N) {
   if (VEC == 1) return true;
   const unsigned long long a = reinterpret_cast<unsigned long long>(X) |
                                reinterpret_cast<unsigned long long>(Y);
-  return N % VEC == 0 && a % (4 * VEC) == 0;
+  return N % VEC == 0 && a % (VEC >= 4 ? 16 : 4 * VEC) == 0;  // (vec 8: two 16-byte loads)
 }
 
 // Where a warp works: row slot, share of the row, lane.
