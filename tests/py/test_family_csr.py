@@ -120,6 +120,30 @@ def test_search_space_small_matrix_has_every_table_kind():
         assert {c["split"] for c in space if c["tables"] == "imm"} == {1, 4}
 
 
+def test_fp32_hints_are_the_measured_winners_in_the_space():
+    """The DLMC winners (FP32_*): in the space, the small-N shapes first up
+    to about a thousand columns of N, the large-N ones above, in turn when
+    N is unknown (the untuned default is the first of those); token-major
+    its own; a device's thread limit drops what it cannot run."""
+    m = random_matrix(300, 400, 0.1, seed=11)
+    for op in (FM, TM):
+        space = FAM.search_space(m, op, {})
+        for n in (None, 49, 784, 2048, 25088):
+            hints = FAM.hint_configs(m, op, {}, None, n)
+            assert len(hints) >= 4 and all(h in space for h in hints)
+            assert len({str(sorted(h.items())) for h in hints}) == len(hints)
+    small, large = (FAM.hint_configs(m, FM, {}, None, n)[0] for n in (784, 2048))
+    assert (small["rows"], small["split"], small["vec"]) == (2, 2, 4)
+    assert (large["rows"], large["split"], large["vec"]) == (4, 1, 4)
+    assert FAM.hint_configs(m, FM, {}, None, None)[:2] == [small, large]
+    assert FAM.default_config(m, FM, {}) == small
+    assert all(h["vec"] in (1, 2) for h in FAM.hint_configs(m, TM, {}))
+    few = FAM.hint_configs(m, FM, {}, {"max_threads_per_block": 128}, 2048)
+    assert few and all(h["rows"] * h["split"] <= 4 for h in few) and len(few) < 8
+    assert FAM.default_config(m, FM, {}, {"max_threads_per_block": 128}) in \
+        FAM.search_space(m, FM, {}, {"max_threads_per_block": 128})
+
+
 def test_search_space_large_matrix_is_global_only():
     m = random_matrix(600, 500, 0.2, seed=3)          # ~60k nonzeros
     assert m.nnz > csr_mod.IMM_MAX_NNZ

@@ -76,6 +76,17 @@ IMM_VEC = (1, 2)
 
 TABLE_SOURCE = "generator/families/csr/__init__.py"
 
+# fp32 hints: the tuned winners of the DLMC subset (H100; feature-major at
+# 60d7b4f, bench/RESULTS.md 2026-11-26; token-major at ac96371, 2026-11-24),
+# most frequent first.  Feature-major: up to about a thousand columns of N,
+# two rows of two warps a block (parallelism along the rows); above, four
+# rows of one warp and float4 loads.  (Global tables: the others are the
+# search's to find where they fit.)
+FP32_SMALL_MAX_N = 1024
+FP32_FM_SMALL_N = ((2, 2, 8, 4), (2, 2, 8, 2), (4, 2, 8, 2), (2, 2, 8, 1))   # rows, split, unroll, vec
+FP32_FM_LARGE_N = ((4, 1, 8, 4), (4, 2, 8, 4), (4, 1, 8, 2), (4, 1, 8, 8))
+FP32_TM = ((2, 4, 4, 1), (2, 4, 4, 2), (1, 4, 4, 1), (2, 2, 8, 1))
+
 # The constraint table (generator/space.py).  The problem's constants: m,
 # k, nnz, const_bytes (the __constant__ tables' size); the device's:
 # max_threads.  `tables` is a word: tables_global, tables_const, tables_imm.
@@ -332,7 +343,26 @@ class CsrFamily(Family):
                      device: Optional[dict] = None, n: Optional[int] = None) -> list[dict]:
         if op.dtype != "fp32":
             return self._tc_hints(matrix, op, device, n)
-        return super().hint_configs(matrix, op, params, device, n)
+        return self._fp32_hints(matrix, op, params, device, n)
+
+    def _fp32_hints(self, matrix: SparseMatrix, op: Operation, params: dict,
+                    device: Optional[dict], n: Optional[int]) -> list[dict]:
+        """The fp32 winners (FP32_*), valid here: feature-major, the
+        small-N shapes first up to FP32_SMALL_MAX_N columns, the large-N
+        ones first above, in turn when N is unknown."""
+        def cfgs(shapes):
+            return [{"tables": "global", "vec": v, "rows": r, "split": sp, "unroll": u}
+                    for r, sp, u, v in shapes]
+        if op.layout == "tm":
+            prefs = cfgs(FP32_TM)
+        else:
+            small, large = cfgs(FP32_FM_SMALL_N), cfgs(FP32_FM_LARGE_N)
+            if n is None:
+                prefs = [c for pair in zip(small, large) for c in pair]
+            else:
+                prefs = small + large if n <= FP32_SMALL_MAX_N else large + small
+        space = self.search_space(matrix, op, params, device)
+        return [c for c in self.accepted(prefs, matrix, op, params, device) if c in space]
 
     @staticmethod
     def _tc_hints(matrix: SparseMatrix, op: Operation, device: Optional[dict],
@@ -349,12 +379,13 @@ class CsrFamily(Family):
 
     def default_config(self, matrix: SparseMatrix, op: Operation, params: dict,
                        device: Optional[dict] = None) -> dict:
-        """Untuned: fp32, the first of the space; fp16/bf16, the bitmap
-        format's first hint (the decode-shaped kernel, on any GPU)."""
-        if op.dtype != "fp32":
-            hints = tc.hint_configs(matrix, op, device)
-            if hints:
-                return hints[0]
+        """Untuned: fp32, its first hint (N unknown); fp16/bf16, the
+        bitmap format's first hint (the decode-shaped kernel, on any GPU);
+        the first of the space where no hint is valid."""
+        hints = (tc.hint_configs(matrix, op, device) if op.dtype != "fp32"
+                 else self._fp32_hints(matrix, op, {}, device, None))
+        if hints:
+            return hints[0]
         return super().default_config(matrix, op, params, device)
 
     @staticmethod
