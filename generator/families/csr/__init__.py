@@ -20,9 +20,9 @@ chooses where the index lists live (`tables`):
   "imm"     straight-line code with the columns and values as immediates
             (only for small matrices: compile time grows with nnz);
 
-and the shape of the work: `vec` (1, 2, 4: columns of X per thread, as
-float / float2 / float4 / two float4 loads; tokens per thread for "tm"), `rows` (row
-slots per block), `split` (warps per row, each over a share of its
+and the shape of the work: `vec` (1, 2, 4, 8: columns of X per thread, as
+float / float2 / float4 / two float4 loads; tokens per thread for "tm"),
+`rows` (row slots per block), `split` (warps per row, each over a share of its
 nonzeros, added in shared memory: parallelism for few, long rows; 1 for
 "imm") and `unroll` (nonzeros per step of the table loops; 1 for "imm",
 whose code is fully unrolled).
@@ -361,8 +361,7 @@ class CsrFamily(Family):
                 prefs = [c for pair in zip(small, large) for c in pair]
             else:
                 prefs = small + large if n <= FP32_SMALL_MAX_N else large + small
-        space = self.search_space(matrix, op, params, device)
-        return [c for c in self.accepted(prefs, matrix, op, params, device) if c in space]
+        return self.accepted(prefs, matrix, op, params, device)   # (shapes of the space)
 
     @staticmethod
     def _tc_hints(matrix: SparseMatrix, op: Operation, device: Optional[dict],
