@@ -316,8 +316,11 @@ def run(args, name: str, c: Config, spec: str) -> list:
         x, past = inputs(c, phase, tdt, device)
         with torch.no_grad():
             err = relative_error(sparse(x, past), dense(x, past))
+        n = phase[0] * phase[1]
         row = {"model": name, "phase": phase_name, "pattern": spec, "dtype": dtype,
                "converted": len(report.converted), "linears": len(report.layers),
+               "fm_route": sum(r.buckets.get(n, {}).get("layout") == "fm"
+                               for r in report.converted),
                "error": err, "tune_s": tune_s, "prune_s": prune_s}
         if not args.dry_run:
             d, s = measure(dense, x, past, args.reps), measure(sparse, x, past, args.reps)
@@ -343,20 +346,26 @@ def table(rows: list, gpu: str, commit: str, args) -> str:
              "model's Linear calls alone, in a graph.  Error: relative (Frobenius) against "
              f"the dense pruned model.  Tuning: sparsify from {args.db_note} "
              f"({tuning} timing{', budget ' + args.budget if args.budget else ''}).", "",
-             "| model | phase | pattern | dtype | converted | Linear dense ms | Linear sparse ms "
+             "Feature-major route: the converted layers whose bucket for the phase's tokens "
+             "runs the feature-major kernel between two transposes (sparseforge/torch/"
+             "convert.py).", "",
+             "| model | phase | pattern | dtype | converted | feature-major route "
+             "| Linear dense ms | Linear sparse ms "
              "| Linear speedup | forward dense ms | forward sparse ms | forward speedup "
              "| error | tuning s |",
-             "| --- | --- | --- | --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"]
+             "| --- | --- | --- | --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: "
+             "| ---: |"]
     for r in rows:
         if "skipped" in r:
             lines.append(f"| {r['model']} | {r['phase']} | {r['pattern']} | | skipped: "
-                         f"{r['skipped']} | | | | | | | | |")
+                         f"{r['skipped']} | | | | | | | | | |")
             continue
         ls = r.get("dense_linear_ms", math.nan) / r.get("sparse_linear_ms", math.nan)
         fs = r.get("dense_forward_ms", math.nan) / r.get("sparse_forward_ms", math.nan)
         lines.append(
             f"| {r['model']} | {r['phase']} | {r['pattern']} | {r['dtype']} | "
-            f"{r['converted']}/{r['linears']} | {_f(r.get('dense_linear_ms'), '.3f')} | "
+            f"{r['converted']}/{r['linears']} | {r['fm_route']} | "
+            f"{_f(r.get('dense_linear_ms'), '.3f')} | "
             f"{_f(r.get('sparse_linear_ms'), '.3f')} | {_f(ls, '.2f', 'x')} | "
             f"{_f(r.get('dense_forward_ms'), '.3f')} | {_f(r.get('sparse_forward_ms'), '.3f')} | "
             f"{_f(fs, '.2f', 'x')} | {r['error']:.2e} | {r['tune_s']:.0f} |")

@@ -53,6 +53,7 @@ class VariantCode:
     cubin: bytes
     median_ms: float = math.nan
     peer_ms: float = math.nan
+    layout: str = "fm"           # X and Y as the kernel takes them: the entry's operation's
 
     @property
     def speedup(self) -> float:
@@ -236,7 +237,7 @@ def _make_variants(cache, codes: list, compiler) -> None:
         k = built.kernel
         median, peer = _times(cache, envs.get(ac.gpu_name, []), code.entry, n, key)
         ac.variants.append(VariantCode(n, k.name, dict(k.launch), json.loads(key), k.packed,
-                                       built.data, median, peer))
+                                       built.data, median, peer, code.entry.op.layout))
 
 
 def _times(cache, env_keys: list, entry: Entry, n: int, config: str) -> tuple[float, float]:

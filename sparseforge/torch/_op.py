@@ -12,7 +12,15 @@ variant tuned for the N nearest to the number of tokens, the grid rule,
 Y zeroed first where the kernel accumulates), with the tensors' addresses
 and torch.cuda.current_stream(): nothing synchronizes, copies or
 allocates outside torch's allocator, so the op runs inside CUDA graph
-capture.  An input that is not contiguous, or not 16-byte aligned (the
+capture.
+
+A variant is token-major (the layout of a Linear) or feature-major: a
+bucket whose token-major kernel lost to the feature-major route when the
+layer was converted (convert.py) runs X^T (K x n, a torch transpose), the
+feature-major kernel, and Y = (Y^T)^T, all on the same stream.  The
+variants of each layout form one C layer; the bucket nearest to n (the C
+runtime's rule: nearest in ratio, the first on ties) names the layout, and
+that layout's C layer, choosing among its own buckets, picks the same one.  An input that is not contiguous, or not 16-byte aligned (the
 kernels read X in 16-byte pieces), is first copied by torch.  The fake
 implementation gives y's shape and dtype, so torch.compile traces the op
 without running it (fullgraph: no graph break).
@@ -26,6 +34,7 @@ one is closed at the next load outside capture, once its device is idle.
 from __future__ import annotations
 
 import itertools
+import math
 import threading
 from typing import Optional
 
@@ -61,30 +70,69 @@ def device_info(device: int) -> dict:
 
 class LoadedLayer:
     """A layer loaded on one GPU without its packed weights (the module's
-    tensors hold them)."""
+    tensors hold them): one C layer per layout of its variants."""
 
-    def __init__(self, key: int, device: int, name: str, layer: "native.Layer",
-                 n_variants: int):
+    def __init__(self, key: int, device: int, name: str, parts: dict, buckets: list):
         self.key, self.device, self.name = key, device, name
-        self.layer, self.n_variants = layer, n_variants
+        self.parts = parts            # layout -> (native.Layer, indices of its variants)
+        self.buckets = buckets        # [(n_bucket, layout)], in the variants' order
+        self.n_variants = len(buckets)
         self.ctx, self.lock = context(device)
 
-    def run(self, x: int, y: int, n: int, packed: list, stream: int) -> None:
+    def layout_for(self, n: int) -> str:
+        """The layout of the variant that runs n tokens."""
+        return route(self.buckets, n)
+
+    def run(self, layout: str, x: int, y: int, n: int, packed: list, stream: int) -> None:
+        layer, idx = self.parts[layout]
         with self.lock:
-            self.layer.run(x, y, n, stream=stream, packed=packed)
+            layer.run(x, y, n, stream=stream, packed=[packed[i] for i in idx])
+
+    def close(self) -> None:
+        for layer, _ in self.parts.values():
+            layer.close()
+
+
+def route(buckets: list, n: int) -> str:
+    """The layout of the bucket nearest to n in ratio (the first on ties;
+    the first for n < 1), as sf_layer_run chooses its variant: `buckets`
+    is [(n_bucket, layout)] in the variants' order."""
+    chosen, best = 0, math.inf
+    for i, (b, _) in enumerate(buckets):
+        if n < 1:
+            break
+        dist = abs(math.log(n / b))
+        if dist < best:
+            chosen, best = i, dist
+    return buckets[chosen][1]
 
 
 def load(device: int, name: str, rows: int, cols: int, elem_size: int, variants: list) -> int:
     """Loads a layer on GPU `device` from its variants (dicts with
-    n_bucket, kernel_name, launch, binary; no packed bytes) and returns
-    its key for the op.  Closes the layers released before, when the GPU
-    is not capturing a graph."""
+    n_bucket, kernel_name, launch, binary and layout, "tm" or "fm"; no
+    packed bytes) and returns its key for the op.  Closes the layers
+    released before, when the GPU is not capturing a graph."""
     _close_released()
     ctx, lock = context(device)
-    code = [dict(v, packed=None) for v in variants]
+    parts: dict = {}
+    by_layout: dict = {}
+    for i, v in enumerate(variants):
+        by_layout.setdefault(v.get("layout", "tm"), []).append(i)
     with lock:
-        layer = ctx.load_layer(name, rows, cols, elem_size, elem_size, code)
-    entry = LoadedLayer(next(_keys), device, name, layer, len(variants))
+        try:
+            for layout, idx in by_layout.items():
+                code = [{k: variants[i][k] for k in ("n_bucket", "kernel_name", "launch", "binary")}
+                        for i in idx]
+                for c in code:
+                    c["packed"] = None
+                parts[layout] = (ctx.load_layer(name, rows, cols, elem_size, elem_size, code),
+                                 idx)
+        except Exception:
+            for layer, _ in parts.values():
+                layer.close()
+            raise
+    buckets = [(int(v["n_bucket"]), v.get("layout", "tm")) for v in variants]
+    entry = LoadedLayer(next(_keys), device, name, parts, buckets)
     with _lock:
         _loaded[entry.key] = entry
     return entry.key
@@ -112,7 +160,7 @@ def _close_released() -> None:
         torch.cuda.synchronize(device)
     for e in entries:
         with e.lock:
-            e.layer.close()
+            e.close()
 
 
 def _linear_cuda(x: torch.Tensor, packed: list, layer: int, out_features: int) -> torch.Tensor:
@@ -136,13 +184,26 @@ def _linear_cuda(x: torch.Tensor, packed: list, layer: int, out_features: int) -
         return y
     ptrs = [p.data_ptr() for p in packed]
     if torch.cuda.current_device() == entry.device:
-        stream = torch.cuda.current_stream(x.device).cuda_stream
-        entry.run(x.data_ptr(), y.data_ptr(), n, ptrs, stream)
+        _run(entry, x, y, n, ptrs, out_features)
     else:
         with torch.cuda.device(x.device):
-            stream = torch.cuda.current_stream(x.device).cuda_stream
-            entry.run(x.data_ptr(), y.data_ptr(), n, ptrs, stream)
+            _run(entry, x, y, n, ptrs, out_features)
     return y
+
+
+def _run(entry: LoadedLayer, x: torch.Tensor, y: torch.Tensor, n: int, ptrs: list,
+         out_features: int) -> None:
+    """y = layer(x) on the current stream, through the feature-major
+    kernel and two transposes where n's bucket routes there."""
+    stream = torch.cuda.current_stream(x.device).cuda_stream
+    layout = entry.layout_for(n)
+    if layout == "tm":
+        entry.run("tm", x.data_ptr(), y.data_ptr(), n, ptrs, stream)
+        return
+    xt = x.reshape(n, x.shape[-1]).t().contiguous()
+    yt = torch.empty((out_features, n), dtype=y.dtype, device=y.device)
+    entry.run(layout, xt.data_ptr(), yt.data_ptr(), n, ptrs, stream)
+    y.view(n, out_features).copy_(yt.t())
 
 
 def _linear_fake(x: torch.Tensor, packed: list, layer: int, out_features: int) -> torch.Tensor:

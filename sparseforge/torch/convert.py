@@ -9,6 +9,17 @@ analysis finds the matrix fits.  The kernels come from the database
 (tuner/resolve.py), tuned on the spot where it lacks them.  A layer whose
 family has no token-major kernel in its dtype stays dense with the reason
 under "auto", and is refused when the pattern was named.
+
+The feature-major route: a Linear's activations are token-major, and some
+families' token-major kernels are far slower than their feature-major ones
+(shflbw gathers X element by element and scatters Y the same way; fp32
+csr reads X across rows).  On a GPU, each N bucket whose token-major
+kernel lost to cuBLAS when tuned also gets the layer's feature-major
+kernel for that N (tuned under the layer's name + "#fm"), and both routes
+are timed through the op, back to back on the same input: the token-major
+kernel, against X transposed by torch, the feature-major kernel and Y
+transposed back.  The faster serves the bucket (`layout` in the report
+and the module's kernels).
 """
 from __future__ import annotations
 
@@ -29,6 +40,9 @@ from .linear import DTYPES, FORMAT, TORCH_DTYPES, SparseLinear, matrix_of
 
 DEFAULT_N = (16, 256, 4096)
 LAYOUT = "tm"     # a Linear's activations: tokens x features
+FM_NAME = "#fm"   # suffix of the database name of a layer's feature-major kernels
+FM_TRY_BELOW = 1.0  # a bucket whose token-major kernel is below this speedup over
+                    # cuBLAS tries the feature-major route
 
 
 @dataclass
@@ -73,6 +87,8 @@ class Report:
                 continue
             for n, b in sorted(r.buckets.items()):
                 cfg = ",".join(f"{k}={v}" for k, v in sorted(b["config"].items()))
+                if b.get("layout") == "fm":
+                    cfg = "fm route: " + cfg
                 out.append(f"{r.name[:36]:36s} {r.pattern:12s} {n:6d} {cfg[:40]:40s} "
                            f"{_ms(b['median_ms'])} {_ms(b['peer_ms'])} "
                            f"{_x(b['speedup'])}")
@@ -106,7 +122,7 @@ def _unsupported(pattern: str, dtype: str) -> str:
 def sparsify(model: nn.Module, db=None, pattern: str = "auto", n=DEFAULT_N, tune: bool = True,
              progress: bool = True, *, budget: Optional[str] = None, strategy: str = "auto",
              quick: bool = False, device: Optional[int] = None, archs=None,
-             log=None) -> Report:
+             log=None, feature_major: bool = True) -> Report:
     """Replaces, in place, each nn.Linear of `model` whose weight is sparse
     enough (density below 0.75) by a SparseLinear, and returns the Report.
 
@@ -120,8 +136,10 @@ def sparsify(model: nn.Module, db=None, pattern: str = "auto", n=DEFAULT_N, tune
     (default sm_80 and sm_90a), untuned, as `sparseforge tune` does.
     `budget`, `strategy`, `quick` (the shorter timing protocol): as the
     command line's; `device`: the GPU ordinal to tune on (default: the
-    model's, else 0).  Progress and the tuning lines go to stderr unless
-    `progress` is False."""
+    model's, else 0).  `feature_major`: try the feature-major route (the
+    module note) for buckets whose token-major kernel loses to cuBLAS.
+    Progress and the tuning lines go to stderr unless `progress` is
+    False."""
     t0 = time.perf_counter()
     log = log or (sys.stderr if progress else open(os.devnull, "w"))
     rows, candidates = [], []
@@ -161,7 +179,7 @@ def sparsify(model: nn.Module, db=None, pattern: str = "auto", n=DEFAULT_N, tune
         device = next((p.device.index for p in model.parameters() if p.device.type == "cuda"), 0)
     codes, where, gpu = kernels_for(layers, db, n, tune, progress, budget=budget,
                                     strategy=strategy, quick=quick, device=device, archs=archs,
-                                    log=log)
+                                    log=log, feature_major=feature_major)
     for (name, mod, pat, m), layer, code in zip(todo, layers, codes):
         parent, _, child = name.rpartition(".")
         setattr(model.get_submodule(parent), child, layer)
@@ -176,7 +194,8 @@ def _row(name: str, m, pattern: str, code) -> LayerReport:
     record (the GPU's own, where there is one)."""
     ac = next(iter(code.archs.values()))
     buckets = {v.n_bucket: {"config": v.config, "median_ms": v.median_ms,
-                            "peer_ms": v.peer_ms, "speedup": v.speedup} for v in ac.variants}
+                            "peer_ms": v.peer_ms, "speedup": v.speedup, "layout": v.layout}
+               for v in ac.variants}
     return LayerReport(name, m.shape, m.density, pattern, gpu=ac.gpu_name, buckets=buckets,
                        tuned_now=code.tuned_now)
 
@@ -190,9 +209,115 @@ def _entry(index: int, layer: SparseLinear) -> Entry:
                  bias=layer.bias_array())
 
 
+def _fm_entry(entry: Entry) -> Optional[Entry]:
+    """The entry of the layer's feature-major kernels (None when its family
+    has none in its dtype)."""
+    fam, _ = family_of(entry.pattern)
+    if "fm" not in fam.layouts or entry.op.dtype not in fam.dtypes:
+        return None
+    return Entry(entry.index, entry.name + FM_NAME, entry.matrix, pattern=entry.pattern,
+                 op=Operation(entry.op.dtype, "fm", entry.op.epilogue), bias=entry.bias)
+
+
+def _fm_candidates(codes: list, arch: str) -> list:
+    """(index of the layer, its feature-major entry, the N buckets to try)
+    for each layer with a bucket whose token-major kernel, tuned on this
+    GPU, lost to cuBLAS."""
+    out = []
+    for i, code in enumerate(codes):
+        ac = code.archs.get(arch)
+        if ac is None or not ac.tuned:
+            continue
+        ns = [v.n_bucket for v in ac.variants if v.layout == LAYOUT and v.speedup < FM_TRY_BELOW]
+        fm = _fm_entry(code.entry) if ns else None
+        if fm is not None:
+            out.append((i, fm, ns))
+    return out
+
+
+def _time_routes(mods: tuple, code, fm_variant, n: int, device: int, rounds: int = 3,
+                 reps: int = 10) -> tuple[float, float]:
+    """(token-major ms, feature-major route ms) at n tokens on GPU `device`:
+    the two modules `mods` (copies of one layer) take the layer's kernels,
+    the second with `fm_variant` for the bucket n, and are timed through
+    the op in alternating rounds of `reps` calls (CUDA events; the best
+    round of each)."""
+    import torch
+
+    from ..tuner.resolve import ArchCode, LayerCode
+    ac = next(iter(code.archs.values()))
+    swapped = [fm_variant if v.n_bucket == n else v for v in ac.variants]
+    for mod, variants in zip(mods, (ac.variants, swapped)):
+        mod.attach(LayerCode(code.entry, {ac.arch: ArchCode(ac.arch, ac.gpu_name, variants)}))
+    x = torch.randn(n, mods[0].in_features, device=f"cuda:{device}").to(
+        mods[0].weight_values.dtype)
+    best = [math.inf, math.inf]
+    with torch.no_grad(), torch.cuda.device(device):
+        for mod in mods:
+            mod(x)                                 # first calls outside the timing
+        for _ in range(rounds):
+            for r, mod in enumerate(mods):
+                start = torch.cuda.Event(enable_timing=True)
+                end = torch.cuda.Event(enable_timing=True)
+                start.record()
+                for _ in range(reps):
+                    mod(x)
+                end.record()
+                end.synchronize()
+                best[r] = min(best[r], start.elapsed_time(end) / reps)
+    return best[0], best[1]
+
+
+def _route(layers: list, codes: list, cache, tune: bool, make_tuner, info: dict, device: int,
+           log) -> None:
+    """The feature-major route (module note) for each bucket whose
+    token-major kernel lost to cuBLAS on this GPU: its feature-major kernel
+    from the database (tuned now where it lacks one, if `tune`), both
+    routes timed, the faster kept in `codes`."""
+    import dataclasses
+
+    from ..tuner.resolve import MissingLayersError, resolve
+    arch = info["arch"]
+    groups: dict = {}                              # one resolve (one tuner) per set of buckets
+    for cand in _fm_candidates(codes, arch):
+        groups.setdefault(tuple(cand[2]), []).append(cand)
+    found = []
+    for ns, cands in groups.items():
+        entries = [fm for _, fm, _ in cands]
+        try:
+            fm_codes = resolve(cache, entries, list(ns), tune, make_tuner, info, log=log)
+        except MissingLayersError as e:            # tune=False: those with a record
+            have = [fm for fm in entries if fm.name not in e.names]
+            fm_codes = resolve(cache, have, list(ns), False, make_tuner, info, log=log) \
+                if have else []
+            cands = [c for c in cands if c[1].name not in e.names]
+        found += [(i, fm, ns, code) for (i, fm, ns), code in zip(cands, fm_codes)]
+    for i, fm_entry, ns, fm_code in found:
+        fm_ac, ac = fm_code.archs.get(arch), codes[i].archs[arch]
+        if fm_ac is None or not fm_ac.tuned:
+            continue
+        layer = layers[i]
+        mods = tuple(SparseLinear._of_matrix(fm_entry.get_matrix(), layer.bias, layer.pattern,
+                                             layer.name, layer.weight_values.dtype, f"cuda:{device}")
+                     for _ in range(2))
+        for fv in fm_ac.variants:
+            if fv.n_bucket not in ns:
+                continue
+            t_tm, t_fm = _time_routes(mods, codes[i], fv, fv.n_bucket, device)
+            tv = next(v for v in ac.variants if v.n_bucket == fv.n_bucket)
+            print(f"{layer.name}: N = {fv.n_bucket}: token-major {t_tm:.4f} ms, "
+                  f"feature-major route {t_fm:.4f} ms: "
+                  f"{'feature-major' if t_fm < t_tm else 'token-major'}", file=log)
+            if t_fm < t_tm:
+                # the report's times stay in the tuner's protocol: the
+                # token-major kernel's tuned time scaled by the routes' ratio
+                ac.variants[ac.variants.index(tv)] = dataclasses.replace(
+                    fv, median_ms=tv.median_ms * t_fm / t_tm, peer_ms=tv.peer_ms)
+
+
 def kernels_for(layers: list, db=None, n=DEFAULT_N, tune: bool = True, progress: bool = False,
                 *, budget: Optional[str] = None, strategy: str = "auto", quick: bool = False,
-                device: int = 0, archs=None, log=None):
+                device: int = 0, archs=None, log=None, feature_major: bool = True):
     """Gives each SparseLinear of `layers` its kernels from the database
     (tuning what it lacks: see sparsify) and loads them where the layer is
     on a GPU.  Returns (the tuner/resolve.py LayerCodes, the database's
@@ -224,6 +349,8 @@ def kernels_for(layers: list, db=None, n=DEFAULT_N, tune: bool = True, progress:
         codes = resolve(cache, entries, list(n), tune, make_tuner, info,
                         None if ok else (archs or (list(NO_GPU_ARCHS) if tune else None)),
                         log=log)
+        if ok and feature_major:
+            _route(layers, codes, cache, tune, make_tuner, info, device, log)
     for layer, code in zip(layers, codes):
         layer.attach(code)
     gpu = info["name"] if info else f"none (kernels for {', '.join(archs or NO_GPU_ARCHS)})"

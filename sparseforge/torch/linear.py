@@ -11,7 +11,9 @@ What the module holds (all of it in state_dict()):
   change the packing, so N buckets or architectures may differ);
 - as extra state: for each architecture it has kernels for, the record
   they came from (the GPU they were tuned on) and each N bucket's kernel:
-  its name, launch record, configuration, packed buffer and cubin.
+  its name, launch record, configuration, packed buffer, cubin and layout
+  ("tm"; "fm" where the bucket runs the feature-major kernel between two
+  transposes, see _op.py).
 
 So a state_dict is what a user ships: the weights and, for each GPU
 architecture, the compiled kernels.  Moving the module to a GPU (`.to()`,
@@ -160,7 +162,7 @@ class SparseLinear(nn.Module):
                 {"n_bucket": v.n_bucket, "kernel": v.kernel_name, "launch": dict(v.launch),
                  "config": dict(v.config), "blob": index(blobs, v.packed),
                  "cubin": index(cubins, v.cubin), "median_ms": _time(v.median_ms),
-                 "peer_ms": _time(v.peer_ms)} for v in ac.variants]}
+                 "peer_ms": _time(v.peer_ms), "layout": v.layout} for v in ac.variants]}
         self._unload()
         dev = self.weight_values.device
         for i in range(max(self._n_blobs, len(blobs))):
@@ -265,8 +267,8 @@ class SparseLinear(nn.Module):
                 f"{have or 'none'}: run sparseforge.torch.sparsify(model, db) or "
                 ".load_kernels(db) with this GPU present to tune them")
         variants = [{"n_bucket": v["n_bucket"], "kernel_name": v["kernel"],
-                     "launch": v["launch"], "binary": self._cubins[v["cubin"]]}
-                    for v in k["variants"]]
+                     "launch": v["launch"], "binary": self._cubins[v["cubin"]],
+                     "layout": v.get("layout", "tm")} for v in k["variants"]]
         elem = torch.empty(0, dtype=TORCH_DTYPES[self.dtype_name]).element_size()
         key = _op.load(target, self._where(), self.out_features, self.in_features, elem,
                        variants)
@@ -329,8 +331,10 @@ class SparseLinear(nn.Module):
     def kernels(self) -> dict:
         """arch -> {"gpu": the GPU they were tuned on (or "untuned (arch)"),
         "variants": one dict per N bucket (n_bucket, kernel, launch, config,
-        blob, cubin, and median_ms and peer_ms: the kernel's and cuBLAS's
-        times when it was tuned, None where nothing was measured)}."""
+        blob, cubin, layout, and median_ms and peer_ms: the kernel's and
+        cuBLAS's times when it was tuned, None where nothing was measured;
+        for a feature-major bucket, median_ms is the whole route's, the
+        transposes included)}."""
         return _copy(self._kernels)
 
     def _where(self) -> str:

@@ -39,7 +39,7 @@ def test_a_dry_run_converts_bert_and_checks_it_on_the_cpu(tmp_path, capsys):
             "--arch", "sm_90a", "--quiet", "--db", str(tmp_path / "b.db")]
     assert torch_models.main(argv) == 0
     out = capsys.readouterr().out
-    assert ("| bert | prefill 8x512 | nm24 | fp16 | 6/6 | - | - | - | - | - | - | 0.00e+00 |"
+    assert ("| bert | prefill 8x512 | nm24 | fp16 | 6/6 | 0 | - | - | - | - | - | - | 0.00e+00 |"
             in out)
     for p in patterns[1:]:
         assert f"| bert | prefill 8x512 | {p} | | skipped: {p}: no token-major kernel yet" in out

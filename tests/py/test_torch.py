@@ -262,3 +262,49 @@ def test_compile_traces_the_module_in_one_graph():
     x = torch.randn(4, K)
     with torch.no_grad():
         assert torch.equal(compiled(x), layer(x))
+
+
+def test_the_route_of_n_is_the_runtime_s_choice_of_bucket():
+    """The op's layout for n tokens comes from the bucket sf_layer_run
+    picks: nearest in ratio, the first on ties, the first below 1 token."""
+    from sparseforge.torch._op import route
+    buckets = [(16, "tm"), (256, "tm"), (4096, "fm")]
+    assert [route(buckets, n) for n in (1, 16, 63, 65, 600, 1024, 1100, 3000, 10**6)] == \
+        ["tm", "tm", "tm", "tm", "tm", "tm", "fm", "fm", "fm"]
+    assert route([(16, "fm"), (64, "tm")], 32) == "fm"      # a tie: the first
+    assert route([(16, "fm"), (64, "tm")], 0) == "fm"
+    assert route([(64, "tm"), (16, "fm")], 32) == "tm"
+
+
+def test_only_buckets_losing_to_cublas_try_the_feature_major_route():
+    """A layer's buckets whose token-major kernel was slower than cuBLAS
+    when tuned on this GPU are the ones tried feature-major, under the
+    layer's name + '#fm' with the same dtype and epilogue; untuned records,
+    unmeasured buckets and families without feature-major kernels try
+    nothing."""
+    import math
+
+    from sparseforge.generator.kernel import Epilogue, Operation
+    from sparseforge.torch.convert import _fm_candidates
+    from sparseforge.tuner.model import Entry
+    from sparseforge.tuner.resolve import ArchCode, LayerCode, VariantCode
+
+    def code(pattern, times, gpu="NVIDIA H100"):
+        w = pruned_weight(pattern, torch.float16, 64, 64)
+        from sparseforge.torch.linear import matrix_of
+        entry = Entry(0, f"l.{pattern}", matrix_of(w), pattern=pattern,
+                      op=Operation("fp16", "tm", Epilogue(bias=True, activation="gelu")))
+        variants = [VariantCode(n, "k", {}, {}, b"", b"", ours, peer, "tm")
+                    for n, (ours, peer) in times.items()]
+        return LayerCode(entry, {"sm_90a": ArchCode("sm_90a", gpu, variants)})
+
+    times = {16: (0.01, 0.02), 256: (0.02, 0.03), 4096: (0.5, 0.2)}
+    codes = [code("shflbw:64", times), code("bsr:16x16", {16: (0.01, 0.02)}),
+             code("shflbw:64", {16: (math.nan, 0.02), 4096: (0.3, math.nan)}),
+             code("shflbw:64", times, gpu="untuned (sm_90a)")]
+    got = _fm_candidates(codes, "sm_90a")
+    assert [(i, ns) for i, _, ns in got] == [(0, [4096])]
+    fm = got[0][1]
+    assert fm.name == "l.shflbw:64#fm" and fm.op.layout == "fm"
+    assert fm.op.epilogue == codes[0].entry.op.epilogue and fm.op.dtype == "fp16"
+    assert _fm_candidates(codes, "sm_80") == []
