@@ -16,8 +16,9 @@ capture.
 
 A variant is token-major (the layout of a Linear) or feature-major: a
 bucket whose token-major kernel lost to the feature-major route when the
-layer was converted (convert.py) runs X^T (K x n, a torch transpose), the
-feature-major kernel, and Y = (Y^T)^T, all on the same stream.  The
+layer was converted (convert.py) runs X^T (K x n, templates/transpose.cu
+into a torch tensor), the feature-major kernel, and Y = (Y^T)^T, all on
+the same stream.  The
 variants of each layout form one C layer; the bucket nearest to n (the C
 runtime's rule: nearest in ratio, the first on ties) names the layout, and
 that layout's C layer, choosing among its own buckets, picks the same one.  An input that is not contiguous, or not 16-byte aligned (the
@@ -72,11 +73,13 @@ class LoadedLayer:
     """A layer loaded on one GPU without its packed weights (the module's
     tensors hold them): one C layer per layout of its variants."""
 
-    def __init__(self, key: int, device: int, name: str, parts: dict, buckets: list):
+    def __init__(self, key: int, device: int, name: str, parts: dict, buckets: list,
+                 transpose=None):
         self.key, self.device, self.name = key, device, name
         self.parts = parts            # layout -> (native.Layer, indices of its variants)
         self.buckets = buckets        # [(n_bucket, layout)], in the variants' order
         self.n_variants = len(buckets)
+        self.transpose_fn = transpose  # (native.Module, its KernelFn) where a bucket is fm
         self.ctx, self.lock = context(device)
 
     def layout_for(self, n: int) -> str:
@@ -88,9 +91,18 @@ class LoadedLayer:
         with self.lock:
             layer.run(x, y, n, stream=stream, packed=[packed[i] for i in idx])
 
+    def transpose(self, src: int, dst: int, rows: int, cols: int, stream: int) -> None:
+        """dst (cols x rows) = src (rows x cols)^T on `stream`."""
+        _, fn = self.transpose_fn
+        with self.lock:
+            self.ctx.launch(fn, ((cols + 63) // 64, (rows + 63) // 64, 1), (32, 16, 1),
+                            (src, dst, rows, cols), sig="PPii", stream=stream)
+
     def close(self) -> None:
         for layer, _ in self.parts.values():
             layer.close()
+        if self.transpose_fn is not None:
+            self.transpose_fn[0].unload()
 
 
 def route(buckets: list, n: int) -> str:
@@ -107,14 +119,37 @@ def route(buckets: list, n: int) -> str:
     return buckets[chosen][1]
 
 
-def load(device: int, name: str, rows: int, cols: int, elem_size: int, variants: list) -> int:
+_TRANSPOSE_CUBINS: dict = {}   # arch -> cubin of templates/transpose.cu
+
+
+def transpose_cubin(arch: str) -> bytes:
+    """The cubin of the feature-major route's transposes for `arch`
+    (compiled once a process; no GPU needed)."""
+    with _lock:
+        if arch not in _TRANSPOSE_CUBINS:
+            from ..generator.kernel import TEMPLATE_DIR
+            src = (TEMPLATE_DIR / "transpose.cu").read_text()
+            ctx = native.Context(0)
+            try:
+                _TRANSPOSE_CUBINS[arch] = ctx.compile(src, "transpose.cu", arch=arch).data
+            finally:
+                ctx.close()
+        return _TRANSPOSE_CUBINS[arch]
+
+
+def load(device: int, name: str, rows: int, cols: int, elem_size: int, variants: list,
+         transpose: Optional[bytes] = None) -> int:
     """Loads a layer on GPU `device` from its variants (dicts with
     n_bucket, kernel_name, launch, binary and layout, "tm" or "fm"; no
-    packed bytes) and returns its key for the op.  Closes the layers
+    packed bytes) and, where a variant is feature-major, the cubin of
+    transpose_cubin; returns its key for the op.  Closes the layers
     released before, when the GPU is not capturing a graph."""
     _close_released()
     ctx, lock = context(device)
+    if any(v.get("layout", "tm") != "tm" for v in variants) and transpose is None:
+        raise ValueError(f"layer {name!r}: feature-major variants need the transpose cubin")
     parts: dict = {}
+    fn = None
     by_layout: dict = {}
     for i, v in enumerate(variants):
         by_layout.setdefault(v.get("layout", "tm"), []).append(i)
@@ -127,12 +162,15 @@ def load(device: int, name: str, rows: int, cols: int, elem_size: int, variants:
                     c["packed"] = None
                 parts[layout] = (ctx.load_layer(name, rows, cols, elem_size, elem_size, code),
                                  idx)
+            if transpose is not None:
+                module = ctx.load(native.Binary.from_bytes(transpose))
+                fn = (module, module.kernel(f"sf_transpose_{elem_size}"))
         except Exception:
             for layer, _ in parts.values():
                 layer.close()
             raise
     buckets = [(int(v["n_bucket"]), v.get("layout", "tm")) for v in variants]
-    entry = LoadedLayer(next(_keys), device, name, parts, buckets)
+    entry = LoadedLayer(next(_keys), device, name, parts, buckets, fn)
     with _lock:
         _loaded[entry.key] = entry
     return entry.key
@@ -200,10 +238,12 @@ def _run(entry: LoadedLayer, x: torch.Tensor, y: torch.Tensor, n: int, ptrs: lis
     if layout == "tm":
         entry.run("tm", x.data_ptr(), y.data_ptr(), n, ptrs, stream)
         return
-    xt = x.reshape(n, x.shape[-1]).t().contiguous()
+    k = x.shape[-1]
+    xt = torch.empty((k, n), dtype=x.dtype, device=x.device)
     yt = torch.empty((out_features, n), dtype=y.dtype, device=y.device)
+    entry.transpose(x.data_ptr(), xt.data_ptr(), n, k, stream)
     entry.run(layout, xt.data_ptr(), yt.data_ptr(), n, ptrs, stream)
-    y.view(n, out_features).copy_(yt.t())
+    entry.transpose(yt.data_ptr(), y.data_ptr(), out_features, n, stream)
 
 
 def _linear_fake(x: torch.Tensor, packed: list, layer: int, out_features: int) -> torch.Tensor:

@@ -13,7 +13,8 @@ What the module holds (all of it in state_dict()):
   they came from (the GPU they were tuned on) and each N bucket's kernel:
   its name, launch record, configuration, packed buffer, cubin and layout
   ("tm"; "fm" where the bucket runs the feature-major kernel between two
-  transposes, see _op.py).
+  transposes, see _op.py), and where a bucket is "fm" the transposes'
+  cubin.
 
 So a state_dict is what a user ships: the weights and, for each GPU
 architecture, the compiled kernels.  Moving the module to a GPU (`.to()`,
@@ -163,6 +164,8 @@ class SparseLinear(nn.Module):
                  "config": dict(v.config), "blob": index(blobs, v.packed),
                  "cubin": index(cubins, v.cubin), "median_ms": _time(v.median_ms),
                  "peer_ms": _time(v.peer_ms), "layout": v.layout} for v in ac.variants]}
+            if any(v.layout != "tm" for v in ac.variants):
+                kernels[arch]["transpose"] = index(cubins, _op.transpose_cubin(arch))
         self._unload()
         dev = self.weight_values.device
         for i in range(max(self._n_blobs, len(blobs))):
@@ -270,8 +273,9 @@ class SparseLinear(nn.Module):
                      "launch": v["launch"], "binary": self._cubins[v["cubin"]],
                      "layout": v.get("layout", "tm")} for v in k["variants"]]
         elem = torch.empty(0, dtype=TORCH_DTYPES[self.dtype_name]).element_size()
+        transpose = self._cubins[k["transpose"]] if "transpose" in k else None
         key = _op.load(target, self._where(), self.out_features, self.in_features, elem,
-                       variants)
+                       variants, transpose)
         self._layer_key, self._loaded_on = key, target
         self._variant_blobs = tuple(v["blob"] for v in k["variants"])
         self._finalizer = weakref.finalize(self, _op.release, key)
@@ -380,7 +384,6 @@ def _time(ms: float) -> Optional[float]:
 
 
 def _copy(kernels: dict) -> dict:
-    return {arch: {"gpu": k["gpu"], "variants": [dict(v, launch=dict(v["launch"]),
-                                                      config=dict(v["config"]))
-                                                 for v in k["variants"]]}
+    return {arch: dict(k, variants=[dict(v, launch=dict(v["launch"]), config=dict(v["config"]))
+                                    for v in k["variants"]])
             for arch, k in kernels.items()}

@@ -308,3 +308,45 @@ def test_only_buckets_losing_to_cublas_try_the_feature_major_route():
     assert fm.name == "l.shflbw:64#fm" and fm.op.layout == "fm"
     assert fm.op.epilogue == codes[0].entry.op.epilogue and fm.op.dtype == "fp16"
     assert _fm_candidates(codes, "sm_80") == []
+
+
+def test_a_feature_major_bucket_carries_its_transposes_through_the_state(tmp_path):
+    """A bucket given the feature-major kernel (as sparsify's route does on
+    a GPU) keeps its layout, and its architecture the transposes' cubin,
+    through state_dict into an empty layer; a token-major-only
+    architecture carries no transpose cubin; on CPU the layer is still
+    F.linear."""
+    from sparseforge.cache import Cache
+    from sparseforge.torch.convert import _entry, _fm_entry
+    from sparseforge.tuner.driver import QUICK_TIMING, Tuner
+    from sparseforge.tuner.resolve import ArchCode, LayerCode, resolve
+    w = pruned_weight("shflbw:16", torch.float16, 64, 48)
+    bias = torch.randn(64).half()
+    layer = SparseLinear.from_dense(w, bias, pattern="shflbw:16", name="route.weight")
+    db = tmp_path / "fm.db"
+    layer.load_kernels(db, n=(8, 512), archs="sm_80,sm_90a")
+    assert all("transpose" not in k for k in layer.kernels.values())
+    entry = _entry(0, layer)
+    with Cache(db) as cache:
+        (tm,) = resolve(cache, [entry], [8, 512], False, archs=["sm_80", "sm_90a"])
+        (fm,) = resolve(cache, [_fm_entry(entry)], [512], True, archs=["sm_90a"],
+                        make_tuner=lambda: Tuner(cache, arch="sm_90a", budget="1",
+                                                 timing=QUICK_TIMING))
+    fm_v = fm.archs["sm_90a"].variants[0]
+    assert fm_v.layout == "fm" and fm_v.kernel_name.startswith("sf_shflbw16_fp16_fm_bias")
+    ac = tm.archs["sm_90a"]
+    tm.archs["sm_90a"] = ArchCode(ac.arch, ac.gpu_name, [ac.variants[0], fm_v])
+    layer.attach(LayerCode(entry, tm.archs))
+    k = layer.kernels
+    assert [v["layout"] for v in k["sm_90a"]["variants"]] == ["tm", "fm"]
+    assert "transpose" in k["sm_90a"] and "transpose" not in k["sm_80"]
+    fresh = SparseLinear(48, 64, dtype=torch.float16)
+    buf = io.BytesIO()
+    torch.save(layer.state_dict(), buf)
+    buf.seek(0)
+    fresh.load_state_dict(torch.load(buf, weights_only=True))
+    assert fresh.kernels == k
+    cubin = fresh.get_extra_state()["cubins"][k["sm_90a"]["transpose"]]
+    assert cubin[:4] == b"\x7fELF"
+    x = torch.randn(5, 48).half()
+    assert torch.equal(fresh(x), F.linear(x, w, bias))
