@@ -16,8 +16,9 @@ families' token-major kernels are far slower than their feature-major ones
 csr reads X across rows).  On a GPU, each N bucket whose token-major
 kernel lost to cuBLAS when tuned also gets the layer's feature-major
 kernel for that N (tuned under the layer's name + "#fm"), and both routes
-are timed through the op, back to back on the same input: the token-major
-kernel, against X transposed by torch, the feature-major kernel and Y
+are timed through the op, each as a CUDA graph of a few calls on the same
+input (as a model runs them): the token-major kernel, against X
+transposed (templates/transpose.cu), the feature-major kernel and Y
 transposed back.  The faster serves the bucket (`layout` in the report
 and the module's kernels).
 """
@@ -235,13 +236,14 @@ def _fm_candidates(codes: list, arch: str) -> list:
     return out
 
 
-def _time_routes(mods: tuple, code, fm_variant, n: int, device: int, rounds: int = 3,
-                 reps: int = 10) -> tuple[float, float]:
+def _time_routes(mods: tuple, code, fm_variant, n: int, device: int, rounds: int = 5,
+                 reps: int = 5) -> tuple[float, float]:
     """(token-major ms, feature-major route ms) at n tokens on GPU `device`:
     the two modules `mods` (copies of one layer) take the layer's kernels,
-    the second with `fm_variant` for the bucket n, and are timed through
-    the op in alternating rounds of `reps` calls (CUDA events; the best
-    round of each)."""
+    the second with `fm_variant` for the bucket n; each is captured as a
+    CUDA graph of `reps` calls (as a model runs them: the launches' CPU
+    cost out of the time), and the graphs are replayed in alternating
+    rounds (CUDA events; the best round of each)."""
     import torch
 
     from ..tuner.resolve import ArchCode, LayerCode
@@ -249,22 +251,33 @@ def _time_routes(mods: tuple, code, fm_variant, n: int, device: int, rounds: int
     swapped = [fm_variant if v.n_bucket == n else v for v in ac.variants]
     for mod, variants in zip(mods, (ac.variants, swapped)):
         mod.attach(LayerCode(code.entry, {ac.arch: ArchCode(ac.arch, ac.gpu_name, variants)}))
-    x = torch.randn(n, mods[0].in_features, device=f"cuda:{device}").to(
-        mods[0].weight_values.dtype)
     best = [math.inf, math.inf]
     with torch.no_grad(), torch.cuda.device(device):
+        x = torch.randn(n, mods[0].in_features, device=f"cuda:{device}").to(
+            mods[0].weight_values.dtype)
+        side = torch.cuda.Stream()
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):
+            for mod in mods:
+                mod(x)                             # first calls outside the capture
+        torch.cuda.current_stream().wait_stream(side)
+        graphs = []
         for mod in mods:
-            mod(x)                                 # first calls outside the timing
+            graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(graph):
+                for _ in range(reps):
+                    mod(x)
+            graphs.append(graph)
         for _ in range(rounds):
-            for r, mod in enumerate(mods):
+            for r, graph in enumerate(graphs):
                 start = torch.cuda.Event(enable_timing=True)
                 end = torch.cuda.Event(enable_timing=True)
                 start.record()
-                for _ in range(reps):
-                    mod(x)
+                graph.replay()
                 end.record()
                 end.synchronize()
                 best[r] = min(best[r], start.elapsed_time(end) / reps)
+        del graphs
     return best[0], best[1]
 
 
