@@ -25,9 +25,11 @@ For each model, phase and pattern: the time of all Linear layers (a CUDA
 graph of the model's Linear calls, in order, on inputs of their shapes)
 and of the whole forward (a CUDA graph of it), dense and sparse (median of
 --reps replays, CUDA events), the speedups, the output's relative error
-(Frobenius) against the dense pruned model, and the tuning time
+(Frobenius) against the dense pruned model, the tuning time
 (sparsify's wall time against --db: empty, a first run; the pruning is
-not in it).
+not in it), and how many layers run the phase's tokens on the
+feature-major route (X and Y transposed around the feature-major kernel,
+where sparsify found it faster than the token-major kernel).
 
     python3 bench/torch_models.py --model bert --results bench/RESULTS.md    # on a GPU
     python3 bench/torch_models.py --dry-run --model bert --layers 1
