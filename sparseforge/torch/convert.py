@@ -289,6 +289,8 @@ def _route(layers: list, codes: list, cache, tune: bool, make_tuner, info: dict,
     routes timed, the faster kept in `codes`."""
     import dataclasses
 
+    import torch
+
     from ..tuner.resolve import MissingLayersError, resolve
     arch = info["arch"]
     groups: dict = {}                              # one resolve (one tuner) per set of buckets
@@ -316,7 +318,13 @@ def _route(layers: list, codes: list, cache, tune: bool, make_tuner, info: dict,
         for fv in fm_ac.variants:
             if fv.n_bucket not in ns:
                 continue
-            t_tm, t_fm = _time_routes(mods, codes[i], fv, fv.n_bucket, device)
+            try:
+                t_tm, t_fm = _time_routes(mods, codes[i], fv, fv.n_bucket, device)
+            except torch.cuda.OutOfMemoryError as e:   # the two copies and their graphs
+                print(f"{layer.name}: N = {fv.n_bucket}: the routes could not be timed "
+                      f"({str(e).splitlines()[0]}); it stays token-major", file=log)
+                torch.cuda.empty_cache()
+                continue
             tv = next(v for v in ac.variants if v.n_bucket == fv.n_bucket)
             print(f"{layer.name}: N = {fv.n_bucket}: token-major {t_tm:.4f} ms, "
                   f"feature-major route {t_fm:.4f} ms: "
