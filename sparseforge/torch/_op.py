@@ -12,19 +12,19 @@ variant tuned for the N nearest to the number of tokens, the grid rule,
 Y zeroed first where the kernel accumulates), with the tensors' addresses
 and torch.cuda.current_stream(): nothing synchronizes, copies or
 allocates outside torch's allocator, so the op runs inside CUDA graph
-capture.
+capture.  An input that is not contiguous, or not 16-byte aligned (the
+kernels read X in 16-byte pieces), is first copied by torch.  The fake
+implementation gives y's shape and dtype, so torch.compile traces the op
+without running it (fullgraph: no graph break).
 
 A variant is token-major (the layout of a Linear) or feature-major: a
 bucket whose token-major kernel lost to the feature-major route when the
 layer was converted (convert.py) runs X^T (K x n, templates/transpose.cu
 into a torch tensor), the feature-major kernel, and Y = (Y^T)^T, all on
-the same stream.  The
-variants of each layout form one C layer; the bucket nearest to n (the C
-runtime's rule: nearest in ratio, the first on ties) names the layout, and
-that layout's C layer, choosing among its own buckets, picks the same one.  An input that is not contiguous, or not 16-byte aligned (the
-kernels read X in 16-byte pieces), is first copied by torch.  The fake
-implementation gives y's shape and dtype, so torch.compile traces the op
-without running it (fullgraph: no graph break).
+the same stream.  The variants of each layout form one C layer; the
+bucket nearest to n (the C runtime's rule: nearest in ratio, the first on
+ties) names the layout, and that layout's C layer, choosing among its own
+buckets, picks the same one.
 
 The C runtime's context for a GPU is the device's primary context
 (cuDevicePrimaryCtxRetain), the one the CUDA runtime under PyTorch uses:
