@@ -125,15 +125,12 @@ _TRANSPOSE_CUBINS: dict = {}   # arch -> cubin of templates/transpose.cu
 def transpose_cubin(arch: str) -> bytes:
     """The cubin of the feature-major route's transposes for `arch`
     (compiled once a process; no GPU needed)."""
-    with _lock:
+    ctx, lock = context(0)
+    with lock:
         if arch not in _TRANSPOSE_CUBINS:
             from ..generator.kernel import TEMPLATE_DIR
             src = (TEMPLATE_DIR / "transpose.cu").read_text()
-            ctx = native.Context(0)
-            try:
-                _TRANSPOSE_CUBINS[arch] = ctx.compile(src, "transpose.cu", arch=arch).data
-            finally:
-                ctx.close()
+            _TRANSPOSE_CUBINS[arch] = ctx.compile(src, "transpose.cu", arch=arch).data
         return _TRANSPOSE_CUBINS[arch]
 
 

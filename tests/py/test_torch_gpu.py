@@ -49,6 +49,36 @@ def make_model(dtype=torch.float16) -> nn.Module:
     return model
 
 
+def family_layer(spec: str, dtype: str, density: float, seed: int, name: str, db):
+    """(a SparseLinear on the GPU with kernels for N = 8 and 128, its pruned
+    weight, its bias): a 200 x 136 weight of the family's pattern (groups
+    and blocks cut at the edges), seeded."""
+    fam, params = family_of(spec)
+    tdt = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}[dtype]
+    rng = np.random.default_rng(seed)
+    m, k = 200, 136
+    mask, _ = fam.synth(params, m, k, density, rng)
+    w = torch.from_numpy(rng.standard_normal((m, k)).astype(np.float32) * mask).to(tdt)
+    bias = torch.randn(m).to(tdt)
+    layer = SparseLinear.from_dense(w, bias, pattern=spec, name=name)
+    layer.load_kernels(db, n=(8, 128), **TUNING).cuda()
+    return layer, w, bias
+
+
+def check_f_linear(layer, w: torch.Tensor, bias: torch.Tensor, leads) -> None:
+    """layer(x) is F.linear(x, w, bias) (fp32: 1e-5, else 1e-2 relative)
+    for one token and for inputs of each leading shape of `leads`."""
+    m, k = w.shape
+    wc, bc = w.cuda().float(), bias.cuda().float()
+    tol = 1e-5 if w.dtype == torch.float32 else 1e-2
+    for lead in ((),) + tuple(leads):
+        x = torch.randn((*lead, k), device="cuda").to(w.dtype)
+        with torch.no_grad():
+            y = layer(x)
+        assert y.shape == (*lead, m)
+        assert relative_error(y, F.linear(x.float(), wc, bc)) <= tol, lead
+
+
 @pytest.fixture(scope="module")
 def db(tmp_path_factory):
     return tmp_path_factory.mktemp("torch_gpu") / "t.db"
@@ -78,27 +108,14 @@ def test_sparsify_matches_the_dense_pruned_model(sparse_and_dense):
                                         ("shflbw:64", "fp16"), ("shflbw:32", "bf16"),
                                         ("csr", "fp32")])
 def test_every_family_with_token_major_kernels_matches_f_linear(spec, dtype, db):
-    fam, params = family_of(spec)
+    fam, _ = family_of(spec)
     if "tm" not in fam.layouts:
         pytest.skip(f"{spec} has no token-major kernel yet")
     if dtype not in fam.dtypes:
         pytest.skip(f"{spec} has no {dtype} kernel")
-    tdt = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}[dtype]
-    rng = np.random.default_rng(3)
-    m, k = 200, 136                   # groups and blocks cut at the edges
-    mask, perm = fam.synth(params, m, k, 0.3 if spec != "nm24" else 0.5, rng)
-    w = torch.from_numpy(rng.standard_normal((m, k)).astype(np.float32) * mask).to(tdt)
-    bias = torch.randn(m).to(tdt)
-    layer = SparseLinear.from_dense(w, bias, pattern=spec, name=f"family.{spec}")
-    layer.load_kernels(db, n=(8, 128), **TUNING).cuda()
-    wc, bc = w.cuda(), bias.cuda()
-    tol = 1e-5 if dtype == "fp32" else 1e-2
-    for shape in ((k,), (5, k), (2, 77, k), (300, k)):
-        x = torch.randn(shape, device="cuda").to(tdt)
-        with torch.no_grad():
-            y = layer(x)
-        assert y.shape == (*shape[:-1], m)
-        assert relative_error(y, F.linear(x.float(), wc.float(), bc.float())) <= tol, shape
+    layer, w, bias = family_layer(spec, dtype, 0.3 if spec != "nm24" else 0.5, 3,
+                                  f"family.{spec}", db)
+    check_f_linear(layer, w, bias, ((5,), (2, 77), (300,)))
 
 
 def test_compile_fullgraph_no_graph_break(sparse_and_dense):
@@ -223,26 +240,13 @@ def test_the_feature_major_route_matches_f_linear(spec, dtype, db, monkeypatch):
     real = convert._time_routes
     monkeypatch.setattr(convert, "_time_routes", forced)
     monkeypatch.setattr(convert, "FM_TRY_BELOW", float("inf"))
-    fam, params = family_of(spec)
-    tdt = {"fp32": torch.float32, "fp16": torch.float16}[dtype]
-    rng = np.random.default_rng(5)
-    m, k = 200, 136
-    mask, _ = fam.synth(params, m, k, 0.3, rng)
-    w = torch.from_numpy(rng.standard_normal((m, k)).astype(np.float32) * mask).to(tdt)
-    bias = torch.randn(m).to(tdt)
-    layer = SparseLinear.from_dense(w, bias, pattern=spec, name=f"route.{spec}")
-    layer.load_kernels(db, n=(8, 128), **TUNING).cuda()
+    layer, w, bias = family_layer(spec, dtype, 0.3, 5, f"route.{spec}", db)
     assert [v["layout"] for v in layer.kernels[native.Context(0).device_info()["arch"]]
             ["variants"]] == ["fm", "fm"]
     assert len(timed) == 2 and all(0 < t < 1e3 for pair in timed for t in pair), timed
-    wc, bc = w.cuda().float(), bias.cuda().float()
-    tol = 1e-5 if dtype == "fp32" else 1e-2
-    for shape in ((k,), (3, k), (2, 77, k), (301, k)):
-        x = torch.randn(shape, device="cuda").to(tdt)
-        with torch.no_grad():
-            y = layer(x)
-        assert y.shape == (*shape[:-1], m)
-        assert relative_error(y, F.linear(x.float(), wc, bc)) <= tol, shape
+    check_f_linear(layer, w, bias, ((3,), (2, 77), (301,)))
+    m, k = w.shape
+    tdt = w.dtype
     static_x = torch.randn(150, k, device="cuda").to(tdt)
     with torch.no_grad():
         layer(static_x)
