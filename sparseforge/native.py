@@ -484,6 +484,15 @@ class Layer(_Owned):
         _check(_clib().sf_layer_run_packed(h, self._live(), arr, len(ptrs), _device_ptr(x, "x"),
                                            _device_ptr(y, "y"), n, _stream(stream)), h)
 
+    def run_raw(self, x: int, y: int, n: int, packed, count: int, stream: int) -> None:
+        """Layer.run(packed=...) for a caller holding plain ints and a ctypes
+        uint64 array of `count` packed addresses: no conversions, only the
+        runtime's own checks (sparseforge.torch's launch, on the host's
+        critical path when a model runs outside a CUDA graph)."""
+        h = self._ctx._live_handle()
+        _check(_clib().sf_layer_run_packed(h, self._live(), packed, count, x, y, n,
+                                           stream or None), h)
+
     @property
     def shape(self) -> tuple[int, int, int]:
         """(rows, cols, n_variants)."""

@@ -34,6 +34,7 @@ one is closed at the next load outside capture, once its device is idle.
 """
 from __future__ import annotations
 
+import ctypes
 import itertools
 import math
 import threading
@@ -81,15 +82,22 @@ class LoadedLayer:
         self.n_variants = len(buckets)
         self.transpose_fn = transpose  # (native.Module, its KernelFn) where a bucket is fm
         self.ctx, self.lock = context(device)
+        self._arrays: dict = {}       # layout -> (packed addresses, their ctypes array)
 
     def layout_for(self, n: int) -> str:
         """The layout of the variant that runs n tokens."""
         return route(self.buckets, n)
 
     def run(self, layout: str, x: int, y: int, n: int, packed: list, stream: int) -> None:
+        """The C layer of `layout` on X and Y (addresses) for n tokens;
+        `packed`: the address of every variant's packed tensor."""
         layer, idx = self.parts[layout]
+        ptrs = tuple(packed[i] for i in idx)
+        cached = self._arrays.get(layout)
+        if cached is None or cached[0] != ptrs:
+            cached = self._arrays[layout] = (ptrs, (ctypes.c_uint64 * len(ptrs))(*ptrs))
         with self.lock:
-            layer.run(x, y, n, stream=stream, packed=[packed[i] for i in idx])
+            layer.run_raw(x, y, n, cached[1], len(ptrs), stream)
 
     def transpose(self, src: int, dst: int, rows: int, cols: int, stream: int) -> None:
         """dst (cols x rows) = src (rows x cols)^T on `stream`."""
@@ -199,6 +207,8 @@ def _close_released() -> None:
 
 
 def _linear_cuda(x: torch.Tensor, packed: list, layer: int, out_features: int) -> torch.Tensor:
+    """The op's CUDA implementation; SparseLinear.forward calls it directly
+    outside torch.compile (the dispatcher's host time saved)."""
     entry = _loaded.get(layer)
     if entry is None:
         raise RuntimeError(f"{OP}: no layer {layer} is loaded (its module was deleted, moved "
@@ -226,11 +236,17 @@ def _linear_cuda(x: torch.Tensor, packed: list, layer: int, out_features: int) -
     return y
 
 
+def _stream(device: int) -> int:
+    """The raw handle of the current stream of GPU `device`."""
+    raw = getattr(torch._C, "_cuda_getCurrentRawStream", None)
+    return raw(device) if raw is not None else torch.cuda.current_stream(device).cuda_stream
+
+
 def _run(entry: LoadedLayer, x: torch.Tensor, y: torch.Tensor, n: int, ptrs: list,
          out_features: int) -> None:
     """y = layer(x) on the current stream, through the feature-major
     kernel and two transposes where n's bucket routes there."""
-    stream = torch.cuda.current_stream(x.device).cuda_stream
+    stream = _stream(entry.device)
     layout = entry.layout_for(n)
     if layout == "tm":
         entry.run("tm", x.data_ptr(), y.data_ptr(), n, ptrs, stream)

@@ -21,7 +21,9 @@ architecture, the compiled kernels.  Moving the module to a GPU (`.to()`,
 `.cuda()`, or loading a state into a module on a GPU) loads the cubins for
 that GPU's architecture through the C runtime, without compiling; a
 module without kernels for it says so there.  `forward` on a GPU is the
-custom op sparseforge::linear (_op.py); it never compiles or loads.
+custom op sparseforge::linear (_op.py) under torch.compile, and the op's
+implementation called directly otherwise (the same launch, without the
+dispatcher's host time); it never compiles or loads.
 
 Inference only: a forward whose input requires grad raises.
 """
@@ -309,6 +311,10 @@ class SparseLinear(nn.Module):
                             f"weights were converted to {dtype}; sparsify the model in "
                             f"{dtype} instead")
         packed = [getattr(self, f"packed_{i}") for i in self._variant_blobs]
+        if type(x) is torch.Tensor and not _compiling():
+            # eager or under CUDA graph capture: the op's own implementation,
+            # without the dispatcher's host time
+            return _op._linear_cuda(x, packed, self._layer_key, self.out_features)
         return torch.ops.sparseforge.linear(x, packed, self._layer_key, self.out_features)
 
     def dense_weight(self) -> torch.Tensor:
@@ -349,6 +355,14 @@ class SparseLinear(nn.Module):
         return (f"in_features={self.in_features}, out_features={self.out_features}, "
                 f"bias={self.bias is not None}, pattern={self.pattern}, "
                 f"density={self.density:.3f}, kernels={archs}")
+
+
+def _compiling() -> bool:
+    """Whether torch.compile (or torch.export) is tracing."""
+    compiler = getattr(torch, "compiler", None)
+    if compiler is not None and hasattr(compiler, "is_compiling"):
+        return compiler.is_compiling()
+    return torch._dynamo.is_compiling()
 
 
 def matrix_of(weight: torch.Tensor, name: str = "weight"):

@@ -350,3 +350,16 @@ def test_a_feature_major_bucket_carries_its_transposes_through_the_state(tmp_pat
     assert cubin[:4] == b"\x7fELF"
     x = torch.randn(5, 48).half()
     assert torch.equal(fresh(x), F.linear(x, w, bias))
+
+
+def test_forward_takes_the_op_only_when_compiling():
+    """SparseLinear.forward calls the op's implementation directly unless
+    torch.compile traces it (then the op, which the compiler sees)."""
+    from sparseforge.torch.linear import _compiling
+
+    def f(x):
+        return x + (1 if _compiling() else 0)
+
+    t = torch.zeros(3)
+    assert torch.equal(f(t), t)
+    assert torch.equal(torch.compile(f, backend="eager", fullgraph=True)(t), t + 1)
