@@ -44,9 +44,12 @@ def same_matrix(a: SparseMatrix, b: SparseMatrix):
         np.testing.assert_array_equal(a.perm, b.perm)
 
 
-def cfg(tables="global", vec=4, rows=4, unroll=None, split=1):
-    return {"tables": tables, "vec": vec, "rows": rows, "split": split,
-            "unroll": unroll if unroll is not None else (1 if tables == "imm" else 4)}
+def cfg(tables="global", vec=4, rows=4, unroll=None, split=1, rb=None):
+    c = {"tables": tables, "vec": vec, "rows": rows, "split": split,
+         "unroll": unroll if unroll is not None else (1 if tables == "imm" else 4)}
+    if rb is not None:
+        c["rb"] = rb
+    return c
 
 
 # ---- plan / unpack -----------------------------------------------------------
@@ -107,9 +110,12 @@ def test_plan_rejects_bad_bias():
 
 def test_search_space_small_matrix_has_every_table_kind():
     m = random_matrix(37, 53, 0.3)
-    for op, lo, hi in ((FM, 60, 80), (TM, 20, 60)):
+    for op, lo, hi in ((FM, 60, 80), (TM, 60, 100)):
         space = FAM.search_space(m, op, {})
         assert lo <= len(space) <= hi
+        staged = [c for c in space if c.get("rb", 0)]
+        assert bool(staged) == (op is TM)
+        assert all(c["tables"] == "global" and c["vec"] in (1, 2) for c in staged)
         assert {c["tables"] for c in space} == {"global", "const", "imm"}
         assert len({tuple(sorted(c.items())) for c in space}) == len(space)
         for c in space:
@@ -174,6 +180,9 @@ def test_search_space_respects_device_thread_limit():
     ({"tables": "shared"}, "tables: must be one of"),
     ({"tables": "imm", "unroll": 4}, "straight-line code is fully unrolled"),
     ({"vec": "4"}, "vec must be an integer"),
+    ({"rb": 4}, "rb == 0 or tm == 1: X is staged in token-major only"),
+    ({"rb": 3}, r"rb in \(0, 1, 2, 4, 8, 16, 32\)"),
+    ({"rb": True}, "rb must be an integer"),
 ])
 def test_invalid_configs_name_the_constraint(bad, match):
     m = random_matrix(37, 53, 0.3)
@@ -273,6 +282,8 @@ COMPILE_CASES = [  # layout, tables, vec, rows, split, unroll, epilogue
     ("tm", "global", 2, 4, 2, 8, Epilogue(bias=True, activation="relu")),
     ("tm", "const", 1, 8, 1, 4, Epilogue()),
     ("tm", "imm", 2, 4, 1, 1, Epilogue(scale=2.0)),
+    ("tm", "global", 1, 4, 1, 8, Epilogue(bias=True, activation="gelu"), 16),   # X staged
+    ("tm", "global", 2, 2, 2, 8, Epilogue(), 4),
 ]
 
 
@@ -280,9 +291,9 @@ COMPILE_CASES = [  # layout, tables, vec, rows, split, unroll, epilogue
 def test_templates_compile_with_nvrtc(arch, nvrtc):
     m = random_matrix(45, 77, 0.2, seed=21, empty_rows=(2, 44))
     bias = np.ones(45, np.float32)
-    for layout, tables, vec, rows, split, unroll, ep in COMPILE_CASES:
+    for layout, tables, vec, rows, split, unroll, ep, *rb in COMPILE_CASES:
         op = Operation(dtype="fp32", layout=layout, epilogue=ep)
-        k = FAM.generate(m, op, {}, cfg(tables, vec, rows, unroll, split),
+        k = FAM.generate(m, op, {}, cfg(tables, vec, rows, unroll, split, *rb),
                          bias=bias if ep.bias else None)
         res = nvrtc(k.source, arch, k.name + ".cu", options=("--ptxas-options=-v",))
         assert len(res.data) > 0 and k.name.encode() in res.data
@@ -346,8 +357,11 @@ def test_gpu_large_n_and_long_rows(layout):
     d[17] = np.random.default_rng(1).standard_normal(700)
     d[40:45] = 0
     m = SparseMatrix.from_dense(d)
-    for c in (cfg("global", 4 if layout == "fm" else 2, 4, 8), cfg("global", 1, 8, 4),
-              cfg("global", 2, 2, 8, split=4), cfg("global", 8 if layout == "fm" else 2, 2, 4, 2)):
+    staged = [cfg("global", 1, 4, 8, rb=16), cfg("global", 2, 2, 8, split=2, rb=4)] \
+        if layout == "tm" else []
+    for c in [cfg("global", 4 if layout == "fm" else 2, 4, 8), cfg("global", 1, 8, 4),
+              cfg("global", 2, 2, 8, split=4),
+              cfg("global", 8 if layout == "fm" else 2, 2, 4, 2)] + staged:
         for n in (4096, 4093):
             _verify(m, op, c, n)
     # straight-line code with a long row (imm allows up to 8192 nonzeros)
@@ -386,4 +400,10 @@ def test_gpu_dlmc_subset_n256():
             report.append(f"{f.parent.name}/{f.stem} {m.shape} nnz={m.nnz} {tables}: "
                           f"err {res['norm_rel_err']:.2e} ({time.perf_counter() - t0:.1f} s)")
         _verify(m, TM, cfg("global", 1, 4, 8), 256)
+        staged = cfg("global", 1, 4, 8, rb=16)
+        try:
+            FAM.check_config(staged, m, TM, {})           # the staged tile fits (K <= 1760)
+        except ConfigError:
+            continue
+        _verify(m, TM, staged, 256)
     print("\n".join(report))

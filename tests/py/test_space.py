@@ -91,7 +91,7 @@ PROBES = {"bk": (8, 16, 32, 48, 64, 128), "bn": (8, 16, 32, 64, 96, 128, 256, 51
           "split": (1, 2, 4, 8, 64), "unroll": (1, 3, 4, 8, 64),
           "tables": ("global", "const", "imm"), "cm": (1, 2, 3), "tma": (1, 2), "ks": (1, 2, 3, 4),
           "mw": (1, 2, 3), "mf": (1, 2, 3), "wk": (1, 2, 3, 4, 8), "ksw": (1, 2, 3, 4, 8),
-          "ck": (1, 2, 3, 4, 8, 16), "mt": (1, 2, 3, 5, 8), "ra": (1, 2)}
+          "ck": (1, 2, 3, 4, 8, 16), "mt": (1, 2, 3, 5, 8), "ra": (1, 2), "rb": (0, 3, 4)}
 # Constraints no configuration of these problems can break first: those the
 # problem fixes for every plan (bm, m, k, nnz, const_bytes) and `wm >= 1 and
 # wn >= 1` (a zero divides in the derived sizes first; the compiler refuses
@@ -117,7 +117,8 @@ def _broken_configs(case) -> dict:
     valid = [c for c in fam.search_space(mat, op, params, {"arch": arch}) if not c.get("s24")]
     keys = sorted({k_ for c in valid for k_ in c} | ({"wg", "tn", "xr", "xu"} if "bk" in valid[0]
                                                         and "bm" not in valid[0] else set())
-                  | ({"wg"} if "ksw" in valid[0] else set()))
+                  | ({"wg"} if "ksw" in valid[0] else set())
+                  | ({"rb"} if "tables" in valid[0] else set()))   # fp32 csr: optional
     broken: dict[str, dict] = {}
     for base in valid[:: max(1, len(valid) // 6)]:
         for k1, k2 in itertools.combinations_with_replacement(keys, 2):

@@ -39,7 +39,8 @@ import numpy as np
 
 from .. import register
 from ...family import Family, Fit, Pruned
-from ...kernel import ConfigError, Kernel, Operation, config_name, make_launch, render
+from ...kernel import (ConfigError, Kernel, Operation, config_name, make_launch, render,
+                      smem_limit)
 from ...matrix import SparseMatrix, round_to_dtype
 from ...prune import top_mask
 from ...space import Constraint, Space
@@ -58,6 +59,7 @@ IMM_MAX_NNZ = 8192
 IMM_MAX_ROWS = 4096         # cases of the slot switch
 MAX_THREADS = 1024
 CONFIG_KEYS = ("tables", "vec", "rows", "split", "unroll")
+STAGED_KEY = "rb"           # token-major only, optional (absent: 0)
 SMEM_LIMIT = 48 * 1024      # static shared memory of the split reduction
 
 # The search space (see search_space for the restrictions per matrix).
@@ -69,6 +71,12 @@ SPACE = {
     "fm": {"vec": (1, 2, 4, 8), "unroll": (4, 8)},
     "tm": {"vec": (1, 2), "unroll": (4, 8)},
 }
+# Token-major with X staged: the block copies its BN tokens' rows of X into
+# shared memory transposed (K x BN: the feature-major access for every
+# nonzero), then runs `rb` groups of `rows` row slots over it (the copy
+# shared by rows * rb rows of W).  0: X read from device memory, a token
+# per lane (one sector a token per nonzero).
+STAGED_RB = (4, 16)
 ROWS_SPLIT = ((4, 1), (2, 2), (4, 2), (1, 4), (2, 4), (1, 8))
 CONST_UNROLL = (8,)
 IMM_ROWS_SPLIT = ((4, 1), (1, 4))
@@ -86,6 +94,8 @@ FP32_SMALL_MAX_N = 1024
 FP32_FM_SMALL_N = ((2, 2, 8, 4), (2, 2, 8, 2), (4, 2, 8, 2), (2, 2, 8, 1))   # rows, split, unroll, vec
 FP32_FM_LARGE_N = ((4, 1, 8, 4), (4, 2, 8, 4), (4, 1, 8, 2), (4, 1, 8, 8))
 FP32_TM = ((2, 4, 4, 1), (2, 4, 4, 2), (1, 4, 4, 1), (2, 2, 8, 1))
+# token-major with X staged (not yet measured): rows, split, unroll, vec, rb
+FP32_TM_STAGED = ((4, 1, 8, 1, 16), (2, 2, 8, 1, 16), (4, 2, 8, 1, 4), (4, 1, 8, 2, 4))
 
 # The constraint table (generator/space.py).  The problem's constants: m,
 # k, nnz, const_bytes (the __constant__ tables' size); the device's:
@@ -93,7 +103,10 @@ FP32_TM = ((2, 4, 4, 1), (2, 4, 4, 2), (1, 4, 4, 1), (2, 2, 8, 1))
 TABLE = Space(
     choices={"tables": TABLES, "vec": VECS},
     enums={"tables": TABLES},
-    derived={"threads": "32 * rows * split", "smem": "4 * (split - 1) * rows * vec * 32"},
+    derived={"threads": "32 * rows * split", "smem": "4 * (split - 1) * rows * vec * 32",
+             "xs_stride": "32 * vec + (1 if vec == 1 else 2)",
+             "xs_bytes": "4 * k * xs_stride if rb > 0 else 0"},
+    defaults={"rb": 0},
     constraints=[
         Constraint("m >= 1 and k >= 1", "W has at least one row and one column"),
         Constraint(f"vec in {VECS}", "columns (fm) or tokens (tm) per thread: float, float2, "
@@ -115,6 +128,11 @@ TABLE = Space(
                    when="tables == tables_imm"),
         Constraint(f"m <= {IMM_MAX_ROWS}", "cases of the slot switch",
                    when="tables == tables_imm"),
+        Constraint("rb in (0, 1, 2, 4, 8, 16, 32)", "row groups a block over one staged X tile"),
+        Constraint("rb == 0 or tm == 1", "X is staged in token-major only"),
+        Constraint("rb == 0 or vec in (1, 2)", "a staged X tile of at most 64 tokens"),
+        Constraint("xs_bytes <= smem_limit", "the staged X tile fits the GPU's shared memory",
+                   device=True),
     ])
 
 
@@ -329,15 +347,19 @@ class CsrFamily(Family):
             for vec in (IMM_VEC if tables == "imm" else space["vec"]):
                 for rows, split in shapes:
                     for unroll in unrolls:
-                        candidates.append({"tables": tables, "vec": vec, "rows": rows,
-                                           "split": split, "unroll": unroll})
+                        cfg = {"tables": tables, "vec": vec, "rows": rows, "split": split,
+                               "unroll": unroll}
+                        candidates.append(cfg)
+                        if op.layout == "tm" and tables == "global":
+                            candidates += [dict(cfg, rb=rb) for rb in STAGED_RB]
         return self.accepted(candidates, matrix, op, params, device)
 
     @staticmethod
-    def problem(matrix: SparseMatrix) -> dict:
-        """The table's constants the matrix fixes."""
+    def problem(matrix: SparseMatrix, layout: str = "fm") -> dict:
+        """The table's constants the matrix (and the layout) fix."""
         m, k = matrix.shape
-        return {"m": m, "k": k, "nnz": matrix.nnz, "const_bytes": const_bytes(m, k, matrix.nnz)}
+        return {"m": m, "k": k, "nnz": matrix.nnz, "const_bytes": const_bytes(m, k, matrix.nnz),
+                "tm": int(layout == "tm")}
 
     def hint_configs(self, matrix: SparseMatrix, op: Operation, params: dict,
                      device: Optional[dict] = None, n: Optional[int] = None) -> list[dict]:
@@ -354,7 +376,8 @@ class CsrFamily(Family):
             return [{"tables": "global", "vec": v, "rows": r, "split": sp, "unroll": u}
                     for r, sp, u, v in shapes]
         if op.layout == "tm":
-            prefs = cfgs(FP32_TM)
+            prefs = [{"tables": "global", "vec": v, "rows": r, "split": sp, "unroll": u, "rb": rb}
+                     for r, sp, u, v, rb in FP32_TM_STAGED] + cfgs(FP32_TM)
         else:
             small, large = cfgs(FP32_FM_SMALL_N), cfgs(FP32_FM_LARGE_N)
             if n is None:
@@ -403,17 +426,19 @@ class CsrFamily(Family):
                 tc.check(config, matrix, op, device)
             return
         missing = [k for k in CONFIG_KEYS if k not in config]
-        extra = [k for k in config if k not in CONFIG_KEYS]
+        extra = [k for k in config if k not in CONFIG_KEYS + (STAGED_KEY,)]
         if missing or extra:
-            raise ConfigError(f"csr config needs exactly the keys {CONFIG_KEYS}; "
-                              f"missing {missing}, unknown {extra}")
-        for key in ("vec", "rows", "split", "unroll"):
+            raise ConfigError(f"csr config needs exactly the keys {CONFIG_KEYS} (and "
+                              f"optionally {STAGED_KEY!r}); missing {missing}, unknown {extra}")
+        for key in ("vec", "rows", "split", "unroll") + ((STAGED_KEY,) if STAGED_KEY in config
+                                                           else ()):
             if not isinstance(config[key], (int, np.integer)) or isinstance(config[key], bool):
                 raise ConfigError(f"{key} must be an integer, got {config[key]!r}")
         limit = MAX_THREADS
         if device and device.get("max_threads_per_block"):
             limit = int(device["max_threads_per_block"])
-        TABLE.check(config, self.problem(matrix), {"max_threads": limit})
+        TABLE.check(config, self.problem(matrix, op.layout),
+                    {"max_threads": limit, "smem_limit": smem_limit(device)})
 
     # ---- the benchmark peer ---------------------------------------------------
     peer = "cuSPARSE CSR"
@@ -463,28 +488,31 @@ class CsrFamily(Family):
         m, k = p.shape
         tables, vec, rows, split, unroll = (int(config[k_]) if k_ != "tables" else config[k_]
                                             for k_ in CONFIG_KEYS)
+        rb = int(config.get(STAGED_KEY, 0))
         name = config_name(self.tag({}), config, op)
         ep = op.epilogue
+        problem = self.problem_of_plan(p, op.layout)
         values = dict(name=name, M=m, K=k, nnz=p.nnz, layout=op.layout, tables=tables,
-                      vec=vec, rows=rows, split=split, unroll=unroll, epilogue_tag=ep.tag,
-                      has_bias=ep.bias, act=op.act_code,
+                      vec=vec, rows=rows, split=split, unroll=unroll, rb=rb,
+                      epilogue_tag=ep.tag, has_bias=ep.bias, act=op.act_code,
                       scale=_float_literal(ep.scale), off=p.offsets,
-                      constraints=TABLE.static_asserts(config, self.problem_of_plan(p),
-                                                       TABLE_SOURCE))
+                      constraints=TABLE.static_asserts(config, problem, TABLE_SOURCE))
         if tables == "const":
             values.update(self._const_tables(p))
         elif tables == "imm":
             values["imm_cases"] = self._imm_cases(p, split)
         source = render("csr.cu.j2", **values)
-        launch = make_launch(grid=(-(-m // rows),), block=(32 * rows * split,), n_axis=1,
-                             n_tile=32 * vec)
+        launch = make_launch(grid=(-(-m // (rows * max(rb, 1))),), block=(32 * rows * split,),
+                             n_axis=1, n_tile=32 * vec,
+                             shared_bytes=TABLE.env(config, problem)["xs_bytes"])
         return Kernel(name=name, source=source, packed=p.packed, launch=launch,
                       config=dict(config))
 
     @staticmethod
-    def problem_of_plan(p: CsrPlan) -> dict:
+    def problem_of_plan(p: CsrPlan, layout: str = "fm") -> dict:
         m, k = p.shape
-        return {"m": m, "k": k, "nnz": p.nnz, "const_bytes": const_bytes(m, k, p.nnz)}
+        return {"m": m, "k": k, "nnz": p.nnz, "const_bytes": const_bytes(m, k, p.nnz),
+                "tm": int(layout == "tm")}
 
     @staticmethod
     def _const_tables(p: CsrPlan) -> dict:

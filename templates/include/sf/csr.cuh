@@ -44,7 +44,7 @@ constexpr int WARP = 32;
 // The generated source derives its Cfg from this and adds SCALE (a float
 // cannot be a template parameter in C++17).
 template <int M_, int K_, int NNZ_, int LAYOUT_, int TABLES_, int VEC_, int ROWS_,
-          int SPLIT_, int UNROLL_, bool HAS_BIAS_, int ACT_>
+          int SPLIT_, int UNROLL_, bool HAS_BIAS_, int ACT_, int RB_ = 0>
 struct Config {
   static constexpr int M = M_;            // rows of W (and of Y, fm)
   static constexpr int K = K_;            // columns of W = rows of X (fm)
@@ -57,6 +57,7 @@ struct Config {
   static constexpr int UNROLL = UNROLL_;  // nonzeros per step of the table loops
   static constexpr bool HAS_BIAS = HAS_BIAS_;
   static constexpr int ACT = ACT_;        // sf::Activation
+  static constexpr int RB = RB_;          // tm: row groups a block over its staged X tile (0: none)
   static constexpr int WARPS = ROWS * SPLIT;
   static constexpr int THREADS = WARP * WARPS;
   static constexpr int BN = WARP * VEC;   // columns / tokens of one block
@@ -69,6 +70,11 @@ struct Config {
   static constexpr int MIN_BLOCKS = THREADS >= MIN_THREADS_PER_SM ? 1 : MIN_THREADS_PER_SM / THREADS;
   // Shared memory of the split reduction: (SPLIT - 1) x ROWS x VEC x 32.
   static constexpr int SMEM_FLOATS = (SPLIT - 1) * ROWS * VEC * WARP;
+  // The staged X tile (RB > 0): K rows of BN tokens, XS_STRIDE floats apart
+  // (an odd number of words for VEC 1, 2 mod 4 for VEC 2: the copy's
+  // column writes spread over the banks, the rows' reads stay aligned).
+  static constexpr int XS_STRIDE = BN + (VEC == 1 ? 1 : 2);
+  static constexpr unsigned long long XS_BYTES = RB > 0 ? 4ull * K * XS_STRIDE : 0;
 
   // The configuration's constraints are asserted by the generated source,
   // from the table the search space filters with
@@ -199,6 +205,32 @@ template <int K, int VEC> struct TmAcc {
   __device__ __forceinline__ void operator()(int col, float w) {
 #pragma unroll
     for (int i = 0; i < VEC; ++i) acc[i] = fmaf(w, __ldg(xr[i] + col), acc[i]);
+  }
+};
+
+// Token-major, X staged: the block's tokens' rows of X sit transposed in
+// shared memory (xs[k * XS_STRIDE + t], t < BN), so a nonzero's column is
+// one row of VEC-wide reads, as in feature-major.  This thread's tokens are
+// t0 + lane * VEC + i.
+template <int VEC, int STRIDE> struct TmStagedAcc {
+  static constexpr bool WHOLE_CHUNKS = true;
+  const char *xs;  // xs + lane * VEC, in bytes: a column's address is one multiply-add
+  float acc[VEC];
+  __device__ TmStagedAcc(const float *xs_, int lane)
+      : xs(reinterpret_cast<const char *>(xs_ + lane * VEC)) {
+#pragma unroll
+    for (int i = 0; i < VEC; ++i) acc[i] = 0.0f;
+  }
+  __device__ __forceinline__ void operator()(int col, float w) {
+    const float *p = reinterpret_cast<const float *>(xs + col * (4 * STRIDE));
+    if (VEC == 2) {
+      const float2 x = *reinterpret_cast<const float2 *>(p);
+      acc[0] = fmaf(w, x.x, acc[0]);
+      acc[VEC - 1] = fmaf(w, x.y, acc[VEC - 1]);
+    } else {
+#pragma unroll
+      for (int i = 0; i < VEC; ++i) acc[i] = fmaf(w, p[i], acc[i]);
+    }
   }
 };
 
@@ -447,17 +479,100 @@ __device__ __forceinline__ void spmm_tm(const unsigned char *__restrict__ packed
     store_tm<Cfg>(Y, N, row, t0, acc.acc, bias);
 }
 
+// Token-major with X staged (Cfg::RB > 0): the block copies X[t0 .. t0 + BN)
+// (all K columns; tokens past N clamped to N - 1) into xs transposed, then
+// its warps run RB groups of ROWS row slots over it: slot (blockIdx.x * RB
+// + g) * ROWS + r.  Stores as spmm_tm's (lane i's tokens t0 + lane * VEC
+// + i).
+template <class Cfg>
+__device__ __forceinline__ void stage_x(const float *__restrict__ X, int N, int t0, float *xs) {
+  // A warp moves 4 tokens x 32 columns a step: lane = 4 * (column quad) +
+  // token, so it reads 128 contiguous bytes of each of 4 rows of X (16 bytes
+  // a lane) and each of its four shared stores hits 32 distinct banks (XS
+  // row stride 33 words; 2-way for vec 2's 66); 8 steps in flight a
+  // thread.  Where K is not a multiple of 32 or X is not 16-byte aligned,
+  // one column at a time (consecutive threads, consecutive columns).
+  constexpr int S = Cfg::XS_STRIDE;
+  if (Cfg::K % 32 == 0 && reinterpret_cast<unsigned long long>(X) % 16 == 0) {
+    constexpr int KQ8 = Cfg::K / 32, TOTAL = Cfg::K / 4 * Cfg::BN;
+    const int lane = threadIdx.x % WARP;
+    const int kq_lo = lane / 4, t_lo = lane % 4;
+#pragma unroll 8
+    for (int i = threadIdx.x; i < TOTAL; i += Cfg::THREADS) {
+      const int step = i / WARP;                  // (token quad, column octet of quads)
+      const int t = step / KQ8 * 4 + t_lo;
+      const int k = ((step % KQ8) * 8 + kq_lo) * 4;
+      const int token = min(t0 + t, N - 1);
+      const float4 v =
+          __ldg(reinterpret_cast<const float4 *>(X + static_cast<long long>(token) * Cfg::K + k));
+      xs[k * S + t] = v.x;
+      xs[(k + 1) * S + t] = v.y;
+      xs[(k + 2) * S + t] = v.z;
+      xs[(k + 3) * S + t] = v.w;
+    }
+  } else {
+    constexpr int TOTAL = Cfg::K * Cfg::BN;
+#pragma unroll 4
+    for (int i = threadIdx.x; i < TOTAL; i += Cfg::THREADS) {
+      const int t = i / Cfg::K, k = i - t * Cfg::K;
+      const int token = min(t0 + t, N - 1);
+      xs[k * S + t] = __ldg(X + static_cast<long long>(token) * Cfg::K + k);
+    }
+  }
+}
+
+template <class Cfg>
+__device__ __forceinline__ void store_tm_staged(float *Y, int N, int row, int t0,
+                                                const float (&acc)[Cfg::VEC], float bias) {
+#pragma unroll
+  for (int i = 0; i < Cfg::VEC; ++i) {
+    const int t = t0 + i;
+    if (t < N) Y[static_cast<long long>(t) * Cfg::M + row] = finish<Cfg>(acc[i], bias);
+  }
+}
+
+template <class Cfg, class Schedule>
+__device__ __forceinline__ void spmm_tm_staged(const unsigned char *__restrict__ packed,
+                                               const float *__restrict__ X,
+                                               float *__restrict__ Y, int N, float *smem,
+                                               float *xs) {
+  const int t_block = blockIdx.y * Cfg::BN;
+  stage_x<Cfg>(X, N, t_block, xs);
+  __syncthreads();
+  const int w = threadIdx.x / WARP, lane = threadIdx.x % WARP;
+  const int r = w % Cfg::ROWS, part = w / Cfg::ROWS;
+  const int t0 = t_block + lane * Cfg::VEC;
+#pragma unroll 1
+  for (int g = 0; g < Cfg::RB; ++g) {
+    const int slot = (blockIdx.x * Cfg::RB + g) * Cfg::ROWS + r;
+    if ((blockIdx.x * Cfg::RB + g) * Cfg::ROWS >= Cfg::M) break;  // uniform over the block
+    const bool live = slot < Cfg::M;
+    TmStagedAcc<Cfg::VEC, Cfg::XS_STRIDE> acc(xs, lane);
+    float bias = 0.0f;
+    int row = 0;
+    if (live) row = Schedule::template sum<true>(packed, slot, part, lane, acc, bias);
+    reduce_split<Cfg>(smem, part, r, lane, acc.acc);
+    if (live && part == 0) store_tm_staged<Cfg>(Y, N, row, t0, acc.acc, bias);
+    if (Cfg::SPLIT > 1) __syncthreads();  // the split's shared memory is reused by g + 1
+  }
+}
+
 template <class Cfg, class Schedule>
 __device__ __forceinline__ void spmm(const unsigned char *__restrict__ packed, const void *X,
                                      void *Y, int N) {
   if (N <= 0) return;
   __shared__ float smem[Cfg::SMEM_FLOATS > 0 ? Cfg::SMEM_FLOATS : 1];
-  if (Cfg::LAYOUT == LAYOUT_FM)
+  if (Cfg::LAYOUT == LAYOUT_FM) {
     spmm_fm<Cfg, Schedule>(packed, static_cast<const float *>(X), static_cast<float *>(Y), N,
                            smem);
-  else
+  } else if (Cfg::RB > 0) {
+    extern __shared__ __align__(16) float xs[];
+    spmm_tm_staged<Cfg, Schedule>(packed, static_cast<const float *>(X),
+                                  static_cast<float *>(Y), N, smem, xs);
+  } else {
     spmm_tm<Cfg, Schedule>(packed, static_cast<const float *>(X), static_cast<float *>(Y), N,
                            smem);
+  }
 }
 
 }  // namespace csr
