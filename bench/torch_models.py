@@ -306,7 +306,7 @@ def run(args, name: str, c: Config, spec: str) -> list:
     report = sparsify(sparse, db=args.db, pattern=pattern,
                       n=tokens,
                       budget=args.budget, quick=args.quick, archs=args.arch,
-                      progress=not args.quiet)
+                      feature_major=not args.no_route, progress=not args.quiet)
     tune_s = time.perf_counter() - t0
     print(report, file=sys.stderr)
     device = "cpu" if args.dry_run else "cuda"
@@ -350,7 +350,7 @@ def table(rows: list, gpu: str, commit: str, args) -> str:
              f"({tuning} timing{', budget ' + args.budget if args.budget else ''}).", "",
              "Feature-major route: the converted layers whose bucket for the phase's tokens "
              "runs the feature-major kernel between two transposes (sparseforge/torch/"
-             "convert.py).", "",
+             "convert.py)" + (": not tried (--no-route)." if args.no_route else "."), "",
              "| model | phase | pattern | dtype | converted | feature-major route "
              "| Linear dense ms | Linear sparse ms "
              "| Linear speedup | forward dense ms | forward sparse ms | forward speedup "
@@ -388,6 +388,9 @@ def main(argv=None) -> int:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--results", help="append the table to this markdown file")
     ap.add_argument("--quiet", action="store_true", help="no progress bars")
+    ap.add_argument("--no-route", action="store_true",
+                    help="keep every bucket token-major: no feature-major route is tuned or "
+                         "timed (sparsify(..., feature_major=False))")
     ap.add_argument("--dry-run", action="store_true",
                     help="no GPU: build, prune, convert (kernels compiled untuned), CPU forwards")
     ap.add_argument("--dry-tokens", type=int, default=8, help="--dry-run: tokens per forward")

@@ -47,7 +47,8 @@ def test_a_dry_run_converts_bert_and_checks_it_on_the_cpu(tmp_path, capsys):
 
 def test_the_llama_stack_prefills_and_decodes_over_its_cache(tmp_path):
     args = argparse.Namespace(seed=0, db=str(tmp_path / "l.db"), budget="1", quick=False,
-                              arch="sm_90a", quiet=True, dry_run=True, dry_tokens=8, reps=1)
+                              arch="sm_90a", quiet=True, dry_run=True, dry_tokens=8, reps=1,
+                              no_route=True)
     small = torch_models.Config(1, 256, 4, 512, {"prefill 2048": (1, 2048, 0),
                                                  "decode 16": (1, 16, 2048)})
     rows = torch_models.run(args, "llama", small, "nm24")
