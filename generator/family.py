@@ -236,6 +236,15 @@ class Family(ABC):
         where it cannot run it."""
         raise ValueError(f"{self.name} has no benchmark peer")
 
+    def token_major_as_fast(self, dtype: str) -> bool:
+        """Whether this family's token-major kernels in `dtype` are as fast
+        as its feature-major ones (built alike, X read a row of 16 bytes
+        or more at a time), so that sparseforge.torch's feature-major route
+        (X and Y transposed around the feature-major kernel) cannot win and
+        sparsify does not tune it.  False, try it, unless the family's
+        measurements say so."""
+        return False
+
     def gather_bytes(self, matrix: SparseMatrix, params: dict, n: int,
                      config: dict) -> Optional[float]:
         """Bytes the kernel reads out of L2 (a family with a model of it),

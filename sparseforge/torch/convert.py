@@ -212,9 +212,10 @@ def _entry(index: int, layer: SparseLinear) -> Entry:
 
 def _fm_entry(entry: Entry) -> Optional[Entry]:
     """The entry of the layer's feature-major kernels (None when its family
-    has none in its dtype)."""
+    has none in its dtype, or says its token-major ones are as fast)."""
     fam, _ = family_of(entry.pattern)
-    if "fm" not in fam.layouts or entry.op.dtype not in fam.dtypes:
+    if ("fm" not in fam.layouts or entry.op.dtype not in fam.dtypes
+            or fam.token_major_as_fast(entry.op.dtype)):
         return None
     return Entry(entry.index, entry.name + FM_NAME, entry.matrix, pattern=entry.pattern,
                  op=Operation(entry.op.dtype, "fm", entry.op.epilogue), bias=entry.bias)

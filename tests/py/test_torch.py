@@ -280,8 +280,8 @@ def test_only_buckets_losing_to_cublas_try_the_feature_major_route():
     """A layer's buckets whose token-major kernel was slower than cuBLAS
     when tuned on this GPU are the ones tried feature-major, under the
     layer's name + '#fm' with the same dtype and epilogue; untuned records,
-    unmeasured buckets and families without feature-major kernels try
-    nothing."""
+    unmeasured buckets, families without feature-major kernels and those
+    whose token-major kernels are as fast (csr in 16 bits) try nothing."""
     import math
 
     from sparseforge.generator.kernel import Epilogue, Operation
@@ -289,11 +289,11 @@ def test_only_buckets_losing_to_cublas_try_the_feature_major_route():
     from sparseforge.tuner.model import Entry
     from sparseforge.tuner.resolve import ArchCode, LayerCode, VariantCode
 
-    def code(pattern, times, gpu="NVIDIA H100"):
-        w = pruned_weight(pattern, torch.float16, 64, 64)
+    def code(pattern, times, gpu="NVIDIA H100", dtype="fp16"):
+        w = pruned_weight(pattern, torch.float16 if dtype == "fp16" else torch.float32, 64, 64)
         from sparseforge.torch.linear import matrix_of
         entry = Entry(0, f"l.{pattern}", matrix_of(w), pattern=pattern,
-                      op=Operation("fp16", "tm", Epilogue(bias=True, activation="gelu")))
+                      op=Operation(dtype, "tm", Epilogue(bias=True, activation="gelu")))
         variants = [VariantCode(n, "k", {}, {}, b"", b"", ours, peer, "tm")
                     for n, (ours, peer) in times.items()]
         return LayerCode(entry, {"sm_90a": ArchCode("sm_90a", gpu, variants)})
@@ -301,9 +301,10 @@ def test_only_buckets_losing_to_cublas_try_the_feature_major_route():
     times = {16: (0.01, 0.02), 256: (0.02, 0.03), 4096: (0.5, 0.2)}
     codes = [code("shflbw:64", times), code("bsr:16x16", {16: (0.01, 0.02)}),
              code("shflbw:64", {16: (math.nan, 0.02), 4096: (0.3, math.nan)}),
-             code("shflbw:64", times, gpu="untuned (sm_90a)")]
+             code("shflbw:64", times, gpu="untuned (sm_90a)"),
+             code("csr", times), code("csr", times, dtype="fp32")]
     got = _fm_candidates(codes, "sm_90a")
-    assert [(i, ns) for i, _, ns in got] == [(0, [4096])]
+    assert [(i, ns) for i, _, ns in got] == [(0, [4096]), (5, [4096])]
     fm = got[0][1]
     assert fm.name == "l.shflbw:64#fm" and fm.op.layout == "fm"
     assert fm.op.epilogue == codes[0].entry.op.epilogue and fm.op.dtype == "fp16"

@@ -440,6 +440,13 @@ class CsrFamily(Family):
         TABLE.check(config, self.problem(matrix, op.layout),
                     {"max_threads": limit, "smem_limit": smem_limit(device)})
 
+    def token_major_as_fast(self, dtype: str) -> bool:
+        """fp16 and bf16: the tensor-core kernels stage X's tile as either
+        layout holds it (bench/RESULTS.md, 2026-11-26: BERT at 70%, the
+        route tried for all 72 layers, whose token-major kernels lost to
+        cuBLAS, and taken by none).  fp32 reads X across token rows: no."""
+        return dtype != "fp32"
+
     # ---- the benchmark peer ---------------------------------------------------
     peer = "cuSPARSE CSR"
 
