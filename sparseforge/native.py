@@ -481,15 +481,15 @@ class Layer(_Owned):
             return
         ptrs = [_device_ptr(p, f"packed[{i}]") for i, p in enumerate(packed)]
         arr = (c_uint64 * max(1, len(ptrs)))(*ptrs)
-        _check(_clib().sf_layer_run_packed(h, self._live(), arr, len(ptrs), _device_ptr(x, "x"),
-                                           _device_ptr(y, "y"), n, _stream(stream)), h)
+        self.run_raw(_device_ptr(x, "x"), _device_ptr(y, "y"), n, arr, len(ptrs),
+                     _stream(stream))
 
-    def run_raw(self, x: int, y: int, n: int, packed, count: int, stream: int) -> None:
+    def run_raw(self, x: int, y: int, n: int, packed, count: int, stream) -> None:
         """Layer.run(packed=...) for a caller holding plain ints and a ctypes
         uint64 array of `count` packed addresses: no conversions, only the
         runtime's own checks (sparseforge.torch's launch, on the host's
         critical path when a model runs outside a CUDA graph)."""
-        h = self._ctx._live_handle()
+        h = self._handle_of_ctx()
         _check(_clib().sf_layer_run_packed(h, self._live(), packed, count, x, y, n,
                                            stream or None), h)
 

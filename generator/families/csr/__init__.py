@@ -94,7 +94,8 @@ FP32_SMALL_MAX_N = 1024
 FP32_FM_SMALL_N = ((2, 2, 8, 4), (2, 2, 8, 2), (4, 2, 8, 2), (2, 2, 8, 1))   # rows, split, unroll, vec
 FP32_FM_LARGE_N = ((4, 1, 8, 4), (4, 2, 8, 4), (4, 1, 8, 2), (4, 1, 8, 8))
 FP32_TM = ((2, 4, 4, 1), (2, 4, 4, 2), (1, 4, 4, 1), (2, 2, 8, 1))
-# token-major with X staged (not yet measured): rows, split, unroll, vec, rb
+# token-major with X staged (H100, e178a5a: it won 32 of the DLMC subset's
+# 36 token-major rows, bench/RESULTS.md 2026-11-26): rows, split, unroll, vec, rb
 FP32_TM_STAGED = ((4, 1, 8, 1, 16), (2, 2, 8, 1, 16), (4, 2, 8, 1, 4), (4, 1, 8, 2, 4))
 
 # The constraint table (generator/space.py).  The problem's constants: m,
@@ -134,6 +135,13 @@ TABLE = Space(
         Constraint("xs_bytes <= smem_limit", "the staged X tile fits the GPU's shared memory",
                    device=True),
     ])
+
+
+def _problem(m: int, k: int, nnz: int, layout: str) -> dict:
+    """The fp32 table's constants: shape, nonzeros, the __constant__
+    tables' size and the layout."""
+    return {"m": m, "k": k, "nnz": nnz, "const_bytes": const_bytes(m, k, nnz),
+            "tm": int(layout == "tm")}
 
 
 def speedup_limit(density: float, config: Optional[dict] = None) -> float:
@@ -357,9 +365,7 @@ class CsrFamily(Family):
     @staticmethod
     def problem(matrix: SparseMatrix, layout: str = "fm") -> dict:
         """The table's constants the matrix (and the layout) fix."""
-        m, k = matrix.shape
-        return {"m": m, "k": k, "nnz": matrix.nnz, "const_bytes": const_bytes(m, k, matrix.nnz),
-                "tm": int(layout == "tm")}
+        return _problem(*matrix.shape, matrix.nnz, layout)
 
     def hint_configs(self, matrix: SparseMatrix, op: Operation, params: dict,
                      device: Optional[dict] = None, n: Optional[int] = None) -> list[dict]:
@@ -517,9 +523,7 @@ class CsrFamily(Family):
 
     @staticmethod
     def problem_of_plan(p: CsrPlan, layout: str = "fm") -> dict:
-        m, k = p.shape
-        return {"m": m, "k": k, "nnz": p.nnz, "const_bytes": const_bytes(m, k, p.nnz),
-                "tm": int(layout == "tm")}
+        return _problem(*p.shape, p.nnz, layout)
 
     @staticmethod
     def _const_tables(p: CsrPlan) -> dict:
