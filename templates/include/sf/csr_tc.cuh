@@ -226,39 +226,71 @@ struct StageLoader {
   template <bool VEC>
   __device__ __forceinline__ void load_x(unsigned s_x, const Ahead &a,
                                          const unsigned short *x, int n_len, int n0) const {
-#pragma unroll
-    for (int i = 0; i < XITERS; ++i) {
-      const int row = row0 + i * XSTEP;
-      if (XCH % C::THREADS != 0 && row >= C::X_ROWS) break;
-      const unsigned dst = s_x + 16u * x_chunk<C>(row, col);
-      int gk, gn;  // the chunk's first element of X: row gk, column gn (fm) / token gn, column gk (tm)
+    if constexpr (VEC && XSTEP % 8 == 0) {
+      // the thread's rows are XSTEP apart: their swizzled chunks sit at
+      // constant offsets from the first (the swizzle repeats every 8 rows),
+      // and tm their sources at constant strides; one address computed a
+      // stage, not one per chunk
+      constexpr unsigned DST_STEP = 16u * XSTEP * (C::WG && !C::TM ? 8 : C::X_ROW_CH);
+      const unsigned dst0 = s_x + 16u * x_chunk<C>(row0, col);
       if constexpr (C::TM) {
-        gn = n0 + row;
-        gk = 16 * a.kid[0] + 8 * (col & 1);
-      } else {
-        gk = 16 * a.kid[i] + (row & 15);
-        gn = n0 + 8 * col;
-      }
-      if constexpr (VEC) {
-        const bool ok = gk < P::K && gn < n_len;
-        const unsigned short *src =
-            ok ? (C::TM ? x + (size_t)gn * P::K + gk : x + (size_t)gk * n_len + gn) : x;
-        sm80::cp_async_16(dst, src, ok);
-      } else {
-        unsigned w[4];
+        const int gk = 16 * a.kid[0] + 8 * (col & 1);
+        const int rows_in = gk < P::K ? n_len - n0 - row0 : 0;  // rows of this thread in N
+        const unsigned short *src = x + ((size_t)(n0 + row0) * P::K + gk);
 #pragma unroll
-        for (int e = 0; e < 4; ++e) {
-          unsigned h[2];
-#pragma unroll
-          for (int u = 0; u < 2; ++u) {
-            const int k = C::TM ? gk + 2 * e + u : gk;
-            const int n = C::TM ? gn : gn + 2 * e + u;
-            h[u] = (k < P::K && n < n_len)
-                       ? (C::TM ? x[(size_t)n * P::K + k] : x[(size_t)k * n_len + n]) : 0u;
-          }
-          w[e] = h[0] | (h[1] << 16);
+        for (int i = 0; i < XITERS; ++i) {
+          if (XCH % C::THREADS != 0 && row0 + i * XSTEP >= C::X_ROWS) break;
+          const bool ok = i * XSTEP < rows_in;
+          sm80::cp_async_16(dst0 + i * DST_STEP, ok ? src + (size_t)i * XSTEP * P::K : x, ok);
         }
-        sm80::st_shared_16(dst, w);
+      } else {
+        const int gn = n0 + 8 * col;
+        const bool nok = gn < n_len;
+        const unsigned short *xcol = x + gn;
+#pragma unroll
+        for (int i = 0; i < XITERS; ++i) {
+          const int row = row0 + i * XSTEP;
+          if (XCH % C::THREADS != 0 && row >= C::X_ROWS) break;
+          const int gk = 16 * a.kid[i] + (row & 15);
+          const bool ok = nok && gk < P::K;
+          sm80::cp_async_16(dst0 + i * DST_STEP, ok ? xcol + (size_t)gk * n_len : x, ok);
+        }
+      }
+    } else {
+#pragma unroll
+      for (int i = 0; i < XITERS; ++i) {
+        const int row = row0 + i * XSTEP;
+        if (XCH % C::THREADS != 0 && row >= C::X_ROWS) break;
+        const unsigned dst = s_x + 16u * x_chunk<C>(row, col);
+        int gk, gn;  // the chunk's first element of X: row gk, column gn (fm) / token gn, column gk (tm)
+        if constexpr (C::TM) {
+          gn = n0 + row;
+          gk = 16 * a.kid[0] + 8 * (col & 1);
+        } else {
+          gk = 16 * a.kid[i] + (row & 15);
+          gn = n0 + 8 * col;
+        }
+        if constexpr (VEC) {
+          const bool ok = gk < P::K && gn < n_len;
+          const unsigned short *src =
+              ok ? (C::TM ? x + (size_t)gn * P::K + gk : x + (size_t)gk * n_len + gn) : x;
+          sm80::cp_async_16(dst, src, ok);
+        } else {
+          unsigned w[4];
+#pragma unroll
+          for (int e = 0; e < 4; ++e) {
+            unsigned h[2];
+#pragma unroll
+            for (int u = 0; u < 2; ++u) {
+              const int k = C::TM ? gk + 2 * e + u : gk;
+              const int n = C::TM ? gn : gn + 2 * e + u;
+              h[u] = (k < P::K && n < n_len)
+                         ? (C::TM ? x[(size_t)n * P::K + k] : x[(size_t)k * n_len + n]) : 0u;
+            }
+            w[e] = h[0] | (h[1] << 16);
+          }
+          sm80::st_shared_16(dst, w);
+        }
       }
     }
   }
