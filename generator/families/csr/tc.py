@@ -223,7 +223,8 @@ def hint_configs(matrix: SparseMatrix, op: Operation, device: Optional[dict],
     blocks of 32 (N = 16) or 64, K split over 4 or 2 warps of four k-steps
     and a cluster of 2 (enough CTAs to fill the GPU with 4096-row
     matrices; elsewhere blocks of 32 rows and 4 warps along K); prefill:
-    wgmma 128 x 256 (Hopper) or mma.sync 64 x 128."""
+    wgmma 128 x 256 with four k-steps a stage (Hopper) or mma.sync 64 x
+    128."""
     consts = device_constants(device) or {"sm90a": 1, "sm90": 1}
     if consts.get("sm90"):
         # four k-steps a warp and stage: a stage's fixed work (its barrier,
@@ -238,7 +239,10 @@ def hint_configs(matrix: SparseMatrix, op: Operation, device: Optional[dict],
         hints = [dict(mf=1, wm=2, wk=4, ksw=1, bn=16, stages=4, ck=1),
                  dict(mf=1, wm=2, wk=4, ksw=1, bn=64, stages=4, ck=1)]
     if consts.get("sm90a"):
-        hints += [dict(mf=1, wm=8, wk=1, ksw=2, bn=256, stages=4, ck=1, wg=1),
+        # prefill: wgmma 128 x 256, four k-steps a stage (H100, 4096 x 4096 x
+        # 4096 token-major at density 0.3: 0.335 ms against 0.397 with two
+        # in one run; bench/RESULTS.md, 2026-11-26)
+        hints += [dict(mf=1, wm=8, wk=1, ksw=4, bn=256, stages=4, ck=1, wg=1),
                   dict(mf=1, wm=4, wk=1, ksw=2, bn=64, stages=4, ck=4, wg=1)]
     hints.append(dict(mf=2, wm=2, wk=1, ksw=2, bn=128, stages=3, ck=1))
     return _valid(by_tile_n(hints, n), matrix, op, device)
