@@ -310,9 +310,16 @@ struct StageLoader {
     const unsigned s_val = s_rec + C::REC_STAGE;
     const unsigned first = a.v0 & ~7u;
     const int chunks = static_cast<int>((a.v1 + 7 - first) / 8);
-    const unsigned short *val = section<unsigned short>(packed, P::VAL_OFF) + first;
-    for (int c = threadIdx.x; c < chunks; c += C::THREADS)
-      sm80::cp_async_16(s_val + 16 * c, val + 8 * c, true);
+    // at most VCH chunks (the largest stage's values, from a multiple of 8):
+    // a fixed number of predicated copies a thread, at constant offsets
+    constexpr int VCH = (C::VMAX + 14) / 8;
+    const unsigned short *val =
+        section<unsigned short>(packed, P::VAL_OFF) + first + 8 * threadIdx.x;
+    const unsigned dst = s_val + 16u * threadIdx.x;
+#pragma unroll
+    for (int i = 0; i < cdiv(VCH, C::THREADS); ++i)
+      if (static_cast<int>(threadIdx.x) + i * C::THREADS < chunks)
+        sm80::cp_async_16(dst + 16u * i * C::THREADS, val + 8 * i * C::THREADS, true);
     if (threadIdx.x == 0) sm80::st_shared_u32(s_val + C::VAL_BYTES, a.v0 & 7u);
   }
 };
