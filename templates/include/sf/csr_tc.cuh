@@ -310,9 +310,16 @@ struct StageLoader {
     const unsigned s_val = s_rec + C::REC_STAGE;
     const unsigned first = a.v0 & ~7u;
     const int chunks = static_cast<int>((a.v1 + 7 - first) / 8);
-    const unsigned short *val = section<unsigned short>(packed, P::VAL_OFF) + first;
-    for (int c = threadIdx.x; c < chunks; c += C::THREADS)
-      sm80::cp_async_16(s_val + 16 * c, val + 8 * c, true);
+    // at most VCH chunks (the largest stage's values, from a multiple of 8):
+    // a fixed number of predicated copies a thread, at constant offsets
+    constexpr int VCH = (C::VMAX + 14) / 8;
+    const unsigned short *val =
+        section<unsigned short>(packed, P::VAL_OFF) + first + 8 * threadIdx.x;
+    const unsigned dst = s_val + 16u * threadIdx.x;
+#pragma unroll
+    for (int i = 0; i < cdiv(VCH, C::THREADS); ++i)
+      if (static_cast<int>(threadIdx.x) + i * C::THREADS < chunks)
+        sm80::cp_async_16(dst + 16u * i * C::THREADS, val + 8 * i * C::THREADS, true);
     if (threadIdx.x == 0) sm80::st_shared_u32(s_val + C::VAL_BYTES, a.v0 & 7u);
   }
 };
@@ -412,6 +419,12 @@ __device__ __forceinline__ unsigned long long x_desc(unsigned s_stage, int j) {
   }
 }
 
+// From one entry's X descriptor to the next's: the address field counts
+// 16 bytes (tm: an entry is 32 bytes along the K-major rows; fm: 16 rows
+// of 128 bytes).
+template <class C>
+constexpr unsigned long long X_DESC_STEP = C::TM ? 32 / 16 : 2048 / 16;
+
 // wgmma: the warp's KSW entries of the stage (its warpgroup's 64 rows, all
 // BN columns), one wgmma each, the A registers alternating between two
 // sets: a set is written again only after the wgmma that read it is done.
@@ -421,12 +434,16 @@ __device__ __forceinline__ void wg_stage(float (&acc)[C::NF][4], unsigned (&a)[2
                                          int strip, const LaneBits &lb) {
   using T = typename C::elem_t;
   const unsigned short *vals = stage_values<C>(stage);
+  // the descriptor of the warp's first entry; the next ones are a constant
+  // step further in its address field (the stage lies below 256 KB: no
+  // carry out of the field's 14 bits)
+  const unsigned long long d0 = x_desc<C>(s_stage, wk * C::KSW);
 #pragma unroll
   for (int jj = 0; jj < C::KSW; ++jj) {
     const int j = wk * C::KSW + jj;
     decode_tile<C>(a[jj & 1], stage, vals, j, strip, lb);
     sm90::fence();
-    sm90::mma_rs<T, C::BN, C::TM ? 0 : 1>(acc, a[jj & 1], x_desc<C>(s_stage, j));
+    sm90::mma_rs<T, C::BN, C::TM ? 0 : 1>(acc, a[jj & 1], d0 + X_DESC_STEP<C> * jj);
     sm90::commit_group();
     sm90::wait_group<1>();
   }
