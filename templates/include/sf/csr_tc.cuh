@@ -237,11 +237,19 @@ struct StageLoader {
         const int gk = 16 * a.kid[0] + 8 * (col & 1);
         const int rows_in = gk < P::K ? n_len - n0 - row0 : 0;  // rows of this thread in N
         const unsigned short *src = x + ((size_t)(n0 + row0) * P::K + gk);
+        if (rows_in > (XITERS - 1) * XSTEP) {  // every row of the thread's in N (all but the last tile)
 #pragma unroll
-        for (int i = 0; i < XITERS; ++i) {
-          if (XCH % C::THREADS != 0 && row0 + i * XSTEP >= C::X_ROWS) break;
-          const bool ok = i * XSTEP < rows_in;
-          sm80::cp_async_16(dst0 + i * DST_STEP, ok ? src + (size_t)i * XSTEP * P::K : x, ok);
+          for (int i = 0; i < XITERS; ++i) {
+            if (XCH % C::THREADS != 0 && row0 + i * XSTEP >= C::X_ROWS) break;
+            sm80::cp_async_16(dst0 + i * DST_STEP, src + (size_t)i * XSTEP * P::K, true);
+          }
+        } else {
+#pragma unroll
+          for (int i = 0; i < XITERS; ++i) {
+            if (XCH % C::THREADS != 0 && row0 + i * XSTEP >= C::X_ROWS) break;
+            const bool ok = i * XSTEP < rows_in;
+            sm80::cp_async_16(dst0 + i * DST_STEP, ok ? src + (size_t)i * XSTEP * P::K : x, ok);
+          }
         }
       } else {
         const int gn = n0 + 8 * col;
