@@ -306,15 +306,6 @@ def min_blocks(config: dict) -> int:
     partition, so b CTAs of w warps leave 512 / ceil(b w / 4) registers a
     thread."""
     warps = config["wm"] * config["wk"]
-    if config.get("wg"):
-        # wgmma: the accumulators and about 56 registers of decode and
-        # addressing (sm_90a, every configuration of the space with bias +
-        # GELU: none spills).  bn 128 then keeps 2 CTAs of 8 warps an SM
-        # (128 registers a thread; asked for 1, ptxas took 136 once the X
-        # descriptors stepped: 19% slower at 4096 x 4096 x 4096)
-        need = config["bn"] // 2 + 56
-        return max(b for b in range(1, 9)
-                   if b == 1 or (b * warps <= 64 and (512 // -(-b * warps // 4)) // 8 * 8 >= need))
     acc = config["mf"] * config["bn"] // 2
     # the X loader's copies a thread issues per stage (each keeps a k-step
     # and an address)
@@ -325,6 +316,12 @@ def min_blocks(config: dict) -> int:
         if b * warps > 64 or (512 // -(-b * warps // 4)) // 8 * 8 < need:
             break
         best = b
+    if config.get("wg") and warps == 8 and config["bn"] <= 128:
+        # wgmma, 8 warps, at most 64 accumulators: 2 CTAs an SM (128
+        # registers a thread; asked for 1, ptxas took 136 for bn 128 once the
+        # X descriptors stepped, and it ran 19% slower at 4096 x 4096 x 4096;
+        # none of these spills, fp16 or bf16, with or without bias + GELU)
+        best = max(best, 2)
     return best
 
 
