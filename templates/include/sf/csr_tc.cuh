@@ -237,7 +237,8 @@ struct StageLoader {
         const int gk = 16 * a.kid[0] + 8 * (col & 1);
         const int rows_in = gk < P::K ? n_len - n0 - row0 : 0;  // rows of this thread in N
         const unsigned short *src = x + ((size_t)(n0 + row0) * P::K + gk);
-        if (rows_in > (XITERS - 1) * XSTEP) {  // every row of the thread's in N (all but the last tile)
+        // every row of the thread's inside N (all but the last tile of N): no bounds
+        if (rows_in > (XITERS - 1) * XSTEP) {
 #pragma unroll
           for (int i = 0; i < XITERS; ++i) {
             if (XCH % C::THREADS != 0 && row0 + i * XSTEP >= C::X_ROWS) break;
