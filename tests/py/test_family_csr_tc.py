@@ -343,6 +343,19 @@ def test_a_spread_of_the_space_compiles_without_spills(arch, layout, assert_no_s
                      arch, "csr_tc.cu")
 
 
+def test_launch_bounds_keep_two_wgmma_ctas_of_128_columns():
+    """8-warp wgmma tiles of at most 128 columns ask for 2 CTAs an SM (128
+    registers a thread): asked for 1, ptxas took 136 for bn 128 and the
+    kernel ran 19% slower (bench/RESULTS.md, 2026-11-26).  Wider tiles and
+    other warp counts keep the general estimate."""
+    wg = dict(mf=1, wm=8, wk=1, ksw=4, bn=128, stages=4, ck=1, wg=1)
+    assert tc.min_blocks(wg) == 2
+    assert tc.min_blocks(dict(wg, bn=64)) == 2
+    assert tc.min_blocks(dict(wg, bn=256)) == 1
+    # 4-warp tiles: the estimate alone (asked for 4 CTAs, a bf16 one spilled)
+    assert tc.min_blocks(dict(wg, wm=4, bn=128)) < 4
+
+
 # ---- GPU ------------------------------------------------------------------------------------
 
 GPU_CASES = [
