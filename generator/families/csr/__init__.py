@@ -362,11 +362,6 @@ class CsrFamily(Family):
                             candidates += [dict(cfg, rb=rb) for rb in STAGED_RB]
         return self.accepted(candidates, matrix, op, params, device)
 
-    @staticmethod
-    def problem(matrix: SparseMatrix, layout: str = "fm") -> dict:
-        """The table's constants the matrix (and the layout) fix."""
-        return _problem(*matrix.shape, matrix.nnz, layout)
-
     def hint_configs(self, matrix: SparseMatrix, op: Operation, params: dict,
                      device: Optional[dict] = None, n: Optional[int] = None) -> list[dict]:
         if op.dtype != "fp32":
@@ -443,7 +438,7 @@ class CsrFamily(Family):
         limit = MAX_THREADS
         if device and device.get("max_threads_per_block"):
             limit = int(device["max_threads_per_block"])
-        TABLE.check(config, self.problem(matrix, op.layout),
+        TABLE.check(config, _problem(*matrix.shape, matrix.nnz, op.layout),
                     {"max_threads": limit, "smem_limit": smem_limit(device)})
 
     def token_major_as_fast(self, dtype: str) -> bool:
@@ -504,7 +499,7 @@ class CsrFamily(Family):
         rb = int(config.get(STAGED_KEY, 0))
         name = config_name(self.tag({}), config, op)
         ep = op.epilogue
-        problem = self.problem_of_plan(p, op.layout)
+        problem = _problem(*p.shape, p.nnz, op.layout)
         values = dict(name=name, M=m, K=k, nnz=p.nnz, layout=op.layout, tables=tables,
                       vec=vec, rows=rows, split=split, unroll=unroll, rb=rb,
                       epilogue_tag=ep.tag, has_bias=ep.bias, act=op.act_code,
@@ -520,10 +515,6 @@ class CsrFamily(Family):
                              shared_bytes=TABLE.env(config, problem)["xs_bytes"])
         return Kernel(name=name, source=source, packed=p.packed, launch=launch,
                       config=dict(config))
-
-    @staticmethod
-    def problem_of_plan(p: CsrPlan, layout: str = "fm") -> dict:
-        return _problem(*p.shape, p.nnz, layout)
 
     @staticmethod
     def _const_tables(p: CsrPlan) -> dict:

@@ -376,12 +376,14 @@ __device__ __forceinline__ void store_fm_scalar(float *Y, int N, int row, int n0
     if (n0 + i < N) yr[n0 + i] = finish<Cfg>(acc[i], bias);
 }
 
-template <class Cfg>
+// Token-major: a lane's tokens t0 + STEP i (STEP: WARP as the lanes read
+// X, 1 from a staged tile).
+template <class Cfg, int STEP = WARP>
 __device__ __forceinline__ void store_tm(float *Y, int N, int row, int t0,
                                          const float (&acc)[Cfg::VEC], float bias) {
 #pragma unroll
   for (int i = 0; i < Cfg::VEC; ++i) {
-    const int t = t0 + WARP * i;
+    const int t = t0 + STEP * i;
     if (t < N) Y[static_cast<long long>(t) * Cfg::M + row] = finish<Cfg>(acc[i], bias);
   }
 }
@@ -521,16 +523,6 @@ __device__ __forceinline__ void stage_x(const float *__restrict__ X, int N, int 
   }
 }
 
-template <class Cfg>
-__device__ __forceinline__ void store_tm_staged(float *Y, int N, int row, int t0,
-                                                const float (&acc)[Cfg::VEC], float bias) {
-#pragma unroll
-  for (int i = 0; i < Cfg::VEC; ++i) {
-    const int t = t0 + i;
-    if (t < N) Y[static_cast<long long>(t) * Cfg::M + row] = finish<Cfg>(acc[i], bias);
-  }
-}
-
 template <class Cfg, class Schedule>
 __device__ __forceinline__ void spmm_tm_staged(const unsigned char *__restrict__ packed,
                                                const float *__restrict__ X,
@@ -552,7 +544,7 @@ __device__ __forceinline__ void spmm_tm_staged(const unsigned char *__restrict__
     int row = 0;
     if (live) row = Schedule::template sum<true>(packed, slot, part, lane, acc, bias);
     reduce_split<Cfg>(smem, part, r, lane, acc.acc);
-    if (live && part == 0) store_tm_staged<Cfg>(Y, N, row, t0, acc.acc, bias);
+    if (live && part == 0) store_tm<Cfg, 1>(Y, N, row, t0, acc.acc, bias);  // a lane's tokens are consecutive
     if (Cfg::SPLIT > 1) __syncthreads();  // the split's shared memory is reused by g + 1
   }
 }

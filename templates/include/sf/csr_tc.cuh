@@ -223,6 +223,22 @@ struct StageLoader {
   // columns [n0, n0 + BN); tm, token n0 + r, columns 16 kid + 8 (col % 2) ..
   // + 7.  Past K or N: zeros.  VEC: 16-byte copies (fm: N % 8 == 0 and X
   // aligned; tm: K % 8 == 0 and X aligned), else element loads.
+  // Token-major, 16-byte copies: this thread's rows of the X tile, XSTEP
+  // apart (shared chunks `step` bytes apart from dst0, sources XSTEP rows of
+  // X apart from src).  BOUNDED: rows from `rows_in` on lie outside N (or
+  // the k-step outside K) and are zero-filled from a valid address.
+  template <bool BOUNDED>
+  __device__ __forceinline__ void copy_rows_tm(unsigned dst0, unsigned step,
+                                               const unsigned short *src,
+                                               const unsigned short *x, int rows_in) const {
+#pragma unroll
+    for (int i = 0; i < XITERS; ++i) {
+      if (XCH % C::THREADS != 0 && row0 + i * XSTEP >= C::X_ROWS) break;
+      const bool ok = !BOUNDED || i * XSTEP < rows_in;
+      sm80::cp_async_16(dst0 + i * step, ok ? src + (size_t)i * XSTEP * P::K : x, ok);
+    }
+  }
+
   template <bool VEC>
   __device__ __forceinline__ void load_x(unsigned s_x, const Ahead &a,
                                          const unsigned short *x, int n_len, int n0) const {
@@ -238,20 +254,10 @@ struct StageLoader {
         const int rows_in = gk < P::K ? n_len - n0 - row0 : 0;  // rows of this thread in N
         const unsigned short *src = x + ((size_t)(n0 + row0) * P::K + gk);
         // every row of the thread's inside N (all but the last tile of N): no bounds
-        if (rows_in > (XITERS - 1) * XSTEP) {
-#pragma unroll
-          for (int i = 0; i < XITERS; ++i) {
-            if (XCH % C::THREADS != 0 && row0 + i * XSTEP >= C::X_ROWS) break;
-            sm80::cp_async_16(dst0 + i * DST_STEP, src + (size_t)i * XSTEP * P::K, true);
-          }
-        } else {
-#pragma unroll
-          for (int i = 0; i < XITERS; ++i) {
-            if (XCH % C::THREADS != 0 && row0 + i * XSTEP >= C::X_ROWS) break;
-            const bool ok = i * XSTEP < rows_in;
-            sm80::cp_async_16(dst0 + i * DST_STEP, ok ? src + (size_t)i * XSTEP * P::K : x, ok);
-          }
-        }
+        if (rows_in > (XITERS - 1) * XSTEP)
+          copy_rows_tm<false>(dst0, DST_STEP, src, x, rows_in);
+        else
+          copy_rows_tm<true>(dst0, DST_STEP, src, x, rows_in);
       } else {
         const int gn = n0 + 8 * col;
         const bool nok = gn < n_len;
