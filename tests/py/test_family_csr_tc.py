@@ -27,6 +27,7 @@ A100 = {"smem_per_block_optin": 166912, "sm_count": 108, "cc_major": 8, "cc_mino
 DECODE = dict(mf=1, wm=4, wk=2, ksw=2, bn=16, stages=4, ck=1)
 PREFILL = dict(mf=2, wm=2, wk=1, ksw=2, bn=128, stages=3, ck=1)
 WGCFG = dict(mf=1, wm=4, wk=1, ksw=2, bn=128, stages=4, ck=1, wg=1)
+TMACFG = dict(WGCFG, wm=8, ksw=4, bn=256, tma=1)
 
 
 def random_matrix(m, k, density, seed=0, dtype="fp16", empty_rows=(), empty_cols=()):
@@ -220,6 +221,35 @@ def test_invalid_configs_name_their_constraint(change, rule):
         FAM.check_config(cfg, mat, Operation("fp16"), {})
 
 
+@pytest.mark.parametrize("layout,k,change,rule", [
+    ("fm", 64, {}, "wg == 1 and tm and wk == 1 and ck == 1"),
+    ("tm", 64, dict(wm=4, wk=2, ksw=2), "wg == 1 and tm and wk == 1 and ck == 1"),
+    ("tm", 64, dict(ck=2), "wg == 1 and tm and wk == 1 and ck == 1"),
+    ("tm", 100, {}, "k8"),                   # X's rows not 16-byte aligned: no tensor map
+    ("tm", 64, dict(tma=2), "tma == 1"),
+])
+def test_invalid_tma_configs_name_their_constraint(layout, k, change, rule):
+    mat = random_matrix(64, k, 0.3)
+    with pytest.raises(ConfigError, match=re.escape(rule)):
+        FAM.check_config(dict(TMACFG, **change), mat, Operation("fp16", layout), {})
+    with pytest.raises(ConfigError, match="needs the keys"):
+        FAM.check_config(dict(DECODE, tma=1), mat, Operation("fp16", layout), {})
+
+
+def test_tma_kernel_declares_its_map_and_producer_warp():
+    mat = random_matrix(300, 704, 0.3)
+    op = Operation("fp16", "tm")
+    k = FAM.generate(mat, op, {}, TMACFG)
+    assert k.launch["block"] == (288, 1, 1)          # 8 consumer warps and the producer
+    assert "SF_DECLARE_X_MAP(2, 704, 16, 256)" in k.source
+    assert "__grid_constant__ sf::sm90::TensorMap x_map" in k.source
+    env = tc.SPACE.env(TMACFG, tc.problem("tm", 0, 0, 704))
+    assert env["bar_bytes"] == 16 * TMACFG["stages"]
+    plain = FAM.generate(mat, op, {}, {k_: v for k_, v in TMACFG.items() if k_ != "tma"})
+    assert k.launch["shared_bytes"] == plain.launch["shared_bytes"] + env["bar_bytes"]
+    assert "SF_DECLARE_X_MAP(2," not in plain.source
+
+
 def test_device_rules():
     mat = random_matrix(64, 64, 0.3)
     op = Operation("fp16")
@@ -243,7 +273,7 @@ def test_kernel_launch_record_and_name():
     assert k.launch["block"] == (256, 1, 1) and not k.launch["zero_output"]
     assert k.name.startswith("sf_csr_fp16_tm_bias_") and "ck4" in k.name
     assert "__cluster_dims__(4, 1, 1)" in k.source
-    assert k.launch["shared_bytes"] == tc.SPACE.env(cfg, tc.problem("tm", p.vmax, p.smax))["smem"]
+    assert k.launch["shared_bytes"] == tc.SPACE.env(cfg, tc.problem("tm", p.vmax, p.smax, mat.cols))["smem"]
 
 
 def test_the_command_line_tunes_16_bit_weights_on_tensor_cores(tmp_path):
@@ -300,6 +330,8 @@ COMPILE_CASES = [
     ("fp16", "fm", Epilogue(bias=True, activation="gelu"), dict(WGCFG, wm=8, bn=256)),
     ("bf16", "tm", Epilogue(), dict(WGCFG, ksw=4)),
     ("fp16", "fm", Epilogue(activation="relu"), dict(WGCFG, bn=64, wk=2, ck=4)),
+    ("fp16", "tm", Epilogue(bias=True, activation="gelu"), TMACFG),
+    ("bf16", "tm", Epilogue(), dict(TMACFG, wm=4, ksw=2, bn=128, stages=3)),
 ]
 
 
@@ -307,7 +339,7 @@ COMPILE_CASES = [
 @pytest.mark.parametrize("arch", ["sm_80", "sm_90a"])
 def test_template_compiles(arch, case, nvrtc, tmp_path):
     dtype, layout, ep, cfg = COMPILE_CASES[case]
-    mat = random_matrix(150, 97, 0.3, seed=case, dtype=dtype)
+    mat = random_matrix(150, 96 if cfg.get("tma") else 97, 0.3, seed=case, dtype=dtype)
     op = Operation(dtype, layout, ep)
     bias = np.linspace(-1, 1, 150) if ep.bias else None
     k = FAM.generate(mat, op, {}, cfg, bias=bias)
@@ -385,6 +417,15 @@ GPU_CASES = [
     ((300, 700), 0.5, "bf16", "tm", Epilogue(activation="gelu"),
      dict(DECODE, mf=2, wm=2, wk=2, ksw=4, ck=2), (16, 17)),
     ((1000, 300), 0.3, "fp16", "fm", Epilogue(), dict(DECODE, wk=2, ksw=4, bn=64, ck=2), (64, 65)),
+    # wgmma fed by TMA (token-major): odd M, K past the last whole k-step, N
+    # past the tile, a row block with no stage, stages fewer than the ring
+    ((300, 704), 0.3, "fp16", "tm", Epilogue(bias=True, activation="gelu"), TMACFG,
+     (1, 256, 600)),
+    ((129, 1000), 0.3, "bf16", "tm", Epilogue(activation="relu"),
+     dict(TMACFG, bn=128, stages=3), (5, 130, 257)),
+    ((1000, 304), 0.5, "fp16", "tm", Epilogue(scale=0.5), dict(TMACFG, wm=4, ksw=2, bn=64),
+     (64, 65)),
+    ((256, 72), 0.1, "bf16", "tm", Epilogue(bias=True), dict(TMACFG, stages=4), (16, 300)),
 ]
 
 
@@ -395,7 +436,8 @@ def test_gpu_correct(case):
     shape, density, dtype, layout, ep, cfg, ns = GPU_CASES[case]
     if (cfg.get("wg") or cfg["ck"] > 1) and default_context().device_info()["arch"] != "sm_90a":
         pytest.skip("wgmma and clusters need an sm_90a GPU (Hopper)")
-    mat = random_matrix(*shape, density, seed=100 + case, dtype=dtype)
+    empty = range(128) if cfg.get("tma") and shape == (300, 704) else ()   # a block of no stage
+    mat = random_matrix(*shape, density, seed=100 + case, dtype=dtype, empty_rows=empty)
     op = Operation(dtype, layout, ep)
     for n in ns:
         res = verify("csr", mat, op, {}, cfg, n, seed=case * 7 + n)

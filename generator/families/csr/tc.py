@@ -6,6 +6,10 @@ A configuration takes one of two compute paths:
 
     mma.sync   mf wm wk ksw bn stages ck       (sm_80 and newer; ck > 1: sm_90)
     wgmma      the same and wg = 1             (sm_90a; A decoded into registers)
+    wgmma+TMA  the same and tma = 1            (sm_90a, token-major, wk = ck = 1: a
+                                                producer warp fills the stages by TMA
+                                                and bulk copies, mbarriers in place of
+                                                the CTA's barrier a stage)
 
 mf: 16-row strips per warp; wm: warps along M (wgmma: 4 per warpgroup);
 wk: warps (warpgroups) along K inside a CTA; ksw: k-steps (16 columns of
@@ -32,6 +36,7 @@ from . import bitmap
 TABLE_SOURCE = "generator/families/csr/tc.py"
 KEYS = ("bn", "ck", "ksw", "mf", "stages", "wk", "wm")
 WG_KEYS = tuple(sorted(KEYS + ("wg",)))
+TMA_KEYS = tuple(sorted(WG_KEYS + ("tma",)))
 
 BN_CHOICES = (16, 32, 64, 128, 256)
 WG_BN_CHOICES = (64, 128, 256)       # the register-A wgmma wrappers (mma_sm90.cuh)
@@ -42,9 +47,10 @@ MAX_ACC = 128
 
 MMA = "not wg"
 WG = "wg"
+TMA = "tma"
 
 DERIVED = {
-    "threads": "32 * wm * wk",
+    "threads": "32 * wm * wk + 32 * tma",
     "bm": "16 * mf * wm",
     "ms": "bm // 16",
     "ks": "ksw * wk",
@@ -62,7 +68,9 @@ DERIVED = {
     "tab_bytes": "cdiv((ks * tabs + tabs + 1) * 4, 16) * 16",
     "c_bytes": "(bn if tm else bm) * ((bm if tm else bn) + 8) * 2",
     "r_bytes": "wk * bm * (bn + 4) * 4 if wk > 1 or ck > 1 else 0",
-    "smem": "max(max(stages * stage_bytes + tab_bytes, c_bytes), r_bytes) + (1024 if wg else 0)",
+    "bar_bytes": "16 * stages if tma else 0",
+    "smem": "max(max(stages * stage_bytes + tab_bytes, c_bytes), r_bytes) + bar_bytes"
+            " + (1024 if wg else 0)",
 }
 
 TABLE = [
@@ -96,6 +104,13 @@ TABLE = [
                when=WG),
     Constraint("(bn // 2 + 48) * threads <= 65536",
                "the accumulators and ~48 other registers fit the register file", when=WG),
+    # wgmma fed by TMA
+    Constraint("tma == 1", "tma = 1 selects the TMA-fed stages (omit the key otherwise)",
+               when=TMA),
+    Constraint("wg == 1 and tm and wk == 1 and ck == 1",
+               "TMA: the wgmma path, token-major, one warpgroup column along K, no cluster",
+               when=TMA),
+    Constraint("k8", "TMA: X's rows 16-byte aligned (K % 8 == 0) for its tensor map", when=TMA),
     # the GPU's (Python only)
     Constraint("ck == 1 or sm90", "clusters need sm_90", device=True),
     Constraint("smem <= smem_limit", "the shared memory fits the GPU's per-block limit",
@@ -103,15 +118,16 @@ TABLE = [
 ]
 
 SPACE = Space(choices={"bn": BN_CHOICES, "stages": STAGE_CHOICES, "ck": CK_CHOICES},
-              constraints=TABLE, derived=DERIVED, defaults={"wg": 0})
+              constraints=TABLE, derived=DERIVED, defaults={"wg": 0, "tma": 0})
 
 
-def problem(layout_: str, vmax: int, smax: int) -> dict:
+def problem(layout_: str, vmax: int, smax: int, k: int) -> dict:
     """The table's constants the problem fixes: the layout, the largest
     stage's values and the most stages of a row block (the plan's, for the
     (bm, ks) of a configuration; a CTA keeps its share of a block's stage
-    table in shared memory)."""
-    return {"tm": int(layout_ == "tm"), "vmax": int(vmax), "smax": int(smax)}
+    table in shared memory), and whether K is a multiple of 8."""
+    return {"tm": int(layout_ == "tm"), "vmax": int(vmax), "smax": int(smax),
+            "k8": int(k % 8 == 0)}
 
 
 def bm_ks(config: dict) -> tuple[int, int]:
@@ -132,9 +148,10 @@ def device_constants(device: Optional[dict]) -> Optional[dict]:
 
 def check_keys(config: dict) -> None:
     keys = tuple(sorted(config))
-    if keys not in (KEYS, WG_KEYS):
+    if keys not in (KEYS, WG_KEYS, TMA_KEYS):
         raise ConfigError(f"csr (fp16/bf16) config needs the keys {', '.join(KEYS)} "
-                          f"(and wg = 1 for wgmma), got {', '.join(keys)}")
+                          f"(and wg = 1 for wgmma, with tma = 1 for its TMA-fed stages), "
+                          f"got {', '.join(keys)}")
     for key in keys:
         v = config[key]
         if not isinstance(v, (int, np.integer)) or isinstance(v, bool):
@@ -146,11 +163,12 @@ def check(config: dict, matrix: SparseMatrix, op: Operation,
     check_keys(config)
     bm, ks = bm_ks(config)
     # the structural rules first (bm and ks index the plan)
-    SPACE.check(config, problem(op.layout, 0, 0))
+    SPACE.check(config, problem(op.layout, 0, 0, matrix.cols))
     if bm < 16 or ks < 1:
         raise ConfigError(f"bm = {bm} and ks = {ks}: at least one strip and one k-step")
     lay = bitmap.cached_layout(matrix, bm, ks)
-    SPACE.check(config, problem(op.layout, lay.vmax, lay.smax), device_constants(device))
+    SPACE.check(config, problem(op.layout, lay.vmax, lay.smax, matrix.cols),
+                device_constants(device))
 
 
 # ---- the search space ---------------------------------------------------------------------
@@ -196,6 +214,12 @@ def search_space(matrix: SparseMatrix, op: Operation, device: Optional[dict]) ->
             for wk in (1, 2):
                 for ck in (2, 4):
                     cands.append(dict(mf=1, wm=wm, wk=wk, ksw=2, bn=64, stages=4, ck=ck, wg=1))
+        # the same prefill tiles fed by TMA (token-major, K % 8 == 0)
+        for ksw in (2, 4):
+            for bn in (128, 256):
+                for stages in (3, 4):
+                    cands.append(dict(mf=1, wm=8, wk=1, ksw=ksw, bn=bn, stages=stages, ck=1,
+                                      wg=1, tma=1))
     return _valid(cands, matrix, op, device)
 
 
@@ -305,7 +329,7 @@ def min_blocks(config: dict) -> int:
     no spills).  A quarter of the SM's warps share each 16K-register
     partition, so b CTAs of w warps leave 512 / ceil(b w / 4) registers a
     thread."""
-    warps = config["wm"] * config["wk"]
+    warps = config["wm"] * config["wk"] + config.get("tma", 0)   # tma: the producer warp
     acc = config["mf"] * config["bn"] // 2
     # the X loader's copies a thread issues per stage (each keeps a k-step
     # and an address)
@@ -329,12 +353,15 @@ def render_kernel(p: TcPlan, op: Operation, float_literal) -> Kernel:
     c = p.config
     m, k = p.shape
     wg = int(c.get("wg", 0))
-    threads = 32 * c["wm"] * c["wk"]
-    checks = SPACE.static_asserts(c, problem(p.layout, p.vmax, p.smax), TABLE_SOURCE)
-    env = SPACE.env(c, problem(p.layout, p.vmax, p.smax))
+    tma = int(c.get("tma", 0))
+    prob = problem(p.layout, p.vmax, p.smax, k)
+    checks = SPACE.static_asserts(c, prob, TABLE_SOURCE)
+    env = SPACE.env(c, prob)
+    threads = env["threads"]
     source = render("csr_tc.cu.j2", name=p.name, dtype=p.dtype, layout=p.layout, m=m, k=k,
                     nnz=p.nnz, mf=c["mf"], wm=c["wm"], wk=c["wk"], ksw=c["ksw"], bn=c["bn"],
-                    stages=c["stages"], ck=c["ck"], wg=wg, vmax=p.vmax, tabs=env["tabs"],
+                    stages=c["stages"], ck=c["ck"], wg=wg, tma=tma, vmax=p.vmax,
+                    tabs=env["tabs"],
                     bm=env["bm"],
                     num_blocks=p.num_blocks, off=p.offsets, has_bias=p.has_bias,
                     act=op.act_code, scale=float_literal(np.float32(op.epilogue.scale)),

@@ -49,6 +49,7 @@
 #include "sf/common.cuh"
 #include "sf/mma_sm80.cuh"
 #include "sf/mma_sm90.cuh"
+#include "sf/tma_sm90.cuh"
 
 namespace sf {
 namespace csr_tc {
@@ -63,7 +64,7 @@ __host__ __device__ constexpr int cdiv(int a, int b) { return (a + b - 1) / b; }
 // ---- configuration -----------------------------------------------------------------
 
 template <typename T, int MF_, int WM_, int WK_, int KSW_, int BN_, int STAGES_, bool TM_,
-          bool WG_, int CK_, int VMAX_, int TABS_>
+          bool WG_, int CK_, int VMAX_, int TABS_, bool TMA_ = false>
 struct Config {
   using elem_t = T;
   static constexpr int MF = MF_;          // 16-row strips per warp (WG: 1)
@@ -77,9 +78,10 @@ struct Config {
   static constexpr int CK = CK_;          // CTAs of a cluster splitting a block's stages
   static constexpr int VMAX = VMAX_;      // values of the largest stage (the plan's)
   static constexpr int TABS = TABS_;      // the most stages one CTA runs (the plan's)
+  static constexpr bool TMA = TMA_;       // a producer warp fills the stages (TMA, bulk copies)
 
-  static constexpr int WARPS = WM * WK;
-  static constexpr int THREADS = 32 * WARPS;
+  static constexpr int WARPS = WM * WK;   // the warps that compute
+  static constexpr int THREADS = 32 * WARPS + (TMA ? 32 : 0);
   static constexpr int BM = 16 * MF * WM;  // rows of a block
   static constexpr int MS = BM / 16;       // strips of a block
   static constexpr int KS = KSW * WK;      // k-steps of a stage
@@ -100,6 +102,10 @@ struct Config {
   static constexpr int STAGE_ALIGN = WG ? 1024 : 128;
   static constexpr int STAGE_BYTES = cdiv(STAGE_RAW, STAGE_ALIGN) * STAGE_ALIGN;
   static constexpr int PIPE_BYTES = STAGES * STAGE_BYTES;
+  // TMA: X's tile is KS boxes of BN tokens x 16 columns (one per entry,
+  // 32-byte rows, 32-byte swizzle), each at its own 1024-byte aligned
+  // place; the other layouts keep rows of BK columns.
+  static constexpr int X_ENTRY_BYTES = BN * 32;
   // The CTA's stage table, read once before the pipeline starts: the
   // k-steps (int32[TABS][KS]) and value offsets (u32[TABS + 1]) of its
   // stages, after the pipeline.
@@ -113,12 +119,17 @@ struct Config {
   static constexpr int R_LD = BN + 4;
   static constexpr int R_BYTES = SPLIT ? WK * BM * R_LD * 4 : 0;
   static constexpr int ALIGN_PAD = WG ? 1024 : 0;  // the base is rounded up to 1024 (WG)
-  static constexpr int SMEM_BYTES =
-      cmax(cmax(PIPE_BYTES + TAB_BYTES, C_BYTES), R_BYTES) + ALIGN_PAD;
+  // TMA: the stages' mbarriers (full[STAGES], empty[STAGES]) after
+  // everything the epilogue reuses
+  static constexpr int BAR_OFF = cmax(cmax(PIPE_BYTES + TAB_BYTES, C_BYTES), R_BYTES);
+  static constexpr int BAR_BYTES = TMA ? 16 * STAGES : 0;
+  static constexpr int SMEM_BYTES = BAR_OFF + BAR_BYTES + ALIGN_PAD;
 
   static_assert(sizeof(T) == 2, "tensor-core path takes 16-bit elements");
   static_assert(!WG || (MF == 1 && WM % 4 == 0), "WG: one strip per warp, whole warpgroups");
   static_assert(!WG || KSW % 2 == 0, "WG: the A registers alternate between two sets");
+  static_assert(!TMA || (WG && TM && WK == 1 && CK == 1),
+                "TMA: wgmma, token-major, one warpgroup column, no cluster");
   // The configuration's constraints are asserted by the generated source,
   // from the table the search space filters with
   // (generator/families/csr/tc.py).
@@ -425,7 +436,9 @@ __device__ __forceinline__ void mma_entry(float (&acc)[C::MF][C::NF][4], const u
 // wgmma: the B descriptor of entry j (16 rows of k) of the stage's X tile.
 template <class C>
 __device__ __forceinline__ unsigned long long x_desc(unsigned s_stage, int j) {
-  if constexpr (C::TM) {  // K-major: rows of BK elements, swizzled to the row width
+  if constexpr (C::TMA) {  // K-major boxes of BN rows x 32 bytes, one an entry
+    return sm90::make_desc(s_stage + C::X_ENTRY_BYTES * j, 16, 256, sm90::SWIZZLE_32B);
+  } else if constexpr (C::TM) {  // K-major: rows of BK elements, swizzled to the row width
     constexpr sm90::Swizzle SW = C::BK == 64 ? sm90::SWIZZLE_128B
                                              : (C::BK == 32 ? sm90::SWIZZLE_64B : sm90::SWIZZLE_32B);
     return sm90::make_desc(s_stage + 32 * j, 16, 8 * C::BK * 2, SW);
@@ -435,10 +448,10 @@ __device__ __forceinline__ unsigned long long x_desc(unsigned s_stage, int j) {
 }
 
 // From one entry's X descriptor to the next's: the address field counts
-// 16 bytes (tm: an entry is 32 bytes along the K-major rows; fm: 16 rows
-// of 128 bytes).
+// 16 bytes (TMA: an entry is its own box; tm: an entry is 32 bytes along
+// the K-major rows; fm: 16 rows of 128 bytes).
 template <class C>
-constexpr unsigned long long X_DESC_STEP = C::TM ? 32 / 16 : 2048 / 16;
+constexpr unsigned long long X_DESC_STEP = C::TMA ? C::X_ENTRY_BYTES / 16 : (C::TM ? 32 / 16 : 2048 / 16);
 
 // wgmma: the warp's KSW entries of the stage (its warpgroup's 64 rows, all
 // BN columns), one wgmma each, the A registers alternating between two
@@ -745,6 +758,144 @@ __device__ __forceinline__ void gemm_block(const unsigned char *__restrict__ pac
     __syncthreads();
     store_tile<C, P>(s_c, y, n_len, m0, n0);
   }
+}
+
+// ---- the TMA pipeline (C::TMA) ----------------------------------------------------------------
+
+// The producer warp: stage `it` of the block into slot it % STAGES once
+// every consumer warp has released the slot's previous stage: X's entries
+// as TMA boxes (zeros past N and K), the records and the values by bulk
+// copies, all completing on the slot's `full` barrier; the slot's meta
+// word (where the first value sits) stored before the barrier's arrival.
+template <class C, class P>
+__device__ __forceinline__ void tma_produce(const unsigned char *__restrict__ packed,
+                                            const sm90::TensorMap *map, unsigned s_base,
+                                            const unsigned char *table, unsigned bars,
+                                            const Block &blk, int n0, int lane) {
+  constexpr int S = C::STAGES;
+  const int *s_kid = reinterpret_cast<const int *>(table);
+  const unsigned *s_voff = reinterpret_cast<const unsigned *>(table) + C::KS * C::TABS;
+  const unsigned full = bars, empty = bars + 8 * S;
+#pragma unroll 1
+  for (int it = 0, s = 0, round = 0; it < blk.stages; ++it) {
+    if (it >= S) sm90::mbar_wait(empty + 8 * s, (round - 1) & 1);
+    if (lane == 0) {
+      const unsigned st = s_base + s * C::STAGE_BYTES;
+      const unsigned v0 = s_voff[it], v1 = s_voff[it + 1];
+      const unsigned first = v0 & ~7u;  // values from a 16-byte boundary (the meta word: v0 % 8)
+      const unsigned vbytes = (v1 + 7u - first) / 8u * 16u;
+      const unsigned s_rec = st + C::X_BYTES, s_val = s_rec + C::REC_STAGE;
+      sm80::st_shared_u32(s_val + C::VAL_BYTES, v0 & 7u);
+      sm90::mbar_arrive_expect(full + 8 * s, C::X_BYTES + C::REC_STAGE + vbytes);
+#pragma unroll
+      for (int j = 0; j < C::KS; ++j)
+        sm90::tma_load_2d(st + j * C::X_ENTRY_BYTES, map, 16 * s_kid[it * C::KS + j], n0,
+                          full + 8 * s);
+      sm90::bulk_load(s_rec, packed + P::REC_OFF + (size_t)(blk.first_stage + it) * C::REC_STAGE,
+                      C::REC_STAGE, full + 8 * s);
+      if (vbytes)
+        sm90::bulk_load(s_val, section<unsigned short>(packed, P::VAL_OFF) + first, vbytes,
+                        full + 8 * s);
+    }
+    __syncwarp();
+    if (++s == S) {
+      s = 0;
+      ++round;
+    }
+  }
+}
+
+// A CTA of WARPS consumer warps (WM / 4 warpgroups, one strip a warp) and
+// a producer warp.  The consumers wait for each stage's `full` barrier,
+// decode and issue their wgmma as wg_stage does, and release the stage
+// (one arrival a warp on its `empty` barrier) at the end of the next
+// stage, whose first wait saw the stage's last wgmma done.  No CTA-wide
+// barrier inside the main loop.
+template <class C, class P>
+__device__ __forceinline__ void gemm_block_tma(const unsigned char *__restrict__ packed,
+                                               const sm90::TensorMap *map,
+                                               unsigned short *__restrict__ y, int n_len, int n0,
+                                               const Block &blk, unsigned char *smem) {
+  using T = typename C::elem_t;
+  constexpr int S = C::STAGES;
+  const int lane = threadIdx.x & 31;
+  const int warp = threadIdx.x >> 5;
+  const unsigned s_base = sm80::smem_addr(smem);
+  const unsigned bars = s_base + C::BAR_OFF;
+  const unsigned full = bars, empty = bars + 8 * S;
+  const int n = blk.stages;
+
+  using L = StageLoader<C, P>;
+  const L ld(packed, smem + C::PIPE_BYTES);
+  ld.load_table(blk.first_stage, n);
+  if (threadIdx.x == 0) {
+    for (int s = 0; s < S; ++s) {
+      sm90::mbar_init(full + 8 * s, 1);
+      sm90::mbar_init(empty + 8 * s, C::WARPS);
+    }
+    sm90::fence_mbar_init();
+  }
+  __syncthreads();  // the stage table and the barriers are ready
+
+  const int m0 = blk.first_row;
+  unsigned short *s_c = reinterpret_cast<unsigned short *>(smem);
+  if (warp == C::WARPS) {
+    tma_produce<C, P>(packed, map, s_base, smem + C::PIPE_BYTES, bars, blk, n0, lane);
+  } else {
+    // (the accumulators live in this branch alone: ptxas serializes the
+    // wgmma when another path defines them)
+    float acc[1][C::NF][4];
+#pragma unroll
+    for (int ni = 0; ni < C::NF; ++ni)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) acc[0][ni][e] = 0.0f;
+    unsigned a[2][4];  // the two sets of A registers
+    const LaneBits lb(lane);
+#pragma unroll 1
+    for (int it = 0, s = 0, round = 0; it < n; ++it) {
+      sm90::mbar_wait(full + 8 * s, round & 1);
+      const unsigned st = s_base + s * C::STAGE_BYTES;
+      const unsigned char *stage = smem + s * C::STAGE_BYTES;
+      const unsigned short *vals = stage_values<C>(stage);
+      const unsigned long long d0 = x_desc<C>(st, 0);
+#pragma unroll
+      for (int jj = 0; jj < C::KSW; ++jj) {
+        decode_tile<C>(a[jj & 1], stage, vals, jj, warp, lb);
+        sm90::fence();
+        sm90::mma_rs<T, C::BN, 0>(acc[0], a[jj & 1], d0 + X_DESC_STEP<C> * jj);
+        sm90::commit_group();
+        sm90::wait_group<1>();
+      }
+      // the previous stage's last wgmma is done (this stage's first wait):
+      // release its slot (no branch among the wgmma: ptxas would serialize them)
+      if (it > 0 && lane == 0) sm90::mbar_arrive(empty + 8 * (s == 0 ? S - 1 : s - 1));
+      if (++s == S) {
+        s = 0;
+        ++round;
+      }
+    }
+    sm90::wait_group<0>();
+    // every stage is consumed (and every copy into it landed): the
+    // pipeline's shared memory takes the output tile
+    sm90::named_sync(1, 32 * C::WARPS);
+    fragments_to_tile<C, P>(acc, s_c, packed, m0, warp, lane);
+  }
+  __syncthreads();  // the output tile is complete
+  store_tile<C, P>(s_c, y, n_len, m0, n0);
+}
+
+// Entry of the TMA kernels: as kernel(), with X's tensor map.
+template <class C, class P>
+__device__ __forceinline__ void kernel_tma(const unsigned char *__restrict__ packed,
+                                           void *__restrict__ y_, int n_len,
+                                           const sm90::TensorMap *map) {
+  extern __shared__ __align__(1024) unsigned char smem_raw[];
+  const int slot = blockIdx.x;
+  if (P::NUM_BLOCKS == 0 || slot >= P::NUM_BLOCKS || n_len <= 0) return;
+  const Block blk = load_block<C, P>(packed, slot, 0);
+  unsigned char *smem = smem_raw + ((1024u - (sm80::smem_addr(smem_raw) & 1023u)) & 1023u);
+  gemm_block_tma<C, P>(packed, map, static_cast<unsigned short *>(y_), n_len,
+                       static_cast<int>(blockIdx.y) * C::BN, blk, smem);
 }
 
 // Entry: blockIdx.x = schedule slot * CK + cluster rank, blockIdx.y = tile of N.
