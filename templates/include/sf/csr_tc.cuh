@@ -436,9 +436,7 @@ __device__ __forceinline__ void mma_entry(float (&acc)[C::MF][C::NF][4], const u
 // wgmma: the B descriptor of entry j (16 rows of k) of the stage's X tile.
 template <class C>
 __device__ __forceinline__ unsigned long long x_desc(unsigned s_stage, int j) {
-  if constexpr (C::TMA) {  // K-major boxes of BN rows x 32 bytes, one an entry
-    return sm90::make_desc(s_stage + C::X_ENTRY_BYTES * j, 16, 256, sm90::SWIZZLE_32B);
-  } else if constexpr (C::TM) {  // K-major: rows of BK elements, swizzled to the row width
+  if constexpr (C::TM) {  // K-major: rows of BK elements, swizzled to the row width
     constexpr sm90::Swizzle SW = C::BK == 64 ? sm90::SWIZZLE_128B
                                              : (C::BK == 32 ? sm90::SWIZZLE_64B : sm90::SWIZZLE_32B);
     return sm90::make_desc(s_stage + 32 * j, 16, 8 * C::BK * 2, SW);
@@ -451,7 +449,7 @@ __device__ __forceinline__ unsigned long long x_desc(unsigned s_stage, int j) {
 // 16 bytes (TMA: an entry is its own box; tm: an entry is 32 bytes along
 // the K-major rows; fm: 16 rows of 128 bytes).
 template <class C>
-constexpr unsigned long long X_DESC_STEP = C::TMA ? C::X_ENTRY_BYTES / 16 : (C::TM ? 32 / 16 : 2048 / 16);
+constexpr unsigned long long X_DESC_STEP = C::TM ? 32 / 16 : 2048 / 16;
 
 // wgmma: the warp's KSW entries of the stage (its warpgroup's 64 rows, all
 // BN columns), one wgmma each, the A registers alternating between two
@@ -787,10 +785,7 @@ __device__ __forceinline__ void tma_produce(const unsigned char *__restrict__ pa
       const unsigned s_rec = st + C::X_BYTES, s_val = s_rec + C::REC_STAGE;
       sm80::st_shared_u32(s_val + C::VAL_BYTES, v0 & 7u);
       sm90::mbar_arrive_expect(full + 8 * s, C::X_BYTES + C::REC_STAGE + vbytes);
-#pragma unroll
-      for (int j = 0; j < C::KS; ++j)
-        sm90::tma_load_2d(st + j * C::X_ENTRY_BYTES, map, 16 * s_kid[it * C::KS + j], n0,
-                          full + 8 * s);
+      sm90::tma_load_2d(st, map, 16 * s_kid[it * C::KS], n0, full + 8 * s);  // PROBE box64
       sm90::bulk_load(s_rec, packed + P::REC_OFF + (size_t)(blk.first_stage + it) * C::REC_STAGE,
                       C::REC_STAGE, full + 8 * s);
       if (vbytes)
@@ -868,6 +863,7 @@ __device__ __forceinline__ void gemm_block_tma(const unsigned char *__restrict__
       }
       // the previous stage's last wgmma is done (this stage's first wait):
       // release its slot (no branch among the wgmma: ptxas would serialize them)
+      __syncwarp();
       if (it > 0 && lane == 0) sm90::mbar_arrive(empty + 8 * (s == 0 ? S - 1 : s - 1));
       if (++s == S) {
         s = 0;
