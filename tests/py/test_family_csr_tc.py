@@ -6,6 +6,7 @@ the code); on a GPU, correctness over odd shapes, both layouts, both
 dtypes, the epilogues and the DLMC subset."""
 from __future__ import annotations
 
+import itertools
 import os
 import re
 import shutil
@@ -79,8 +80,8 @@ def test_pack_read_back_and_emulated_product(name, make, dtype):
     rng = np.random.default_rng(0)
     x = round_to_dtype(rng.standard_normal((mat.cols, 5)).astype(np.float32), dtype)
     ref = round_to_dtype(mat.to_dense(), dtype).astype(np.float64) @ x
-    for bm, ks in BLOCKINGS:
-        p = bitmap.pack(mat, dtype, bm, ks)
+    for (bm, ks), windows in itertools.product(BLOCKINGS, (False, True)):
+        p = bitmap.pack(mat, dtype, bm, ks, windows=windows)
         back, bias = bitmap.unpack(p.data)
         same(mat, back, dtype)
         assert bias is None
@@ -112,6 +113,31 @@ def test_schedule_stages_and_padding():
     assert not pad["w"].any() and not pad["count"].any()
     assert s.voff[-1] == mat.nnz and np.all(np.diff(s.voff.astype(np.int64)) >= 0)
     assert p.vmax == int(np.diff(s.voff.astype(np.int64)).max())
+
+
+def test_windowed_stages_are_whole_windows_of_consecutive_k_steps():
+    """windows: a block's stages are the windows of 4 consecutive k-steps
+    (from a multiple of 4) holding a nonzero, empty k-steps and those past
+    K as empty tiles, so that one box of X serves a stage (the TMA path)."""
+    d = np.zeros((200, 500), np.float32)
+    rng = np.random.default_rng(3)
+    d[0:64, :] = rng.standard_normal((64, 500)) * (rng.random((64, 500)) < 0.3)
+    d[64:128, 32:40] = 1.0                 # k-step 2: window 0
+    d[192:200, 100:260] = rng.standard_normal((8, 160))   # k-steps 6-16: windows 1-4
+    mat = SparseMatrix.from_dense(d, dtype="fp16")
+    p = bitmap.pack(mat, "fp16", 64, 4, windows=True)
+    s = bitmap.sections(p.data)
+    assert list(s.blocks[:, 2]) == [0, 192, 64, 128]
+    assert list(s.blocks[:, 1]) == [8, 4, 1, 0]     # (compact: 8, 3, 1, 0)
+    kid = s.kid.reshape(-1, 4)
+    assert np.all(kid % 4 == np.arange(4)) and np.all(np.diff(kid, axis=1) == 1)
+    assert list(kid[:8, 0]) == list(range(0, 32, 4))     # the last window reaches past K = 500
+    assert list(kid[8:12, 0]) == [4, 8, 12, 16] and list(kid[12]) == [0, 1, 2, 3]
+    pad = s.rec.reshape(-1, 4, 4)[12]                    # block 64-127: only k-step 2 holds
+    assert [bool(t["w"].any()) for t in pad[:, 0]] == [False, False, True, False]
+    back, _ = bitmap.unpack(p.data)
+    same(mat, back, "fp16")
+    assert p.offsets != bitmap.pack(mat, "fp16", 64, 4).offsets
 
 
 def test_lane_decode_emulation_reads_each_lanes_slots():
@@ -241,7 +267,7 @@ def test_tma_kernel_declares_its_map_and_producer_warp():
     op = Operation("fp16", "tm")
     k = FAM.generate(mat, op, {}, TMACFG)
     assert k.launch["block"] == (288, 1, 1)          # 8 consumer warps and the producer
-    assert "SF_DECLARE_X_MAP(2, 704, 16, 256)" in k.source
+    assert "SF_DECLARE_X_MAP(2, 704, 64, 256)" in k.source   # boxes of a stage: 64 columns
     assert "__grid_constant__ sf::sm90::TensorMap x_map" in k.source
     env = tc.SPACE.env(TMACFG, tc.problem("tm", 0, 0, 704))
     assert env["bar_bytes"] == 16 * TMACFG["stages"]

@@ -31,7 +31,8 @@ MAGIC = 0x42435346           # 'FSCB' little-endian
 ALIGN = 16
 TILE = 16
 REC_BYTES = 48
-HEADER_WORDS = 16            # uint32: magic, m, k, nnz, bm, ks, dtype, blocks, stages, has_bias
+HEADER_WORDS = 16            # uint32: magic, m, k, nnz, bm, ks, dtype, blocks, stages, has_bias,
+                             # windows
 DTYPE_CODES = {"fp16": 1, "bf16": 2}
 RECORD = np.dtype([("w", "<u4", (8,)), ("p", "u1", (8,)), ("base", "<u4"), ("count", "<u4")])
 assert RECORD.itemsize == REC_BYTES
@@ -89,16 +90,26 @@ class Layout:
         return int(self.stages.max()) if self.stages.size else 0
 
 
-def layout(matrix: SparseMatrix, bm: int, ks: int) -> Layout:
+def layout(matrix: SparseMatrix, bm: int, ks: int, windows: bool = False) -> Layout:
     """Blocks, their nonempty k-steps in stages of `ks`, the schedule (the
-    blocks with the most stages first; ties in row order)."""
+    blocks with the most stages first; ties in row order).  `windows`: a
+    stage is instead a whole window of `ks` consecutive k-steps from a
+    multiple of `ks` (every window of a block holding a nonzero, its empty
+    k-steps as empty tiles, the last window's past K too), so that one
+    tensor-map box loads the stage's X (the TMA kernels)."""
     m, k = matrix.shape
     kt = max(1, -(-k // TILE))
     nb = -(-m // bm) if m else 0
     rows = matrix.row_ids()
     cols = matrix.indices.astype(np.int64)
+    if windows:
+        kt = -(-kt // ks) * ks       # k-steps of whole windows
     key = rows // bm * kt + cols // TILE
     uniq, nz_entry = np.unique(key, return_inverse=True)
+    if windows:                      # every k-step of the windows that hold a nonzero
+        win = np.unique(uniq // ks)
+        uniq = (win[:, None] * ks + np.arange(ks)[None, :]).ravel()
+        nz_entry = np.searchsorted(uniq, key)
     eb, ek = uniq // kt, uniq % kt
     per_block = np.bincount(eb, minlength=nb).astype(np.int64)
     stages = -(-per_block // ks)
@@ -121,8 +132,9 @@ def layout(matrix: SparseMatrix, bm: int, ks: int) -> Layout:
                   e_idx % ks, nz_entry.astype(np.int64), stage_values)
 
 
-def cached_layout(matrix: SparseMatrix, bm: int, ks: int) -> Layout:
-    return matrix.cached(("csr.bitmap.layout", bm, ks), lambda: layout(matrix, bm, ks))
+def cached_layout(matrix: SparseMatrix, bm: int, ks: int, windows: bool = False) -> Layout:
+    return matrix.cached(("csr.bitmap.layout", bm, ks, bool(windows)),
+                         lambda: layout(matrix, bm, ks, windows))
 
 
 @dataclass
@@ -137,10 +149,11 @@ class Packed:
 
 
 def pack(matrix: SparseMatrix, dtype: str, bm: int, ks: int,
-         bias: Optional[np.ndarray] = None) -> Packed:
+         bias: Optional[np.ndarray] = None, windows: bool = False) -> Packed:
     """The packed buffer of `matrix` (values rounded to `dtype`) for row
     blocks of `bm` rows and stages of `ks` k-steps (see the module
-    docstring and csr_tc.cuh)."""
+    docstring and csr_tc.cuh; `windows`: stages of whole windows of k-steps,
+    layout())."""
     if dtype not in DTYPE_CODES:
         raise ValueError(f"the tensor-core csr format holds fp16 or bf16, not {dtype}")
     if bm % TILE or bm < TILE or ks < 1:
@@ -148,7 +161,7 @@ def pack(matrix: SparseMatrix, dtype: str, bm: int, ks: int,
     m, k = matrix.shape
     if m < 1 or k < 1:
         raise ValueError(f"csr needs at least one row and one column, got {m} x {k}")
-    lay = cached_layout(matrix, bm, ks)
+    lay = cached_layout(matrix, bm, ks, windows)
     ms = bm // TILE
     nb = lay.blocks.size
     total = lay.total_stages
@@ -200,8 +213,8 @@ def pack(matrix: SparseMatrix, dtype: str, bm: int, ks: int,
     blocks[:, 2] = lay.blocks * bm
 
     head = np.zeros(HEADER_WORDS, dtype=np.uint32)
-    head[:10] = [MAGIC, m, k, matrix.nnz, bm, ks, DTYPE_CODES[dtype], nb, total,
-                 int(bias is not None)]
+    head[:11] = [MAGIC, m, k, matrix.nnz, bm, ks, DTYPE_CODES[dtype], nb, total,
+                 int(bias is not None), int(windows)]
     sections = [("header", head.tobytes()), ("blocks", blocks.tobytes()),
                 ("kid", kid.astype(np.int32).tobytes()), ("rec", rec.tobytes()),
                 ("voff", voff.astype(np.uint32).tobytes()),
@@ -356,7 +369,8 @@ def emulate_product(packed: bytes, x_kn: np.ndarray) -> np.ndarray:
     s = sections(packed)
     ms = s.bm // TILE
     n = x_kn.shape[1]
-    kt = -(-s.k // TILE)
+    # (a windowed layout's last window may name k-steps past K: zeros of X)
+    kt = max(-(-s.k // TILE), int(s.kid.max()) + 1 if s.kid.size else 0)
     xp = np.zeros((kt * TILE, n), dtype=np.float64)
     xp[:s.k] = x_kn
     nb = s.blocks.shape[0]

@@ -130,6 +130,12 @@ def problem(layout_: str, vmax: int, smax: int, k: int) -> dict:
             "k8": int(k % 8 == 0)}
 
 
+def windows(config: dict) -> bool:
+    """Whether the configuration's stages are whole windows of k-steps
+    (bitmap.layout): the TMA kernels load a stage's X as one box."""
+    return bool(config.get("tma", 0))
+
+
 def bm_ks(config: dict) -> tuple[int, int]:
     return 16 * int(config["mf"]) * int(config["wm"]), int(config["ksw"]) * int(config["wk"])
 
@@ -166,7 +172,7 @@ def check(config: dict, matrix: SparseMatrix, op: Operation,
     SPACE.check(config, problem(op.layout, 0, 0, matrix.cols))
     if bm < 16 or ks < 1:
         raise ConfigError(f"bm = {bm} and ks = {ks}: at least one strip and one k-step")
-    lay = bitmap.cached_layout(matrix, bm, ks)
+    lay = bitmap.cached_layout(matrix, bm, ks, windows(config))
     SPACE.check(config, problem(op.layout, lay.vmax, lay.smax, matrix.cols),
                 device_constants(device))
 
@@ -309,11 +315,12 @@ def plan(matrix: SparseMatrix, op: Operation, tag: str, config: dict,
         raise ValueError("the epilogue adds a bias but none was given")
     if not op.epilogue.bias and bias is not None:
         raise ValueError("a bias was given but the epilogue adds none")
-    key = ("csr.bitmap.pack", op.dtype, bm, ks)
+    win = windows(config)
+    key = ("csr.bitmap.pack", op.dtype, bm, ks, win)
     if bias is None:
-        p = matrix.cached(key, lambda: bitmap.pack(matrix, op.dtype, bm, ks))
+        p = matrix.cached(key, lambda: bitmap.pack(matrix, op.dtype, bm, ks, windows=win))
     else:
-        p = bitmap.pack(matrix, op.dtype, bm, ks, bias)
+        p = bitmap.pack(matrix, op.dtype, bm, ks, bias, windows=win)
     cfg = {key_: int(config[key_]) for key_ in config}
     return TcPlan(config_name(tag, cfg, op), op.dtype, op.layout, matrix.shape, matrix.nnz, cfg,
                   p.data, p.offsets, p.num_blocks, p.total_stages, p.vmax, p.smax,
@@ -362,7 +369,7 @@ def render_kernel(p: TcPlan, op: Operation, float_literal) -> Kernel:
                     nnz=p.nnz, mf=c["mf"], wm=c["wm"], wk=c["wk"], ksw=c["ksw"], bn=c["bn"],
                     stages=c["stages"], ck=c["ck"], wg=wg, tma=tma, vmax=p.vmax,
                     tabs=env["tabs"],
-                    bm=env["bm"],
+                    bm=env["bm"], bk=env["bk"],
                     num_blocks=p.num_blocks, off=p.offsets, has_bias=p.has_bias,
                     act=op.act_code, scale=float_literal(np.float32(op.epilogue.scale)),
                     threads=threads, min_blocks=min_blocks(c), constraints=checks)

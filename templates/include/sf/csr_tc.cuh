@@ -102,10 +102,6 @@ struct Config {
   static constexpr int STAGE_ALIGN = WG ? 1024 : 128;
   static constexpr int STAGE_BYTES = cdiv(STAGE_RAW, STAGE_ALIGN) * STAGE_ALIGN;
   static constexpr int PIPE_BYTES = STAGES * STAGE_BYTES;
-  // TMA: X's tile is KS boxes of BN tokens x 16 columns (one per entry,
-  // 32-byte rows, 32-byte swizzle), each at its own 1024-byte aligned
-  // place; the other layouts keep rows of BK columns.
-  static constexpr int X_ENTRY_BYTES = BN * 32;
   // The CTA's stage table, read once before the pipeline starts: the
   // k-steps (int32[TABS][KS]) and value offsets (u32[TABS + 1]) of its
   // stages, after the pipeline.
@@ -512,8 +508,9 @@ __device__ __forceinline__ void fragments_to_tile(const float (&acc)[C::MF][C::N
 }
 
 // The output tile -> Y: rows m0 .. m0 + BM - 1 (those below M), columns
-// n0 .. n0 + BN - 1 (those below N); 16-byte stores where the rows allow.
-template <class C, class P>
+// n0 .. n0 + BN - 1 (those below N); 16-byte stores where the rows allow;
+// by the first NT threads.
+template <class C, class P, int NT = C::THREADS>
 __device__ __forceinline__ void store_tile(const unsigned short *s_c, unsigned short *y, int n_len,
                                            int m0, int n0) {
   constexpr int ROWS = C::TM ? C::BN : C::BM;      // tile rows: tokens (tm) or rows of W (fm)
@@ -525,7 +522,7 @@ __device__ __forceinline__ void store_tile(const unsigned short *s_c, unsigned s
   unsigned short *ybase = y + (C::TM ? (size_t)n0 * P::M + m0 : (size_t)m0 * n_len + n0);
   const bool vec = (C::TM ? P::M % 8 == 0 : n_len % 8 == 0) &&
                    (reinterpret_cast<unsigned long long>(y) & 15) == 0;
-  for (int i = threadIdx.x; i < ROWS * CPR; i += C::THREADS) {
+  for (int i = threadIdx.x; i < ROWS * CPR; i += NT) {
     const int row = i / CPR, c = i % CPR;
     if (row >= rows_valid || 8 * c >= cols_valid) continue;
     const unsigned short *src = s_c + row * C::C_LD + 8 * c;
@@ -761,10 +758,12 @@ __device__ __forceinline__ void gemm_block(const unsigned char *__restrict__ pac
 // ---- the TMA pipeline (C::TMA) ----------------------------------------------------------------
 
 // The producer warp: stage `it` of the block into slot it % STAGES once
-// every consumer warp has released the slot's previous stage: X's entries
-// as TMA boxes (zeros past N and K), the records and the values by bulk
-// copies, all completing on the slot's `full` barrier; the slot's meta
-// word (where the first value sits) stored before the barrier's arrival.
+// every consumer warp has released the slot's previous stage: X's tile as
+// one TMA box (BN tokens x BK columns from the stage's first k-step: a TMA
+// configuration's stages are whole windows of KS consecutive k-steps,
+// bitmap.py; zeros past N and K), the records and the values (from a
+// 16-byte boundary) by bulk copies, all completing on the slot's `full`
+// barrier.
 template <class C, class P>
 __device__ __forceinline__ void tma_produce(const unsigned char *__restrict__ packed,
                                             const sm90::TensorMap *map, unsigned s_base,
@@ -783,9 +782,8 @@ __device__ __forceinline__ void tma_produce(const unsigned char *__restrict__ pa
       const unsigned first = v0 & ~7u;  // values from a 16-byte boundary (the meta word: v0 % 8)
       const unsigned vbytes = (v1 + 7u - first) / 8u * 16u;
       const unsigned s_rec = st + C::X_BYTES, s_val = s_rec + C::REC_STAGE;
-      sm80::st_shared_u32(s_val + C::VAL_BYTES, v0 & 7u);
       sm90::mbar_arrive_expect(full + 8 * s, C::X_BYTES + C::REC_STAGE + vbytes);
-      sm90::tma_load_2d(st, map, 16 * s_kid[it * C::KS], n0, full + 8 * s);  // PROBE box64
+      sm90::tma_load_2d(st, map, 16 * s_kid[it * C::KS], n0, full + 8 * s);
       sm90::bulk_load(s_rec, packed + P::REC_OFF + (size_t)(blk.first_stage + it) * C::REC_STAGE,
                       C::REC_STAGE, full + 8 * s);
       if (vbytes)
@@ -823,6 +821,7 @@ __device__ __forceinline__ void gemm_block_tma(const unsigned char *__restrict__
   using L = StageLoader<C, P>;
   const L ld(packed, smem + C::PIPE_BYTES);
   ld.load_table(blk.first_stage, n);
+  const unsigned *s_voff = ld.s_voff;
   if (threadIdx.x == 0) {
     for (int s = 0; s < S; ++s) {
       sm90::mbar_init(full + 8 * s, 1);
@@ -832,11 +831,11 @@ __device__ __forceinline__ void gemm_block_tma(const unsigned char *__restrict__
   }
   __syncthreads();  // the stage table and the barriers are ready
 
-  const int m0 = blk.first_row;
-  unsigned short *s_c = reinterpret_cast<unsigned short *>(smem);
-  if (warp == C::WARPS) {
+  if (warp == C::WARPS) {  // the producer; its copies land before the consumers finish
     tma_produce<C, P>(packed, map, s_base, smem + C::PIPE_BYTES, bars, blk, n0, lane);
-  } else {
+    return;
+  }
+  {
     // (the accumulators live in this branch alone: ptxas serializes the
     // wgmma when another path defines them)
     float acc[1][C::NF][4];
@@ -851,7 +850,10 @@ __device__ __forceinline__ void gemm_block_tma(const unsigned char *__restrict__
       sm90::mbar_wait(full + 8 * s, round & 1);
       const unsigned st = s_base + s * C::STAGE_BYTES;
       const unsigned char *stage = smem + s * C::STAGE_BYTES;
-      const unsigned short *vals = stage_values<C>(stage);
+      // the copy starts at the stage's first value rounded down to 8
+      const unsigned short *vals =
+          reinterpret_cast<const unsigned short *>(stage + C::X_BYTES + C::REC_STAGE) +
+          (s_voff[it] & 7u);
       const unsigned long long d0 = x_desc<C>(st, 0);
 #pragma unroll
       for (int jj = 0; jj < C::KSW; ++jj) {
@@ -872,12 +874,15 @@ __device__ __forceinline__ void gemm_block_tma(const unsigned char *__restrict__
     }
     sm90::wait_group<0>();
     // every stage is consumed (and every copy into it landed): the
-    // pipeline's shared memory takes the output tile
+    // pipeline's shared memory takes the output tile (the consumers alone
+    // from here: named barriers of their count)
+    const int m0 = blk.first_row;
+    unsigned short *s_c = reinterpret_cast<unsigned short *>(smem);
     sm90::named_sync(1, 32 * C::WARPS);
     fragments_to_tile<C, P>(acc, s_c, packed, m0, warp, lane);
+    sm90::named_sync(1, 32 * C::WARPS);  // the output tile is complete
+    store_tile<C, P, 32 * C::WARPS>(s_c, y, n_len, m0, n0);
   }
-  __syncthreads();  // the output tile is complete
-  store_tile<C, P>(s_c, y, n_len, m0, n0);
 }
 
 // Entry of the TMA kernels: as kernel(), with X's tensor map.
