@@ -43,6 +43,14 @@
 // out in 16-byte stores; with WK > 1 or CK > 1 the fp32 partials are added
 // in shared memory first.
 //
+// TMA (sm_90a, WG, token-major, WK = CK = 1): the stages are whole windows
+// of KS consecutive k-steps (the packer's `windows` layout), and one more
+// warp, the producer, fills them: X's tile as one tensor-map box (BN tokens
+// x BK columns, swizzled to the row), the records and the values by bulk
+// copies, completing on the slot's `full` mbarrier; the compute warps wait
+// on it, decode and issue their wgmma, and release the slot on its `empty`
+// mbarrier.  No copy instruction and no CTA barrier in their loop.
+//
 // Compiles under NVRTC with -I templates/include; no host headers.
 #pragma once
 
