@@ -376,20 +376,27 @@ __device__ __forceinline__ const unsigned short *stage_values(const unsigned cha
          *reinterpret_cast<const unsigned *>(val + C::VAL_BYTES);
 }
 
-// The four A registers of tile (entry j, strip s) of the stage at `stage`
-// (shared memory): the lane's slot mask, its first value (the tile's
-// base, the word's prefix, the popcount of the lanes before it in the
-// word) and its values, taken in slot order.
+// A lane's part of tile (entry j, strip s) of the stage at `stage` (shared
+// memory): its slot mask and its first value (the tile's base, the word's
+// prefix, the popcount of the lanes before it in the word).
+struct LaneTile {
+  unsigned mask, first;
+};
+
 template <class C>
-__device__ __forceinline__ void decode_tile(unsigned (&a)[4], const unsigned char *stage,
-                                            const unsigned short *vals, int j, int s,
-                                            const LaneBits &lb) {
+__device__ __forceinline__ LaneTile lane_tile(const unsigned char *stage, int j, int s,
+                                              const LaneBits &lb) {
   const unsigned char *rec = stage + C::X_BYTES + (j * C::MS + s) * REC_BYTES;
   const unsigned word = reinterpret_cast<const unsigned *>(rec)[lb.q];
-  const unsigned first = *reinterpret_cast<const unsigned *>(rec + REC_BASE) + rec[REC_P + lb.q] +
-                         __popc(word & lb.below);
-  const unsigned mask = word >> lb.shift;
-  const unsigned short *v = vals + first;
+  return {word >> lb.shift, *reinterpret_cast<const unsigned *>(rec + REC_BASE) +
+                                rec[REC_P + lb.q] + __popc(word & lb.below)};
+}
+
+// The four A registers of a lane's tile: its values, taken in slot order.
+__device__ __forceinline__ void tile_values(unsigned (&a)[4], const unsigned short *vals,
+                                            const LaneTile &lt) {
+  const unsigned mask = lt.mask;
+  const unsigned short *v = vals + lt.first;
   unsigned h[8];
 #pragma unroll
   for (int i = 0; i < 8; ++i) {
@@ -401,6 +408,14 @@ __device__ __forceinline__ void decode_tile(unsigned (&a)[4], const unsigned cha
   }
 #pragma unroll
   for (int i = 0; i < 4; ++i) a[i] = __byte_perm(h[2 * i], h[2 * i + 1], 0x5410);
+}
+
+// The four A registers of tile (entry j, strip s) of the stage at `stage`.
+template <class C>
+__device__ __forceinline__ void decode_tile(unsigned (&a)[4], const unsigned char *stage,
+                                            const unsigned short *vals, int j, int s,
+                                            const LaneBits &lb) {
+  tile_values(a, vals, lane_tile<C>(stage, j, s, lb));
 }
 
 // ---- compute ------------------------------------------------------------------------------------
@@ -863,9 +878,14 @@ __device__ __forceinline__ void gemm_block_tma(const unsigned char *__restrict__
           reinterpret_cast<const unsigned short *>(stage + C::X_BYTES + C::REC_STAGE) +
           (s_voff[it] & 7u);
       const unsigned long long d0 = x_desc<C>(st, 0);
+      // every tile's mask and first value first (their loads overlap), then
+      // each tile's values before its wgmma
+      LaneTile lt[C::KSW];
+#pragma unroll
+      for (int jj = 0; jj < C::KSW; ++jj) lt[jj] = lane_tile<C>(stage, jj, warp, lb);
 #pragma unroll
       for (int jj = 0; jj < C::KSW; ++jj) {
-        decode_tile<C>(a[jj & 1], stage, vals, jj, warp, lb);
+        tile_values(a[jj & 1], vals, lt[jj]);
         sm90::fence();
         sm90::mma_rs<T, C::BN, 0>(acc[0], a[jj & 1], d0 + X_DESC_STEP<C> * jj);
         sm90::commit_group();
