@@ -388,8 +388,11 @@ __device__ __forceinline__ LaneTile lane_tile(const unsigned char *stage, int j,
                                               const LaneBits &lb) {
   const unsigned char *rec = stage + C::X_BYTES + (j * C::MS + s) * REC_BYTES;
   const unsigned word = reinterpret_cast<const unsigned *>(rec)[lb.q];
-  return {word >> lb.shift, *reinterpret_cast<const unsigned *>(rec + REC_BASE) +
-                                rec[REC_P + lb.q] + __popc(word & lb.below)};
+  LaneTile lt;
+  lt.first = *reinterpret_cast<const unsigned *>(rec + REC_BASE) + rec[REC_P + lb.q] +
+             __popc(word & lb.below);
+  lt.mask = word >> lb.shift;
+  return lt;
 }
 
 // The four A registers of a lane's tile: its values, taken in slot order.
