@@ -468,8 +468,8 @@ __device__ __forceinline__ unsigned long long x_desc(unsigned s_stage, int j) {
 }
 
 // From one entry's X descriptor to the next's: the address field counts
-// 16 bytes (TMA: an entry is its own box; tm: an entry is 32 bytes along
-// the K-major rows; fm: 16 rows of 128 bytes).
+// 16 bytes (tm, TMA too: an entry is 32 bytes along the K-major rows; fm:
+// 16 rows of 128 bytes).
 template <class C>
 constexpr unsigned long long X_DESC_STEP = C::TM ? 32 / 16 : 2048 / 16;
 
@@ -793,11 +793,9 @@ __device__ __forceinline__ void gemm_block(const unsigned char *__restrict__ pac
 template <class C, class P>
 __device__ __forceinline__ void tma_produce(const unsigned char *__restrict__ packed,
                                             const sm90::TensorMap *map, unsigned s_base,
-                                            const unsigned char *table, unsigned bars,
-                                            const Block &blk, int n0, int lane) {
+                                            const int *s_kid, const unsigned *s_voff,
+                                            unsigned bars, const Block &blk, int n0, int lane) {
   constexpr int S = C::STAGES;
-  const int *s_kid = reinterpret_cast<const int *>(table);
-  const unsigned *s_voff = reinterpret_cast<const unsigned *>(table) + C::KS * C::TABS;
   const unsigned full = bars, empty = bars + 8 * S;
 #pragma unroll 1
   for (int it = 0, s = 0, round = 0; it < blk.stages; ++it) {
@@ -805,7 +803,7 @@ __device__ __forceinline__ void tma_produce(const unsigned char *__restrict__ pa
     if (lane == 0) {
       const unsigned st = s_base + s * C::STAGE_BYTES;
       const unsigned v0 = s_voff[it], v1 = s_voff[it + 1];
-      const unsigned first = v0 & ~7u;  // values from a 16-byte boundary (the meta word: v0 % 8)
+      const unsigned first = v0 & ~7u;  // from a 16-byte boundary (the consumers skip v0 % 8)
       const unsigned vbytes = (v1 + 7u - first) / 8u * 16u;
       const unsigned s_rec = st + C::X_BYTES, s_val = s_rec + C::REC_STAGE;
       sm90::mbar_arrive_expect(full + 8 * s, C::X_BYTES + C::REC_STAGE + vbytes);
@@ -858,7 +856,7 @@ __device__ __forceinline__ void gemm_block_tma(const unsigned char *__restrict__
   __syncthreads();  // the stage table and the barriers are ready
 
   if (warp == C::WARPS) {  // the producer; its copies land before the consumers finish
-    tma_produce<C, P>(packed, map, s_base, smem + C::PIPE_BYTES, bars, blk, n0, lane);
+    tma_produce<C, P>(packed, map, s_base, ld.s_kid, ld.s_voff, bars, blk, n0, lane);
     return;
   }
   {
