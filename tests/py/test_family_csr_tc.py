@@ -248,10 +248,9 @@ def test_invalid_configs_name_their_constraint(change, rule):
 
 
 @pytest.mark.parametrize("layout,k,change,rule", [
-    ("fm", 64, {}, "wg == 1 and tm and wk == 1 and ck == 1"),
-    ("tm", 64, dict(wm=4, wk=2, ksw=2), "wg == 1 and tm and wk == 1 and ck == 1"),
-    ("tm", 64, dict(ck=2), "wg == 1 and tm and wk == 1 and ck == 1"),
-    ("tm", 100, {}, "k8"),                   # X's rows not 16-byte aligned: no tensor map
+    ("tm", 64, dict(wm=4, wk=2, ksw=2), "wg == 1 and wk == 1 and ck == 1"),
+    ("fm", 64, dict(ck=2), "wg == 1 and wk == 1 and ck == 1"),
+    ("tm", 100, {}, "k8 or not tm"),         # X's rows not 16-byte aligned: no tensor map
     ("tm", 64, dict(tma=2), "tma == 1"),
 ])
 def test_invalid_tma_configs_name_their_constraint(layout, k, change, rule):
@@ -274,6 +273,9 @@ def test_tma_kernel_declares_its_map_and_producer_warp():
     plain = FAM.generate(mat, op, {}, {k_: v for k_, v in TMACFG.items() if k_ != "tma"})
     assert k.launch["shared_bytes"] == plain.launch["shared_bytes"] + env["bar_bytes"]
     assert "SF_DECLARE_X_MAP(2," not in plain.source
+    # feature-major: boxes of 64 columns of N by the stage's 64 rows, any K
+    fm = FAM.generate(random_matrix(300, 700, 0.3), Operation("fp16", "fm"), {}, TMACFG)
+    assert "SF_DECLARE_X_MAP(1, 700, 64, 64)" in fm.source
 
 
 def test_device_rules():
@@ -358,6 +360,7 @@ COMPILE_CASES = [
     ("fp16", "fm", Epilogue(activation="relu"), dict(WGCFG, bn=64, wk=2, ck=4)),
     ("fp16", "tm", Epilogue(bias=True, activation="gelu"), TMACFG),
     ("bf16", "tm", Epilogue(), dict(TMACFG, wm=4, ksw=2, bn=128, stages=3)),
+    ("fp16", "fm", Epilogue(bias=True, activation="gelu"), TMACFG),
 ]
 
 
@@ -452,6 +455,12 @@ GPU_CASES = [
     ((1000, 304), 0.5, "fp16", "tm", Epilogue(scale=0.5), dict(TMACFG, wm=4, ksw=2, bn=64),
      (64, 65)),
     ((256, 72), 0.1, "bf16", "tm", Epilogue(bias=True), dict(TMACFG, stages=4), (16, 300)),
+    # feature-major: boxes of 64 columns; N % 8 != 0 (no tensor map: the
+    # producer warp copies X element by element); K % 8 != 0 is fine
+    ((300, 700), 0.3, "fp16", "fm", Epilogue(bias=True, activation="gelu"), TMACFG,
+     (256, 600, 5, 257)),
+    ((129, 1000), 0.1, "bf16", "fm", Epilogue(activation="relu"),
+     dict(TMACFG, wm=4, ksw=2, bn=128, stages=3), (130, 64, 77)),
 ]
 
 
@@ -462,7 +471,7 @@ def test_gpu_correct(case):
     shape, density, dtype, layout, ep, cfg, ns = GPU_CASES[case]
     if (cfg.get("wg") or cfg["ck"] > 1) and default_context().device_info()["arch"] != "sm_90a":
         pytest.skip("wgmma and clusters need an sm_90a GPU (Hopper)")
-    empty = range(128) if cfg.get("tma") and shape == (300, 704) else ()   # a block of no stage
+    empty = range(128) if cfg.get("tma") and shape[0] == 300 else ()   # a block of no stage
     mat = random_matrix(*shape, density, seed=100 + case, dtype=dtype, empty_rows=empty)
     op = Operation(dtype, layout, ep)
     for n in ns:

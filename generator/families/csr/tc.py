@@ -6,10 +6,10 @@ A configuration takes one of two compute paths:
 
     mma.sync   mf wm wk ksw bn stages ck       (sm_80 and newer; ck > 1: sm_90)
     wgmma      the same and wg = 1             (sm_90a; A decoded into registers)
-    wgmma+TMA  the same and tma = 1            (sm_90a, token-major, wk = ck = 1: a
-                                                producer warp fills the stages by TMA
-                                                and bulk copies, mbarriers in place of
-                                                the CTA's barrier a stage)
+    wgmma+TMA  the same and tma = 1            (sm_90a, wk = ck = 1, token-major with
+                                                K % 8 == 0: a producer warp fills the
+                                                stages by TMA and bulk copies, mbarriers
+                                                in place of the CTA's barrier a stage)
 
 mf: 16-row strips per warp; wm: warps along M (wgmma: 4 per warpgroup);
 wk: warps (warpgroups) along K inside a CTA; ksw: k-steps (16 columns of
@@ -107,10 +107,11 @@ TABLE = [
     # wgmma fed by TMA
     Constraint("tma == 1", "tma = 1 selects the TMA-fed stages (omit the key otherwise)",
                when=TMA),
-    Constraint("wg == 1 and tm and wk == 1 and ck == 1",
-               "TMA: the wgmma path, token-major, one warpgroup column along K, no cluster",
+    Constraint("wg == 1 and wk == 1 and ck == 1",
+               "TMA: the wgmma path, one warpgroup column along K, no cluster", when=TMA),
+    Constraint("k8 or not tm",
+               "TMA, token-major: X's rows 16-byte aligned (K % 8 == 0) for its tensor map",
                when=TMA),
-    Constraint("k8", "TMA: X's rows 16-byte aligned (K % 8 == 0) for its tensor map", when=TMA),
     # the GPU's (Python only)
     Constraint("ck == 1 or sm90", "clusters need sm_90", device=True),
     Constraint("smem <= smem_limit", "the shared memory fits the GPU's per-block limit",
@@ -220,7 +221,7 @@ def search_space(matrix: SparseMatrix, op: Operation, device: Optional[dict]) ->
             for wk in (1, 2):
                 for ck in (2, 4):
                     cands.append(dict(mf=1, wm=wm, wk=wk, ksw=2, bn=64, stages=4, ck=ck, wg=1))
-        # the same prefill tiles fed by TMA (token-major, K % 8 == 0)
+        # the same prefill tiles fed by TMA (token-major: K % 8 == 0)
         for ksw in (2, 4):
             for bn in (128, 256):
                 for stages in (3, 4):

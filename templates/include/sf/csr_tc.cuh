@@ -43,13 +43,16 @@
 // out in 16-byte stores; with WK > 1 or CK > 1 the fp32 partials are added
 // in shared memory first.
 //
-// TMA (sm_90a, WG, token-major, WK = CK = 1): the stages are whole windows
-// of KS consecutive k-steps (the packer's `windows` layout), and one more
-// warp, the producer, fills them: X's tile as one tensor-map box (BN tokens
-// x BK columns, swizzled to the row), the records and the values by bulk
+// TMA (sm_90a, WG, WK = CK = 1): the stages are whole windows of KS
+// consecutive k-steps (the packer's `windows` layout), and one more warp,
+// the producer, fills them: X's tile by tensor-map boxes (tm: one of BN
+// tokens x BK columns, swizzled to the row; fm: BN / 64 of BK rows x 64
+// columns, the 64-column atoms), the records and the values by bulk
 // copies, completing on the slot's `full` mbarrier; the compute warps wait
 // on it, decode and issue their wgmma, and release the slot on its `empty`
-// mbarrier.  No copy instruction and no CTA barrier in their loop.
+// mbarrier.  No copy instruction and no CTA barrier in their loop.  (fm
+// with N % 8 != 0: X's rows are not 16-byte aligned and the runtime maps
+// no X; the producer warp copies the tile element by element instead.)
 //
 // Compiles under NVRTC with -I templates/include; no host headers.
 #pragma once
@@ -132,8 +135,8 @@ struct Config {
   static_assert(sizeof(T) == 2, "tensor-core path takes 16-bit elements");
   static_assert(!WG || (MF == 1 && WM % 4 == 0), "WG: one strip per warp, whole warpgroups");
   static_assert(!WG || KSW % 2 == 0, "WG: the A registers alternate between two sets");
-  static_assert(!TMA || (WG && TM && WK == 1 && CK == 1),
-                "TMA: wgmma, token-major, one warpgroup column, no cluster");
+  static_assert(!TMA || (WG && WK == 1 && CK == 1),
+                "TMA: wgmma, one warpgroup column, no cluster");
   // The configuration's constraints are asserted by the generated source,
   // from the table the search space filters with
   // (generator/families/csr/tc.py).
@@ -792,9 +795,11 @@ __device__ __forceinline__ void gemm_block(const unsigned char *__restrict__ pac
 // barrier.
 template <class C, class P>
 __device__ __forceinline__ void tma_produce(const unsigned char *__restrict__ packed,
-                                            const sm90::TensorMap *map, unsigned s_base,
-                                            const int *s_kid, const unsigned *s_voff,
-                                            unsigned bars, const Block &blk, int n0, int lane) {
+                                            const sm90::TensorMap *map, bool use_map,
+                                            const unsigned short *__restrict__ x, int n_len,
+                                            unsigned s_base, const int *s_kid,
+                                            const unsigned *s_voff, unsigned bars,
+                                            const Block &blk, int n0, int lane) {
   constexpr int S = C::STAGES;
   const unsigned full = bars, empty = bars + 8 * S;
 #pragma unroll 1
@@ -806,13 +811,45 @@ __device__ __forceinline__ void tma_produce(const unsigned char *__restrict__ pa
       const unsigned first = v0 & ~7u;  // from a 16-byte boundary (the consumers skip v0 % 8)
       const unsigned vbytes = (v1 + 7u - first) / 8u * 16u;
       const unsigned s_rec = st + C::X_BYTES, s_val = s_rec + C::REC_STAGE;
-      sm90::mbar_arrive_expect(full + 8 * s, C::X_BYTES + C::REC_STAGE + vbytes);
-      sm90::tma_load_2d(st, map, 16 * s_kid[it * C::KS], n0, full + 8 * s);
+      const int k0 = 16 * s_kid[it * C::KS];
+      sm90::mbar_arrive_expect(full + 8 * s,
+                               (use_map ? C::X_BYTES : 0) + C::REC_STAGE + vbytes);
+      if (use_map) {
+        if constexpr (C::TM) {
+          sm90::tma_load_2d(st, map, k0, n0, full + 8 * s);
+        } else {
+#pragma unroll
+          for (int a = 0; a < C::BN / 64; ++a)
+            sm90::tma_load_2d(st + a * C::BK * 128, map, n0 + 64 * a, k0, full + 8 * s);
+        }
+      }
       sm90::bulk_load(s_rec, packed + P::REC_OFF + (size_t)(blk.first_stage + it) * C::REC_STAGE,
                       C::REC_STAGE, full + 8 * s);
       if (vbytes)
         sm90::bulk_load(s_val, section<unsigned short>(packed, P::VAL_OFF) + first, vbytes,
                         full + 8 * s);
+    }
+    if constexpr (!C::TM) {
+      if (!use_map) {  // fm, N % 8 != 0: the warp copies X's tile element by element
+        const int k0 = 16 * s_kid[it * C::KS];
+        const unsigned st = s_base + s * C::STAGE_BYTES;
+        constexpr int CPR = C::BN / 8;
+#pragma unroll 1
+        for (int i = lane; i < C::BK * CPR; i += 32) {
+          const int row = i / CPR, ch = i % CPR, gk = k0 + row;
+          unsigned w[4];
+#pragma unroll
+          for (int e = 0; e < 4; ++e) {
+            const int n = n0 + 8 * ch + 2 * e;
+            const unsigned lo = gk < P::K && n < n_len ? x[(size_t)gk * n_len + n] : 0u;
+            const unsigned hi = gk < P::K && n + 1 < n_len ? x[(size_t)gk * n_len + n + 1] : 0u;
+            w[e] = lo | (hi << 16);
+          }
+          sm80::st_shared_16(st + 16u * x_chunk<C>(row, ch), w);
+        }
+        sm90::fence_proxy_async();  // the stores -> the wgmma's proxy
+        sm90::mbar_arrive(full + 8 * s);
+      }
     }
     __syncwarp();
     if (++s == S) {
@@ -831,6 +868,7 @@ __device__ __forceinline__ void tma_produce(const unsigned char *__restrict__ pa
 template <class C, class P>
 __device__ __forceinline__ void gemm_block_tma(const unsigned char *__restrict__ packed,
                                                const sm90::TensorMap *map,
+                                               const unsigned short *__restrict__ x,
                                                unsigned short *__restrict__ y, int n_len, int n0,
                                                const Block &blk, unsigned char *smem) {
   using T = typename C::elem_t;
@@ -846,9 +884,11 @@ __device__ __forceinline__ void gemm_block_tma(const unsigned char *__restrict__
   const L ld(packed, smem + C::PIPE_BYTES);
   ld.load_table(blk.first_stage, n);
   const unsigned *s_voff = ld.s_voff;
+  // the runtime maps X unless its rows are not 16-byte aligned (fm, N % 8 != 0)
+  const bool use_map = C::TM || (n_len & 7) == 0;
   if (threadIdx.x == 0) {
     for (int s = 0; s < S; ++s) {
-      sm90::mbar_init(full + 8 * s, 1);
+      sm90::mbar_init(full + 8 * s, use_map ? 1 : 33);  // without the map, the warp's 32 too
       sm90::mbar_init(empty + 8 * s, C::WARPS);
     }
     sm90::fence_mbar_init();
@@ -856,7 +896,8 @@ __device__ __forceinline__ void gemm_block_tma(const unsigned char *__restrict__
   __syncthreads();  // the stage table and the barriers are ready
 
   if (warp == C::WARPS) {  // the producer; its copies land before the consumers finish
-    tma_produce<C, P>(packed, map, s_base, ld.s_kid, ld.s_voff, bars, blk, n0, lane);
+    tma_produce<C, P>(packed, map, use_map, x, n_len, s_base, ld.s_kid, ld.s_voff, bars, blk,
+                      n0, lane);
     return;
   }
   {
@@ -888,7 +929,7 @@ __device__ __forceinline__ void gemm_block_tma(const unsigned char *__restrict__
       for (int jj = 0; jj < C::KSW; ++jj) {
         tile_values(a[jj & 1], vals, lt[jj]);
         sm90::fence();
-        sm90::mma_rs<T, C::BN, 0>(acc[0], a[jj & 1], d0 + X_DESC_STEP<C> * jj);
+        sm90::mma_rs<T, C::BN, C::TM ? 0 : 1>(acc[0], a[jj & 1], d0 + X_DESC_STEP<C> * jj);
         sm90::commit_group();
         sm90::wait_group<1>();
       }
@@ -917,14 +958,15 @@ __device__ __forceinline__ void gemm_block_tma(const unsigned char *__restrict__
 // Entry of the TMA kernels: as kernel(), with X's tensor map.
 template <class C, class P>
 __device__ __forceinline__ void kernel_tma(const unsigned char *__restrict__ packed,
-                                           void *__restrict__ y_, int n_len,
-                                           const sm90::TensorMap *map) {
+                                           const void *__restrict__ x_, void *__restrict__ y_,
+                                           int n_len, const sm90::TensorMap *map) {
   extern __shared__ __align__(1024) unsigned char smem_raw[];
   const int slot = blockIdx.x;
   if (P::NUM_BLOCKS == 0 || slot >= P::NUM_BLOCKS || n_len <= 0) return;
   const Block blk = load_block<C, P>(packed, slot, 0);
   unsigned char *smem = smem_raw + ((1024u - (sm80::smem_addr(smem_raw) & 1023u)) & 1023u);
-  gemm_block_tma<C, P>(packed, map, static_cast<unsigned short *>(y_), n_len,
+  gemm_block_tma<C, P>(packed, map, static_cast<const unsigned short *>(x_),
+                       static_cast<unsigned short *>(y_), n_len,
                        static_cast<int>(blockIdx.y) * C::BN, blk, smem);
 }
 
