@@ -272,8 +272,8 @@ def hint_configs(matrix: SparseMatrix, op: Operation, device: Optional[dict],
     if consts.get("sm90a"):
         # prefill: wgmma 128 x 256, four k-steps a stage (H100, 4096 x 4096 x
         # 4096 token-major at density 0.3: 0.335 ms against 0.397 with two
-        # in one run; bench/RESULTS.md, 2026-11-26), token-major with the
-        # stages fed by TMA (token-major where K % 8 == 0: 0.222 ms against
+        # in one run; bench/RESULTS.md, 2026-11-26), with the stages fed
+        # by TMA (token-major where K % 8 == 0: 0.222 ms against
         # 0.292 with cp.async, 4 stages against 3: 0.233; feature-major
         # 0.211 against 0.366)
         hints += [dict(mf=1, wm=8, wk=1, ksw=4, bn=256, stages=4, ck=1, wg=1, tma=1),
