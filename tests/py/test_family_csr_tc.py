@@ -29,6 +29,7 @@ DECODE = dict(mf=1, wm=4, wk=2, ksw=2, bn=16, stages=4, ck=1)
 PREFILL = dict(mf=2, wm=2, wk=1, ksw=2, bn=128, stages=3, ck=1)
 WGCFG = dict(mf=1, wm=4, wk=1, ksw=2, bn=128, stages=4, ck=1, wg=1)
 TMACFG = dict(WGCFG, wm=8, ksw=4, bn=256, tma=1)
+SACFG = dict(TMACFG, sa=1)
 
 
 def random_matrix(m, k, density, seed=0, dtype="fp16", empty_rows=(), empty_cols=()):
@@ -252,6 +253,8 @@ def test_invalid_configs_name_their_constraint(change, rule):
     ("fm", 64, dict(ck=2), "wg == 1 and wk == 1 and ck == 1"),
     ("tm", 100, {}, "k8 or not tm"),         # X's rows not 16-byte aligned: no tensor map
     ("tm", 64, dict(tma=2), "tma == 1"),
+    ("tm", 64, dict(sa=2), "sa == 1"),
+    ("tm", 64, dict(sa=1, tma=0), "tma == 1"),
 ])
 def test_invalid_tma_configs_name_their_constraint(layout, k, change, rule):
     mat = random_matrix(64, k, 0.3)
@@ -259,6 +262,8 @@ def test_invalid_tma_configs_name_their_constraint(layout, k, change, rule):
         FAM.check_config(dict(TMACFG, **change), mat, Operation("fp16", layout), {})
     with pytest.raises(ConfigError, match="needs the keys"):
         FAM.check_config(dict(DECODE, tma=1), mat, Operation("fp16", layout), {})
+    with pytest.raises(ConfigError, match="needs the keys"):
+        FAM.check_config(dict(WGCFG, sa=1), mat, Operation("fp16", layout), {})
 
 
 def test_tma_kernel_declares_its_map_and_producer_warp():
@@ -361,6 +366,8 @@ COMPILE_CASES = [
     ("fp16", "tm", Epilogue(bias=True, activation="gelu"), TMACFG),
     ("bf16", "tm", Epilogue(), dict(TMACFG, wm=4, ksw=2, bn=128, stages=3)),
     ("fp16", "fm", Epilogue(bias=True, activation="gelu"), TMACFG),
+    ("fp16", "tm", Epilogue(bias=True, activation="gelu"), SACFG),
+    ("bf16", "fm", Epilogue(), dict(SACFG, wm=4, ksw=2, bn=128, stages=3)),
 ]
 
 
@@ -461,6 +468,18 @@ GPU_CASES = [
      (256, 600, 5, 257)),
     ((129, 1000), 0.1, "bf16", "fm", Epilogue(activation="relu"),
      dict(TMACFG, wm=4, ksw=2, bn=128, stages=3), (130, 64, 77)),
+    # A decoded into shared memory (sa): both layouts, both dtypes, 32- and
+    # 64-column stages, the epilogues
+    ((300, 704), 0.3, "fp16", "tm", Epilogue(bias=True, activation="gelu"), SACFG,
+     (1, 256, 600)),
+    ((129, 1000), 0.3, "bf16", "tm", Epilogue(activation="relu"),
+     dict(SACFG, bn=128, ksw=2, stages=3), (5, 130, 257)),
+    ((1000, 304), 0.5, "fp16", "tm", Epilogue(scale=0.5), dict(SACFG, wm=4, ksw=2, bn=64),
+     (64, 65)),
+    ((300, 700), 0.3, "fp16", "fm", Epilogue(bias=True, activation="gelu"), SACFG,
+     (256, 600, 5, 257)),
+    ((129, 1000), 0.1, "bf16", "fm", Epilogue(activation="relu"),
+     dict(SACFG, wm=4, ksw=2, bn=128, stages=3), (130, 64, 77)),
 ]
 
 

@@ -10,6 +10,9 @@ A configuration takes one of two compute paths:
                                                 K % 8 == 0: a producer warp fills the
                                                 stages by TMA and bulk copies, mbarriers
                                                 in place of the CTA's barrier a stage)
+               and sa = 1                      (the same, A decoded into shared memory
+                                                and the wgmma reading both operands from
+                                                there)
 
 mf: 16-row strips per warp; wm: warps along M (wgmma: 4 per warpgroup);
 wk: warps (warpgroups) along K inside a CTA; ksw: k-steps (16 columns of
@@ -37,6 +40,7 @@ TABLE_SOURCE = "generator/families/csr/tc.py"
 KEYS = ("bn", "ck", "ksw", "mf", "stages", "wk", "wm")
 WG_KEYS = tuple(sorted(KEYS + ("wg",)))
 TMA_KEYS = tuple(sorted(WG_KEYS + ("tma",)))
+SA_KEYS = tuple(sorted(TMA_KEYS + ("sa",)))
 
 BN_CHOICES = (16, 32, 64, 128, 256)
 WG_BN_CHOICES = (64, 128, 256)       # the register-A wgmma wrappers (mma_sm90.cuh)
@@ -48,6 +52,7 @@ MAX_ACC = 128
 MMA = "not wg"
 WG = "wg"
 TMA = "tma"
+SA = "sa"
 
 DERIVED = {
     "threads": "32 * wm * wk + 32 * tma",
@@ -69,8 +74,10 @@ DERIVED = {
     "c_bytes": "(bn if tm else bm) * ((bm if tm else bn) + 8) * 2",
     "r_bytes": "wk * bm * (bn + 4) * 4 if wk > 1 or ck > 1 else 0",
     "bar_bytes": "16 * stages if tma else 0",
-    "smem": "max(max(stages * stage_bytes + tab_bytes, c_bytes), r_bytes) + bar_bytes"
-            " + (1024 if wg else 0)",
+    "pipe_end": "stages * stage_bytes + tab_bytes",
+    "a_bytes": "2 * bm * bk * 2 if sa else 0",
+    "a_off": "cdiv(pipe_end, 1024) * 1024 if sa else pipe_end",
+    "smem": "max(max(a_off + a_bytes, c_bytes), r_bytes) + bar_bytes + (1024 if wg else 0)",
 }
 
 TABLE = [
@@ -112,6 +119,10 @@ TABLE = [
     Constraint("k8 or not tm",
                "TMA, token-major: X's rows 16-byte aligned (K % 8 == 0) for its tensor map",
                when=TMA),
+    # A decoded into shared memory
+    Constraint("sa == 1", "sa = 1 selects A decoded into shared memory (omit the key otherwise)",
+               when=SA),
+    Constraint("tma == 1", "sa: the TMA-fed kernel", when=SA),
     # the GPU's (Python only)
     Constraint("ck == 1 or sm90", "clusters need sm_90", device=True),
     Constraint("smem <= smem_limit", "the shared memory fits the GPU's per-block limit",
@@ -119,7 +130,7 @@ TABLE = [
 ]
 
 SPACE = Space(choices={"bn": BN_CHOICES, "stages": STAGE_CHOICES, "ck": CK_CHOICES},
-              constraints=TABLE, derived=DERIVED, defaults={"wg": 0, "tma": 0})
+              constraints=TABLE, derived=DERIVED, defaults={"wg": 0, "tma": 0, "sa": 0})
 
 
 def problem(layout_: str, vmax: int, smax: int, k: int) -> dict:
@@ -155,9 +166,10 @@ def device_constants(device: Optional[dict]) -> Optional[dict]:
 
 def check_keys(config: dict) -> None:
     keys = tuple(sorted(config))
-    if keys not in (KEYS, WG_KEYS, TMA_KEYS):
+    if keys not in (KEYS, WG_KEYS, TMA_KEYS, SA_KEYS):
         raise ConfigError(f"csr (fp16/bf16) config needs the keys {', '.join(KEYS)} "
-                          f"(and wg = 1 for wgmma, with tma = 1 for its TMA-fed stages), "
+                          f"(and wg = 1 for wgmma, with tma = 1 for its TMA-fed stages, "
+                          f"with sa = 1 for A decoded into shared memory), "
                           f"got {', '.join(keys)}")
     for key in keys:
         v = config[key]
@@ -225,8 +237,9 @@ def search_space(matrix: SparseMatrix, op: Operation, device: Optional[dict]) ->
         for ksw in (2, 4):
             for bn in (128, 256):
                 for stages in (3, 4):
-                    cands.append(dict(mf=1, wm=8, wk=1, ksw=ksw, bn=bn, stages=stages, ck=1,
-                                      wg=1, tma=1))
+                    for sa in (0, 1):
+                        cands.append(dict(mf=1, wm=8, wk=1, ksw=ksw, bn=bn, stages=stages,
+                                          ck=1, wg=1, tma=1, **({"sa": 1} if sa else {})))
     return _valid(cands, matrix, op, device)
 
 
@@ -366,13 +379,14 @@ def render_kernel(p: TcPlan, op: Operation, float_literal) -> Kernel:
     m, k = p.shape
     wg = int(c.get("wg", 0))
     tma = int(c.get("tma", 0))
+    sa = int(c.get("sa", 0))
     prob = problem(p.layout, p.vmax, p.smax, k)
     checks = SPACE.static_asserts(c, prob, TABLE_SOURCE)
     env = SPACE.env(c, prob)
     threads = env["threads"]
     source = render("csr_tc.cu.j2", name=p.name, dtype=p.dtype, layout=p.layout, m=m, k=k,
                     nnz=p.nnz, mf=c["mf"], wm=c["wm"], wk=c["wk"], ksw=c["ksw"], bn=c["bn"],
-                    stages=c["stages"], ck=c["ck"], wg=wg, tma=tma, vmax=p.vmax,
+                    stages=c["stages"], ck=c["ck"], wg=wg, tma=tma, sa=sa, vmax=p.vmax,
                     tabs=env["tabs"],
                     bm=env["bm"], bk=env["bk"],
                     num_blocks=p.num_blocks, off=p.offsets, has_bias=p.has_bias,

@@ -75,7 +75,7 @@ __host__ __device__ constexpr int cdiv(int a, int b) { return (a + b - 1) / b; }
 // ---- configuration -----------------------------------------------------------------
 
 template <typename T, int MF_, int WM_, int WK_, int KSW_, int BN_, int STAGES_, bool TM_,
-          bool WG_, int CK_, int VMAX_, int TABS_, bool TMA_ = false>
+          bool WG_, int CK_, int VMAX_, int TABS_, bool TMA_ = false, bool SA_ = false>
 struct Config {
   using elem_t = T;
   static constexpr int MF = MF_;          // 16-row strips per warp (WG: 1)
@@ -90,6 +90,7 @@ struct Config {
   static constexpr int VMAX = VMAX_;      // values of the largest stage (the plan's)
   static constexpr int TABS = TABS_;      // the most stages one CTA runs (the plan's)
   static constexpr bool TMA = TMA_;       // a producer warp fills the stages (TMA, bulk copies)
+  static constexpr bool SA = SA_;         // TMA: A decoded into shared memory, wgmma from there
 
   static constexpr int WARPS = WM * WK;   // the warps that compute
   static constexpr int THREADS = 32 * WARPS + (TMA ? 32 : 0);
@@ -126,9 +127,15 @@ struct Config {
   static constexpr int R_LD = BN + 4;
   static constexpr int R_BYTES = SPLIT ? WK * BM * R_LD * 4 : 0;
   static constexpr int ALIGN_PAD = WG ? 1024 : 0;  // the base is rounded up to 1024 (WG)
+  // SA: two buffers of the decoded A tile (each a 64 x BK K-major tile a
+  // warpgroup, swizzled as X's token-major tile), after the stage table
+  static constexpr int A_GROUP = 64 * BK * 2;
+  static constexpr int A_BUF = (WM / 4) * A_GROUP;
+  static constexpr int A_BYTES = SA ? 2 * A_BUF : 0;
+  static constexpr int A_OFF = SA ? cdiv(PIPE_BYTES + TAB_BYTES, 1024) * 1024 : PIPE_BYTES + TAB_BYTES;
   // TMA: the stages' mbarriers (full[STAGES], empty[STAGES]) after
   // everything the epilogue reuses
-  static constexpr int BAR_OFF = cmax(cmax(PIPE_BYTES + TAB_BYTES, C_BYTES), R_BYTES);
+  static constexpr int BAR_OFF = cmax(cmax(A_OFF + A_BYTES, C_BYTES), R_BYTES);
   static constexpr int BAR_BYTES = TMA ? 16 * STAGES : 0;
   static constexpr int SMEM_BYTES = BAR_OFF + BAR_BYTES + ALIGN_PAD;
 
@@ -137,6 +144,7 @@ struct Config {
   static_assert(!WG || KSW % 2 == 0, "WG: the A registers alternate between two sets");
   static_assert(!TMA || (WG && WK == 1 && CK == 1),
                 "TMA: wgmma, one warpgroup column, no cluster");
+  static_assert(!SA || (TMA && BK <= 64), "SA: the TMA kernel, A rows of at most 128 bytes");
   // The configuration's constraints are asserted by the generated source,
   // from the table the search space filters with
   // (generator/families/csr/tc.py).
@@ -144,16 +152,23 @@ struct Config {
 
 // ---- shared-memory layout of the X tile --------------------------------------------------
 
+// 16-byte chunk (row, ch) of a tile of rows of RC chunks, XOR-swizzled
+// (for RC = 2, 4, 8 the wgmma K-major 32-, 64-, 128-byte swizzle), in
+// 16-byte units.
+template <int RC>
+__device__ __forceinline__ int swizzled_chunk(int row, int ch) {
+  constexpr int LINE_ROWS = RC >= 8 ? 1 : 8 / RC;
+  constexpr int MASK = RC >= 8 ? 7 : RC - 1;
+  return row * RC + (ch ^ ((row / LINE_ROWS) & MASK));
+}
+
 // 16-byte chunk (row, ch) of the X tile, in 16-byte units.
 template <class C>
 __device__ __forceinline__ int x_chunk(int row, int ch) {
   if constexpr (C::WG && !C::TM) {  // 64-column atoms, 128-byte swizzle
     return (ch >> 3) * (C::BK * 8) + row * 8 + ((ch & 7) ^ (row & 7));
   } else {  // rows of X_ROW_CH chunks, XOR-swizzled (the wgmma K-major swizzle too)
-    constexpr int RC = C::X_ROW_CH;
-    constexpr int LINE_ROWS = RC >= 8 ? 1 : 8 / RC;
-    constexpr int MASK = RC >= 8 ? 7 : RC - 1;
-    return row * RC + (ch ^ ((row / LINE_ROWS) & MASK));
+    return swizzled_chunk<C::X_ROW_CH>(row, ch);
   }
 }
 
@@ -458,13 +473,20 @@ __device__ __forceinline__ void mma_entry(float (&acc)[C::MF][C::NF][4], const u
   }
 }
 
+// wgmma: the descriptor of entry j (16 columns of k) of a K-major tile of
+// rows of BK elements, swizzled to the row width (swizzled_chunk).
+template <class C>
+__device__ __forceinline__ unsigned long long kmajor_desc(unsigned s_tile, int j) {
+  constexpr sm90::Swizzle SW = C::BK == 64 ? sm90::SWIZZLE_128B
+                                           : (C::BK == 32 ? sm90::SWIZZLE_64B : sm90::SWIZZLE_32B);
+  return sm90::make_desc(s_tile + 32 * j, 16, 8 * C::BK * 2, SW);
+}
+
 // wgmma: the B descriptor of entry j (16 rows of k) of the stage's X tile.
 template <class C>
 __device__ __forceinline__ unsigned long long x_desc(unsigned s_stage, int j) {
   if constexpr (C::TM) {  // K-major: rows of BK elements, swizzled to the row width
-    constexpr sm90::Swizzle SW = C::BK == 64 ? sm90::SWIZZLE_128B
-                                             : (C::BK == 32 ? sm90::SWIZZLE_64B : sm90::SWIZZLE_32B);
-    return sm90::make_desc(s_stage + 32 * j, 16, 8 * C::BK * 2, SW);
+    return kmajor_desc<C>(s_stage, j);
   } else {  // MN-major 64-column atoms: from one atom to the next BK * 128 bytes
     return sm90::make_desc(s_stage + 2048 * j, C::BK * 128, 1024, sm90::SWIZZLE_128B);
   }
@@ -908,8 +930,14 @@ __device__ __forceinline__ void gemm_block_tma(const unsigned char *__restrict__
     for (int ni = 0; ni < C::NF; ++ni)
 #pragma unroll
       for (int e = 0; e < 4; ++e) acc[0][ni][e] = 0.0f;
-    unsigned a[2][4];  // the two sets of A registers
+    unsigned a[2][4];  // the two sets of A registers (!SA)
     const LaneBits lb(lane);
+    // SA: this lane's row of the stmatrix that stores a tile's A fragment
+    // (matrix lane / 8: rows +8 for odd ones, the second 8 columns for the
+    // upper two), in its warpgroup's A tile of the buffer
+    const int g = warp >> 2, q = lane >> 3;
+    const int a_row = 16 * (warp & 3) + (lane & 7) + 8 * (q & 1);
+    const unsigned a_tile = s_base + C::A_OFF + g * C::A_GROUP;
 #pragma unroll 1
     for (int it = 0, s = 0, round = 0; it < n; ++it) {
       sm90::mbar_wait(full + 8 * s, round & 1);
@@ -921,17 +949,40 @@ __device__ __forceinline__ void gemm_block_tma(const unsigned char *__restrict__
           (s_voff[it] & 7u);
       const unsigned long long d0 = x_desc<C>(st, 0);
       // every tile's mask and first value first (their loads overlap), then
-      // each tile's values before its wgmma
+      // each tile's values
       LaneTile lt[C::KSW];
 #pragma unroll
       for (int jj = 0; jj < C::KSW; ++jj) lt[jj] = lane_tile<C>(stage, jj, warp, lb);
+      if constexpr (C::SA) {
+        // the stage's tiles into A buffer it % 2 (its wgmma two stages ago
+        // is done: the last stage's wait_group), the warpgroup's four warps
+        // meet, then the stage's wgmma, all from shared memory
+        const unsigned ab = a_tile + (it & 1) * C::A_BUF;
 #pragma unroll
-      for (int jj = 0; jj < C::KSW; ++jj) {
-        tile_values(a[jj & 1], vals, lt[jj]);
+        for (int jj = 0; jj < C::KSW; ++jj) {
+          unsigned v[4];
+          tile_values(v, vals, lt[jj]);
+          sm90::stmatrix_x4(ab + 16u * swizzled_chunk<C::BK / 8>(a_row, 2 * jj + (q >> 1)), v);
+        }
+        sm90::fence_proxy_async();  // the stores -> the wgmma's proxy
+        sm90::named_sync(2 + g, 128);
         sm90::fence();
-        sm90::mma_rs<T, C::BN, C::TM ? 0 : 1>(acc[0], a[jj & 1], d0 + X_DESC_STEP<C> * jj);
+#pragma unroll
+        for (int jj = 0; jj < C::KSW; ++jj)
+          sm90::mma<T, C::BN, 0, C::TM ? 0 : 1>(acc[0], kmajor_desc<C>(ab, jj),
+                                               d0 + X_DESC_STEP<C> * jj);
         sm90::commit_group();
         sm90::wait_group<1>();
+      } else {
+        // each tile's values before its wgmma
+#pragma unroll
+        for (int jj = 0; jj < C::KSW; ++jj) {
+          tile_values(a[jj & 1], vals, lt[jj]);
+          sm90::fence();
+          sm90::mma_rs<T, C::BN, C::TM ? 0 : 1>(acc[0], a[jj & 1], d0 + X_DESC_STEP<C> * jj);
+          sm90::commit_group();
+          sm90::wait_group<1>();
+        }
       }
       // the previous stage's last wgmma is done (this stage's first wait):
       // release its slot (no branch among the wgmma: ptxas would serialize them)
