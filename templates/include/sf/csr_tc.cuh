@@ -492,11 +492,12 @@ __device__ __forceinline__ unsigned long long x_desc(unsigned s_stage, int j) {
   }
 }
 
-// From one entry's X descriptor to the next's: the address field counts
-// 16 bytes (tm, TMA too: an entry is 32 bytes along the K-major rows; fm:
-// 16 rows of 128 bytes).
+// From one entry's descriptor to the next's: the address field counts 16
+// bytes (K-major tiles, X's token-major one and SA's A: an entry is 32
+// bytes along the rows; X feature-major: 16 rows of 128 bytes).
+constexpr unsigned long long KMAJOR_DESC_STEP = 32 / 16;
 template <class C>
-constexpr unsigned long long X_DESC_STEP = C::TM ? 32 / 16 : 2048 / 16;
+constexpr unsigned long long X_DESC_STEP = C::TM ? KMAJOR_DESC_STEP : 2048 / 16;
 
 // wgmma: the warp's KSW entries of the stage (its warpgroup's 64 rows, all
 // BN columns), one wgmma each, the A registers alternating between two
@@ -938,6 +939,9 @@ __device__ __forceinline__ void gemm_block_tma(const unsigned char *__restrict__
     const int g = warp >> 2, q = lane >> 3;
     const int a_row = 16 * (warp & 3) + (lane & 7) + 8 * (q & 1);
     const unsigned a_tile = s_base + C::A_OFF + g * C::A_GROUP;
+    // (entry jj's chunk is 2 jj + q / 2: 2 jj XOR the lane's constant part)
+    const unsigned a_lane = a_tile + 16u * swizzled_chunk<C::BK / 8>(a_row, q >> 1);
+    const unsigned long long a_desc0 = kmajor_desc<C>(a_tile, 0);
 #pragma unroll 1
     for (int it = 0, s = 0, round = 0; it < n; ++it) {
       sm90::mbar_wait(full + 8 * s, round & 1);
@@ -957,19 +961,22 @@ __device__ __forceinline__ void gemm_block_tma(const unsigned char *__restrict__
         // the stage's tiles into A buffer it % 2 (its wgmma two stages ago
         // is done: the last stage's wait_group), the warpgroup's four warps
         // meet, then the stage's wgmma, all from shared memory
-        const unsigned ab = a_tile + (it & 1) * C::A_BUF;
+        const unsigned buf = (it & 1) * C::A_BUF;
 #pragma unroll
         for (int jj = 0; jj < C::KSW; ++jj) {
           unsigned v[4];
           tile_values(v, vals, lt[jj]);
-          sm90::stmatrix_x4(ab + 16u * swizzled_chunk<C::BK / 8>(a_row, 2 * jj + (q >> 1)), v);
+          // the swizzle XORs the chunk with the row: entry jj's chunk 2 jj + q / 2
+          // is the lane's chunk for jj = 0 XOR 2 jj
+          sm90::stmatrix_x4((a_lane ^ (32u * jj)) + buf, v);
         }
         sm90::fence_proxy_async();  // the stores -> the wgmma's proxy
         sm90::named_sync(2 + g, 128);
         sm90::fence();
+        const unsigned long long da = a_desc0 + (buf >> 4);
 #pragma unroll
         for (int jj = 0; jj < C::KSW; ++jj)
-          sm90::mma<T, C::BN, 0, C::TM ? 0 : 1>(acc[0], kmajor_desc<C>(ab, jj),
+          sm90::mma<T, C::BN, 0, C::TM ? 0 : 1>(acc[0], da + KMAJOR_DESC_STEP * jj,
                                                d0 + X_DESC_STEP<C> * jj);
         sm90::commit_group();
         sm90::wait_group<1>();
