@@ -65,9 +65,17 @@
 namespace sf {
 namespace csr_tc {
 
-constexpr int REC_BYTES = 48;  // one tile's record
-constexpr int REC_P = 32;      // offset of p[8] in a record
-constexpr int REC_BASE = 40;   // offset of base
+// A tile's record: the bitmap format's (48 bytes), the lane-record
+// variant's (a u32 a lane: the slot mask above LANE_SHIFT, the offset of
+// the lane's first register below).  (Members of a struct: a kernel that
+// reads one format leaves the other's constants unused without a warning.)
+struct Rec {
+  static constexpr int BYTES = 48;
+  static constexpr int P = 32;       // offset of p[8]
+  static constexpr int BASE = 40;    // offset of base
+  static constexpr int LANE_BYTES = 128;
+  static constexpr unsigned LANE_SHIFT = 24;
+};
 
 __host__ __device__ constexpr int cmax(int a, int b) { return a > b ? a : b; }
 __host__ __device__ constexpr int cdiv(int a, int b) { return (a + b - 1) / b; }
@@ -75,7 +83,8 @@ __host__ __device__ constexpr int cdiv(int a, int b) { return (a + b - 1) / b; }
 // ---- configuration -----------------------------------------------------------------
 
 template <typename T, int MF_, int WM_, int WK_, int KSW_, int BN_, int STAGES_, bool TM_,
-          bool WG_, int CK_, int VMAX_, int TABS_, bool TMA_ = false, bool SA_ = false>
+          bool WG_, int CK_, int VMAX_, int TABS_, bool TMA_ = false, bool SA_ = false,
+          bool LR_ = false>
 struct Config {
   using elem_t = T;
   static constexpr int MF = MF_;          // 16-row strips per warp (WG: 1)
@@ -91,6 +100,7 @@ struct Config {
   static constexpr int TABS = TABS_;      // the most stages one CTA runs (the plan's)
   static constexpr bool TMA = TMA_;       // a producer warp fills the stages (TMA, bulk copies)
   static constexpr bool SA = SA_;         // TMA: A decoded into shared memory, wgmma from there
+  static constexpr bool LR = LR_;         // TMA: W as lane records (a u32 a lane and tile)
 
   static constexpr int WARPS = WM * WK;   // the warps that compute
   static constexpr int THREADS = 32 * WARPS + (TMA ? 32 : 0);
@@ -107,7 +117,7 @@ struct Config {
   static constexpr int X_ROWS = TM ? BN : BK;
   static constexpr int X_ROW_CH = TM ? BK / 8 : BN / 8;
   static constexpr int X_BYTES = BK * BN * 2;
-  static constexpr int REC_STAGE = MS * KS * REC_BYTES;
+  static constexpr int REC_STAGE = MS * KS * (LR ? Rec::LANE_BYTES : Rec::BYTES);
   static constexpr int VAL_BYTES = (2 * VMAX + 15) / 16 * 16 + 32;  // + alignment slack
   static constexpr int META_BYTES = 16;    // the stage's first value (u32)
   static constexpr int STAGE_RAW = X_BYTES + REC_STAGE + VAL_BYTES + META_BYTES;
@@ -145,6 +155,7 @@ struct Config {
   static_assert(!TMA || (WG && WK == 1 && CK == 1),
                 "TMA: wgmma, one warpgroup column, no cluster");
   static_assert(!SA || (TMA && BK <= 64), "SA: the TMA kernel, A rows of at most 128 bytes");
+  static_assert(!LR || TMA, "LR: the TMA kernel");
   // The configuration's constraints are asserted by the generated source,
   // from the table the search space filters with
   // (generator/families/csr/tc.py).
@@ -404,10 +415,10 @@ struct LaneTile {
 template <class C>
 __device__ __forceinline__ LaneTile lane_tile(const unsigned char *stage, int j, int s,
                                               const LaneBits &lb) {
-  const unsigned char *rec = stage + C::X_BYTES + (j * C::MS + s) * REC_BYTES;
+  const unsigned char *rec = stage + C::X_BYTES + (j * C::MS + s) * Rec::BYTES;
   const unsigned word = reinterpret_cast<const unsigned *>(rec)[lb.q];
   LaneTile lt;
-  lt.first = *reinterpret_cast<const unsigned *>(rec + REC_BASE) + rec[REC_P + lb.q] +
+  lt.first = *reinterpret_cast<const unsigned *>(rec + Rec::BASE) + rec[Rec::P + lb.q] +
              __popc(word & lb.below);
   lt.mask = word >> lb.shift;
   return lt;
@@ -429,6 +440,51 @@ __device__ __forceinline__ void tile_values(unsigned (&a)[4], const unsigned sho
   }
 #pragma unroll
   for (int i = 0; i < 4; ++i) a[i] = __byte_perm(h[2 * i], h[2 * i + 1], 0x5410);
+}
+
+// The lane-record variant: the lane's record of tile (entry j, strip s),
+// (slot mask << 24) | where its registers start (16-bit values from the
+// stage's first).
+template <class C>
+__device__ __forceinline__ LaneTile lane_record(const unsigned char *stage, int j, int s,
+                                                int lane) {
+  const unsigned r = reinterpret_cast<const unsigned *>(
+      stage + C::X_BYTES + (j * C::MS + s) * Rec::LANE_BYTES)[lane];
+  return LaneTile{r >> Rec::LANE_SHIFT, r & ((1u << Rec::LANE_SHIFT) - 1u)};
+}
+
+// Its four A registers: each register with a set slot is the next aligned
+// 4-byte word of its values (the stage's values start 4-byte aligned).
+__device__ __forceinline__ void lane_registers(unsigned (&a)[4], const unsigned short *vals,
+                                               const LaneTile &lt) {
+  const unsigned *v = reinterpret_cast<const unsigned *>(vals + lt.first);
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    a[i] = 0u;
+    if (lt.mask & (3u << (2 * i))) {
+      a[i] = *v;
+      ++v;
+    }
+  }
+}
+
+// A lane's tile of the TMA kernels, in either format.
+template <class C>
+__device__ __forceinline__ LaneTile tma_lane_tile(const unsigned char *stage, int j, int s,
+                                                  const LaneBits &lb, int lane) {
+  if constexpr (C::LR)
+    return lane_record<C>(stage, j, s, lane);
+  else
+    return lane_tile<C>(stage, j, s, lb);
+}
+
+template <class C>
+__device__ __forceinline__ void tma_tile_values(unsigned (&a)[4], const unsigned short *vals,
+                                                const LaneTile &lt) {
+  if constexpr (C::LR)
+    lane_registers(a, vals, lt);
+  else
+    tile_values(a, vals, lt);
 }
 
 // The four A registers of tile (entry j, strip s) of the stage at `stage`.
@@ -956,7 +1012,7 @@ __device__ __forceinline__ void gemm_block_tma(const unsigned char *__restrict__
       // each tile's values
       LaneTile lt[C::KSW];
 #pragma unroll
-      for (int jj = 0; jj < C::KSW; ++jj) lt[jj] = lane_tile<C>(stage, jj, warp, lb);
+      for (int jj = 0; jj < C::KSW; ++jj) lt[jj] = tma_lane_tile<C>(stage, jj, warp, lb, lane);
       if constexpr (C::SA) {
         // the stage's tiles into A buffer it % 2 (its wgmma two stages ago
         // is done: the last stage's wait_group), the warpgroup's four warps
@@ -965,7 +1021,7 @@ __device__ __forceinline__ void gemm_block_tma(const unsigned char *__restrict__
 #pragma unroll
         for (int jj = 0; jj < C::KSW; ++jj) {
           unsigned v[4];
-          tile_values(v, vals, lt[jj]);
+          tma_tile_values<C>(v, vals, lt[jj]);
           // the swizzle XORs the chunk with the row: entry jj's chunk 2 jj + q / 2
           // is the lane's chunk for jj = 0 XOR 2 jj
           sm90::stmatrix_x4((a_lane ^ (32u * jj)) + buf, v);
@@ -984,7 +1040,7 @@ __device__ __forceinline__ void gemm_block_tma(const unsigned char *__restrict__
         // each tile's values before its wgmma
 #pragma unroll
         for (int jj = 0; jj < C::KSW; ++jj) {
-          tile_values(a[jj & 1], vals, lt[jj]);
+          tma_tile_values<C>(a[jj & 1], vals, lt[jj]);
           sm90::fence();
           sm90::mma_rs<T, C::BN, C::TM ? 0 : 1>(acc[0], a[jj & 1], d0 + X_DESC_STEP<C> * jj);
           sm90::commit_group();
