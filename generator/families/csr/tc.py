@@ -305,8 +305,12 @@ def hint_configs(matrix: SparseMatrix, op: Operation, device: Optional[dict],
         # in one run; bench/RESULTS.md, 2026-11-26), with the stages fed
         # by TMA (token-major where K % 8 == 0: 0.222 ms against
         # 0.292 with cp.async, 4 stages against 3: 0.233; feature-major
-        # 0.211 against 0.366)
-        hints += [dict(mf=1, wm=8, wk=1, ksw=4, bn=256, stages=4, ck=1, wg=1, tma=1),
+        # 0.211 against 0.366), first with W as lane records decoded into
+        # shared memory (0.208 ms against 0.218 at density 0.3, 0.192
+        # against 0.212 at 0.1; feature-major level: 0.213 against 0.211)
+        hints += [dict(mf=1, wm=8, wk=1, ksw=4, bn=256, stages=4, ck=1, wg=1, tma=1, sa=1,
+                       lr=1),
+                  dict(mf=1, wm=8, wk=1, ksw=4, bn=256, stages=4, ck=1, wg=1, tma=1),
                   dict(mf=1, wm=8, wk=1, ksw=4, bn=256, stages=4, ck=1, wg=1),
                   dict(mf=1, wm=4, wk=1, ksw=2, bn=64, stages=4, ck=4, wg=1)]
     hints.append(dict(mf=2, wm=2, wk=1, ksw=2, bn=128, stages=3, ck=1))
