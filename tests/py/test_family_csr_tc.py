@@ -29,6 +29,8 @@ DECODE = dict(mf=1, wm=4, wk=2, ksw=2, bn=16, stages=4, ck=1)
 PREFILL = dict(mf=2, wm=2, wk=1, ksw=2, bn=128, stages=3, ck=1)
 WGCFG = dict(mf=1, wm=4, wk=1, ksw=2, bn=128, stages=4, ck=1, wg=1)
 TMACFG = dict(WGCFG, wm=8, ksw=4, bn=256, tma=1)
+SACFG = dict(TMACFG, sa=1)
+LRCFG = dict(SACFG, lr=1)
 
 
 def random_matrix(m, k, density, seed=0, dtype="fp16", empty_rows=(), empty_cols=()):
@@ -80,14 +82,47 @@ def test_pack_read_back_and_emulated_product(name, make, dtype):
     rng = np.random.default_rng(0)
     x = round_to_dtype(rng.standard_normal((mat.cols, 5)).astype(np.float32), dtype)
     ref = round_to_dtype(mat.to_dense(), dtype).astype(np.float64) @ x
-    for (bm, ks), windows in itertools.product(BLOCKINGS, (False, True)):
-        p = bitmap.pack(mat, dtype, bm, ks, windows=windows)
+    for (bm, ks), windows, lanes in itertools.product(BLOCKINGS, (False, True), (False, True)):
+        p = bitmap.pack(mat, dtype, bm, ks, windows=windows, lanes=lanes)
         back, bias = bitmap.unpack(p.data)
         same(mat, back, dtype)
         assert bias is None
         assert all(v % 16 == 0 for v in p.offsets.values()) and len(p.data) % 16 == 0
         if mat.rows * mat.cols <= 4000:
             np.testing.assert_allclose(bitmap.emulate_product(p.data, x), ref, atol=1e-9)
+
+
+def test_lane_records_name_each_lanes_registers():
+    """The lane-record variant: a lane's record holds its slot mask and the
+    offset of its first register; its nonzero registers follow whole, a
+    zero in the empty half; stages start on an even value (4-byte loads)."""
+    mat = random_matrix(64, 64, 0.3, seed=9)
+    p = bitmap.pack(mat, "fp16", 32, 2, windows=True, lanes=True)
+    s = bitmap.sections(p.data)
+    assert s.lanes and s.rec.shape[1] == 32 and np.all(s.voff % 2 == 0)
+    dense = round_to_dtype(mat.to_dense(), "fp16")
+    frow, fcol = bitmap.fragment_positions()
+    for stage in range(s.voff.size - 1):
+        for j in range(2):
+            for strip in range(2):
+                got = bitmap.emulate_decode(p.data, stage, j, strip)
+                blk = s.blocks[[b for b in range(s.blocks.shape[0])
+                                if s.blocks[b, 0] <= stage < s.blocks[b, 0] + s.blocks[b, 1]][0]]
+                r0, k0 = int(blk[2]) + 16 * strip, 16 * int(s.kid[stage * 2 + j])
+                tile = np.zeros((16, 16))
+                rr, cc = np.meshgrid(np.arange(16), np.arange(16), indexing="ij")
+                ok = (r0 + rr < 64) & (k0 + cc < 64)
+                tile[ok] = dense[(r0 + rr)[ok], (k0 + cc)[ok]]
+                np.testing.assert_array_equal(got, tile[frow, fcol])
+                rec = s.rec[(stage * 2 + j) * 2 + strip].astype(np.int64)
+                mask = rec >> bitmap.LANE_OFFSET_BITS
+                np.testing.assert_array_equal(
+                    mask, [sum(1 << i for i in range(8) if tile[frow[l].reshape(-1)[i],
+                                                               fcol[l].reshape(-1)[i]] != 0)
+                           for l in range(32)])
+    # about 4 bytes a nonzero register and 128 a tile, against 2 a nonzero and 48 a tile
+    q = bitmap.pack(mat, "fp16", 32, 2, windows=True)
+    assert len(q.data) < len(p.data) < 4 * len(q.data)
 
 
 def test_schedule_stages_and_padding():
@@ -252,6 +287,10 @@ def test_invalid_configs_name_their_constraint(change, rule):
     ("fm", 64, dict(ck=2), "wg == 1 and wk == 1 and ck == 1"),
     ("tm", 100, {}, "k8 or not tm"),         # X's rows not 16-byte aligned: no tensor map
     ("tm", 64, dict(tma=2), "tma == 1"),
+    ("tm", 64, dict(sa=2), "sa == 1"),
+    ("tm", 64, dict(sa=1, tma=0), "tma == 1"),
+    ("tm", 64, dict(lr=1), "sa == 1"),       # lane records without sa
+    ("tm", 64, dict(sa=1, lr=2), "lr == 1"),
 ])
 def test_invalid_tma_configs_name_their_constraint(layout, k, change, rule):
     mat = random_matrix(64, k, 0.3)
@@ -259,6 +298,8 @@ def test_invalid_tma_configs_name_their_constraint(layout, k, change, rule):
         FAM.check_config(dict(TMACFG, **change), mat, Operation("fp16", layout), {})
     with pytest.raises(ConfigError, match="needs the keys"):
         FAM.check_config(dict(DECODE, tma=1), mat, Operation("fp16", layout), {})
+    with pytest.raises(ConfigError, match="needs the keys"):
+        FAM.check_config(dict(WGCFG, sa=1), mat, Operation("fp16", layout), {})
 
 
 def test_tma_kernel_declares_its_map_and_producer_warp():
@@ -361,6 +402,10 @@ COMPILE_CASES = [
     ("fp16", "tm", Epilogue(bias=True, activation="gelu"), TMACFG),
     ("bf16", "tm", Epilogue(), dict(TMACFG, wm=4, ksw=2, bn=128, stages=3)),
     ("fp16", "fm", Epilogue(bias=True, activation="gelu"), TMACFG),
+    ("fp16", "tm", Epilogue(bias=True, activation="gelu"), SACFG),
+    ("bf16", "fm", Epilogue(), dict(SACFG, wm=4, ksw=2, bn=128, stages=3)),
+    ("fp16", "tm", Epilogue(bias=True, activation="gelu"), LRCFG),
+    ("bf16", "fm", Epilogue(activation="relu"), dict(LRCFG, wm=4, ksw=2, bn=128, stages=3)),
 ]
 
 
@@ -461,6 +506,29 @@ GPU_CASES = [
      (256, 600, 5, 257)),
     ((129, 1000), 0.1, "bf16", "fm", Epilogue(activation="relu"),
      dict(TMACFG, wm=4, ksw=2, bn=128, stages=3), (130, 64, 77)),
+    # A decoded into shared memory (sa): both layouts, both dtypes, 32- and
+    # 64-column stages, the epilogues
+    ((300, 704), 0.3, "fp16", "tm", Epilogue(bias=True, activation="gelu"), SACFG,
+     (1, 256, 600)),
+    ((129, 1000), 0.3, "bf16", "tm", Epilogue(activation="relu"),
+     dict(SACFG, bn=128, ksw=2, stages=3), (5, 130, 257)),
+    ((1000, 304), 0.5, "fp16", "tm", Epilogue(scale=0.5), dict(SACFG, wm=4, ksw=2, bn=64),
+     (64, 65)),
+    ((300, 700), 0.3, "fp16", "fm", Epilogue(bias=True, activation="gelu"), SACFG,
+     (256, 600, 5, 257)),
+    ((129, 1000), 0.1, "bf16", "fm", Epilogue(activation="relu"),
+     dict(SACFG, wm=4, ksw=2, bn=128, stages=3), (130, 64, 77)),
+    # W as lane records (lr)
+    ((300, 704), 0.3, "fp16", "tm", Epilogue(bias=True, activation="gelu"), LRCFG,
+     (1, 256, 600)),
+    ((129, 1000), 0.5, "bf16", "tm", Epilogue(activation="relu"),
+     dict(LRCFG, bn=128, ksw=2, stages=3), (5, 130, 257)),
+    ((1000, 304), 0.1, "fp16", "tm", Epilogue(scale=0.5), dict(LRCFG, wm=4, ksw=2, bn=64),
+     (64, 65)),
+    ((300, 700), 0.3, "fp16", "fm", Epilogue(bias=True, activation="gelu"), LRCFG,
+     (256, 600, 5, 257)),
+    ((129, 1000), 0.1, "bf16", "fm", Epilogue(activation="relu"),
+     dict(LRCFG, wm=4, ksw=2, bn=128, stages=3), (130, 64, 77)),
 ]
 
 

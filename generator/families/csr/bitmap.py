@@ -17,6 +17,15 @@ in fragment order:
 a[reg] holding two consecutive columns).  Stored bytes per 16 x 16 tile:
 48 of record and 2 per nonzero: at density d, 0.19 + 2 d bytes per entry
 of W against dense's 2.
+
+The lane-record variant (`lanes`, for the TMA kernels) stores instead a
+u32 per lane and tile, (slot mask << 24) | offset: the lane's 8-bit slot
+mask and where its values start (in 16-bit values from the stage's first),
+and as values the lane's nonzero A registers whole (both halves, a zero in
+an empty slot of a register that holds a nonzero), in tile, lane, register
+order.  A lane reads its record and then each register with a set slot by
+one aligned 4-byte load.  128 bytes of record a tile and about 4 bytes a
+nonzero register.
 """
 from __future__ import annotations
 
@@ -32,7 +41,9 @@ ALIGN = 16
 TILE = 16
 REC_BYTES = 48
 HEADER_WORDS = 16            # uint32: magic, m, k, nnz, bm, ks, dtype, blocks, stages, has_bias,
-                             # windows
+                             # windows, lanes
+LANE_REC_BYTES = 128         # the lane-record variant: a u32 a lane
+LANE_OFFSET_BITS = 24
 DTYPE_CODES = {"fp16": 1, "bf16": 2}
 RECORD = np.dtype([("w", "<u4", (8,)), ("p", "u1", (8,)), ("base", "<u4"), ("count", "<u4")])
 assert RECORD.itemsize == REC_BYTES
@@ -138,6 +149,41 @@ def cached_layout(matrix: SparseMatrix, bm: int, ks: int, windows: bool = False)
 
 
 @dataclass
+class LaneRegs:
+    """The lane-record variant's registers: every nonzero A register (a
+    u32 of two values) of the layout, in tile, lane, register order."""
+    key: np.ndarray           # int64 [regs]: (tile * 32 + lane) * 4 + reg
+    of_nz: np.ndarray         # int64 [nnz]: the register of each nonzero
+    stage_halves: np.ndarray  # int64 [total stages]: 16-bit values a stage stores
+
+    @property
+    def vmax(self) -> int:
+        return int(self.stage_halves.max()) if self.stage_halves.size else 0
+
+
+def _nz_tile_bit(matrix: SparseMatrix, lay: Layout) -> tuple[np.ndarray, np.ndarray]:
+    """Each nonzero's tile (stage, entry, strip order) and its bit."""
+    ms = lay.bm // TILE
+    rows = matrix.row_ids()
+    cols = matrix.indices.astype(np.int64)
+    ent = lay.nz_entry
+    tile = (lay.entry_stage[ent] * lay.ks + lay.entry_j[ent]) * ms + (rows % lay.bm) // TILE
+    return tile, position_bit(rows % TILE, cols % TILE)
+
+
+def lane_regs(matrix: SparseMatrix, bm: int, ks: int, windows: bool = False) -> LaneRegs:
+    """The registers the lane-record variant stores (cached on the matrix)."""
+    def build():
+        lay = cached_layout(matrix, bm, ks, windows)
+        tile, bit = _nz_tile_bit(matrix, lay)
+        key, of_nz = np.unique(tile * 128 + bit // 2, return_inverse=True)
+        stage = key // (128 * ks * (bm // TILE))
+        halves = 2 * np.bincount(stage, minlength=lay.total_stages).astype(np.int64)
+        return LaneRegs(key.astype(np.int64), of_nz.astype(np.int64).reshape(-1), halves)
+    return matrix.cached(("csr.bitmap.lane_regs", bm, ks, bool(windows)), build)
+
+
+@dataclass
 class Packed:
     """A packed buffer and where its sections start."""
     data: bytes
@@ -149,11 +195,12 @@ class Packed:
 
 
 def pack(matrix: SparseMatrix, dtype: str, bm: int, ks: int,
-         bias: Optional[np.ndarray] = None, windows: bool = False) -> Packed:
+         bias: Optional[np.ndarray] = None, windows: bool = False,
+         lanes: bool = False) -> Packed:
     """The packed buffer of `matrix` (values rounded to `dtype`) for row
     blocks of `bm` rows and stages of `ks` k-steps (see the module
     docstring and csr_tc.cuh; `windows`: stages of whole windows of k-steps,
-    layout())."""
+    layout(); `lanes`: the lane-record variant)."""
     if dtype not in DTYPE_CODES:
         raise ValueError(f"the tensor-core csr format holds fp16 or bf16, not {dtype}")
     if bm % TILE or bm < TILE or ks < 1:
@@ -168,34 +215,12 @@ def pack(matrix: SparseMatrix, dtype: str, bm: int, ks: int,
     ntiles = total * ks * ms
 
     # per nonzero: its tile and bit
-    rows = matrix.row_ids()
-    cols = matrix.indices.astype(np.int64)
-    ent = lay.nz_entry
-    tile = (lay.entry_stage[ent] * ks + lay.entry_j[ent]) * ms + (rows % bm) // TILE
-    bit = position_bit(rows % TILE, cols % TILE)
-    order = np.lexsort((bit, tile))
-    vals = round_to_dtype(matrix.values, dtype)[order]
-
-    rec = np.zeros(ntiles, dtype=RECORD)
-    if ntiles:
-        word_key = tile * 8 + bit // 32
-        words = np.bincount(word_key, weights=np.ldexp(1.0, (bit % 32).astype(np.int32)),
-                            minlength=ntiles * 8)
-        rec["w"] = words.astype(np.uint64).astype(np.uint32).reshape(ntiles, 8)
-        per_word = np.bincount(word_key, minlength=ntiles * 8).reshape(ntiles, 8)
-        pre = np.zeros((ntiles, 8), dtype=np.int64)
-        pre[:, 1:] = np.cumsum(per_word, axis=1)[:, :-1]
-        rec["p"] = pre.astype(np.uint8)
-        counts = per_word.sum(axis=1)
-        start = np.zeros(ntiles, dtype=np.int64)
-        start[1:] = np.cumsum(counts)[:-1]
-        voff = np.zeros(total + 1, dtype=np.int64)
-        voff[:-1] = start[::ks * ms]
-        voff[-1] = matrix.nnz
-        rec["base"] = (start - np.repeat(voff[:-1], ks * ms)).astype(np.uint32)
-        rec["count"] = counts.astype(np.uint32)
+    tile, bit = _nz_tile_bit(matrix, lay)
+    if lanes:
+        rec, vals, voff, vmax = _pack_lanes(matrix, dtype, bm, ks, windows, tile, bit, ntiles)
     else:
-        voff = np.zeros(total + 1, dtype=np.int64)
+        rec, vals, voff = _pack_bitmaps(matrix, dtype, ks, ms, total, tile, bit, ntiles)
+        vmax = lay.vmax
 
     # k-step of each stage entry; the padding entries of a last stage repeat
     # the block's last k-step (their tiles are empty)
@@ -213,8 +238,8 @@ def pack(matrix: SparseMatrix, dtype: str, bm: int, ks: int,
     blocks[:, 2] = lay.blocks * bm
 
     head = np.zeros(HEADER_WORDS, dtype=np.uint32)
-    head[:11] = [MAGIC, m, k, matrix.nnz, bm, ks, DTYPE_CODES[dtype], nb, total,
-                 int(bias is not None), int(windows)]
+    head[:12] = [MAGIC, m, k, matrix.nnz, bm, ks, DTYPE_CODES[dtype], nb, total,
+                 int(bias is not None), int(windows), int(lanes)]
     sections = [("header", head.tobytes()), ("blocks", blocks.tobytes()),
                 ("kid", kid.astype(np.int32).tobytes()), ("rec", rec.tobytes()),
                 ("voff", voff.astype(np.uint32).tobytes()),
@@ -229,7 +254,56 @@ def pack(matrix: SparseMatrix, dtype: str, bm: int, ks: int,
         offsets[name] = len(out)
         out += data + b"\0" * (_align(len(data)) - len(data))
     offsets.setdefault("bias", 0)
-    return Packed(bytes(out), offsets, nb, total, lay.vmax, lay.smax)
+    return Packed(bytes(out), offsets, nb, total, vmax, lay.smax)
+
+
+def _pack_bitmaps(matrix: SparseMatrix, dtype: str, ks: int, ms: int, total: int,
+                  tile: np.ndarray, bit: np.ndarray, ntiles: int):
+    """The bitmap records, the values in tile and bit order, and the value
+    offsets of the stages."""
+    order = np.lexsort((bit, tile))
+    vals = round_to_dtype(matrix.values, dtype)[order]
+    rec = np.zeros(ntiles, dtype=RECORD)
+    voff = np.zeros(total + 1, dtype=np.int64)
+    if ntiles:
+        word_key = tile * 8 + bit // 32
+        words = np.bincount(word_key, weights=np.ldexp(1.0, (bit % 32).astype(np.int32)),
+                            minlength=ntiles * 8)
+        rec["w"] = words.astype(np.uint64).astype(np.uint32).reshape(ntiles, 8)
+        per_word = np.bincount(word_key, minlength=ntiles * 8).reshape(ntiles, 8)
+        pre = np.zeros((ntiles, 8), dtype=np.int64)
+        pre[:, 1:] = np.cumsum(per_word, axis=1)[:, :-1]
+        rec["p"] = pre.astype(np.uint8)
+        counts = per_word.sum(axis=1)
+        start = np.zeros(ntiles, dtype=np.int64)
+        start[1:] = np.cumsum(counts)[:-1]
+        voff[:-1] = start[::ks * ms]
+        voff[-1] = matrix.nnz
+        rec["base"] = (start - np.repeat(voff[:-1], ks * ms)).astype(np.uint32)
+        rec["count"] = counts.astype(np.uint32)
+    return rec, vals, voff
+
+
+def _pack_lanes(matrix: SparseMatrix, dtype: str, bm: int, ks: int, windows: bool,
+                tile: np.ndarray, bit: np.ndarray, ntiles: int):
+    """The lane-record variant's records, values, value offsets (in 16-bit
+    values) and largest stage."""
+    regs = lane_regs(matrix, bm, ks, windows)
+    vals = np.zeros(2 * regs.key.size, dtype=np.float32)
+    vals[2 * regs.of_nz + bit % 2] = round_to_dtype(matrix.values, dtype)
+    voff = np.zeros(regs.stage_halves.size + 1, dtype=np.int64)
+    np.cumsum(regs.stage_halves, out=voff[1:])
+    masks = np.bincount(tile * 32 + bit // 8, weights=np.ldexp(1.0, (bit % 8).astype(np.int32)),
+                        minlength=ntiles * 32).astype(np.int64)
+    # each lane's first register, from its stage's first value
+    tl, first = np.unique(regs.key // 4, return_index=True)
+    stage = tl // (32 * ks * (bm // TILE))
+    offset = np.zeros(ntiles * 32, dtype=np.int64)
+    offset[tl] = 2 * first - voff[stage]
+    if offset.size and offset.max() >= 1 << LANE_OFFSET_BITS:
+        raise ValueError("a stage holds too many values for the lane records' offsets")
+    rec = ((masks << LANE_OFFSET_BITS) | offset).astype(np.uint32).reshape(ntiles, 32)
+    return rec, vals, voff, regs.vmax
 
 
 # ---- reading a packed buffer back ---------------------------------------------------
@@ -244,10 +318,11 @@ class Sections:
     dtype: str
     blocks: np.ndarray   # int32 [nb, 4]
     kid: np.ndarray      # int32 [stages * ks]
-    rec: np.ndarray      # RECORD [stages * ks * ms]
+    rec: np.ndarray      # RECORD [stages * ks * ms] (lanes: uint32 [stages * ks * ms, 32])
     voff: np.ndarray     # uint32 [stages + 1]
-    values: np.ndarray   # float32 [nnz]
+    values: np.ndarray   # float32 [nnz] (lanes: [voff[-1]], the registers' values)
     bias: Optional[np.ndarray]
+    lanes: bool = False
 
 
 def sections(packed: bytes) -> Sections:
@@ -256,6 +331,7 @@ def sections(packed: bytes) -> Sections:
     if head[0] != MAGIC:
         raise ValueError("not a tensor-core csr buffer (bad magic)")
     m, k, nnz, bm, ks, code, nb, total, has_bias = (int(v) for v in head[1:10])
+    lanes = bool(head[11])
     dtype = {v: n for n, v in DTYPE_CODES.items()}[code]
     ms = bm // TILE
     pos = _align(HEADER_WORDS * 4)
@@ -268,13 +344,35 @@ def sections(packed: bytes) -> Sections:
 
     blocks = take("<i4", nb * 4).reshape(nb, 4)
     kid = take("<i4", total * ks)
-    rec = take(RECORD, total * ks * ms)
+    if lanes:
+        rec = take("<u4", total * ks * ms * 32).reshape(-1, 32)
+    else:
+        rec = take(RECORD, total * ks * ms)
     voff = take("<u4", total + 1)
-    raw = packed[pos:pos + 2 * nnz]
-    values = from_device_bytes(raw, dtype, nnz)
-    pos += _align(2 * nnz + 16)
+    nval = int(voff[-1]) if lanes else nnz
+    raw = packed[pos:pos + 2 * nval]
+    values = from_device_bytes(raw, dtype, nval)
+    pos += _align(2 * nval + 16)
     bias = take("<f4", nb * bm)[:m] if has_bias else None
-    return Sections(m, k, nnz, bm, ks, dtype, blocks, kid, rec, voff, values, bias)
+    return Sections(m, k, nnz, bm, ks, dtype, blocks, kid, rec, voff, values, bias, lanes)
+
+
+def _lane_slots(s: Sections) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """The lane-record variant's set slots: (tile, bit, value index) each,
+    read as a lane does (its register's rank among its nonzero registers)."""
+    ntiles = s.rec.shape[0]
+    ms = s.bm // TILE
+    rec = s.rec.astype(np.int64)
+    mask = rec >> LANE_OFFSET_BITS
+    off = rec & ((1 << LANE_OFFSET_BITS) - 1)
+    slot_set = (mask[:, :, None] >> np.arange(8)) & 1          # [tiles, 32, 8]
+    reg_set = slot_set.reshape(ntiles, 32, 4, 2).max(axis=3)     # [tiles, 32, 4]
+    rank = np.cumsum(reg_set, axis=2) - reg_set
+    stage = np.arange(ntiles) // (s.ks * ms)
+    t, lane, slot = np.nonzero(slot_set)
+    vidx = (s.voff[stage[t]].astype(np.int64) + off[t, lane] + 2 * rank[t, lane, slot // 2]
+            + slot % 2)
+    return t, 8 * lane + slot, vidx
 
 
 def _repeats(a: np.ndarray, is_sorted: bool = False) -> bool:
@@ -289,7 +387,7 @@ def unpack(packed: bytes) -> tuple[SparseMatrix, Optional[np.ndarray]]:
     bit order from voff[stage] + base."""
     s = sections(packed)
     ms = s.bm // TILE
-    ntiles = s.rec.size
+    ntiles = s.rec.shape[0]
     stage_of = np.arange(ntiles) // (s.ks * ms)
     j_of = np.arange(ntiles) // ms % s.ks
     strip_of = np.arange(ntiles) % ms
@@ -297,15 +395,18 @@ def unpack(packed: bytes) -> tuple[SparseMatrix, Optional[np.ndarray]]:
     stage_row = np.zeros(s.voff.size - 1, dtype=np.int64)
     for first, count, row, _ in s.blocks:
         stage_row[first:first + count] = row
-    bits = np.unpackbits(s.rec["w"].astype("<u4").view(np.uint8).reshape(ntiles, 32),
-                         axis=1, bitorder="little").astype(bool)
-    t_idx, b_idx = np.nonzero(bits)
-    counts = bits.sum(axis=1)
-    if np.any(counts != s.rec["count"]):
-        raise ValueError("corrupt buffer: a tile's count differs from its bitmap")
-    rank = np.arange(t_idx.size) - np.repeat(np.cumsum(counts) - counts, counts)
-    vidx = s.voff[stage_of[t_idx]].astype(np.int64) + s.rec["base"][t_idx] + rank
-    if vidx.size and (vidx.max() >= s.nnz or _repeats(vidx)):
+    if s.lanes:
+        t_idx, b_idx, vidx = _lane_slots(s)
+    else:
+        bits = np.unpackbits(s.rec["w"].astype("<u4").view(np.uint8).reshape(ntiles, 32),
+                             axis=1, bitorder="little").astype(bool)
+        t_idx, b_idx = np.nonzero(bits)
+        counts = bits.sum(axis=1)
+        if np.any(counts != s.rec["count"]):
+            raise ValueError("corrupt buffer: a tile's count differs from its bitmap")
+        rank = np.arange(t_idx.size) - np.repeat(np.cumsum(counts) - counts, counts)
+        vidx = s.voff[stage_of[t_idx]].astype(np.int64) + s.rec["base"][t_idx] + rank
+    if vidx.size and (vidx.max() >= s.values.size or _repeats(vidx)):
         raise ValueError("corrupt buffer: tiles' values overlap or overrun")
     tr, tc = slot_position(b_idx)
     rows = stage_row[stage_of[t_idx]] + 16 * strip_of[t_idx] + tr
@@ -336,6 +437,15 @@ def emulate_decode(packed: bytes, stage: int, j: int, strip: int) -> np.ndarray:
     shift = v0 % 8                       # where the stage's first value lands
     chunk = s.values[v0 - shift:]        # the copy starts at v0 rounded down
     out = np.zeros((32, 4, 2), dtype=np.float32)
+    if s.lanes:                          # the record, then a register a load
+        for lane in range(32):
+            mask = int(r[lane]) >> LANE_OFFSET_BITS
+            ptr = shift + (int(r[lane]) & ((1 << LANE_OFFSET_BITS) - 1))
+            for reg in range(4):
+                if (mask >> (2 * reg)) & 3:
+                    out[lane, reg] = chunk[ptr:ptr + 2]
+                    ptr += 2
+        return out
     for lane in range(32):
         q, rr = lane >> 2, lane & 3
         word = int(r["w"][q])

@@ -10,6 +10,12 @@ A configuration takes one of two compute paths:
                                                 K % 8 == 0: a producer warp fills the
                                                 stages by TMA and bulk copies, mbarriers
                                                 in place of the CTA's barrier a stage)
+               and sa = 1                      (the same, A decoded into shared memory
+                                                and the wgmma reading both operands from
+                                                there)
+               and lr = 1                      (TMA: W as lane records, bitmap.py: a lane
+                                                reads its record, then its nonzero A
+                                                registers whole)
 
 mf: 16-row strips per warp; wm: warps along M (wgmma: 4 per warpgroup);
 wk: warps (warpgroups) along K inside a CTA; ksw: k-steps (16 columns of
@@ -37,6 +43,9 @@ TABLE_SOURCE = "generator/families/csr/tc.py"
 KEYS = ("bn", "ck", "ksw", "mf", "stages", "wk", "wm")
 WG_KEYS = tuple(sorted(KEYS + ("wg",)))
 TMA_KEYS = tuple(sorted(WG_KEYS + ("tma",)))
+SA_KEYS = tuple(sorted(TMA_KEYS + ("sa",)))
+LR_KEYS = tuple(sorted(TMA_KEYS + ("lr",)))
+SA_LR_KEYS = tuple(sorted(SA_KEYS + ("lr",)))
 
 BN_CHOICES = (16, 32, 64, 128, 256)
 WG_BN_CHOICES = (64, 128, 256)       # the register-A wgmma wrappers (mma_sm90.cuh)
@@ -48,6 +57,8 @@ MAX_ACC = 128
 MMA = "not wg"
 WG = "wg"
 TMA = "tma"
+SA = "sa"
+LR = "lr"
 
 DERIVED = {
     "threads": "32 * wm * wk + 32 * tma",
@@ -59,7 +70,7 @@ DERIVED = {
     "acc": "mf * nf * 4",
     "x_row_ch": "bk // 8 if tm else bn // 8",
     "x_bytes": "bk * bn * 2",
-    "rec_stage": f"ms * ks * {bitmap.REC_BYTES}",
+    "rec_stage": f"ms * ks * ({bitmap.LANE_REC_BYTES} if lr else {bitmap.REC_BYTES})",
     "val_bytes": "(2 * vmax + 15) // 16 * 16 + 32",
     "stage_raw": "x_bytes + rec_stage + val_bytes + 16",
     "stage_align": "1024 if wg else 128",
@@ -69,8 +80,10 @@ DERIVED = {
     "c_bytes": "(bn if tm else bm) * ((bm if tm else bn) + 8) * 2",
     "r_bytes": "wk * bm * (bn + 4) * 4 if wk > 1 or ck > 1 else 0",
     "bar_bytes": "16 * stages if tma else 0",
-    "smem": "max(max(stages * stage_bytes + tab_bytes, c_bytes), r_bytes) + bar_bytes"
-            " + (1024 if wg else 0)",
+    "pipe_end": "stages * stage_bytes + tab_bytes",
+    "a_bytes": "2 * bm * bk * 2 if sa else 0",
+    "a_off": "cdiv(pipe_end, 1024) * 1024 if sa else pipe_end",
+    "smem": "max(max(a_off + a_bytes, c_bytes), r_bytes) + bar_bytes + (1024 if wg else 0)",
 }
 
 TABLE = [
@@ -112,6 +125,15 @@ TABLE = [
     Constraint("k8 or not tm",
                "TMA, token-major: X's rows 16-byte aligned (K % 8 == 0) for its tensor map",
                when=TMA),
+    # A decoded into shared memory
+    Constraint("sa == 1", "sa = 1 selects A decoded into shared memory (omit the key otherwise)",
+               when=SA),
+    Constraint("tma == 1", "sa: the TMA-fed kernel", when=SA),
+    # W as lane records
+    Constraint("lr == 1", "lr = 1 selects W as lane records (omit the key otherwise)", when=LR),
+    Constraint("sa == 1",
+               "lr: with A decoded into shared memory (sa, itself the TMA kernel's; with A "
+               "in registers ptxas serializes the wgmma)", when=LR),
     # the GPU's (Python only)
     Constraint("ck == 1 or sm90", "clusters need sm_90", device=True),
     Constraint("smem <= smem_limit", "the shared memory fits the GPU's per-block limit",
@@ -119,7 +141,7 @@ TABLE = [
 ]
 
 SPACE = Space(choices={"bn": BN_CHOICES, "stages": STAGE_CHOICES, "ck": CK_CHOICES},
-              constraints=TABLE, derived=DERIVED, defaults={"wg": 0, "tma": 0})
+              constraints=TABLE, derived=DERIVED, defaults={"wg": 0, "tma": 0, "sa": 0, "lr": 0})
 
 
 def problem(layout_: str, vmax: int, smax: int, k: int) -> dict:
@@ -135,6 +157,11 @@ def windows(config: dict) -> bool:
     """Whether the configuration's stages are whole windows of k-steps
     (bitmap.layout): the TMA kernels load a stage's X as one box."""
     return bool(config.get("tma", 0))
+
+
+def lanes(config: dict) -> bool:
+    """Whether the configuration reads W as lane records (bitmap.py)."""
+    return bool(config.get("lr", 0))
 
 
 def bm_ks(config: dict) -> tuple[int, int]:
@@ -155,10 +182,11 @@ def device_constants(device: Optional[dict]) -> Optional[dict]:
 
 def check_keys(config: dict) -> None:
     keys = tuple(sorted(config))
-    if keys not in (KEYS, WG_KEYS, TMA_KEYS):
+    if keys not in (KEYS, WG_KEYS, TMA_KEYS, SA_KEYS, LR_KEYS, SA_LR_KEYS):
         raise ConfigError(f"csr (fp16/bf16) config needs the keys {', '.join(KEYS)} "
-                          f"(and wg = 1 for wgmma, with tma = 1 for its TMA-fed stages), "
-                          f"got {', '.join(keys)}")
+                          f"(and wg = 1 for wgmma, with tma = 1 for its TMA-fed stages, "
+                          f"with sa = 1 for A decoded into shared memory and lr = 1 for "
+                          f"W as lane records), got {', '.join(keys)}")
     for key in keys:
         v = config[key]
         if not isinstance(v, (int, np.integer)) or isinstance(v, bool):
@@ -174,7 +202,8 @@ def check(config: dict, matrix: SparseMatrix, op: Operation,
     if bm < 16 or ks < 1:
         raise ConfigError(f"bm = {bm} and ks = {ks}: at least one strip and one k-step")
     lay = bitmap.cached_layout(matrix, bm, ks, windows(config))
-    SPACE.check(config, problem(op.layout, lay.vmax, lay.smax, matrix.cols),
+    vmax = bitmap.lane_regs(matrix, bm, ks, windows(config)).vmax if lanes(config) else lay.vmax
+    SPACE.check(config, problem(op.layout, vmax, lay.smax, matrix.cols),
                 device_constants(device))
 
 
@@ -225,8 +254,9 @@ def search_space(matrix: SparseMatrix, op: Operation, device: Optional[dict]) ->
         for ksw in (2, 4):
             for bn in (128, 256):
                 for stages in (3, 4):
-                    cands.append(dict(mf=1, wm=8, wk=1, ksw=ksw, bn=bn, stages=stages, ck=1,
-                                      wg=1, tma=1))
+                    for extra in ({}, {"sa": 1}, {"sa": 1, "lr": 1}):
+                        cands.append(dict(mf=1, wm=8, wk=1, ksw=ksw, bn=bn, stages=stages,
+                                          ck=1, wg=1, tma=1, **extra))
     return _valid(cands, matrix, op, device)
 
 
@@ -275,8 +305,12 @@ def hint_configs(matrix: SparseMatrix, op: Operation, device: Optional[dict],
         # in one run; bench/RESULTS.md, 2026-11-26), with the stages fed
         # by TMA (token-major where K % 8 == 0: 0.222 ms against
         # 0.292 with cp.async, 4 stages against 3: 0.233; feature-major
-        # 0.211 against 0.366)
-        hints += [dict(mf=1, wm=8, wk=1, ksw=4, bn=256, stages=4, ck=1, wg=1, tma=1),
+        # 0.211 against 0.366), first with W as lane records decoded into
+        # shared memory (0.208 ms against 0.218 at density 0.3, 0.192
+        # against 0.212 at 0.1; feature-major level: 0.213 against 0.211)
+        hints += [dict(mf=1, wm=8, wk=1, ksw=4, bn=256, stages=4, ck=1, wg=1, tma=1, sa=1,
+                       lr=1),
+                  dict(mf=1, wm=8, wk=1, ksw=4, bn=256, stages=4, ck=1, wg=1, tma=1),
                   dict(mf=1, wm=8, wk=1, ksw=4, bn=256, stages=4, ck=1, wg=1),
                   dict(mf=1, wm=4, wk=1, ksw=2, bn=64, stages=4, ck=4, wg=1)]
     hints.append(dict(mf=2, wm=2, wk=1, ksw=2, bn=128, stages=3, ck=1))
@@ -320,12 +354,13 @@ def plan(matrix: SparseMatrix, op: Operation, tag: str, config: dict,
         raise ValueError("the epilogue adds a bias but none was given")
     if not op.epilogue.bias and bias is not None:
         raise ValueError("a bias was given but the epilogue adds none")
-    win = windows(config)
-    key = ("csr.bitmap.pack", op.dtype, bm, ks, win)
+    win, lr = windows(config), lanes(config)
+    key = ("csr.bitmap.pack", op.dtype, bm, ks, win, lr)
     if bias is None:
-        p = matrix.cached(key, lambda: bitmap.pack(matrix, op.dtype, bm, ks, windows=win))
+        p = matrix.cached(key, lambda: bitmap.pack(matrix, op.dtype, bm, ks, windows=win,
+                                                   lanes=lr))
     else:
-        p = bitmap.pack(matrix, op.dtype, bm, ks, bias, windows=win)
+        p = bitmap.pack(matrix, op.dtype, bm, ks, bias, windows=win, lanes=lr)
     cfg = {key_: int(config[key_]) for key_ in config}
     return TcPlan(config_name(tag, cfg, op), op.dtype, op.layout, matrix.shape, matrix.nnz, cfg,
                   p.data, p.offsets, p.num_blocks, p.total_stages, p.vmax, p.smax,
@@ -366,13 +401,15 @@ def render_kernel(p: TcPlan, op: Operation, float_literal) -> Kernel:
     m, k = p.shape
     wg = int(c.get("wg", 0))
     tma = int(c.get("tma", 0))
+    sa = int(c.get("sa", 0))
+    lr = int(c.get("lr", 0))
     prob = problem(p.layout, p.vmax, p.smax, k)
     checks = SPACE.static_asserts(c, prob, TABLE_SOURCE)
     env = SPACE.env(c, prob)
     threads = env["threads"]
     source = render("csr_tc.cu.j2", name=p.name, dtype=p.dtype, layout=p.layout, m=m, k=k,
                     nnz=p.nnz, mf=c["mf"], wm=c["wm"], wk=c["wk"], ksw=c["ksw"], bn=c["bn"],
-                    stages=c["stages"], ck=c["ck"], wg=wg, tma=tma, vmax=p.vmax,
+                    stages=c["stages"], ck=c["ck"], wg=wg, tma=tma, sa=sa, lr=lr, vmax=p.vmax,
                     tabs=env["tabs"],
                     bm=env["bm"], bk=env["bk"],
                     num_blocks=p.num_blocks, off=p.offsets, has_bias=p.has_bias,

@@ -65,9 +65,17 @@
 namespace sf {
 namespace csr_tc {
 
-constexpr int REC_BYTES = 48;  // one tile's record
-constexpr int REC_P = 32;      // offset of p[8] in a record
-constexpr int REC_BASE = 40;   // offset of base
+// A tile's record: the bitmap format's (48 bytes), the lane-record
+// variant's (a u32 a lane: the slot mask above LANE_SHIFT, the offset of
+// the lane's first register below).  (Members of a struct: a kernel that
+// reads one format leaves the other's constants unused without a warning.)
+struct Rec {
+  static constexpr int BYTES = 48;
+  static constexpr int P = 32;       // offset of p[8]
+  static constexpr int BASE = 40;    // offset of base
+  static constexpr int LANE_BYTES = 128;
+  static constexpr unsigned LANE_SHIFT = 24;
+};
 
 __host__ __device__ constexpr int cmax(int a, int b) { return a > b ? a : b; }
 __host__ __device__ constexpr int cdiv(int a, int b) { return (a + b - 1) / b; }
@@ -75,7 +83,8 @@ __host__ __device__ constexpr int cdiv(int a, int b) { return (a + b - 1) / b; }
 // ---- configuration -----------------------------------------------------------------
 
 template <typename T, int MF_, int WM_, int WK_, int KSW_, int BN_, int STAGES_, bool TM_,
-          bool WG_, int CK_, int VMAX_, int TABS_, bool TMA_ = false>
+          bool WG_, int CK_, int VMAX_, int TABS_, bool TMA_ = false, bool SA_ = false,
+          bool LR_ = false>
 struct Config {
   using elem_t = T;
   static constexpr int MF = MF_;          // 16-row strips per warp (WG: 1)
@@ -90,6 +99,8 @@ struct Config {
   static constexpr int VMAX = VMAX_;      // values of the largest stage (the plan's)
   static constexpr int TABS = TABS_;      // the most stages one CTA runs (the plan's)
   static constexpr bool TMA = TMA_;       // a producer warp fills the stages (TMA, bulk copies)
+  static constexpr bool SA = SA_;         // TMA: A decoded into shared memory, wgmma from there
+  static constexpr bool LR = LR_;         // TMA: W as lane records (a u32 a lane and tile)
 
   static constexpr int WARPS = WM * WK;   // the warps that compute
   static constexpr int THREADS = 32 * WARPS + (TMA ? 32 : 0);
@@ -106,7 +117,7 @@ struct Config {
   static constexpr int X_ROWS = TM ? BN : BK;
   static constexpr int X_ROW_CH = TM ? BK / 8 : BN / 8;
   static constexpr int X_BYTES = BK * BN * 2;
-  static constexpr int REC_STAGE = MS * KS * REC_BYTES;
+  static constexpr int REC_STAGE = MS * KS * (LR ? Rec::LANE_BYTES : Rec::BYTES);
   static constexpr int VAL_BYTES = (2 * VMAX + 15) / 16 * 16 + 32;  // + alignment slack
   static constexpr int META_BYTES = 16;    // the stage's first value (u32)
   static constexpr int STAGE_RAW = X_BYTES + REC_STAGE + VAL_BYTES + META_BYTES;
@@ -126,9 +137,15 @@ struct Config {
   static constexpr int R_LD = BN + 4;
   static constexpr int R_BYTES = SPLIT ? WK * BM * R_LD * 4 : 0;
   static constexpr int ALIGN_PAD = WG ? 1024 : 0;  // the base is rounded up to 1024 (WG)
+  // SA: two buffers of the decoded A tile (each a 64 x BK K-major tile a
+  // warpgroup, swizzled as X's token-major tile), after the stage table
+  static constexpr int A_GROUP = 64 * BK * 2;
+  static constexpr int A_BUF = (WM / 4) * A_GROUP;
+  static constexpr int A_BYTES = SA ? 2 * A_BUF : 0;
+  static constexpr int A_OFF = SA ? cdiv(PIPE_BYTES + TAB_BYTES, 1024) * 1024 : PIPE_BYTES + TAB_BYTES;
   // TMA: the stages' mbarriers (full[STAGES], empty[STAGES]) after
   // everything the epilogue reuses
-  static constexpr int BAR_OFF = cmax(cmax(PIPE_BYTES + TAB_BYTES, C_BYTES), R_BYTES);
+  static constexpr int BAR_OFF = cmax(cmax(A_OFF + A_BYTES, C_BYTES), R_BYTES);
   static constexpr int BAR_BYTES = TMA ? 16 * STAGES : 0;
   static constexpr int SMEM_BYTES = BAR_OFF + BAR_BYTES + ALIGN_PAD;
 
@@ -137,6 +154,8 @@ struct Config {
   static_assert(!WG || KSW % 2 == 0, "WG: the A registers alternate between two sets");
   static_assert(!TMA || (WG && WK == 1 && CK == 1),
                 "TMA: wgmma, one warpgroup column, no cluster");
+  static_assert(!SA || (TMA && BK <= 64), "SA: the TMA kernel, A rows of at most 128 bytes");
+  static_assert(!LR || TMA, "LR: the TMA kernel");
   // The configuration's constraints are asserted by the generated source,
   // from the table the search space filters with
   // (generator/families/csr/tc.py).
@@ -144,16 +163,23 @@ struct Config {
 
 // ---- shared-memory layout of the X tile --------------------------------------------------
 
+// 16-byte chunk (row, ch) of a tile of rows of RC chunks, XOR-swizzled
+// (for RC = 2, 4, 8 the wgmma K-major 32-, 64-, 128-byte swizzle), in
+// 16-byte units.
+template <int RC>
+__device__ __forceinline__ int swizzled_chunk(int row, int ch) {
+  constexpr int LINE_ROWS = RC >= 8 ? 1 : 8 / RC;
+  constexpr int MASK = RC >= 8 ? 7 : RC - 1;
+  return row * RC + (ch ^ ((row / LINE_ROWS) & MASK));
+}
+
 // 16-byte chunk (row, ch) of the X tile, in 16-byte units.
 template <class C>
 __device__ __forceinline__ int x_chunk(int row, int ch) {
   if constexpr (C::WG && !C::TM) {  // 64-column atoms, 128-byte swizzle
     return (ch >> 3) * (C::BK * 8) + row * 8 + ((ch & 7) ^ (row & 7));
   } else {  // rows of X_ROW_CH chunks, XOR-swizzled (the wgmma K-major swizzle too)
-    constexpr int RC = C::X_ROW_CH;
-    constexpr int LINE_ROWS = RC >= 8 ? 1 : 8 / RC;
-    constexpr int MASK = RC >= 8 ? 7 : RC - 1;
-    return row * RC + (ch ^ ((row / LINE_ROWS) & MASK));
+    return swizzled_chunk<C::X_ROW_CH>(row, ch);
   }
 }
 
@@ -389,10 +415,10 @@ struct LaneTile {
 template <class C>
 __device__ __forceinline__ LaneTile lane_tile(const unsigned char *stage, int j, int s,
                                               const LaneBits &lb) {
-  const unsigned char *rec = stage + C::X_BYTES + (j * C::MS + s) * REC_BYTES;
+  const unsigned char *rec = stage + C::X_BYTES + (j * C::MS + s) * Rec::BYTES;
   const unsigned word = reinterpret_cast<const unsigned *>(rec)[lb.q];
   LaneTile lt;
-  lt.first = *reinterpret_cast<const unsigned *>(rec + REC_BASE) + rec[REC_P + lb.q] +
+  lt.first = *reinterpret_cast<const unsigned *>(rec + Rec::BASE) + rec[Rec::P + lb.q] +
              __popc(word & lb.below);
   lt.mask = word >> lb.shift;
   return lt;
@@ -414,6 +440,51 @@ __device__ __forceinline__ void tile_values(unsigned (&a)[4], const unsigned sho
   }
 #pragma unroll
   for (int i = 0; i < 4; ++i) a[i] = __byte_perm(h[2 * i], h[2 * i + 1], 0x5410);
+}
+
+// The lane-record variant: the lane's record of tile (entry j, strip s),
+// (slot mask << 24) | where its registers start (16-bit values from the
+// stage's first).
+template <class C>
+__device__ __forceinline__ LaneTile lane_record(const unsigned char *stage, int j, int s,
+                                                int lane) {
+  const unsigned r = reinterpret_cast<const unsigned *>(
+      stage + C::X_BYTES + (j * C::MS + s) * Rec::LANE_BYTES)[lane];
+  return LaneTile{r >> Rec::LANE_SHIFT, r & ((1u << Rec::LANE_SHIFT) - 1u)};
+}
+
+// Its four A registers: each register with a set slot is the next aligned
+// 4-byte word of its values (the stage's values start 4-byte aligned).
+__device__ __forceinline__ void lane_registers(unsigned (&a)[4], const unsigned short *vals,
+                                               const LaneTile &lt) {
+  const unsigned *v = reinterpret_cast<const unsigned *>(vals + lt.first);
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    a[i] = 0u;
+    if (lt.mask & (3u << (2 * i))) {
+      a[i] = *v;
+      ++v;
+    }
+  }
+}
+
+// A lane's tile of the TMA kernels, in either format.
+template <class C>
+__device__ __forceinline__ LaneTile tma_lane_tile(const unsigned char *stage, int j, int s,
+                                                  const LaneBits &lb, int lane) {
+  if constexpr (C::LR)
+    return lane_record<C>(stage, j, s, lane);
+  else
+    return lane_tile<C>(stage, j, s, lb);
+}
+
+template <class C>
+__device__ __forceinline__ void tma_tile_values(unsigned (&a)[4], const unsigned short *vals,
+                                                const LaneTile &lt) {
+  if constexpr (C::LR)
+    lane_registers(a, vals, lt);
+  else
+    tile_values(a, vals, lt);
 }
 
 // The four A registers of tile (entry j, strip s) of the stage at `stage`.
@@ -458,23 +529,31 @@ __device__ __forceinline__ void mma_entry(float (&acc)[C::MF][C::NF][4], const u
   }
 }
 
+// wgmma: the descriptor of entry j (16 columns of k) of a K-major tile of
+// rows of BK elements, swizzled to the row width (swizzled_chunk).
+template <class C>
+__device__ __forceinline__ unsigned long long kmajor_desc(unsigned s_tile, int j) {
+  constexpr sm90::Swizzle SW = C::BK == 64 ? sm90::SWIZZLE_128B
+                                           : (C::BK == 32 ? sm90::SWIZZLE_64B : sm90::SWIZZLE_32B);
+  return sm90::make_desc(s_tile + 32 * j, 16, 8 * C::BK * 2, SW);
+}
+
 // wgmma: the B descriptor of entry j (16 rows of k) of the stage's X tile.
 template <class C>
 __device__ __forceinline__ unsigned long long x_desc(unsigned s_stage, int j) {
   if constexpr (C::TM) {  // K-major: rows of BK elements, swizzled to the row width
-    constexpr sm90::Swizzle SW = C::BK == 64 ? sm90::SWIZZLE_128B
-                                             : (C::BK == 32 ? sm90::SWIZZLE_64B : sm90::SWIZZLE_32B);
-    return sm90::make_desc(s_stage + 32 * j, 16, 8 * C::BK * 2, SW);
+    return kmajor_desc<C>(s_stage, j);
   } else {  // MN-major 64-column atoms: from one atom to the next BK * 128 bytes
     return sm90::make_desc(s_stage + 2048 * j, C::BK * 128, 1024, sm90::SWIZZLE_128B);
   }
 }
 
-// From one entry's X descriptor to the next's: the address field counts
-// 16 bytes (tm, TMA too: an entry is 32 bytes along the K-major rows; fm:
-// 16 rows of 128 bytes).
+// From one entry's descriptor to the next's: the address field counts 16
+// bytes (K-major tiles, X's token-major one and SA's A: an entry is 32
+// bytes along the rows; X feature-major: 16 rows of 128 bytes).
+constexpr unsigned long long KMAJOR_DESC_STEP = 32 / 16;
 template <class C>
-constexpr unsigned long long X_DESC_STEP = C::TM ? 32 / 16 : 2048 / 16;
+constexpr unsigned long long X_DESC_STEP = C::TM ? KMAJOR_DESC_STEP : 2048 / 16;
 
 // wgmma: the warp's KSW entries of the stage (its warpgroup's 64 rows, all
 // BN columns), one wgmma each, the A registers alternating between two
@@ -908,8 +987,17 @@ __device__ __forceinline__ void gemm_block_tma(const unsigned char *__restrict__
     for (int ni = 0; ni < C::NF; ++ni)
 #pragma unroll
       for (int e = 0; e < 4; ++e) acc[0][ni][e] = 0.0f;
-    unsigned a[2][4];  // the two sets of A registers
+    unsigned a[2][4];  // the two sets of A registers (!SA)
     const LaneBits lb(lane);
+    // SA: this lane's row of the stmatrix that stores a tile's A fragment
+    // (matrix lane / 8: rows +8 for odd ones, the second 8 columns for the
+    // upper two), in its warpgroup's A tile of the buffer
+    const int g = warp >> 2, q = lane >> 3;
+    const int a_row = 16 * (warp & 3) + (lane & 7) + 8 * (q & 1);
+    const unsigned a_tile = s_base + C::A_OFF + g * C::A_GROUP;
+    // (entry jj's chunk is 2 jj + q / 2: 2 jj XOR the lane's constant part)
+    const unsigned a_lane = a_tile + 16u * swizzled_chunk<C::BK / 8>(a_row, q >> 1);
+    const unsigned long long a_desc0 = kmajor_desc<C>(a_tile, 0);
 #pragma unroll 1
     for (int it = 0, s = 0, round = 0; it < n; ++it) {
       sm90::mbar_wait(full + 8 * s, round & 1);
@@ -921,17 +1009,43 @@ __device__ __forceinline__ void gemm_block_tma(const unsigned char *__restrict__
           (s_voff[it] & 7u);
       const unsigned long long d0 = x_desc<C>(st, 0);
       // every tile's mask and first value first (their loads overlap), then
-      // each tile's values before its wgmma
+      // each tile's values
       LaneTile lt[C::KSW];
 #pragma unroll
-      for (int jj = 0; jj < C::KSW; ++jj) lt[jj] = lane_tile<C>(stage, jj, warp, lb);
+      for (int jj = 0; jj < C::KSW; ++jj) lt[jj] = tma_lane_tile<C>(stage, jj, warp, lb, lane);
+      if constexpr (C::SA) {
+        // the stage's tiles into A buffer it % 2 (its wgmma two stages ago
+        // is done: the last stage's wait_group), the warpgroup's four warps
+        // meet, then the stage's wgmma, all from shared memory
+        const unsigned buf = (it & 1) * C::A_BUF;
 #pragma unroll
-      for (int jj = 0; jj < C::KSW; ++jj) {
-        tile_values(a[jj & 1], vals, lt[jj]);
+        for (int jj = 0; jj < C::KSW; ++jj) {
+          unsigned v[4];
+          tma_tile_values<C>(v, vals, lt[jj]);
+          // the swizzle XORs the chunk with the row: entry jj's chunk 2 jj + q / 2
+          // is the lane's chunk for jj = 0 XOR 2 jj
+          sm90::stmatrix_x4((a_lane ^ (32u * jj)) + buf, v);
+        }
+        sm90::fence_proxy_async();  // the stores -> the wgmma's proxy
+        sm90::named_sync(2 + g, 128);
         sm90::fence();
-        sm90::mma_rs<T, C::BN, C::TM ? 0 : 1>(acc[0], a[jj & 1], d0 + X_DESC_STEP<C> * jj);
+        const unsigned long long da = a_desc0 + (buf >> 4);
+#pragma unroll
+        for (int jj = 0; jj < C::KSW; ++jj)
+          sm90::mma<T, C::BN, 0, C::TM ? 0 : 1>(acc[0], da + KMAJOR_DESC_STEP * jj,
+                                               d0 + X_DESC_STEP<C> * jj);
         sm90::commit_group();
         sm90::wait_group<1>();
+      } else {
+        // each tile's values before its wgmma
+#pragma unroll
+        for (int jj = 0; jj < C::KSW; ++jj) {
+          tma_tile_values<C>(a[jj & 1], vals, lt[jj]);
+          sm90::fence();
+          sm90::mma_rs<T, C::BN, C::TM ? 0 : 1>(acc[0], a[jj & 1], d0 + X_DESC_STEP<C> * jj);
+          sm90::commit_group();
+          sm90::wait_group<1>();
+        }
       }
       // the previous stage's last wgmma is done (this stage's first wait):
       // release its slot (no branch among the wgmma: ptxas would serialize them)
