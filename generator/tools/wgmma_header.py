@@ -70,6 +70,17 @@ __device__ __forceinline__ void wait_group() {
   asm volatile("wgmma.wait_group.sync.aligned %0;\\n" ::"n"(PENDING) : "memory");
 }
 
+// Stores four 8 x 8 matrices of 16-bit elements from the warp's registers
+// (r[i] holds matrix i as an mma fragment: row lane / 4, columns
+// 2 (lane % 4)..+1); lane l gives the address of row l % 8 of matrix l / 8.
+// With matrices (rows 0-7, k 0-7), (8-15, 0-7), (0-7, 8-15), (8-15, 8-15)
+// the four registers are an mma.sync m16n8k16 A fragment.
+__device__ __forceinline__ void stmatrix_x4(unsigned addr, const unsigned (&r)[4]) {
+  asm volatile("stmatrix.sync.aligned.m8n8.x4.shared.b16 [%0], {%1, %2, %3, %4};\\n" ::"r"(addr),
+               "r"(r[0]), "r"(r[1]), "r"(r[2]), "r"(r[3])
+               : "memory");
+}
+
 // Makes this thread's generic-proxy writes to shared memory (st.shared,
 // cp.async) visible to the async proxy (wgmma operand reads).
 __device__ __forceinline__ void fence_proxy_async() {
