@@ -506,29 +506,20 @@ GPU_CASES = [
      (256, 600, 5, 257)),
     ((129, 1000), 0.1, "bf16", "fm", Epilogue(activation="relu"),
      dict(TMACFG, wm=4, ksw=2, bn=128, stages=3), (130, 64, 77)),
-    # A decoded into shared memory (sa): both layouts, both dtypes, 32- and
-    # 64-column stages, the epilogues
-    ((300, 704), 0.3, "fp16", "tm", Epilogue(bias=True, activation="gelu"), SACFG,
-     (1, 256, 600)),
-    ((129, 1000), 0.3, "bf16", "tm", Epilogue(activation="relu"),
-     dict(SACFG, bn=128, ksw=2, stages=3), (5, 130, 257)),
-    ((1000, 304), 0.5, "fp16", "tm", Epilogue(scale=0.5), dict(SACFG, wm=4, ksw=2, bn=64),
-     (64, 65)),
-    ((300, 700), 0.3, "fp16", "fm", Epilogue(bias=True, activation="gelu"), SACFG,
-     (256, 600, 5, 257)),
-    ((129, 1000), 0.1, "bf16", "fm", Epilogue(activation="relu"),
-     dict(SACFG, wm=4, ksw=2, bn=128, stages=3), (130, 64, 77)),
-    # W as lane records (lr)
-    ((300, 704), 0.3, "fp16", "tm", Epilogue(bias=True, activation="gelu"), LRCFG,
-     (1, 256, 600)),
-    ((129, 1000), 0.5, "bf16", "tm", Epilogue(activation="relu"),
-     dict(LRCFG, bn=128, ksw=2, stages=3), (5, 130, 257)),
-    ((1000, 304), 0.1, "fp16", "tm", Epilogue(scale=0.5), dict(LRCFG, wm=4, ksw=2, bn=64),
-     (64, 65)),
-    ((300, 700), 0.3, "fp16", "fm", Epilogue(bias=True, activation="gelu"), LRCFG,
-     (256, 600, 5, 257)),
-    ((129, 1000), 0.1, "bf16", "fm", Epilogue(activation="relu"),
-     dict(LRCFG, wm=4, ksw=2, bn=128, stages=3), (130, 64, 77)),
+    # A decoded into shared memory (sa), from the bitmaps and from lane
+    # records (lr): both layouts, both dtypes, 32- and 64-column stages,
+    # densities 0.1 to 0.5, the epilogues
+    *[case for base, (d1, d2) in ((SACFG, (0.3, 0.5)), (LRCFG, (0.5, 0.1))) for case in (
+        ((300, 704), 0.3, "fp16", "tm", Epilogue(bias=True, activation="gelu"), base,
+         (1, 256, 600)),
+        ((129, 1000), d1, "bf16", "tm", Epilogue(activation="relu"),
+         dict(base, bn=128, ksw=2, stages=3), (5, 130, 257)),
+        ((1000, 304), d2, "fp16", "tm", Epilogue(scale=0.5), dict(base, wm=4, ksw=2, bn=64),
+         (64, 65)),
+        ((300, 700), 0.3, "fp16", "fm", Epilogue(bias=True, activation="gelu"), base,
+         (256, 600, 5, 257)),
+        ((129, 1000), 0.1, "bf16", "fm", Epilogue(activation="relu"),
+         dict(base, wm=4, ksw=2, bn=128, stages=3), (130, 64, 77)))],
 ]
 
 
