@@ -6,7 +6,7 @@ A configuration takes one of two compute paths:
 
     mma.sync   mf wm wk ksw bn stages ck       (sm_80 and newer; ck > 1: sm_90)
     wgmma      the same and wg = 1             (sm_90a; A decoded into registers)
-    wgmma+TMA  the same and tma = 1            (sm_90a, wk = ck = 1, token-major with
+    wgmma+TMA  the same and tma = 1            (sm_90a, wk = 1, token-major with
                                                 K % 8 == 0: a producer warp fills the
                                                 stages by TMA and bulk copies, mbarriers
                                                 in place of the CTA's barrier a stage)
@@ -48,9 +48,12 @@ LR_KEYS = tuple(sorted(TMA_KEYS + ("lr",)))
 SA_LR_KEYS = tuple(sorted(SA_KEYS + ("lr",)))
 
 BN_CHOICES = (16, 32, 64, 128, 256)
-WG_BN_CHOICES = (64, 128, 256)       # the register-A wgmma wrappers (mma_sm90.cuh)
+WG_BN_CHOICES = (16, 32, 64, 128, 256)   # the register-A wgmma wrappers (mma_sm90.cuh)
+PREFILL_WG_BN = (64, 128, 256)       # the cp.async wgmma path's (below 64: the TMA decode tiles)
+TMA_DECODE_BN = (16, 64)
 STAGE_CHOICES = (2, 3, 4)
 WG_STAGE_CHOICES = (3, 4, 5)
+TMA_STAGE_CHOICES = (3, 4, 5, 6, 8)  # the TMA kernels' (decode's small stages: more of them)
 CK_CHOICES = (1, 2, 4, 8)            # portable cluster sizes
 MAX_ACC = 128
 
@@ -112,7 +115,9 @@ TABLE = [
     Constraint("ksw % 2 == 0", "wgmma: the A registers alternate between two sets", when=WG),
     Constraint(f"bn in {WG_BN_CHOICES}", "BN of the wgmma path (its register-A wrappers)",
                when=WG),
-    Constraint(f"stages in {WG_STAGE_CHOICES}", "pipeline depth of the wgmma path", when=WG),
+    Constraint("bn >= 64 or tma", "wgmma with cp.async stages: BN of 64 and up", when=WG),
+    Constraint(f"stages in {WG_STAGE_CHOICES} or (tma and stages in {TMA_STAGE_CHOICES})",
+               "pipeline depth of the wgmma path (deeper with TMA)", when=WG),
     Constraint("bk <= 64 or not tm", "wgmma, token-major: X rows of at most 128 bytes (swizzle)",
                when=WG),
     Constraint("(bn // 2 + 48) * threads <= 65536",
@@ -120,8 +125,11 @@ TABLE = [
     # wgmma fed by TMA
     Constraint("tma == 1", "tma = 1 selects the TMA-fed stages (omit the key otherwise)",
                when=TMA),
-    Constraint("wg == 1 and wk == 1 and ck == 1",
-               "TMA: the wgmma path, one warpgroup column along K, no cluster", when=TMA),
+    Constraint("wg == 1 and wk == 1",
+               "TMA: the wgmma path, one warpgroup column along K (a cluster may split K)",
+               when=TMA),
+    Constraint("bn >= 64 or tm",
+               "TMA, feature-major: X's tile in boxes of 64 columns of N", when=TMA),
     Constraint("k8 or not tm",
                "TMA, token-major: X's rows 16-byte aligned (K % 8 == 0) for its tensor map",
                when=TMA),
@@ -243,7 +251,7 @@ def search_space(matrix: SparseMatrix, op: Operation, device: Optional[dict]) ->
     if consts.get("sm90a"):
         for wm in (4, 8):
             for ksw in (2, 4):
-                for bn in WG_BN_CHOICES:
+                for bn in PREFILL_WG_BN:
                     for stages in (3, 4):
                         cands.append(dict(mf=1, wm=wm, wk=1, ksw=ksw, bn=bn, stages=stages,
                                           ck=1, wg=1))
@@ -258,6 +266,16 @@ def search_space(matrix: SparseMatrix, op: Operation, device: Optional[dict]) ->
                     for extra in ({}, {"sa": 1, "lr": 1}):
                         cands.append(dict(mf=1, wm=8, wk=1, ksw=ksw, bn=bn, stages=stages,
                                           ck=1, wg=1, tma=1, **extra))
+        # decode tiles fed by TMA: a few tokens (wgmma n16 and n64), a cluster
+        # splitting K for parallelism, deeper pipelines of small stages
+        for bn in TMA_DECODE_BN:
+            for wm in (4, 8):
+                for ck in (1, 2, 4):
+                    for stages in (4, 6):
+                        cands.append(dict(mf=1, wm=wm, wk=1, ksw=4, bn=bn, stages=stages, ck=ck,
+                                          wg=1, tma=1))
+                cands += [dict(mf=1, wm=4, wk=1, ksw=4, bn=bn, stages=4, ck=ck, wg=1, tma=1,
+                               sa=1, lr=1) for ck in (2, 4)] * (wm == 4)
     return _valid(cands, matrix, op, device)
 
 
