@@ -15,7 +15,8 @@ import argparse
 import sys
 from pathlib import Path
 
-N_CHOICES = (64, 128, 256)        # the N of a warpgroup tile (rowgroup WG_N_CHOICES, nm24's)
+N_CHOICES = (16, 32, 64, 128, 256)   # the N of a warpgroup tile (rowgroup WG_N_CHOICES, nm24's,
+                                    # csr's decode tiles down to a few tokens)
 SPARSE_N_CHOICES = (16, 32, 64, 128, 256)   # nm24's, down to decode's few tokens
 TYPES = (("__half", "f16"), ("__nv_bfloat16", "bf16"))
 

@@ -249,7 +249,7 @@ def test_search_space(device, wg):
     for layout in ("fm", "tm"):
         op = Operation("bf16", layout)
         space = FAM.search_space(mat, op, {}, device)
-        assert 60 <= len(space) <= 320
+        assert 60 <= len(space) <= 360
         assert len({tuple(sorted(c.items())) for c in space}) == len(space)
         assert any(c.get("wg") for c in space) == wg
         assert any(c["ck"] > 1 for c in space) == wg
@@ -283,8 +283,9 @@ def test_invalid_configs_name_their_constraint(change, rule):
 
 
 @pytest.mark.parametrize("layout,k,change,rule", [
-    ("tm", 64, dict(wm=4, wk=2, ksw=2), "wg == 1 and wk == 1 and ck == 1"),
-    ("fm", 64, dict(ck=2), "wg == 1 and wk == 1 and ck == 1"),
+    ("tm", 64, dict(wm=4, wk=2, ksw=2), "wg == 1 and wk == 1"),
+    ("fm", 64, dict(bn=16), "bn >= 64 or tm"),   # feature-major boxes of 64 columns of N
+    ("tm", 64, dict(stages=7), "stages in (3, 4, 5) or (tma and stages in"),
     ("tm", 100, {}, "k8 or not tm"),         # X's rows not 16-byte aligned: no tensor map
     ("tm", 64, dict(tma=2), "tma == 1"),
     ("tm", 64, dict(sa=2), "sa == 1"),
@@ -406,6 +407,10 @@ COMPILE_CASES = [
     ("bf16", "fm", Epilogue(), dict(SACFG, wm=4, ksw=2, bn=128, stages=3)),
     ("fp16", "tm", Epilogue(bias=True, activation="gelu"), LRCFG),
     ("bf16", "fm", Epilogue(activation="relu"), dict(LRCFG, wm=4, ksw=2, bn=128, stages=3)),
+    # decode tiles fed by TMA, K split over a cluster
+    ("fp16", "tm", Epilogue(bias=True, activation="gelu"), dict(TMACFG, wm=4, bn=16, ck=2)),
+    ("bf16", "tm", Epilogue(), dict(LRCFG, wm=4, bn=64, ck=4, stages=6)),
+    ("fp16", "fm", Epilogue(activation="relu"), dict(TMACFG, wm=4, bn=64, ck=2, stages=8)),
 ]
 
 
@@ -520,6 +525,24 @@ GPU_CASES = [
          (256, 600, 5, 257)),
         ((129, 1000), 0.1, "bf16", "fm", Epilogue(activation="relu"),
          dict(base, wm=4, ksw=2, bn=128, stages=3), (130, 64, 77)))],
+    # decode tiles fed by TMA: wgmma n16 to n64, K split over clusters of
+    # 2 and 4 (the partials meet in distributed shared memory), blocks with
+    # no stage (300 rows: the first two 64-row blocks), CTAs of a cluster
+    # with no stage of their own (K of one window), deeper pipelines
+    ((300, 704), 0.3, "fp16", "tm", Epilogue(bias=True, activation="gelu"),
+     dict(TMACFG, wm=4, bn=16, ck=2), (1, 16, 40)),
+    ((1000, 1000), 0.1, "bf16", "tm", Epilogue(activation="relu"),
+     dict(TMACFG, wm=4, bn=64, ck=4, stages=6), (9, 64, 70)),
+    ((1000, 304), 0.3, "bf16", "tm", Epilogue(bias=True), dict(TMACFG, bn=32, ck=4, stages=8),
+     (16, 33)),
+    ((200, 64), 0.5, "fp16", "tm", Epilogue(scale=0.5), dict(TMACFG, wm=4, bn=16, ck=4),
+     (16, 3)),
+    ((129, 1000), 0.5, "fp16", "tm", Epilogue(activation="gelu"), dict(LRCFG, wm=4, bn=64, ck=2),
+     (64, 65)),
+    ((1000, 1000), 0.1, "bf16", "tm", Epilogue(bias=True), dict(LRCFG, wm=4, bn=16, ck=4),
+     (16, 5)),
+    ((300, 700), 0.3, "fp16", "fm", Epilogue(bias=True, activation="gelu"),
+     dict(TMACFG, wm=4, bn=64, ck=2), (64, 5, 77)),
 ]
 
 

@@ -6,7 +6,7 @@ A configuration takes one of two compute paths:
 
     mma.sync   mf wm wk ksw bn stages ck       (sm_80 and newer; ck > 1: sm_90)
     wgmma      the same and wg = 1             (sm_90a; A decoded into registers)
-    wgmma+TMA  the same and tma = 1            (sm_90a, wk = ck = 1, token-major with
+    wgmma+TMA  the same and tma = 1            (sm_90a, wk = 1, token-major with
                                                 K % 8 == 0: a producer warp fills the
                                                 stages by TMA and bulk copies, mbarriers
                                                 in place of the CTA's barrier a stage)
@@ -26,6 +26,7 @@ bm = 16 mf wm rows; a stage is ks = ksw wk k-steps.
 """
 from __future__ import annotations
 
+import itertools
 import math
 import re
 from dataclasses import dataclass, field
@@ -48,9 +49,15 @@ LR_KEYS = tuple(sorted(TMA_KEYS + ("lr",)))
 SA_LR_KEYS = tuple(sorted(SA_KEYS + ("lr",)))
 
 BN_CHOICES = (16, 32, 64, 128, 256)
-WG_BN_CHOICES = (64, 128, 256)       # the register-A wgmma wrappers (mma_sm90.cuh)
+WG_BN_CHOICES = (16, 32, 64, 128, 256)   # the register-A wgmma wrappers (mma_sm90.cuh)
+PREFILL_WG_BN = (64, 128, 256)       # the cp.async wgmma path's (below 64: the TMA decode tiles)
+TMA_DECODE_BN = (16, 64)
+# the decode tile fed by TMA: one warpgroup of 64 rows, four k-steps a
+# stage, a cluster splitting K (bn and ck: the search's)
+TMA_DECODE = dict(mf=1, wm=4, wk=1, ksw=4, bn=16, stages=4, ck=4, wg=1, tma=1)
 STAGE_CHOICES = (2, 3, 4)
 WG_STAGE_CHOICES = (3, 4, 5)
+TMA_STAGE_CHOICES = (3, 4, 5, 6, 8)  # the TMA kernels' (decode's small stages: more of them)
 CK_CHOICES = (1, 2, 4, 8)            # portable cluster sizes
 MAX_ACC = 128
 
@@ -112,7 +119,9 @@ TABLE = [
     Constraint("ksw % 2 == 0", "wgmma: the A registers alternate between two sets", when=WG),
     Constraint(f"bn in {WG_BN_CHOICES}", "BN of the wgmma path (its register-A wrappers)",
                when=WG),
-    Constraint(f"stages in {WG_STAGE_CHOICES}", "pipeline depth of the wgmma path", when=WG),
+    Constraint("bn >= 64 or tma", "wgmma with cp.async stages: BN of 64 and up", when=WG),
+    Constraint(f"stages in {WG_STAGE_CHOICES} or (tma and stages in {TMA_STAGE_CHOICES})",
+               "pipeline depth of the wgmma path (deeper with TMA)", when=WG),
     Constraint("bk <= 64 or not tm", "wgmma, token-major: X rows of at most 128 bytes (swizzle)",
                when=WG),
     Constraint("(bn // 2 + 48) * threads <= 65536",
@@ -120,8 +129,11 @@ TABLE = [
     # wgmma fed by TMA
     Constraint("tma == 1", "tma = 1 selects the TMA-fed stages (omit the key otherwise)",
                when=TMA),
-    Constraint("wg == 1 and wk == 1 and ck == 1",
-               "TMA: the wgmma path, one warpgroup column along K, no cluster", when=TMA),
+    Constraint("wg == 1 and wk == 1",
+               "TMA: the wgmma path, one warpgroup column along K (a cluster may split K)",
+               when=TMA),
+    Constraint("bn >= 64 or tm",
+               "TMA, feature-major: X's tile in boxes of 64 columns of N", when=TMA),
     Constraint("k8 or not tm",
                "TMA, token-major: X's rows 16-byte aligned (K % 8 == 0) for its tensor map",
                when=TMA),
@@ -216,7 +228,7 @@ PREFILL_BN = (64, 128)
 
 
 def search_space(matrix: SparseMatrix, op: Operation, device: Optional[dict]) -> list[dict]:
-    """The configurations the tuner searches (about 130 on sm_80, 330 on
+    """The configurations the tuner searches (about 130 on sm_80, 340 on
     sm_90a): decode-shaped ones (BN 16 or 64, 4 stages, warps and clusters
     splitting K for parallelism) and prefill-shaped ones (BN 64-256; wgmma
     on sm_90a).  N is not known here: the space covers both; the hints put
@@ -243,7 +255,7 @@ def search_space(matrix: SparseMatrix, op: Operation, device: Optional[dict]) ->
     if consts.get("sm90a"):
         for wm in (4, 8):
             for ksw in (2, 4):
-                for bn in WG_BN_CHOICES:
+                for bn in PREFILL_WG_BN:
                     for stages in (3, 4):
                         cands.append(dict(mf=1, wm=wm, wk=1, ksw=ksw, bn=bn, stages=stages,
                                           ck=1, wg=1))
@@ -258,6 +270,15 @@ def search_space(matrix: SparseMatrix, op: Operation, device: Optional[dict]) ->
                     for extra in ({}, {"sa": 1, "lr": 1}):
                         cands.append(dict(mf=1, wm=8, wk=1, ksw=ksw, bn=bn, stages=stages,
                                           ck=1, wg=1, tma=1, **extra))
+        # decode tiles fed by TMA: a few tokens (wgmma n16 and n64), a cluster
+        # splitting K for parallelism, deeper pipelines of small stages
+        # (64-row blocks: 128 were slower on every shape probed)
+        for bn in TMA_DECODE_BN:
+            for ck in CK_CHOICES:
+                for stages in (4, 6):
+                    cands.append(dict(TMA_DECODE, bn=bn, stages=stages, ck=ck))
+                if ck > 1:
+                    cands.append(dict(TMA_DECODE, bn=bn, ck=ck, sa=1, lr=1))
     return _valid(cands, matrix, op, device)
 
 
@@ -284,9 +305,10 @@ def hint_configs(matrix: SparseMatrix, op: Operation, device: Optional[dict],
     by_tile_n).  Decode (N <= 64): on Hopper rows in
     blocks of 32 (N = 16) or 64, K split over 4 or 2 warps of four k-steps
     and a cluster of 2 (enough CTAs to fill the GPU with 4096-row
-    matrices; elsewhere blocks of 32 rows and 4 warps along K); prefill:
-    wgmma 128 x 256 with four k-steps a stage (Hopper) or mma.sync 64 x
-    128."""
+    matrices; elsewhere blocks of 32 rows and 4 warps along K), and on
+    sm_90a the TMA-fed decode tiles (64-row blocks, K split over clusters
+    of 2 to 8; at N = 64 first); prefill: wgmma 128 x 256 with four
+    k-steps a stage (Hopper) or mma.sync 64 x 128."""
     consts = device_constants(device) or {"sm90a": 1, "sm90": 1}
     if consts.get("sm90"):
         # four k-steps a warp and stage: a stage's fixed work (its barrier,
@@ -294,9 +316,29 @@ def hint_configs(matrix: SparseMatrix, op: Operation, device: Optional[dict],
         # N = 16, density 0.1: 0.0123 ms against 0.0146 with two; N = 64:
         # 0.0234 against 0.0343; 11008 x 4096, N = 16, density 0.3: 16-row
         # pairs of strips, 0.0271 ms)
-        hints = [dict(mf=1, wm=2, wk=4, ksw=4, bn=16, stages=4, ck=2),
-                 dict(mf=1, wm=4, wk=2, ksw=4, bn=64, stages=4, ck=2),
+        dec16 = [dict(mf=1, wm=2, wk=4, ksw=4, bn=16, stages=4, ck=2),
                  dict(mf=2, wm=2, wk=2, ksw=4, bn=16, stages=4, ck=2)]
+        dec64 = [dict(mf=1, wm=4, wk=2, ksw=4, bn=64, stages=4, ck=2)]
+        if consts.get("sm90a"):
+            # the decode tiles fed by TMA, K split over a cluster (H100,
+            # bench/RESULTS.md 2026-11-26): at N = 16 clusters of 4 on
+            # 11008 x 4096 (0.0225 ms against 0.0268 at density 0.1) and of 8
+            # on 4096 x 11008 (0.0293 against 0.0313 at 0.5), of 2 at 0.5
+            # on 11008 rows (0.0285 against 0.0353); at N = 64 first, lane
+            # records in pairs (4096 x 4096 at 0.1: 0.0209 against 0.0221;
+            # 11008 x 4096: 0.0371 against 0.0531), the bitmaps in pairs
+            # (11008 x 4096 at 0.5: 0.0400 against 0.0602) and clusters of 8
+            # and 4 (4096 x 11008: 0.0348 against 0.0445 at 0.1, 0.0445
+            # against 0.0522 at 0.5)
+            dec16[1:1] = [dict(TMA_DECODE, bn=16, ck=4), dict(TMA_DECODE, bn=16, ck=8)]
+            dec16.append(dict(TMA_DECODE, bn=16, ck=2))
+            dec64[:0] = [dict(TMA_DECODE, bn=64, ck=2, sa=1, lr=1), dict(TMA_DECODE, bn=64, ck=2),
+                         dict(TMA_DECODE, bn=64, ck=8), dict(TMA_DECODE, bn=64, ck=4)]
+        # N known: its tile's width first; unknown: in turn
+        if n is None:
+            hints = [c for pair in itertools.zip_longest(dec16, dec64) for c in pair if c]
+        else:
+            hints = dec64 + dec16 if 16 < n <= 64 else dec16 + dec64
     else:  # no clusters: smaller blocks, more warps along K
         hints = [dict(mf=1, wm=2, wk=4, ksw=1, bn=16, stages=4, ck=1),
                  dict(mf=1, wm=2, wk=4, ksw=1, bn=64, stages=4, ck=1)]

@@ -152,8 +152,7 @@ struct Config {
   static_assert(sizeof(T) == 2, "tensor-core path takes 16-bit elements");
   static_assert(!WG || (MF == 1 && WM % 4 == 0), "WG: one strip per warp, whole warpgroups");
   static_assert(!WG || KSW % 2 == 0, "WG: the A registers alternate between two sets");
-  static_assert(!TMA || (WG && WK == 1 && CK == 1),
-                "TMA: wgmma, one warpgroup column, no cluster");
+  static_assert(!TMA || (WG && WK == 1), "TMA: wgmma, one warpgroup column");
   static_assert(!SA || (TMA && BK <= 64), "SA: the TMA kernel, A rows of at most 128 bytes");
   static_assert(!LR || TMA, "LR: the TMA kernel");
   // The configuration's constraints are asserted by the generated source,
@@ -977,9 +976,8 @@ __device__ __forceinline__ void gemm_block_tma(const unsigned char *__restrict__
   if (warp == C::WARPS) {  // the producer; its copies land before the consumers finish
     tma_produce<C, P>(packed, map, use_map, x, n_len, s_base, ld.s_kid, ld.s_voff, bars, blk,
                       n0, lane);
-    return;
-  }
-  {
+    if constexpr (!C::SPLIT) return;  // (a split's sums meet with every thread: stay)
+  } else {
     // (the accumulators live in this branch alone: ptxas serializes the
     // wgmma when another path defines them)
     float acc[1][C::NF][4];
@@ -1058,14 +1056,24 @@ __device__ __forceinline__ void gemm_block_tma(const unsigned char *__restrict__
     }
     sm90::wait_group<0>();
     // every stage is consumed (and every copy into it landed): the
-    // pipeline's shared memory takes the output tile (the consumers alone
-    // from here: named barriers of their count)
+    // pipeline's shared memory takes the output tile or, split (CK > 1),
+    // the fp32 partials (the consumers alone: named barriers of their count)
     const int m0 = blk.first_row;
-    unsigned short *s_c = reinterpret_cast<unsigned short *>(smem);
     sm90::named_sync(1, 32 * C::WARPS);
-    fragments_to_tile<C, P>(acc, s_c, packed, m0, warp, lane);
-    sm90::named_sync(1, 32 * C::WARPS);  // the output tile is complete
-    store_tile<C, P, 32 * C::WARPS>(s_c, y, n_len, m0, n0);
+    if constexpr (C::SPLIT) {
+      fragments_to_partials<C>(acc, reinterpret_cast<float *>(smem), warp, 0, lane);
+    } else {
+      unsigned short *s_c = reinterpret_cast<unsigned short *>(smem);
+      fragments_to_tile<C, P>(acc, s_c, packed, m0, warp, lane);
+      sm90::named_sync(1, 32 * C::WARPS);  // the output tile is complete
+      store_tile<C, P, 32 * C::WARPS>(s_c, y, n_len, m0, n0);
+    }
+  }
+  if constexpr (C::SPLIT) {
+    // split K over a cluster: the CTAs' partials added in distributed
+    // shared memory, each CTA finishing a share of the rows (every thread)
+    __syncthreads();
+    finish_split<C, P>(reinterpret_cast<float *>(smem), packed, y, n_len, blk.first_row, n0);
   }
 }
 
@@ -1075,9 +1083,10 @@ __device__ __forceinline__ void kernel_tma(const unsigned char *__restrict__ pac
                                            const void *__restrict__ x_, void *__restrict__ y_,
                                            int n_len, const sm90::TensorMap *map) {
   extern __shared__ __align__(1024) unsigned char smem_raw[];
-  const int slot = blockIdx.x;
+  const int slot = blockIdx.x / C::CK;
   if (P::NUM_BLOCKS == 0 || slot >= P::NUM_BLOCKS || n_len <= 0) return;
-  const Block blk = load_block<C, P>(packed, slot, 0);
+  const int rank = C::CK > 1 ? static_cast<int>(cluster_rank()) : 0;
+  const Block blk = load_block<C, P>(packed, slot, rank);
   unsigned char *smem = smem_raw + ((1024u - (sm80::smem_addr(smem_raw) & 1023u)) & 1023u);
   gemm_block_tma<C, P>(packed, map, static_cast<const unsigned short *>(x_),
                        static_cast<unsigned short *>(y_), n_len,
