@@ -43,7 +43,7 @@
 // out in 16-byte stores; with WK > 1 or CK > 1 the fp32 partials are added
 // in shared memory first.
 //
-// TMA (sm_90a, WG, WK = CK = 1): the stages are whole windows of KS
+// TMA (sm_90a, WG, WK = 1): the stages are whole windows of KS
 // consecutive k-steps (the packer's `windows` layout), and one more warp,
 // the producer, fills them: X's tile by tensor-map boxes (tm: one of BN
 // tokens x BK columns, swizzled to the row; fm: BN / 64 of BK rows x 64
@@ -53,6 +53,9 @@
 // mbarrier.  No copy instruction and no CTA barrier in their loop.  (fm
 // with N % 8 != 0: X's rows are not 16-byte aligned and the runtime maps
 // no X; the producer warp copies the tile element by element instead.)
+// With CK > 1 (decode tiles of a few tokens) the CTAs of a cluster split
+// each block's stages and add their partials as the cp.async kernels'
+// clusters do; the producer warp stays for that last step.
 //
 // Compiles under NVRTC with -I templates/include; no host headers.
 #pragma once
