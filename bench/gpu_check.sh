@@ -8,7 +8,10 @@
 # (bench/tune_model.py, ~30 min for its two prunings); `gpus` runs the main
 # job on every GPU (--gpus all); `scale` measures several GPUs and MPI
 # (bench/scale.py); `nm24` runs the 2:4 GPU tests and
-# bench/nm24.py (NM24_ARGS, e.g. --suites s2 or --configs for a probe).
+# bench/nm24.py (NM24_ARGS, e.g. --suites s2 or --configs for a probe);
+# `csr` runs the unstructured family's GPU tests and bench/csr.py
+# (CSR_ARGS, e.g. --suites decode --densities 0.1 --no-bf16: the whole
+# decode suite takes longer than one 10-minute call).
 # The GPU machine lacks sqlite3.h: carry
 # .gpu/ (holding it) along.
 #   bash bench/gpu_check.sh tests tune
@@ -71,9 +74,15 @@ case " $STAGES " in *" nm24 "*)
   grep -E "passed|failed" "$OUT/nm24_tests.log" | tail -1
   step nm24_bench python3 bench/nm24.py --db /tmp/sf-nm24.db ${NM24_ARGS:-} --results "$OUT/NM24.md"
   grep -E "^  s[12] " "$OUT/nm24_bench.log" | tail -60; cat "$OUT/NM24.md" 2>/dev/null ;; esac
+case " $STAGES " in *" csr "*)
+  step csr_tests python3 -m pytest -q -rs -p no:cacheprovider -n 8 -m gpu tests/py/test_family_csr_tc.py tests/py/test_family_csr_split24.py tests/py/test_family_csr.py ${CSR_TEST_ARGS:-}
+  grep -E "passed|failed" "$OUT/csr_tests.log" | tail -1
+  step csr_bench python3 bench/csr.py --db /tmp/sf-csr.db ${CSR_ARGS:-} --results "$OUT/CSR.md"
+  grep -E "^  (decode|prefill|dlmc) " "$OUT/csr_bench.log" | tail -60; cat "$OUT/CSR.md" 2>/dev/null ;; esac
 case " $STAGES " in *" sanitize "*)
   # API errors not reported: the runtime probes each module for its optional sf_x_map
-  # (cuModuleGetGlobal answers CUDA_ERROR_NOT_FOUND where there is none, by design)
+  # and sf_pdl (cuModuleGetGlobal answers CUDA_ERROR_NOT_FOUND where there is none, by
+  # design)
   step memcheck compute-sanitizer --tool memcheck --report-api-errors no --error-exitcode 9 python3 bench/sanitize.py
   step racecheck compute-sanitizer --tool racecheck --error-exitcode 9 python3 bench/sanitize.py --small
   grep -E "ERROR SUMMARY|RACECHECK SUMMARY" "$OUT/memcheck.log" "$OUT/racecheck.log" ;; esac
