@@ -318,6 +318,16 @@ def test_tma_kernel_declares_its_map_and_producer_warp():
     # feature-major: boxes of 64 columns of N by the stage's 64 rows, any K
     fm = FAM.generate(random_matrix(300, 700, 0.3), Operation("fp16", "fm"), {}, TMACFG)
     assert "SF_DECLARE_X_MAP(1, 700, 64, 64)" in fm.source
+    # a decode tile: 16 tokens a box, K split over a cluster of 4 (a CTA a
+    # rank), the fp32 partials in the shared memory the stages leave
+    cfg = dict(tc.TMA_DECODE, bn=16, ck=4)
+    dec = FAM.generate(mat, op, {}, cfg)
+    assert "SF_DECLARE_X_MAP(2, 704, 64, 16)" in dec.source
+    assert "__cluster_dims__(4, 1, 1)" in dec.source and "__cluster_dims__" not in k.source
+    assert dec.launch["grid"] == (5 * 4, 1, 1) and dec.launch["block"] == (160, 1, 1)
+    p = FAM.plan(mat, op, {}, cfg)
+    denv = tc.SPACE.env(cfg, tc.problem("tm", p.vmax, p.smax, 704))
+    assert denv["r_bytes"] == 64 * (16 + 4) * 4 and dec.launch["shared_bytes"] == denv["smem"]
 
 
 def test_device_rules():
