@@ -316,9 +316,9 @@ def hint_configs(matrix: SparseMatrix, op: Operation, device: Optional[dict],
         # N = 16, density 0.1: 0.0123 ms against 0.0146 with two; N = 64:
         # 0.0234 against 0.0343; 11008 x 4096, N = 16, density 0.3: 16-row
         # pairs of strips, 0.0271 ms)
-        dec16 = [dict(mf=1, wm=2, wk=4, ksw=4, bn=16, stages=4, ck=2),
-                 dict(mf=2, wm=2, wk=2, ksw=4, bn=16, stages=4, ck=2)]
-        dec64 = [dict(mf=1, wm=4, wk=2, ksw=4, bn=64, stages=4, ck=2)]
+        mma16 = dict(mf=1, wm=2, wk=4, ksw=4, bn=16, stages=4, ck=2)
+        mma16_pairs = dict(mf=2, wm=2, wk=2, ksw=4, bn=16, stages=4, ck=2)
+        mma64 = dict(mf=1, wm=4, wk=2, ksw=4, bn=64, stages=4, ck=2)
         if consts.get("sm90a"):
             # the decode tiles fed by TMA, K split over a cluster (H100,
             # bench/RESULTS.md 2026-11-26): at N = 16 clusters of 4 on
@@ -330,10 +330,12 @@ def hint_configs(matrix: SparseMatrix, op: Operation, device: Optional[dict],
             # (11008 x 4096 at 0.5: 0.0400 against 0.0602) and clusters of 8
             # and 4 (4096 x 11008: 0.0348 against 0.0445 at 0.1, 0.0445
             # against 0.0522 at 0.5)
-            dec16[1:1] = [dict(TMA_DECODE, bn=16, ck=4), dict(TMA_DECODE, bn=16, ck=8)]
-            dec16.append(dict(TMA_DECODE, bn=16, ck=2))
-            dec64[:0] = [dict(TMA_DECODE, bn=64, ck=2, sa=1, lr=1), dict(TMA_DECODE, bn=64, ck=2),
-                         dict(TMA_DECODE, bn=64, ck=8), dict(TMA_DECODE, bn=64, ck=4)]
+            dec16 = [mma16, dict(TMA_DECODE, bn=16, ck=4), dict(TMA_DECODE, bn=16, ck=8),
+                     mma16_pairs, dict(TMA_DECODE, bn=16, ck=2)]
+            dec64 = [dict(TMA_DECODE, bn=64, ck=2, sa=1, lr=1), dict(TMA_DECODE, bn=64, ck=2),
+                     dict(TMA_DECODE, bn=64, ck=8), dict(TMA_DECODE, bn=64, ck=4), mma64]
+        else:
+            dec16, dec64 = [mma16, mma16_pairs], [mma64]
         # N known: its tile's width first; unknown: in turn
         if n is None:
             hints = [c for pair in itertools.zip_longest(dec16, dec64) for c in pair if c]
