@@ -272,7 +272,8 @@ def search_space(matrix: SparseMatrix, op: Operation, device: Optional[dict]) ->
                                           ck=1, wg=1, tma=1, **extra))
         # decode tiles fed by TMA: a few tokens (wgmma n16 and n64), a cluster
         # splitting K for parallelism, deeper pipelines of small stages
-        # (64-row blocks: 128 were slower on every shape probed)
+        # (64-row blocks: 128 in clusters of 2 were slower on every shape
+        # probed; larger clusters of 128 are not offered, not yet measured)
         for bn in TMA_DECODE_BN:
             for ck in CK_CHOICES:
                 for stages in (4, 6):
