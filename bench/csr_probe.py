@@ -11,6 +11,14 @@ bench/csr.py's decode and prefill matrices; shflbw:64, bsr:64x64, nm24,
         --configs '[{"mf":1,"wm":2,"wk":4,"ksw":4,"bn":16,"stages":4,"ck":2}, ...]'
     python3 bench/csr_probe.py 4096 4096 16 --pattern shflbw:64 --densities 0.25 \\
         --configs '[{"bk":64,"bn":16,"stages":4,"wm":4,"wn":1,"ks":2}]'
+
+--matrix FILE measures the one matrix of a weights file instead (a DLMC
+.smtx: its pattern, values drawn with seed 0; M and K must be its shape,
+--densities is not used):
+
+    python3 bench/csr_probe.py 2048 1024 392 --dtype fp32 --layout fm \\
+        --matrix ../shared/data/dlmc/rn50/magnitude_pruning/0.9/bottleneck_projection_block_group_projection_block_group4.smtx \\
+        --configs '[{"tables":"global","vec":4,"rows":4,"split":1,"unroll":8}]'
 """
 import argparse
 import json
@@ -26,6 +34,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from csr import pruned_normal  # noqa: E402
 from sparseforge.cache import Cache  # noqa: E402
 from sparseforge.generator.families import family_of  # noqa: E402
+from sparseforge.generator.io import load_one  # noqa: E402
 from sparseforge.generator.kernel import ConfigError, Operation  # noqa: E402
 from sparseforge.tuner.driver import QUICK_TIMING, Tuner  # noqa: E402
 
@@ -43,7 +52,9 @@ def main(argv=None, worker=None) -> int:
                     help="the family and its parameters (default csr; e.g. shflbw:64, bsr:64x64)")
     ap.add_argument("--densities", default="0.5,0.1")
     ap.add_argument("--layout", default="tm", choices=["fm", "tm"])
-    ap.add_argument("--dtype", default="fp16", choices=["fp16", "bf16"])
+    ap.add_argument("--dtype", default="fp16", choices=["fp16", "bf16", "fp32"])
+    ap.add_argument("--matrix", help="a weights file holding one M x K matrix (e.g. a DLMC "
+                                     ".smtx) instead of pruned normal weights")
     ap.add_argument("--rounds", type=int, default=5)
     args = ap.parse_args(argv)
     text = Path(args.configs[1:]).read_text() if args.configs.startswith("@") else args.configs
@@ -52,18 +63,27 @@ def main(argv=None, worker=None) -> int:
         ap.error("--configs: a non-empty JSON list of configurations")
     op = Operation(args.dtype, args.layout)
     fam, params = family_of(args.pattern)
+    fixed = None
+    if args.matrix:
+        fixed = load_one(args.matrix, dtype=args.dtype, seed=0)
+        if (fixed.rows, fixed.cols) != (args.m, args.k):
+            ap.error(f"--matrix {args.matrix} is {fixed.rows} x {fixed.cols}, "
+                     f"not {args.m} x {args.k}")
     bad = 0
     with tempfile.TemporaryDirectory() as tmp, Cache(str(Path(tmp) / "probe.db")) as cache:
         tuner = Tuner(cache, strategy="greedy", budget=1, timing=QUICK_TIMING, seed=1,
                       worker=worker)
         try:
-            for d in (float(x) for x in args.densities.split(",")):
+            densities = ([fixed.nnz / max(1, fixed.rows * fixed.cols)] if fixed is not None
+                         else [float(x) for x in args.densities.split(",")])
+            for d in densities:
                 t0 = time.time()
-                mat = pruned_normal(args.m, args.k, d, args.dtype, 0, args.pattern)
+                mat = fixed if fixed is not None else pruned_normal(args.m, args.k, d, args.dtype,
+                                                                    0, args.pattern)
                 status, infos = tuner.measure_rounds(mat, fam.name, params, op, args.n, cfgs,
                                                      args.rounds)
                 head = (f"{args.pattern} {args.m}x{args.k} N={args.n} {args.layout} {args.dtype} "
-                        f"d={d}")
+                        f"d={d:.3g}" + (f" {Path(args.matrix).name}" if fixed is not None else ""))
                 if status != "ok":
                     print(f"{head}: {status} {str(infos)[:600]}", flush=True)
                     bad += 1

@@ -6,9 +6,11 @@ from __future__ import annotations
 
 import math
 import sys
+import tempfile
 from pathlib import Path
 from types import SimpleNamespace
 
+import numpy as np
 import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -119,6 +121,22 @@ def test_probe_measures_side_by_side(capsys):
     lines = [x for x in capsys.readouterr().out.splitlines() if " us " in x]
     assert len(lines) == 1 and lines[0].startswith("bsr:32x32 128x96 N=16 tm fp16 d=0.5")
     assert len(w.trials) == 2
+    # one matrix from a file (fp32 kernels; a shape that is not the file's is an error)
+    dense = np.where(np.random.default_rng(3).random((48, 40)) < 0.2, 1.0, 0.0).astype(np.float32)
+    w = ReplayWorker()
+    with tempfile.TemporaryDirectory() as tmp:
+        f = Path(tmp) / "w.npy"
+        np.save(f, dense)
+        assert csr_probe.main(["48", "40", "8", "--dtype", "fp32", "--layout", "fm", "--matrix",
+                               str(f), "--rounds", "2", "--configs",
+                               '[{"tables":"global","vec":1,"rows":2,"split":1,"unroll":4}]'],
+                              worker=w) == 0
+        lines = [x for x in capsys.readouterr().out.splitlines() if " us " in x]
+        assert len(lines) == 1 and lines[0].startswith("csr 48x40 N=8 fm fp32 d=0.")
+        assert "w.npy" in lines[0] and len(w.trials) == 2
+        with pytest.raises(SystemExit):
+            csr_probe.main(["40", "48", "8", "--dtype", "fp32", "--matrix", str(f),
+                            "--configs", '[{"tables":"global"}]'], worker=ReplayWorker())
     with pytest.raises(ConfigError, match="ksw"):
         csr_probe.main(["64", "96", "16", "--configs", '[{"mf":1,"wm":2,"wk":1,"ksw":3,'
                         '"bn":16,"stages":4,"ck":1}]'], worker=ReplayWorker())

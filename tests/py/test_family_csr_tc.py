@@ -571,6 +571,43 @@ def test_gpu_correct(case):
         assert res["ok"], (n, res)
 
 
+def test_kernels_declare_programmatic_dependent_launch():
+    """Every tensor-core csr kernel is a programmatic dependent on sm_90
+    (the declaration guarded by the architecture: sm_80 modules have none)."""
+    mat = random_matrix(150, 96, 0.3)
+    for cfg in (DECODE, WGCFG, TMACFG, dict(TMACFG, wm=4, bn=16, ck=4)):
+        src = FAM.generate(mat, Operation("fp16", "tm"), {}, cfg).source
+        guard = src.index("#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900\n// The runtime")
+        assert src.index("SF_DECLARE_PDL();") > guard
+
+
+PDL_CASES = [
+    ("tm", DECODE, 16),                                       # mma.sync, cp.async
+    ("tm", dict(DECODE, wm=2, wk=4, ksw=4, ck=2), 16),        # mma.sync, a cluster
+    ("fm", WGCFG, 72),                                        # wgmma, cp.async
+    ("tm", dict(TMACFG, wm=4, bn=16, ck=4), 16),              # TMA decode tile, a cluster
+    ("tm", dict(LRCFG, wm=4, bn=64, ck=2), 40),               # lane records, a pair
+    ("fm", TMACFG, 256),                                      # TMA prefill tile
+    ("fm", dict(TMACFG, wm=4, bn=64), 60),                    # fm, N % 8 != 0: no tensor map
+]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("case", range(len(PDL_CASES)))
+def test_gpu_dependent_launches(case):
+    """On sm_90 the kernels are launched as programmatic dependents of the
+    stream's previous work: three back to back on one stream, each reading
+    the one before's output (tests/py/chain.py); the first 64 rows empty,
+    so that a row block with no stage writes its zeros only after the wait."""
+    from chain import check_dependent_chain
+    from sparseforge.tuner.execute import default_context
+    if default_context().device_info()["arch"] != "sm_90a":
+        pytest.skip("programmatic dependent launch needs sm_90 (Hopper)")
+    layout, cfg, n = PDL_CASES[case]
+    mat = random_matrix(512, 512, 0.3, seed=60 + case, empty_rows=range(64))
+    check_dependent_chain(FAM, mat, {}, cfg, n, layout)
+
+
 @pytest.mark.gpu
 @pytest.mark.parametrize("layout", ["fm", "tm"])
 def test_gpu_small_every_config(layout):

@@ -798,13 +798,18 @@ __device__ __forceinline__ void gemm_block(const unsigned char *__restrict__ pac
       if (s < n) ld.fetch(first[s], s);
     if (AHEAD < n) ld.fetch(next, AHEAD);
   }
+  // launched as a programmatic dependent (sm_90, SF_DECLARE_PDL): the
+  // first stages' records and values are constant and copied while the
+  // stream's previous kernel drains (uncommitted: they join stage 0's
+  // group, which the main loop waits for first); X's rows after the wait,
+  // and Y only after it too
+#pragma unroll
+  for (int s = 0; s < AHEAD; ++s)
+    if (s < n) ld.load_tables(s_base + s * C::STAGE_BYTES, first[s], blk.first_stage + s);
+  sm90::pdl_wait();
 #pragma unroll
   for (int s = 0; s < AHEAD; ++s) {
-    if (s < n) {
-      const unsigned st = s_base + s * C::STAGE_BYTES;
-      ld.template load_x<VEC>(st, first[s], x, n_len, n0);
-      ld.load_tables(st, first[s], blk.first_stage + s);
-    }
+    if (s < n) ld.template load_x<VEC>(s_base + s * C::STAGE_BYTES, first[s], x, n_len, n0);
     sm80::cp_async_commit();
   }
 
@@ -849,6 +854,7 @@ __device__ __forceinline__ void gemm_block(const unsigned char *__restrict__ pac
   }
   if constexpr (C::WG) sm90::wait_group<0>();
   sm80::cp_async_wait<0>();
+  sm90::pdl_launch_dependents();  // the next kernel may start while this one stores
   __syncthreads();  // the pipeline's shared memory is free for the epilogue
 
   const int m0 = blk.first_row;
@@ -883,18 +889,35 @@ __device__ __forceinline__ void tma_produce(const unsigned char *__restrict__ pa
                                             const Block &blk, int n0, int lane) {
   constexpr int S = C::STAGES;
   const unsigned full = bars, empty = bars + 8 * S;
+  // stage `it`'s records and values (constant), armed on its slot's barrier
+  // with X's bytes too
+  auto produce_weights = [&](int it, int s) {
+    const unsigned st = s_base + s * C::STAGE_BYTES;
+    const unsigned v0 = s_voff[it], v1 = s_voff[it + 1];
+    const unsigned first = v0 & ~7u;  // from a 16-byte boundary (the consumers skip v0 % 8)
+    const unsigned vbytes = (v1 + 7u - first) / 8u * 16u;
+    const unsigned s_rec = st + C::X_BYTES, s_val = s_rec + C::REC_STAGE;
+    sm90::mbar_arrive_expect(full + 8 * s, (use_map ? C::X_BYTES : 0) + C::REC_STAGE + vbytes);
+    sm90::bulk_load(s_rec, packed + P::REC_OFF + (size_t)(blk.first_stage + it) * C::REC_STAGE,
+                    C::REC_STAGE, full + 8 * s);
+    if (vbytes)
+      sm90::bulk_load(s_val, section<unsigned short>(packed, P::VAL_OFF) + first, vbytes,
+                      full + 8 * s);
+  };
+  // launched as a programmatic dependent (SF_DECLARE_PDL): the weights of
+  // the first stages (as many as the slots hold) while the stream's
+  // previous kernel drains; X only after the wait
+  const int early = blk.stages < S ? blk.stages : S;
+  if (lane == 0)
+    for (int it = 0; it < early; ++it) produce_weights(it, it);
+  sm90::pdl_wait();
 #pragma unroll 1
   for (int it = 0, s = 0, round = 0; it < blk.stages; ++it) {
     if (it >= S) sm90::mbar_wait(empty + 8 * s, (round - 1) & 1);
     if (lane == 0) {
       const unsigned st = s_base + s * C::STAGE_BYTES;
-      const unsigned v0 = s_voff[it], v1 = s_voff[it + 1];
-      const unsigned first = v0 & ~7u;  // from a 16-byte boundary (the consumers skip v0 % 8)
-      const unsigned vbytes = (v1 + 7u - first) / 8u * 16u;
-      const unsigned s_rec = st + C::X_BYTES, s_val = s_rec + C::REC_STAGE;
       const int k0 = 16 * s_kid[it * C::KS];
-      sm90::mbar_arrive_expect(full + 8 * s,
-                               (use_map ? C::X_BYTES : 0) + C::REC_STAGE + vbytes);
+      if (it >= early) produce_weights(it, s);
       if (use_map) {
         if constexpr (C::TM) {
           sm90::tma_load_2d(st, map, k0, n0, full + 8 * s);
@@ -904,11 +927,6 @@ __device__ __forceinline__ void tma_produce(const unsigned char *__restrict__ pa
             sm90::tma_load_2d(st + a * C::BK * 128, map, n0 + 64 * a, k0, full + 8 * s);
         }
       }
-      sm90::bulk_load(s_rec, packed + P::REC_OFF + (size_t)(blk.first_stage + it) * C::REC_STAGE,
-                      C::REC_STAGE, full + 8 * s);
-      if (vbytes)
-        sm90::bulk_load(s_val, section<unsigned short>(packed, P::VAL_OFF) + first, vbytes,
-                        full + 8 * s);
     }
     if constexpr (!C::TM) {
       if (!use_map) {  // fm, N % 8 != 0: the warp copies X's tile element by element
@@ -979,6 +997,7 @@ __device__ __forceinline__ void gemm_block_tma(const unsigned char *__restrict__
   if (warp == C::WARPS) {  // the producer; its copies land before the consumers finish
     tma_produce<C, P>(packed, map, use_map, x, n_len, s_base, ld.s_kid, ld.s_voff, bars, blk,
                       n0, lane);
+    sm90::pdl_launch_dependents();  // its last copy is issued: the next kernel may start
     if constexpr (!C::SPLIT) return;  // (a split's sums meet with every thread: stay)
   } else {
     // (the accumulators live in this branch alone: ptxas serializes the
@@ -1058,6 +1077,10 @@ __device__ __forceinline__ void gemm_block_tma(const unsigned char *__restrict__
       }
     }
     sm90::wait_group<0>();
+    sm90::pdl_launch_dependents();
+    // the stream's previous kernel is done before Y is written (here it
+    // is: X's copies waited for it; not so for a block of no stage)
+    sm90::pdl_wait();
     // every stage is consumed (and every copy into it landed): the
     // pipeline's shared memory takes the output tile or, split (CK > 1),
     // the fp32 partials (the consumers alone: named barriers of their count)
