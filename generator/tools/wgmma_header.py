@@ -71,6 +71,19 @@ __device__ __forceinline__ void wait_group() {
   asm volatile("wgmma.wait_group.sync.aligned %0;\\n" ::"n"(PENDING) : "memory");
 }
 
+// After the last wait_group: every accumulator register counts as written
+// here, so that no read of them (an epilogue's scale, say) is scheduled
+// before the wait while the wgmma may still be writing them.  (The
+// wrappers bind the accumulators as "+f" operands, but the wait names
+// none: without this, ptxas and NVRTC may hoist their readers above it.)
+template <int F>
+__device__ __forceinline__ void fence_accumulators(float (&acc)[F][4]) {
+#pragma unroll
+  for (int i = 0; i < F; ++i)
+#pragma unroll
+    for (int e = 0; e < 4; ++e) asm volatile("" : "+f"(acc[i][e])::"memory");
+}
+
 // Stores four 8 x 8 matrices of 16-bit elements from the warp's registers
 // (r[i] holds matrix i as an mma fragment: row lane / 4, columns
 // 2 (lane % 4)..+1); lane l gives the address of row l % 8 of matrix l / 8.

@@ -397,8 +397,25 @@ def test_the_command_line_tunes_16_bit_weights_on_tensor_cores(tmp_path):
 # ---- compiling ------------------------------------------------------------------------------
 
 def _cuobjdump():
+    """CUOBJDUMP, else the toolkit's on PATH, else the copy PyTorch's
+    triton carries (the test extra installs it), else None."""
     tool = os.environ.get("CUOBJDUMP") or shutil.which("cuobjdump")
+    if not tool:
+        import importlib.util
+        spec = importlib.util.find_spec("triton")
+        if spec and spec.submodule_search_locations:
+            for loc in spec.submodule_search_locations:
+                cand = os.path.join(loc, "backends", "nvidia", "bin", "cuobjdump")
+                if os.access(cand, os.X_OK):
+                    return cand
     return tool
+
+
+def _sass(tool, data: bytes, tmp_path) -> str:
+    cubin = tmp_path / "k.cubin"
+    cubin.write_bytes(data)
+    return subprocess.run([tool, "-sass", str(cubin)], capture_output=True, text=True,
+                          check=True).stdout
 
 
 COMPILE_CASES = [
@@ -444,12 +461,32 @@ def test_template_compiles(arch, case, nvrtc, tmp_path):
     assert "warning" not in b.log.lower(), b.log
     tool = _cuobjdump()
     if tool:
-        cubin = tmp_path / "k.cubin"
-        cubin.write_bytes(b.data)
-        sass = subprocess.run([tool, "-sass", str(cubin)], capture_output=True, text=True,
-                              check=True).stdout
+        sass = _sass(tool, b.data, tmp_path)
         assert ("HGMMA" if cfg.get("wg") else "HMMA") in sass
         assert not re.search(r"\b(LDL|STL)\b", sass)
+
+
+def test_wgmma_epilogues_read_the_accumulators_after_the_last_wait(nvrtc, tmp_path):
+    """An epilogue's scale reads the wgmma accumulators only once no wgmma
+    is in flight (after WARPGROUP.DEPBAR.LE gsb0, 0x0): without the
+    accumulators' fence after the last wait_group, ptxas scheduled the
+    scale's FMULs above it and the output missed the last k-steps."""
+    tool = _cuobjdump()
+    if not tool:
+        pytest.skip("no cuobjdump (CUOBJDUMP, the toolkit's on PATH, or triton's)")
+    mat = random_matrix(150, 96, 0.3)
+    for layout, cfg in (("fm", WGCFG), ("tm", WGCFG), ("tm", TMACFG), ("fm", dict(TMACFG, wm=4, bn=64))):
+        k = FAM.generate(mat, Operation("fp16", layout, Epilogue(scale=0.0863)), {}, cfg)
+        in_flight, scaled = False, 0
+        for line in _sass(tool, nvrtc(k.source, "sm_90a", "csr_tc.cu").data, tmp_path).splitlines():
+            if "HGMMA" in line:
+                in_flight = True
+            elif "DEPBAR.LE gsb0, 0x0" in line:
+                in_flight = False
+            elif re.search(r"FMUL .*0\.0863", line):
+                scaled += 1
+                assert not in_flight, (layout, cfg, line)
+        assert scaled >= 32, (layout, cfg, scaled)  # (not vacuous: the scale is there)
 
 
 @pytest.mark.parametrize("arch,layout", [("sm_90a", "fm"), ("sm_90a", "tm"), ("sm_80", "fm"),
@@ -553,6 +590,11 @@ GPU_CASES = [
      (16, 5)),
     ((300, 700), 0.3, "fp16", "fm", Epilogue(bias=True, activation="gelu"),
      dict(TMACFG, wm=4, bn=64, ck=2), (64, 5, 77)),
+    # an epilogue scale on the wgmma paths (its reads of the accumulators
+    # wait for the last wgmma: sm90::fence_accumulators)
+    ((512, 512), 0.3, "fp16", "fm", Epilogue(scale=0.0863), WGCFG, (72,)),
+    ((300, 704), 0.3, "bf16", "tm", Epilogue(bias=True, scale=0.25), TMACFG, (256, 40)),
+    ((300, 704), 0.3, "fp16", "tm", Epilogue(scale=0.5), dict(TMACFG, wm=4, bn=16), (16,)),
 ]
 
 

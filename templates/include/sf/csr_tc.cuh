@@ -852,7 +852,10 @@ __device__ __forceinline__ void gemm_block(const unsigned char *__restrict__ pac
     read_stage = read_stage + 1 == S ? 0 : read_stage + 1;
     write_stage = write_stage + 1 == S ? 0 : write_stage + 1;
   }
-  if constexpr (C::WG) sm90::wait_group<0>();
+  if constexpr (C::WG) {
+    sm90::wait_group<0>();
+    sm90::fence_accumulators(acc[0]);  // no read of them above the wait
+  }
   sm80::cp_async_wait<0>();
   sm90::pdl_launch_dependents();  // the next kernel may start while this one stores
   __syncthreads();  // the pipeline's shared memory is free for the epilogue
@@ -1077,6 +1080,7 @@ __device__ __forceinline__ void gemm_block_tma(const unsigned char *__restrict__
       }
     }
     sm90::wait_group<0>();
+    sm90::fence_accumulators(acc[0]);  // no read of them above the wait
     sm90::pdl_launch_dependents();
     // the stream's previous kernel is done before Y is written (here it
     // is: X's copies waited for it; not so for a block of no stage)
