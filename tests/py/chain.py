@@ -14,8 +14,7 @@ from sparseforge.generator.kernel import Epilogue, Operation, reference
 from sparseforge.generator.matrix import from_device_bytes, round_to_dtype, to_device_bytes
 
 
-def check_dependent_chain(fam, matrix, params: dict, config: dict, n: int, layout: str = "tm",
-                          dtype: str = "fp16"):
+def check_dependent_chain(fam, matrix, params: dict, config: dict, n: int, layout: str = "tm"):
     from sparseforge.tuner.execute import POISON, compile_kernel, default_context
     size = matrix.rows
     assert matrix.cols == size, "a chain needs a square W"
@@ -23,7 +22,7 @@ def check_dependent_chain(fam, matrix, params: dict, config: dict, n: int, layou
     # (three products of W would otherwise overflow fp16)
     rms = float(np.sqrt(np.mean(np.square(matrix.values.astype(np.float64))))) if matrix.nnz else 1.0
     scale = float(np.float32(1.0 / max(1e-6, rms * np.sqrt(max(1.0, matrix.nnz / size)))))
-    op = Operation(dtype=dtype, layout=layout, epilogue=Epilogue(scale=scale))
+    op = Operation(dtype="fp16", layout=layout, epilogue=Epilogue(scale=scale))
     k = fam.generate(matrix, op, params, config)
     assert "SF_DECLARE_PDL();" in k.source
     assert not k.launch["zero_output"], "a chain of kernels that accumulate into Y is not checked here"
@@ -31,9 +30,9 @@ def check_dependent_chain(fam, matrix, params: dict, config: dict, n: int, layou
     fn = ctx.load(compile_kernel(k, ctx)).kernel(k.name)
     x0 = np.random.default_rng(5).standard_normal((n, size) if layout == "tm" else (size, n))
     x0 = x0.astype(np.float32)
-    nbytes = n * size * (4 if dtype == "fp32" else 2)
+    nbytes = n * size * 2
     packed = ctx.upload(k.packed)
-    bx = ctx.upload(to_device_bytes(x0, dtype))
+    bx = ctx.upload(to_device_bytes(x0, "fp16"))
     b1, b2 = ctx.alloc(nbytes), ctx.alloc(nbytes)
     try:
         ctx.memset(b1, POISON)
@@ -44,12 +43,12 @@ def check_dependent_chain(fam, matrix, params: dict, config: dict, n: int, layou
             ctx.launch(fn, cfg["grid"], cfg["block"], ctx.kernel_args(fn, packed, src, dst, n),
                        shared=cfg["shared_bytes"])
         ctx.synchronize()
-        ys = [from_device_bytes(ctx.download(b, nbytes), dtype, n * size).reshape(x0.shape)
+        ys = [from_device_bytes(ctx.download(b, nbytes), "fp16", n * size).reshape(x0.shape)
               for b in (b1, b2, bx)]
     finally:
         for b in (packed, bx, b1, b2):
             b.free()
-    inputs = [round_to_dtype(x0, dtype)] + ys[:2]
+    inputs = [round_to_dtype(x0, "fp16")] + ys[:2]
     for i, (xin, y) in enumerate(zip(inputs, ys)):
         ref = reference(matrix, xin, op)
         err = np.abs(y - ref).max() / max(1e-6, np.abs(ref).max())

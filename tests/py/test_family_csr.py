@@ -321,34 +321,6 @@ def test_gpu_small_every_config(layout):
             _verify(m, op, c, n)
 
 
-def test_kernels_declare_programmatic_dependent_launch():
-    """fp32 csr kernels are programmatic dependents on sm_90 (guarded by
-    the architecture: sm_80 modules declare nothing)."""
-    m = random_matrix(64, 64, 0.2, seed=4)
-    for layout in ("fm", "tm"):
-        op = Operation(dtype="fp32", layout=layout)
-        src = FAM.generate(m, op, {}, FAM.hint_configs(m, op, {}, None)[0]).source
-        guard = src.index("#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900\n// The runtime")
-        assert src.index("SF_DECLARE_PDL();") > guard
-
-
-@pytest.mark.gpu
-@pytest.mark.parametrize("layout,config", [
-    ("fm", {"tables": "global", "vec": 4, "rows": 2, "split": 2, "unroll": 8}),
-    ("tm", {"tables": "global", "vec": 1, "rows": 4, "split": 1, "unroll": 8, "rb": 16}),
-    ("tm", {"tables": "global", "vec": 2, "rows": 2, "split": 2, "unroll": 4})])
-def test_gpu_dependent_launches(layout, config):
-    """On sm_90 the kernels are launched as programmatic dependents of the
-    stream's previous work: three back to back on one stream, each reading
-    the one before's output (tests/py/chain.py)."""
-    from chain import check_dependent_chain
-    from sparseforge.tuner.execute import default_context
-    if default_context().device_info()["arch"] != "sm_90a":
-        pytest.skip("programmatic dependent launch needs sm_90 (Hopper)")
-    m = random_matrix(512, 512, 0.1, seed=5, empty_rows=(0, 100))
-    check_dependent_chain(FAM, m, {}, config, 72, layout, dtype="fp32")
-
-
 @pytest.mark.gpu
 @pytest.mark.parametrize("layout", ["fm", "tm"])
 def test_gpu_small_epilogues(layout):

@@ -613,23 +613,20 @@ def test_gpu_correct(case):
         assert res["ok"], (n, res)
 
 
-def test_kernels_declare_programmatic_dependent_launch():
-    """Every tensor-core csr kernel is a programmatic dependent on sm_90
-    (the declaration guarded by the architecture: sm_80 modules have none)."""
+def test_tma_kernels_declare_programmatic_dependent_launch():
+    """The TMA kernels are programmatic dependents (sm_90a); the cp.async
+    ones are not (measured: no steady gain, up to 15% lost on some shapes)."""
     mat = random_matrix(150, 96, 0.3)
-    for cfg in (DECODE, WGCFG, TMACFG, dict(TMACFG, wm=4, bn=16, ck=4)):
+    for cfg, pdl in ((DECODE, False), (WGCFG, False), (TMACFG, True),
+                     (dict(TMACFG, wm=4, bn=16, ck=4), True), (LRCFG, True)):
         src = FAM.generate(mat, Operation("fp16", "tm"), {}, cfg).source
-        guard = src.index("#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900\n// The runtime")
-        assert src.index("SF_DECLARE_PDL();") > guard
+        assert ("SF_DECLARE_PDL();" in src) == pdl, cfg
 
 
 PDL_CASES = [
-    ("tm", DECODE, 16),                                       # mma.sync, cp.async
-    ("tm", dict(DECODE, wm=2, wk=4, ksw=4, ck=2), 16),        # mma.sync, a cluster
-    ("fm", WGCFG, 72),                                        # wgmma, cp.async
-    ("tm", dict(TMACFG, wm=4, bn=16, ck=4), 16),              # TMA decode tile, a cluster
+    ("tm", dict(TMACFG, wm=4, bn=16, ck=4), 16),              # decode tile, a cluster
     ("tm", dict(LRCFG, wm=4, bn=64, ck=2), 40),               # lane records, a pair
-    ("fm", TMACFG, 256),                                      # TMA prefill tile
+    ("fm", TMACFG, 256),                                      # prefill tile
     ("fm", dict(TMACFG, wm=4, bn=64), 60),                    # fm, N % 8 != 0: no tensor map
 ]
 
@@ -637,10 +634,11 @@ PDL_CASES = [
 @pytest.mark.gpu
 @pytest.mark.parametrize("case", range(len(PDL_CASES)))
 def test_gpu_dependent_launches(case):
-    """On sm_90 the kernels are launched as programmatic dependents of the
-    stream's previous work: three back to back on one stream, each reading
-    the one before's output (tests/py/chain.py); the first 64 rows empty,
-    so that a row block with no stage writes its zeros only after the wait."""
+    """On sm_90a the TMA kernels are launched as programmatic dependents of
+    the stream's previous work: three back to back on one stream, each
+    reading the one before's output (tests/py/chain.py); the first 64 rows
+    empty, so that a row block with no stage writes its zeros only after
+    the wait."""
     from chain import check_dependent_chain
     from sparseforge.tuner.execute import default_context
     if default_context().device_info()["arch"] != "sm_90a":

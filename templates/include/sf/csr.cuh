@@ -31,7 +31,6 @@
 #pragma once
 
 #include "sf/common.cuh"
-#include "sf/tma_sm90.cuh"
 
 namespace sf {
 namespace csr {
@@ -554,12 +553,6 @@ template <class Cfg, class Schedule>
 __device__ __forceinline__ void spmm(const unsigned char *__restrict__ packed, const void *X,
                                      void *Y, int N) {
   if (N <= 0) return;
-  // launched as a programmatic dependent (sm_90, SF_DECLARE_PDL): the CTA
-  // is placed while the stream's previous kernel drains and waits for it
-  // before reading X; once every CTA is past the wait, the next kernel's
-  // CTAs may be placed the same way
-  sm90::pdl_wait();
-  sm90::pdl_launch_dependents();
   __shared__ float smem[Cfg::SMEM_FLOATS > 0 ? Cfg::SMEM_FLOATS : 1];
   if (Cfg::LAYOUT == LAYOUT_FM) {
     spmm_fm<Cfg, Schedule>(packed, static_cast<const float *>(X), static_cast<float *>(Y), N,

@@ -798,18 +798,13 @@ __device__ __forceinline__ void gemm_block(const unsigned char *__restrict__ pac
       if (s < n) ld.fetch(first[s], s);
     if (AHEAD < n) ld.fetch(next, AHEAD);
   }
-  // launched as a programmatic dependent (sm_90, SF_DECLARE_PDL): the
-  // first stages' records and values are constant and copied while the
-  // stream's previous kernel drains (uncommitted: they join stage 0's
-  // group, which the main loop waits for first); X's rows after the wait,
-  // and Y only after it too
-#pragma unroll
-  for (int s = 0; s < AHEAD; ++s)
-    if (s < n) ld.load_tables(s_base + s * C::STAGE_BYTES, first[s], blk.first_stage + s);
-  sm90::pdl_wait();
 #pragma unroll
   for (int s = 0; s < AHEAD; ++s) {
-    if (s < n) ld.template load_x<VEC>(s_base + s * C::STAGE_BYTES, first[s], x, n_len, n0);
+    if (s < n) {
+      const unsigned st = s_base + s * C::STAGE_BYTES;
+      ld.template load_x<VEC>(st, first[s], x, n_len, n0);
+      ld.load_tables(st, first[s], blk.first_stage + s);
+    }
     sm80::cp_async_commit();
   }
 
@@ -857,7 +852,6 @@ __device__ __forceinline__ void gemm_block(const unsigned char *__restrict__ pac
     sm90::fence_accumulators(acc[0]);  // no read of them above the wait
   }
   sm80::cp_async_wait<0>();
-  sm90::pdl_launch_dependents();  // the next kernel may start while this one stores
   __syncthreads();  // the pipeline's shared memory is free for the epilogue
 
   const int m0 = blk.first_row;
@@ -913,7 +907,7 @@ __device__ __forceinline__ void tma_produce(const unsigned char *__restrict__ pa
   const int early = blk.stages < S ? blk.stages : S;
   if (lane == 0)
     for (int it = 0; it < early; ++it) produce_weights(it, it);
-  sm90::pdl_wait();
+  sm90::griddep_wait();
 #pragma unroll 1
   for (int it = 0, s = 0, round = 0; it < blk.stages; ++it) {
     if (it >= S) sm90::mbar_wait(empty + 8 * s, (round - 1) & 1);
@@ -1000,7 +994,7 @@ __device__ __forceinline__ void gemm_block_tma(const unsigned char *__restrict__
   if (warp == C::WARPS) {  // the producer; its copies land before the consumers finish
     tma_produce<C, P>(packed, map, use_map, x, n_len, s_base, ld.s_kid, ld.s_voff, bars, blk,
                       n0, lane);
-    sm90::pdl_launch_dependents();  // its last copy is issued: the next kernel may start
+    sm90::griddep_launch_dependents();  // its last copy is issued: the next kernel may start
     if constexpr (!C::SPLIT) return;  // (a split's sums meet with every thread: stay)
   } else {
     // (the accumulators live in this branch alone: ptxas serializes the
@@ -1081,10 +1075,10 @@ __device__ __forceinline__ void gemm_block_tma(const unsigned char *__restrict__
     }
     sm90::wait_group<0>();
     sm90::fence_accumulators(acc[0]);  // no read of them above the wait
-    sm90::pdl_launch_dependents();
+    sm90::griddep_launch_dependents();
     // the stream's previous kernel is done before Y is written (here it
     // is: X's copies waited for it; not so for a block of no stage)
-    sm90::pdl_wait();
+    sm90::griddep_wait();
     // every stage is consumed (and every copy into it landed): the
     // pipeline's shared memory takes the output tile or, split (CK > 1),
     // the fp32 partials (the consumers alone: named barriers of their count)
