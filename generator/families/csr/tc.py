@@ -272,8 +272,9 @@ def search_space(matrix: SparseMatrix, op: Operation, device: Optional[dict]) ->
                                           ck=1, wg=1, tma=1, **extra))
         # decode tiles fed by TMA: a few tokens (wgmma n16 and n64), a cluster
         # splitting K for parallelism, deeper pipelines of small stages
-        # (64-row blocks: 128 in clusters of 2 were slower on every shape
-        # probed; larger clusters of 128 are not offered, not yet measured)
+        # (64-row blocks: 128 in clusters of 2, 4 and 8 were 25-90% slower
+        # on every shape probed at N = 64; 64 rows with bn 16 or 32, several
+        # CTAs along N = 64, were slower too: bench/RESULTS.md, 2026-11-26)
         for bn in TMA_DECODE_BN:
             for ck in CK_CHOICES:
                 for stages in (4, 6):
