@@ -615,7 +615,7 @@ def test_gpu_correct(case):
 
 def test_tma_kernels_declare_programmatic_dependent_launch():
     """The TMA kernels are programmatic dependents (sm_90a); the cp.async
-    ones are not (measured: no steady gain, up to 15% lost on some shapes)."""
+    ones are not (measured: no steady gain, up to 16% lost on some shapes)."""
     mat = random_matrix(150, 96, 0.3)
     for cfg, pdl in ((DECODE, False), (WGCFG, False), (TMACFG, True),
                      (dict(TMACFG, wm=4, bn=16, ck=4), True), (LRCFG, True)):
