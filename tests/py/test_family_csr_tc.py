@@ -438,6 +438,10 @@ COMPILE_CASES = [
     ("fp16", "tm", Epilogue(bias=True, activation="gelu"), dict(TMACFG, wm=4, bn=16, ck=2)),
     ("bf16", "tm", Epilogue(), dict(LRCFG, wm=4, bn=64, ck=4, stages=6)),
     ("fp16", "fm", Epilogue(activation="relu"), dict(TMACFG, wm=4, bn=64, ck=2, stages=8)),
+    # mma.sync with lane records
+    ("fp16", "tm", Epilogue(bias=True, activation="gelu"), dict(DECODE, lr=1)),
+    ("bf16", "fm", Epilogue(scale=0.5), dict(PREFILL, lr=1)),
+    ("fp16", "tm", Epilogue(), dict(DECODE, wm=2, wk=4, ksw=4, ck=2, lr=1)),
 ]
 
 
@@ -590,6 +594,19 @@ GPU_CASES = [
      (16, 5)),
     ((300, 700), 0.3, "fp16", "fm", Epilogue(bias=True, activation="gelu"),
      dict(TMACFG, wm=4, bn=64, ck=2), (64, 5, 77)),
+    # mma.sync with lane records (lr): both layouts and dtypes, the
+    # epilogues, clusters, sm_80 and sm_90 tiles, an all-zero matrix
+    ((37, 53), 0.3, "fp16", "fm", Epilogue(bias=True, activation="gelu"), dict(DECODE, lr=1),
+     (1, 5, 16, 17)),
+    ((300, 200), 0.5, "bf16", "tm", Epilogue(scale=0.5), dict(DECODE, wk=4, ksw=1, bn=64, lr=1),
+     (3, 64, 100)),
+    ((129, 1000), 0.3, "fp16", "tm", Epilogue(bias=True, activation="relu"),
+     dict(PREFILL, lr=1), (1, 130, 300)),
+    ((64, 64), 0.0, "bf16", "fm", Epilogue(bias=True), dict(DECODE, lr=1), (1, 16)),
+    ((300, 700), 0.1, "fp16", "tm", Epilogue(bias=True), dict(DECODE, wm=2, wk=4, ksw=4, ck=2,
+                                                              lr=1), (1, 16, 40)),
+    ((300, 700), 0.5, "bf16", "fm", Epilogue(activation="gelu"),
+     dict(DECODE, mf=2, wm=2, wk=2, ksw=4, ck=4, lr=1), (16, 17)),
     # an epilogue scale on the wgmma paths (its reads of the accumulators
     # wait for the last wgmma: sm90::fence_accumulators)
     ((512, 512), 0.3, "fp16", "fm", Epilogue(scale=0.0863), WGCFG, (72,)),

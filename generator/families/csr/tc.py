@@ -47,6 +47,7 @@ TMA_KEYS = tuple(sorted(WG_KEYS + ("tma",)))
 SA_KEYS = tuple(sorted(TMA_KEYS + ("sa",)))
 LR_KEYS = tuple(sorted(TMA_KEYS + ("lr",)))
 SA_LR_KEYS = tuple(sorted(SA_KEYS + ("lr",)))
+MMA_LR_KEYS = tuple(sorted(KEYS + ("lr",)))
 
 BN_CHOICES = (16, 32, 64, 128, 256)
 WG_BN_CHOICES = (16, 32, 64, 128, 256)   # the register-A wgmma wrappers (mma_sm90.cuh)
@@ -143,9 +144,9 @@ TABLE = [
     Constraint("tma == 1", "sa: the TMA-fed kernel", when=SA),
     # W as lane records
     Constraint("lr == 1", "lr = 1 selects W as lane records (omit the key otherwise)", when=LR),
-    Constraint("sa == 1",
-               "lr: with A decoded into shared memory (sa, itself the TMA kernel's; with A "
-               "in registers ptxas serializes the wgmma)", when=LR),
+    Constraint("sa == 1 or not wg",
+               "lr: with mma.sync, or with A decoded into shared memory (sa, itself the TMA "
+               "kernel's; with wgmma's A in registers ptxas serializes the wgmma)", when=LR),
     # the GPU's (Python only)
     Constraint("ck == 1 or sm90", "clusters need sm_90", device=True),
     Constraint("smem <= smem_limit", "the shared memory fits the GPU's per-block limit",
@@ -194,7 +195,7 @@ def device_constants(device: Optional[dict]) -> Optional[dict]:
 
 def check_keys(config: dict) -> None:
     keys = tuple(sorted(config))
-    if keys not in (KEYS, WG_KEYS, TMA_KEYS, SA_KEYS, LR_KEYS, SA_LR_KEYS):
+    if keys not in (KEYS, WG_KEYS, TMA_KEYS, SA_KEYS, LR_KEYS, SA_LR_KEYS, MMA_LR_KEYS):
         raise ConfigError(f"csr (fp16/bf16) config needs the keys {', '.join(KEYS)} "
                           f"(and wg = 1 for wgmma, with tma = 1 for its TMA-fed stages, "
                           f"with sa = 1 for A decoded into shared memory and lr = 1 for "

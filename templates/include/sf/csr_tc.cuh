@@ -103,7 +103,7 @@ struct Config {
   static constexpr int TABS = TABS_;      // the most stages one CTA runs (the plan's)
   static constexpr bool TMA = TMA_;       // a producer warp fills the stages (TMA, bulk copies)
   static constexpr bool SA = SA_;         // TMA: A decoded into shared memory, wgmma from there
-  static constexpr bool LR = LR_;         // TMA: W as lane records (a u32 a lane and tile)
+  static constexpr bool LR = LR_;         // W as lane records (a u32 a lane and tile; TMA or mma.sync)
 
   static constexpr int WARPS = WM * WK;   // the warps that compute
   static constexpr int THREADS = 32 * WARPS + (TMA ? 32 : 0);
@@ -157,7 +157,7 @@ struct Config {
   static_assert(!WG || KSW % 2 == 0, "WG: the A registers alternate between two sets");
   static_assert(!TMA || (WG && WK == 1), "TMA: wgmma, one warpgroup column");
   static_assert(!SA || (TMA && BK <= 64), "SA: the TMA kernel, A rows of at most 128 bytes");
-  static_assert(!LR || TMA, "LR: the TMA kernel");
+  static_assert(!LR || TMA || !WG, "LR: the TMA kernel or mma.sync");
   // The configuration's constraints are asserted by the generated source,
   // from the table the search space filters with
   // (generator/families/csr/tc.py).
@@ -494,7 +494,10 @@ template <class C>
 __device__ __forceinline__ void decode_tile(unsigned (&a)[4], const unsigned char *stage,
                                             const unsigned short *vals, int j, int s,
                                             const LaneBits &lb) {
-  tile_values(a, vals, lane_tile<C>(stage, j, s, lb));
+  if constexpr (C::LR)
+    lane_registers(a, vals, lane_record<C>(stage, j, s, threadIdx.x & 31));
+  else
+    tile_values(a, vals, lane_tile<C>(stage, j, s, lb));
 }
 
 // ---- compute ------------------------------------------------------------------------------------
