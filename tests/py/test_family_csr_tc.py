@@ -82,14 +82,56 @@ def test_pack_read_back_and_emulated_product(name, make, dtype):
     rng = np.random.default_rng(0)
     x = round_to_dtype(rng.standard_normal((mat.cols, 5)).astype(np.float32), dtype)
     ref = round_to_dtype(mat.to_dense(), dtype).astype(np.float64) @ x
-    for (bm, ks), windows, lanes in itertools.product(BLOCKINGS, (False, True), (False, True)):
-        p = bitmap.pack(mat, dtype, bm, ks, windows=windows, lanes=lanes)
+    variants = ({}, {"lanes": True}, {"regvals": True})
+    for (bm, ks), windows, var in itertools.product(BLOCKINGS, (False, True), variants):
+        p = bitmap.pack(mat, dtype, bm, ks, windows=windows, **var)
         back, bias = bitmap.unpack(p.data)
         same(mat, back, dtype)
         assert bias is None
         assert all(v % 16 == 0 for v in p.offsets.values()) and len(p.data) % 16 == 0
         if mat.rows * mat.cols <= 4000:
             np.testing.assert_allclose(bitmap.emulate_product(p.data, x), ref, atol=1e-9)
+
+
+def test_register_values_keep_the_bitmaps_and_count_registers():
+    """The register-values variant: the bitmap records, p and base counted
+    in registers (base in 16-bit values), the nonzero registers whole as
+    the lane records store them; the emulated decode (a lane's word, its
+    registers below it, a 4-byte load a register) builds every fragment."""
+    mat = random_matrix(64, 80, 0.2, seed=4)
+    p = bitmap.pack(mat, "fp16", 32, 2, regvals=True)
+    lr = bitmap.pack(mat, "fp16", 32, 2, lanes=True)
+    bm_ = bitmap.pack(mat, "fp16", 32, 2)
+    s, sl, sb = bitmap.sections(p.data), bitmap.sections(lr.data), bitmap.sections(bm_.data)
+    assert s.regvals and not s.lanes and np.all(s.voff % 2 == 0)
+    np.testing.assert_array_equal(s.rec["w"], sb.rec["w"])          # the same bitmaps
+    np.testing.assert_array_equal(s.values, sl.values)              # the lane records' values
+    np.testing.assert_array_equal(s.voff, sl.voff)
+    frow, fcol = bitmap.fragment_positions()
+    dense = round_to_dtype(mat.to_dense(), "fp16")
+    for stage in range(s.voff.size - 1):
+        for j in range(2):
+            for strip in range(2):
+                want = bitmap.emulate_decode(bm_.data, stage, j, strip)
+                np.testing.assert_array_equal(bitmap.emulate_decode(p.data, stage, j, strip), want)
+                t = (stage * 2 + j) * 2 + strip
+                assert s.rec[t]["count"] == np.any(_set_slots(sb.rec[t]), axis=2).sum()
+    assert dense.any()
+    # 48 bytes a tile, about 4 a nonzero register: between the bitmaps and the lane records
+    assert len(bm_.data) < len(p.data) < len(lr.data)
+    with pytest.raises(ValueError, match="one at a time"):
+        bitmap.pack(mat, "fp16", 32, 2, lanes=True, regvals=True)
+    raw = bytearray(p.data)
+    off = p.offsets["rec"] + bitmap.RECORD.fields["count"][1]
+    raw[off] ^= 1
+    with pytest.raises(ValueError, match="count differs"):
+        bitmap.unpack(bytes(raw))
+
+
+def _set_slots(rec) -> np.ndarray:
+    """[32 lanes, 4 registers, 2 halves]: which slots a bitmap record sets."""
+    bits = np.unpackbits(np.asarray(rec["w"], dtype="<u4").view(np.uint8), bitorder="little")
+    return bits.reshape(32, 4, 2).astype(bool)
 
 
 def test_lane_records_name_each_lanes_registers():
@@ -442,6 +484,10 @@ COMPILE_CASES = [
     ("fp16", "tm", Epilogue(bias=True, activation="gelu"), dict(DECODE, lr=1)),
     ("bf16", "fm", Epilogue(scale=0.5), dict(PREFILL, lr=1)),
     ("fp16", "tm", Epilogue(), dict(DECODE, wm=2, wk=4, ksw=4, ck=2, lr=1)),
+    # mma.sync, the bitmaps with register values
+    ("bf16", "tm", Epilogue(bias=True, activation="gelu"), dict(DECODE, rv=1)),
+    ("fp16", "fm", Epilogue(scale=0.5), dict(PREFILL, rv=1)),
+    ("fp16", "tm", Epilogue(), dict(DECODE, mf=2, wm=2, wk=2, ksw=4, ck=2, rv=1)),
 ]
 
 
@@ -607,6 +653,20 @@ GPU_CASES = [
                                                               lr=1), (1, 16, 40)),
     ((300, 700), 0.5, "bf16", "fm", Epilogue(activation="gelu"),
      dict(DECODE, mf=2, wm=2, wk=2, ksw=4, ck=4, lr=1), (16, 17)),
+    # mma.sync, the bitmaps with register values (rv)
+    ((37, 53), 0.3, "bf16", "tm", Epilogue(bias=True, activation="gelu"), dict(DECODE, rv=1),
+     (1, 5, 16, 17)),
+    ((300, 200), 0.5, "fp16", "fm", Epilogue(scale=0.5), dict(DECODE, wk=4, ksw=1, bn=64, rv=1),
+     (3, 64, 100)),
+    ((129, 1000), 0.3, "bf16", "fm", Epilogue(bias=True, activation="relu"),
+     dict(PREFILL, rv=1), (1, 130, 300)),
+    ((64, 64), 0.0, "fp16", "tm", Epilogue(bias=True), dict(DECODE, rv=1), (1, 16)),
+    ((300, 700), 0.1, "fp16", "tm", Epilogue(bias=True), dict(DECODE, wm=2, wk=4, ksw=4, ck=2,
+                                                              rv=1), (1, 16, 40)),
+    ((300, 700), 0.05, "bf16", "tm", Epilogue(activation="gelu"),
+     dict(DECODE, mf=2, wm=2, wk=2, ksw=4, ck=4, rv=1), (16, 17)),
+    ((513, 250), 0.1, "fp16", "tm", Epilogue(), dict(DECODE, wk=4, ksw=4, bn=64, ck=2, rv=1),
+     (64, 65)),
     # an epilogue scale on the wgmma paths (its reads of the accumulators
     # wait for the last wgmma: sm90::fence_accumulators)
     ((512, 512), 0.3, "fp16", "fm", Epilogue(scale=0.0863), WGCFG, (72,)),

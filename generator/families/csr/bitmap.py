@@ -26,6 +26,16 @@ an empty slot of a register that holds a nonzero), in tile, lane, register
 order.  A lane reads its record and then each register with a set slot by
 one aligned 4-byte load.  128 bytes of record a tile and about 4 bytes a
 nonzero register.
+
+The register-values variant (`regvals`, for the mma.sync kernels) keeps
+the bitmap records and stores the values as the lane records do, the
+nonzero registers whole: a record's p[q] and base count registers of the
+words before (base: in 16-bit values from the stage's first) and its count
+is the tile's nonzero registers.  A lane finds its first register from its
+word as with the bitmaps (a register is nonzero where either of its two
+bits is set) and then reads each by one 4-byte load: half the loads and no
+packing of the bitmaps' decode, for 48 bytes a tile and about 4 bytes a
+nonzero register.
 """
 from __future__ import annotations
 
@@ -41,7 +51,7 @@ ALIGN = 16
 TILE = 16
 REC_BYTES = 48
 HEADER_WORDS = 16            # uint32: magic, m, k, nnz, bm, ks, dtype, blocks, stages, has_bias,
-                             # windows, lanes
+                             # windows, lanes, regvals
 LANE_REC_BYTES = 128         # the lane-record variant: a u32 a lane
 LANE_OFFSET_BITS = 24
 DTYPE_CODES = {"fp16": 1, "bf16": 2}
@@ -196,11 +206,14 @@ class Packed:
 
 def pack(matrix: SparseMatrix, dtype: str, bm: int, ks: int,
          bias: Optional[np.ndarray] = None, windows: bool = False,
-         lanes: bool = False) -> Packed:
+         lanes: bool = False, regvals: bool = False) -> Packed:
     """The packed buffer of `matrix` (values rounded to `dtype`) for row
     blocks of `bm` rows and stages of `ks` k-steps (see the module
     docstring and csr_tc.cuh; `windows`: stages of whole windows of k-steps,
-    layout(); `lanes`: the lane-record variant)."""
+    layout(); `lanes`: the lane-record variant; `regvals`: the
+    register-values variant)."""
+    if lanes and regvals:
+        raise ValueError("lane records and register values are two variants: one at a time")
     if dtype not in DTYPE_CODES:
         raise ValueError(f"the tensor-core csr format holds fp16 or bf16, not {dtype}")
     if bm % TILE or bm < TILE or ks < 1:
@@ -218,6 +231,8 @@ def pack(matrix: SparseMatrix, dtype: str, bm: int, ks: int,
     tile, bit = _nz_tile_bit(matrix, lay)
     if lanes:
         rec, vals, voff, vmax = _pack_lanes(matrix, dtype, bm, ks, windows, tile, bit, ntiles)
+    elif regvals:
+        rec, vals, voff, vmax = _pack_regvals(matrix, dtype, bm, ks, windows, tile, bit, ntiles)
     else:
         rec, vals, voff = _pack_bitmaps(matrix, dtype, ks, ms, total, tile, bit, ntiles)
         vmax = lay.vmax
@@ -238,8 +253,8 @@ def pack(matrix: SparseMatrix, dtype: str, bm: int, ks: int,
     blocks[:, 2] = lay.blocks * bm
 
     head = np.zeros(HEADER_WORDS, dtype=np.uint32)
-    head[:12] = [MAGIC, m, k, matrix.nnz, bm, ks, DTYPE_CODES[dtype], nb, total,
-                 int(bias is not None), int(windows), int(lanes)]
+    head[:13] = [MAGIC, m, k, matrix.nnz, bm, ks, DTYPE_CODES[dtype], nb, total,
+                 int(bias is not None), int(windows), int(lanes), int(regvals)]
     sections = [("header", head.tobytes()), ("blocks", blocks.tobytes()),
                 ("kid", kid.astype(np.int32).tobytes()), ("rec", rec.tobytes()),
                 ("voff", voff.astype(np.uint32).tobytes()),
@@ -284,15 +299,49 @@ def _pack_bitmaps(matrix: SparseMatrix, dtype: str, ks: int, ms: int, total: int
     return rec, vals, voff
 
 
-def _pack_lanes(matrix: SparseMatrix, dtype: str, bm: int, ks: int, windows: bool,
-                tile: np.ndarray, bit: np.ndarray, ntiles: int):
-    """The lane-record variant's records, values, value offsets (in 16-bit
-    values) and largest stage."""
+def _register_values(matrix: SparseMatrix, dtype: str, bm: int, ks: int, windows: bool,
+                     bit: np.ndarray):
+    """The nonzero registers whole (both halves, a zero in an empty one) in
+    tile, lane, register order, and the stages' offsets into them (in
+    16-bit values): the values of both register variants."""
     regs = lane_regs(matrix, bm, ks, windows)
     vals = np.zeros(2 * regs.key.size, dtype=np.float32)
     vals[2 * regs.of_nz + bit % 2] = round_to_dtype(matrix.values, dtype)
     voff = np.zeros(regs.stage_halves.size + 1, dtype=np.int64)
     np.cumsum(regs.stage_halves, out=voff[1:])
+    return regs, vals, voff
+
+
+def _pack_regvals(matrix: SparseMatrix, dtype: str, bm: int, ks: int, windows: bool,
+                  tile: np.ndarray, bit: np.ndarray, ntiles: int):
+    """The register-values variant's records (the bitmaps, p and base
+    counting registers), values, value offsets and largest stage."""
+    regs, vals, voff = _register_values(matrix, dtype, bm, ks, windows, bit)
+    rec = np.zeros(ntiles, dtype=RECORD)
+    if ntiles:
+        word_key = tile * 8 + bit // 32
+        words = np.bincount(word_key, weights=np.ldexp(1.0, (bit % 32).astype(np.int32)),
+                            minlength=ntiles * 8)
+        rec["w"] = words.astype(np.uint64).astype(np.uint32).reshape(ntiles, 8)
+        reg_tile = regs.key // 128                        # key = (tile * 32 + lane) * 4 + reg
+        per_word = np.bincount(regs.key // 16, minlength=ntiles * 8).reshape(ntiles, 8)
+        pre = np.zeros((ntiles, 8), dtype=np.int64)
+        pre[:, 1:] = np.cumsum(per_word, axis=1)[:, :-1]
+        rec["p"] = pre.astype(np.uint8)
+        counts = np.bincount(reg_tile, minlength=ntiles)
+        start = np.zeros(ntiles, dtype=np.int64)
+        start[1:] = np.cumsum(counts)[:-1]
+        stage = np.arange(ntiles) // (ks * (bm // TILE))
+        rec["base"] = (2 * start - voff[stage]).astype(np.uint32)
+        rec["count"] = counts.astype(np.uint32)
+    return rec, vals, voff, regs.vmax
+
+
+def _pack_lanes(matrix: SparseMatrix, dtype: str, bm: int, ks: int, windows: bool,
+                tile: np.ndarray, bit: np.ndarray, ntiles: int):
+    """The lane-record variant's records, values, value offsets (in 16-bit
+    values) and largest stage."""
+    regs, vals, voff = _register_values(matrix, dtype, bm, ks, windows, bit)
     masks = np.bincount(tile * 32 + bit // 8, weights=np.ldexp(1.0, (bit % 8).astype(np.int32)),
                         minlength=ntiles * 32).astype(np.int64)
     # each lane's first register, from its stage's first value
@@ -323,6 +372,7 @@ class Sections:
     values: np.ndarray   # float32 [nnz] (lanes: [voff[-1]], the registers' values)
     bias: Optional[np.ndarray]
     lanes: bool = False
+    regvals: bool = False
 
 
 def sections(packed: bytes) -> Sections:
@@ -331,7 +381,7 @@ def sections(packed: bytes) -> Sections:
     if head[0] != MAGIC:
         raise ValueError("not a tensor-core csr buffer (bad magic)")
     m, k, nnz, bm, ks, code, nb, total, has_bias = (int(v) for v in head[1:10])
-    lanes = bool(head[11])
+    lanes, regvals = bool(head[11]), bool(head[12])
     dtype = {v: n for n, v in DTYPE_CODES.items()}[code]
     ms = bm // TILE
     pos = _align(HEADER_WORDS * 4)
@@ -349,12 +399,13 @@ def sections(packed: bytes) -> Sections:
     else:
         rec = take(RECORD, total * ks * ms)
     voff = take("<u4", total + 1)
-    nval = int(voff[-1]) if lanes else nnz
+    nval = int(voff[-1]) if lanes or regvals else nnz
     raw = packed[pos:pos + 2 * nval]
     values = from_device_bytes(raw, dtype, nval)
     pos += _align(2 * nval + 16)
     bias = take("<f4", nb * bm)[:m] if has_bias else None
-    return Sections(m, k, nnz, bm, ks, dtype, blocks, kid, rec, voff, values, bias, lanes)
+    return Sections(m, k, nnz, bm, ks, dtype, blocks, kid, rec, voff, values, bias, lanes,
+                    regvals)
 
 
 def _lane_slots(s: Sections) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -402,10 +453,19 @@ def unpack(packed: bytes) -> tuple[SparseMatrix, Optional[np.ndarray]]:
                              axis=1, bitorder="little").astype(bool)
         t_idx, b_idx = np.nonzero(bits)
         counts = bits.sum(axis=1)
-        if np.any(counts != s.rec["count"]):
-            raise ValueError("corrupt buffer: a tile's count differs from its bitmap")
-        rank = np.arange(t_idx.size) - np.repeat(np.cumsum(counts) - counts, counts)
-        vidx = s.voff[stage_of[t_idx]].astype(np.int64) + s.rec["base"][t_idx] + rank
+        if s.regvals:   # a set bit's value: 2 x its register's rank in the tile + its half
+            reg_set = bits.reshape(ntiles, 32, 4, 2).any(axis=3).reshape(ntiles, 128)
+            nregs = reg_set.sum(axis=1)
+            if np.any(nregs != s.rec["count"]):
+                raise ValueError("corrupt buffer: a tile's count differs from its bitmap")
+            rank = (np.cumsum(reg_set, axis=1) - reg_set)[t_idx, b_idx // 2]
+            vidx = (s.voff[stage_of[t_idx]].astype(np.int64) + s.rec["base"][t_idx] + 2 * rank
+                    + b_idx % 2)
+        else:
+            if np.any(counts != s.rec["count"]):
+                raise ValueError("corrupt buffer: a tile's count differs from its bitmap")
+            rank = np.arange(t_idx.size) - np.repeat(np.cumsum(counts) - counts, counts)
+            vidx = s.voff[stage_of[t_idx]].astype(np.int64) + s.rec["base"][t_idx] + rank
     if vidx.size and (vidx.max() >= s.values.size or _repeats(vidx)):
         raise ValueError("corrupt buffer: tiles' values overlap or overrun")
     tr, tc = slot_position(b_idx)
@@ -451,6 +511,14 @@ def emulate_decode(packed: bytes, stage: int, j: int, strip: int) -> np.ndarray:
         word = int(r["w"][q])
         below = word & ((1 << (8 * rr)) - 1)
         mask = (word >> (8 * rr)) & 0xFF
+        if s.regvals:                    # registers: bit 2 reg of each lane's byte
+            regs_below = (below | below >> 1) & 0x55555555
+            ptr = shift + int(r["base"]) + 2 * (int(r["p"][q]) + bin(regs_below).count("1"))
+            for reg in range(4):
+                if (mask >> (2 * reg)) & 3:
+                    out[lane, reg] = chunk[ptr:ptr + 2]
+                    ptr += 2
+            continue
         ptr = shift + int(r["base"]) + int(r["p"][q]) + bin(below).count("1")
         for i in range(8):
             if (mask >> i) & 1:

@@ -48,6 +48,7 @@ SA_KEYS = tuple(sorted(TMA_KEYS + ("sa",)))
 LR_KEYS = tuple(sorted(TMA_KEYS + ("lr",)))
 SA_LR_KEYS = tuple(sorted(SA_KEYS + ("lr",)))
 MMA_LR_KEYS = tuple(sorted(KEYS + ("lr",)))
+RV_KEYS = tuple(sorted(KEYS + ("rv",)))
 
 BN_CHOICES = (16, 32, 64, 128, 256)
 WG_BN_CHOICES = (16, 32, 64, 128, 256)   # the register-A wgmma wrappers (mma_sm90.cuh)
@@ -67,6 +68,7 @@ WG = "wg"
 TMA = "tma"
 SA = "sa"
 LR = "lr"
+RV = "rv"
 
 DERIVED = {
     "threads": "32 * wm * wk + 32 * tma",
@@ -147,6 +149,10 @@ TABLE = [
     Constraint("sa == 1 or not wg",
                "lr: with mma.sync, or with A decoded into shared memory (sa, itself the TMA "
                "kernel's; with wgmma's A in registers ptxas serializes the wgmma)", when=LR),
+    # the bitmaps with register values
+    Constraint("rv == 1", "rv = 1 selects the bitmaps with register values (omit the key "
+               "otherwise)", when=RV),
+    Constraint("not wg", "rv: the mma.sync kernels", when=RV),
     # the GPU's (Python only)
     Constraint("ck == 1 or sm90", "clusters need sm_90", device=True),
     Constraint("smem <= smem_limit", "the shared memory fits the GPU's per-block limit",
@@ -154,7 +160,7 @@ TABLE = [
 ]
 
 SPACE = Space(choices={"bn": BN_CHOICES, "stages": STAGE_CHOICES, "ck": CK_CHOICES},
-              constraints=TABLE, derived=DERIVED, defaults={"wg": 0, "tma": 0, "sa": 0, "lr": 0})
+              constraints=TABLE, derived=DERIVED, defaults={"wg": 0, "tma": 0, "sa": 0, "lr": 0, "rv": 0})
 
 
 def problem(layout_: str, vmax: int, smax: int, k: int) -> dict:
@@ -177,6 +183,12 @@ def lanes(config: dict) -> bool:
     return bool(config.get("lr", 0))
 
 
+def regvals(config: dict) -> bool:
+    """Whether the configuration reads the bitmaps with register values
+    (bitmap.py)."""
+    return bool(config.get("rv", 0))
+
+
 def bm_ks(config: dict) -> tuple[int, int]:
     return 16 * int(config["mf"]) * int(config["wm"]), int(config["ksw"]) * int(config["wk"])
 
@@ -195,11 +207,12 @@ def device_constants(device: Optional[dict]) -> Optional[dict]:
 
 def check_keys(config: dict) -> None:
     keys = tuple(sorted(config))
-    if keys not in (KEYS, WG_KEYS, TMA_KEYS, SA_KEYS, LR_KEYS, SA_LR_KEYS, MMA_LR_KEYS):
+    if keys not in (KEYS, WG_KEYS, TMA_KEYS, SA_KEYS, LR_KEYS, SA_LR_KEYS, MMA_LR_KEYS, RV_KEYS):
         raise ConfigError(f"csr (fp16/bf16) config needs the keys {', '.join(KEYS)} "
                           f"(and wg = 1 for wgmma, with tma = 1 for its TMA-fed stages, "
                           f"with sa = 1 for A decoded into shared memory and lr = 1 for "
-                          f"W as lane records), got {', '.join(keys)}")
+                          f"W as lane records; rv = 1 for mma.sync with register values), "
+                          f"got {', '.join(keys)}")
     for key in keys:
         v = config[key]
         if not isinstance(v, (int, np.integer)) or isinstance(v, bool):
@@ -215,7 +228,8 @@ def check(config: dict, matrix: SparseMatrix, op: Operation,
     if bm < 16 or ks < 1:
         raise ConfigError(f"bm = {bm} and ks = {ks}: at least one strip and one k-step")
     lay = bitmap.cached_layout(matrix, bm, ks, windows(config))
-    vmax = bitmap.lane_regs(matrix, bm, ks, windows(config)).vmax if lanes(config) else lay.vmax
+    vmax = (bitmap.lane_regs(matrix, bm, ks, windows(config)).vmax
+            if lanes(config) or regvals(config) else lay.vmax)
     SPACE.check(config, problem(op.layout, vmax, lay.smax, matrix.cols),
                 device_constants(device))
 
@@ -402,13 +416,13 @@ def plan(matrix: SparseMatrix, op: Operation, tag: str, config: dict,
         raise ValueError("the epilogue adds a bias but none was given")
     if not op.epilogue.bias and bias is not None:
         raise ValueError("a bias was given but the epilogue adds none")
-    win, lr = windows(config), lanes(config)
-    key = ("csr.bitmap.pack", op.dtype, bm, ks, win, lr)
+    win, lr, rv = windows(config), lanes(config), regvals(config)
+    key = ("csr.bitmap.pack", op.dtype, bm, ks, win, lr, rv)
     if bias is None:
         p = matrix.cached(key, lambda: bitmap.pack(matrix, op.dtype, bm, ks, windows=win,
-                                                   lanes=lr))
+                                                   lanes=lr, regvals=rv))
     else:
-        p = bitmap.pack(matrix, op.dtype, bm, ks, bias, windows=win, lanes=lr)
+        p = bitmap.pack(matrix, op.dtype, bm, ks, bias, windows=win, lanes=lr, regvals=rv)
     cfg = {key_: int(config[key_]) for key_ in config}
     return TcPlan(config_name(tag, cfg, op), op.dtype, op.layout, matrix.shape, matrix.nnz, cfg,
                   p.data, p.offsets, p.num_blocks, p.total_stages, p.vmax, p.smax,
@@ -451,13 +465,14 @@ def render_kernel(p: TcPlan, op: Operation, float_literal) -> Kernel:
     tma = int(c.get("tma", 0))
     sa = int(c.get("sa", 0))
     lr = int(c.get("lr", 0))
+    rv = int(c.get("rv", 0))
     prob = problem(p.layout, p.vmax, p.smax, k)
     checks = SPACE.static_asserts(c, prob, TABLE_SOURCE)
     env = SPACE.env(c, prob)
     threads = env["threads"]
     source = render("csr_tc.cu.j2", name=p.name, dtype=p.dtype, layout=p.layout, m=m, k=k,
                     nnz=p.nnz, mf=c["mf"], wm=c["wm"], wk=c["wk"], ksw=c["ksw"], bn=c["bn"],
-                    stages=c["stages"], ck=c["ck"], wg=wg, tma=tma, sa=sa, lr=lr, vmax=p.vmax,
+                    stages=c["stages"], ck=c["ck"], wg=wg, tma=tma, sa=sa, lr=lr, rv=rv, vmax=p.vmax,
                     tabs=env["tabs"],
                     bm=env["bm"], bk=env["bk"],
                     num_blocks=p.num_blocks, off=p.offsets, has_bias=p.has_bias,

@@ -87,7 +87,7 @@ __host__ __device__ constexpr int cdiv(int a, int b) { return (a + b - 1) / b; }
 
 template <typename T, int MF_, int WM_, int WK_, int KSW_, int BN_, int STAGES_, bool TM_,
           bool WG_, int CK_, int VMAX_, int TABS_, bool TMA_ = false, bool SA_ = false,
-          bool LR_ = false>
+          bool LR_ = false, bool RV_ = false>
 struct Config {
   using elem_t = T;
   static constexpr int MF = MF_;          // 16-row strips per warp (WG: 1)
@@ -104,6 +104,7 @@ struct Config {
   static constexpr bool TMA = TMA_;       // a producer warp fills the stages (TMA, bulk copies)
   static constexpr bool SA = SA_;         // TMA: A decoded into shared memory, wgmma from there
   static constexpr bool LR = LR_;         // W as lane records (a u32 a lane and tile; TMA or mma.sync)
+  static constexpr bool RV = RV_;         // mma.sync: the bitmaps, values as whole registers
 
   static constexpr int WARPS = WM * WK;   // the warps that compute
   static constexpr int THREADS = 32 * WARPS + (TMA ? 32 : 0);
@@ -158,6 +159,7 @@ struct Config {
   static_assert(!TMA || (WG && WK == 1), "TMA: wgmma, one warpgroup column");
   static_assert(!SA || (TMA && BK <= 64), "SA: the TMA kernel, A rows of at most 128 bytes");
   static_assert(!LR || TMA || !WG, "LR: the TMA kernel or mma.sync");
+  static_assert(!RV || (!WG && !LR), "RV: the mma.sync kernels, with the bitmap records");
   // The configuration's constraints are asserted by the generated source,
   // from the table the search space filters with
   // (generator/families/csr/tc.py).
@@ -489,12 +491,32 @@ __device__ __forceinline__ void tma_tile_values(unsigned (&a)[4], const unsigned
     tile_values(a, vals, lt);
 }
 
+// The register-values variant: the lane's bitmap word as lane_tile reads
+// it, its first register from the registers of the lanes before it in the
+// word (a register is nonzero where either of its slots is set; p and
+// base count registers, base in 16-bit values), its slot mask for
+// lane_registers.
+template <class C>
+__device__ __forceinline__ LaneTile lane_regvals(const unsigned char *stage, int j, int s,
+                                                 const LaneBits &lb) {
+  const unsigned char *rec = stage + C::X_BYTES + (j * C::MS + s) * Rec::BYTES;
+  const unsigned word = reinterpret_cast<const unsigned *>(rec)[lb.q];
+  const unsigned regs = (word | (word >> 1)) & 0x55555555u;
+  LaneTile lt;
+  lt.first = *reinterpret_cast<const unsigned *>(rec + Rec::BASE) +
+             2u * (rec[Rec::P + lb.q] + __popc(regs & lb.below));
+  lt.mask = word >> lb.shift;
+  return lt;
+}
+
 // The four A registers of tile (entry j, strip s) of the stage at `stage`.
 template <class C>
 __device__ __forceinline__ void decode_tile(unsigned (&a)[4], const unsigned char *stage,
                                             const unsigned short *vals, int j, int s,
                                             const LaneBits &lb) {
-  if constexpr (C::LR)
+  if constexpr (C::RV)
+    lane_registers(a, vals, lane_regvals<C>(stage, j, s, lb));
+  else if constexpr (C::LR)
     lane_registers(a, vals, lane_record<C>(stage, j, s, threadIdx.x & 31));
   else
     tile_values(a, vals, lane_tile<C>(stage, j, s, lb));
