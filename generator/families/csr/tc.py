@@ -47,13 +47,13 @@ TMA_KEYS = tuple(sorted(WG_KEYS + ("tma",)))
 SA_KEYS = tuple(sorted(TMA_KEYS + ("sa",)))
 LR_KEYS = tuple(sorted(TMA_KEYS + ("lr",)))
 SA_LR_KEYS = tuple(sorted(SA_KEYS + ("lr",)))
-MMA_LR_KEYS = tuple(sorted(KEYS + ("lr",)))
 RV_KEYS = tuple(sorted(KEYS + ("rv",)))
 
 BN_CHOICES = (16, 32, 64, 128, 256)
 WG_BN_CHOICES = (16, 32, 64, 128, 256)   # the register-A wgmma wrappers (mma_sm90.cuh)
 PREFILL_WG_BN = (64, 128, 256)       # the cp.async wgmma path's (below 64: the TMA decode tiles)
 TMA_DECODE_BN = (16, 64)
+RV_DENSITY = 0.2   # at or below: the hints put the register-values tiles first
 # the decode tile fed by TMA: one warpgroup of 64 rows, four k-steps a
 # stage, a cluster splitting K (bn and ck: the search's)
 TMA_DECODE = dict(mf=1, wm=4, wk=1, ksw=4, bn=16, stages=4, ck=4, wg=1, tma=1)
@@ -146,13 +146,14 @@ TABLE = [
     Constraint("tma == 1", "sa: the TMA-fed kernel", when=SA),
     # W as lane records
     Constraint("lr == 1", "lr = 1 selects W as lane records (omit the key otherwise)", when=LR),
-    Constraint("sa == 1 or not wg",
-               "lr: with mma.sync, or with A decoded into shared memory (sa, itself the TMA "
-               "kernel's; with wgmma's A in registers ptxas serializes the wgmma)", when=LR),
-    # the bitmaps with register values
+    Constraint("sa == 1",
+               "lr: with A decoded into shared memory (sa, itself the TMA kernel's; with A "
+               "in registers ptxas serializes the wgmma)", when=LR),
+    # the bitmaps with register values (the mma.sync kernels only: check_keys;
+    # lane records there were at most 3% faster than rv, storing 0.38 bytes
+    # more an entry)
     Constraint("rv == 1", "rv = 1 selects the bitmaps with register values (omit the key "
                "otherwise)", when=RV),
-    Constraint("not wg", "rv: the mma.sync kernels", when=RV),
     # the GPU's (Python only)
     Constraint("ck == 1 or sm90", "clusters need sm_90", device=True),
     Constraint("smem <= smem_limit", "the shared memory fits the GPU's per-block limit",
@@ -207,7 +208,7 @@ def device_constants(device: Optional[dict]) -> Optional[dict]:
 
 def check_keys(config: dict) -> None:
     keys = tuple(sorted(config))
-    if keys not in (KEYS, WG_KEYS, TMA_KEYS, SA_KEYS, LR_KEYS, SA_LR_KEYS, MMA_LR_KEYS, RV_KEYS):
+    if keys not in (KEYS, WG_KEYS, TMA_KEYS, SA_KEYS, LR_KEYS, SA_LR_KEYS, RV_KEYS):
         raise ConfigError(f"csr (fp16/bf16) config needs the keys {', '.join(KEYS)} "
                           f"(and wg = 1 for wgmma, with tma = 1 for its TMA-fed stages, "
                           f"with sa = 1 for A decoded into shared memory and lr = 1 for "
@@ -239,11 +240,12 @@ def check(config: dict, matrix: SparseMatrix, op: Operation,
 MMA_SHAPES = ((1, 4), (2, 2), (2, 4), (1, 8))
 SMALL_SHAPES = ((1, 1), (1, 2))
 DECODE_BN = (16, 64)
+RV_DENSITY = 0.2   # at or below: the hints put the register-values tiles first
 PREFILL_BN = (64, 128)
 
 
 def search_space(matrix: SparseMatrix, op: Operation, device: Optional[dict]) -> list[dict]:
-    """The configurations the tuner searches (about 130 on sm_80, 340 on
+    """The configurations the tuner searches (about 150 on sm_80, 370 on
     sm_90a): decode-shaped ones (BN 16 or 64, 4 stages, warps and clusters
     splitting K for parallelism) and prefill-shaped ones (BN 64-256; wgmma
     on sm_90a).  N is not known here: the space covers both; the hints put
@@ -262,6 +264,11 @@ def search_space(matrix: SparseMatrix, op: Operation, device: Optional[dict]) ->
                 for bn in DECODE_BN:
                     for ck in ck_choices:
                         cands.append(dict(mf=mf, wm=wm, wk=wk, ksw=ksw, bn=bn, stages=4, ck=ck))
+                        if ksw == 4 and bn == 16:
+                            # the bitmaps with register values: fewer
+                            # instructions a tile, about 2 d bytes more an
+                            # entry (they win at low density, N = 16)
+                            cands.append(dict(cands[-1], rv=1))
     for mf, wm in MMA_SHAPES + (SMALL_SHAPES if matrix.rows <= 512 else ()):
         for ksw in (1, 2, 4):
             for bn in PREFILL_BN + (256,) * (mf == 1):
@@ -349,10 +356,19 @@ def hint_configs(matrix: SparseMatrix, op: Operation, device: Optional[dict],
             # against 0.0522 at 0.5)
             dec16 = [mma16, dict(TMA_DECODE, bn=16, ck=4), dict(TMA_DECODE, bn=16, ck=8),
                      mma16_pairs, dict(TMA_DECODE, bn=16, ck=2)]
+            if matrix.density <= RV_DENSITY:
+                # at low density the bitmaps with register values first (H100,
+                # N = 16, density 0.1: 4096 x 4096 0.0109 ms against 0.0118;
+                # 11008 x 4096, pairs of strips, 0.0194 against 0.0234;
+                # 4096 x 11008 0.0207 against 0.0239; level to 5% ahead at
+                # 0.2, 2-12% behind at 0.3; where the TMA tiles won none)
+                dec16 = [dict(mma16, rv=1), dict(mma16_pairs, rv=1), mma16] + dec16[1:]
             dec64 = [dict(TMA_DECODE, bn=64, ck=2, sa=1, lr=1), dict(TMA_DECODE, bn=64, ck=2),
                      dict(TMA_DECODE, bn=64, ck=8), dict(TMA_DECODE, bn=64, ck=4), mma64]
         else:
             dec16, dec64 = [mma16, mma16_pairs], [mma64]
+            if matrix.density <= RV_DENSITY:
+                dec16 = [dict(mma16, rv=1), dict(mma16_pairs, rv=1)] + dec16
         # N known: its tile's width first; unknown: in turn
         if n is None:
             hints = [c for pair in itertools.zip_longest(dec16, dec64) for c in pair if c]

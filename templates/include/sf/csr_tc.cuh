@@ -25,6 +25,11 @@
 //             nonzeros in fragment order (lane, then slot)
 // A lane's first value is base + p[lane/4] + popc(its word's bits below
 // its byte), and its slots take the following values in slot order.
+// Register values (RV, mma.sync): the values are each nonzero A register
+// whole (a zero in an empty half), in tile, lane, register order; p and
+// base count registers (base in 16-bit values), and a lane's first
+// register is base + 2 (p[lane/4] + the registers of the lanes before it
+// in its word), each read by one 4-byte load (lane_regvals).
 //
 // Sections (16-byte aligned, offsets in Problem): blocks int4[NUM_BLOCKS]
 // {first stage, stages, first row, 0} in schedule order (the most stages
@@ -103,7 +108,7 @@ struct Config {
   static constexpr int TABS = TABS_;      // the most stages one CTA runs (the plan's)
   static constexpr bool TMA = TMA_;       // a producer warp fills the stages (TMA, bulk copies)
   static constexpr bool SA = SA_;         // TMA: A decoded into shared memory, wgmma from there
-  static constexpr bool LR = LR_;         // W as lane records (a u32 a lane and tile; TMA or mma.sync)
+  static constexpr bool LR = LR_;         // TMA: W as lane records (a u32 a lane and tile)
   static constexpr bool RV = RV_;         // mma.sync: the bitmaps, values as whole registers
 
   static constexpr int WARPS = WM * WK;   // the warps that compute
@@ -158,8 +163,8 @@ struct Config {
   static_assert(!WG || KSW % 2 == 0, "WG: the A registers alternate between two sets");
   static_assert(!TMA || (WG && WK == 1), "TMA: wgmma, one warpgroup column");
   static_assert(!SA || (TMA && BK <= 64), "SA: the TMA kernel, A rows of at most 128 bytes");
-  static_assert(!LR || TMA || !WG, "LR: the TMA kernel or mma.sync");
-  static_assert(!RV || (!WG && !LR), "RV: the mma.sync kernels, with the bitmap records");
+  static_assert(!LR || TMA, "LR: the TMA kernel");
+  static_assert(!RV || !WG, "RV: the mma.sync kernels");
   // The configuration's constraints are asserted by the generated source,
   // from the table the search space filters with
   // (generator/families/csr/tc.py).
@@ -516,8 +521,6 @@ __device__ __forceinline__ void decode_tile(unsigned (&a)[4], const unsigned cha
                                             const LaneBits &lb) {
   if constexpr (C::RV)
     lane_registers(a, vals, lane_regvals<C>(stage, j, s, lb));
-  else if constexpr (C::LR)
-    lane_registers(a, vals, lane_record<C>(stage, j, s, threadIdx.x & 31));
   else
     tile_values(a, vals, lane_tile<C>(stage, j, s, lb));
 }
