@@ -134,6 +134,23 @@ def _set_slots(rec) -> np.ndarray:
     return bits.reshape(32, 4, 2).astype(bool)
 
 
+def test_hints_put_register_values_first_at_low_density():
+    """Hopper, density 0.2 and below: the bitmap format's N = 16 hints open
+    with the mma.sync tiles reading register values (faster there, H100,
+    bench/RESULTS.md 2026-11-26), the bitmaps' twin kept behind them; above,
+    no register values.  The family's hints interleave them with the split
+    2:4 tiles; the untuned default is the first."""
+    op = Operation("fp16", "tm")
+    low, high = random_matrix(600, 512, 0.1, seed=3), random_matrix(600, 512, 0.3, seed=3)
+    first = tc.hint_configs(low, op, H100, n=16)
+    assert first[0].get("rv") == 1 and first[0]["bn"] == 16 and not first[0].get("wg")
+    assert {k: v for k, v in first[0].items() if k != "rv"} in first[1:]
+    assert not any(c.get("rv") for c in tc.hint_configs(high, op, H100, n=16))
+    assert any(c.get("rv") for c in FAM.hint_configs(low, op, {}, H100, n=16)[:4])
+    assert FAM.default_config(low, op, {}, H100).get("rv") == 1
+    assert FAM.default_config(high, op, {}, H100).get("rv") is None
+
+
 def test_lane_records_name_each_lanes_registers():
     """The lane-record variant: a lane's record holds its slot mask and the
     offset of its first register; its nonzero registers follow whole, a

@@ -53,7 +53,6 @@ BN_CHOICES = (16, 32, 64, 128, 256)
 WG_BN_CHOICES = (16, 32, 64, 128, 256)   # the register-A wgmma wrappers (mma_sm90.cuh)
 PREFILL_WG_BN = (64, 128, 256)       # the cp.async wgmma path's (below 64: the TMA decode tiles)
 TMA_DECODE_BN = (16, 64)
-RV_DENSITY = 0.2   # at or below: the hints put the register-values tiles first
 # the decode tile fed by TMA: one warpgroup of 64 rows, four k-steps a
 # stage, a cluster splitting K (bn and ck: the search's)
 TMA_DECODE = dict(mf=1, wm=4, wk=1, ksw=4, bn=16, stages=4, ck=4, wg=1, tma=1)
@@ -150,7 +149,7 @@ TABLE = [
                "lr: with A decoded into shared memory (sa, itself the TMA kernel's; with A "
                "in registers ptxas serializes the wgmma)", when=LR),
     # the bitmaps with register values (the mma.sync kernels only: check_keys;
-    # lane records there were at most 3% faster than rv, storing 0.38 bytes
+    # lane records there were at most 3% faster than rv, storing 0.31 bytes
     # more an entry)
     Constraint("rv == 1", "rv = 1 selects the bitmaps with register values (omit the key "
                "otherwise)", when=RV),
@@ -161,7 +160,8 @@ TABLE = [
 ]
 
 SPACE = Space(choices={"bn": BN_CHOICES, "stages": STAGE_CHOICES, "ck": CK_CHOICES},
-              constraints=TABLE, derived=DERIVED, defaults={"wg": 0, "tma": 0, "sa": 0, "lr": 0, "rv": 0})
+              constraints=TABLE, derived=DERIVED,
+              defaults={"wg": 0, "tma": 0, "sa": 0, "lr": 0, "rv": 0})
 
 
 def problem(layout_: str, vmax: int, smax: int, k: int) -> dict:
@@ -266,7 +266,7 @@ def search_space(matrix: SparseMatrix, op: Operation, device: Optional[dict]) ->
                         cands.append(dict(mf=mf, wm=wm, wk=wk, ksw=ksw, bn=bn, stages=4, ck=ck))
                         if ksw == 4 and bn == 16:
                             # the bitmaps with register values: fewer
-                            # instructions a tile, about 2 d bytes more an
+                            # instructions a tile, 2 d (1 - d) bytes more an
                             # entry (they win at low density, N = 16)
                             cands.append(dict(cands[-1], rv=1))
     for mf, wm in MMA_SHAPES + (SMALL_SHAPES if matrix.rows <= 512 else ()):
@@ -488,8 +488,8 @@ def render_kernel(p: TcPlan, op: Operation, float_literal) -> Kernel:
     threads = env["threads"]
     source = render("csr_tc.cu.j2", name=p.name, dtype=p.dtype, layout=p.layout, m=m, k=k,
                     nnz=p.nnz, mf=c["mf"], wm=c["wm"], wk=c["wk"], ksw=c["ksw"], bn=c["bn"],
-                    stages=c["stages"], ck=c["ck"], wg=wg, tma=tma, sa=sa, lr=lr, rv=rv, vmax=p.vmax,
-                    tabs=env["tabs"],
+                    stages=c["stages"], ck=c["ck"], wg=wg, tma=tma, sa=sa, lr=lr, rv=rv,
+                    vmax=p.vmax, tabs=env["tabs"],
                     bm=env["bm"], bk=env["bk"],
                     num_blocks=p.num_blocks, off=p.offsets, has_bias=p.has_bias,
                     act=op.act_code, scale=float_literal(np.float32(op.epilogue.scale)),
