@@ -281,22 +281,31 @@ def _pack_bitmaps(matrix: SparseMatrix, dtype: str, ks: int, ms: int, total: int
     rec = np.zeros(ntiles, dtype=RECORD)
     voff = np.zeros(total + 1, dtype=np.int64)
     if ntiles:
-        word_key = tile * 8 + bit // 32
-        words = np.bincount(word_key, weights=np.ldexp(1.0, (bit % 32).astype(np.int32)),
-                            minlength=ntiles * 8)
-        rec["w"] = words.astype(np.uint64).astype(np.uint32).reshape(ntiles, 8)
-        per_word = np.bincount(word_key, minlength=ntiles * 8).reshape(ntiles, 8)
-        pre = np.zeros((ntiles, 8), dtype=np.int64)
-        pre[:, 1:] = np.cumsum(per_word, axis=1)[:, :-1]
-        rec["p"] = pre.astype(np.uint8)
-        counts = per_word.sum(axis=1)
-        start = np.zeros(ntiles, dtype=np.int64)
-        start[1:] = np.cumsum(counts)[:-1]
+        per_word = np.bincount(tile * 8 + bit // 32, minlength=ntiles * 8).reshape(ntiles, 8)
+        start = _fill_records(rec, tile, bit, per_word)
         voff[:-1] = start[::ks * ms]
         voff[-1] = matrix.nnz
         rec["base"] = (start - np.repeat(voff[:-1], ks * ms)).astype(np.uint32)
-        rec["count"] = counts.astype(np.uint32)
     return rec, vals, voff
+
+
+def _fill_records(rec: np.ndarray, tile: np.ndarray, bit: np.ndarray,
+                  per_word: np.ndarray) -> np.ndarray:
+    """Fills the bitmap records' words, prefix counts (p) and counts from
+    the set bits and what each word counts (values, or registers); returns
+    each tile's first, counted the same way (the caller sets base)."""
+    ntiles = rec.size
+    words = np.bincount(tile * 8 + bit // 32, weights=np.ldexp(1.0, (bit % 32).astype(np.int32)),
+                        minlength=ntiles * 8)
+    rec["w"] = words.astype(np.uint64).astype(np.uint32).reshape(ntiles, 8)
+    pre = np.zeros((ntiles, 8), dtype=np.int64)
+    pre[:, 1:] = np.cumsum(per_word, axis=1)[:, :-1]
+    rec["p"] = pre.astype(np.uint8)
+    counts = per_word.sum(axis=1)
+    rec["count"] = counts.astype(np.uint32)
+    start = np.zeros(ntiles, dtype=np.int64)
+    start[1:] = np.cumsum(counts)[:-1]
+    return start
 
 
 def _register_values(matrix: SparseMatrix, dtype: str, bm: int, ks: int, windows: bool,
@@ -319,21 +328,11 @@ def _pack_regvals(matrix: SparseMatrix, dtype: str, bm: int, ks: int, windows: b
     regs, vals, voff = _register_values(matrix, dtype, bm, ks, windows, bit)
     rec = np.zeros(ntiles, dtype=RECORD)
     if ntiles:
-        word_key = tile * 8 + bit // 32
-        words = np.bincount(word_key, weights=np.ldexp(1.0, (bit % 32).astype(np.int32)),
-                            minlength=ntiles * 8)
-        rec["w"] = words.astype(np.uint64).astype(np.uint32).reshape(ntiles, 8)
-        reg_tile = regs.key // 128                        # key = (tile * 32 + lane) * 4 + reg
+        # registers a word (key = (tile * 32 + lane) * 4 + reg: a word is 4 lanes)
         per_word = np.bincount(regs.key // 16, minlength=ntiles * 8).reshape(ntiles, 8)
-        pre = np.zeros((ntiles, 8), dtype=np.int64)
-        pre[:, 1:] = np.cumsum(per_word, axis=1)[:, :-1]
-        rec["p"] = pre.astype(np.uint8)
-        counts = np.bincount(reg_tile, minlength=ntiles)
-        start = np.zeros(ntiles, dtype=np.int64)
-        start[1:] = np.cumsum(counts)[:-1]
+        start = _fill_records(rec, tile, bit, per_word)
         stage = np.arange(ntiles) // (ks * (bm // TILE))
         rec["base"] = (2 * start - voff[stage]).astype(np.uint32)
-        rec["count"] = counts.astype(np.uint32)
     return rec, vals, voff, regs.vmax
 
 
@@ -497,14 +496,16 @@ def emulate_decode(packed: bytes, stage: int, j: int, strip: int) -> np.ndarray:
     shift = v0 % 8                       # where the stage's first value lands
     chunk = s.values[v0 - shift:]        # the copy starts at v0 rounded down
     out = np.zeros((32, 4, 2), dtype=np.float32)
+    def registers(lane, mask, ptr):      # each register with a set slot: one 4-byte load
+        for reg in range(4):
+            if (mask >> (2 * reg)) & 3:
+                out[lane, reg] = chunk[ptr:ptr + 2]
+                ptr += 2
+
     if s.lanes:                          # the record, then a register a load
         for lane in range(32):
-            mask = int(r[lane]) >> LANE_OFFSET_BITS
-            ptr = shift + (int(r[lane]) & ((1 << LANE_OFFSET_BITS) - 1))
-            for reg in range(4):
-                if (mask >> (2 * reg)) & 3:
-                    out[lane, reg] = chunk[ptr:ptr + 2]
-                    ptr += 2
+            registers(lane, int(r[lane]) >> LANE_OFFSET_BITS,
+                      shift + (int(r[lane]) & ((1 << LANE_OFFSET_BITS) - 1)))
         return out
     for lane in range(32):
         q, rr = lane >> 2, lane & 3
@@ -513,11 +514,8 @@ def emulate_decode(packed: bytes, stage: int, j: int, strip: int) -> np.ndarray:
         mask = (word >> (8 * rr)) & 0xFF
         if s.regvals:                    # registers: bit 2 reg of each lane's byte
             regs_below = (below | below >> 1) & 0x55555555
-            ptr = shift + int(r["base"]) + 2 * (int(r["p"][q]) + bin(regs_below).count("1"))
-            for reg in range(4):
-                if (mask >> (2 * reg)) & 3:
-                    out[lane, reg] = chunk[ptr:ptr + 2]
-                    ptr += 2
+            registers(lane, mask,
+                      shift + int(r["base"]) + 2 * (int(r["p"][q]) + bin(regs_below).count("1")))
             continue
         ptr = shift + int(r["base"]) + int(r["p"][q]) + bin(below).count("1")
         for i in range(8):
