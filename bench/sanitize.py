@@ -50,7 +50,7 @@ def spread(space, per):
 CASES = [("csr", "fp32", "fm"), ("csr", "fp32", "tm"), ("csr", "fp16", "fm"), ("csr", "bf16", "tm"),
          ("bsr:32x32", "fp16", "fm"),
          ("bsr:64x64", "bf16", "fm"), ("shflbw:64", "fp16", "fm"), ("shflbw:32", "bf16", "fm"),
-         ("shflbw:64", "fp16", "tm"), ("bsr:16x8", "bf16", "tm"),
+         ("shflbw:64", "fp16", "tm"), ("bsr:16x8", "bf16", "tm"), ("bsr:64x64", "fp16", "tm"),
          ("nm24", "fp16", "fm"), ("nm24", "bf16", "tm")]
 bad = 0
 for pattern, dtype, layout in CASES:

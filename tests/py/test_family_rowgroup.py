@@ -59,9 +59,7 @@ def emulate(plan, x):
     m, k = plan.shape
     bm, bk, raw = plan.bm, plan.bk, plan.packed
     total = plan.total_chunks
-    from sparseforge.generator.matrix import from_device_bytes
-    w = from_device_bytes(raw[plan.offsets["weights"]:], plan.dtype, total * bm * bk)
-    w = w.reshape(total, bm, bk).astype(np.float64)
+    w = plan_mod.chunk_weights(plan).astype(np.float64)   # (a swizzled plan's rows put back)
     idx = np.frombuffer(raw, np.int32, total * bk, plan.offsets["indices"]).reshape(total, bk)
     slots = np.frombuffer(raw, np.int32, plan.num_slots * 4, plan.offsets["slots"]).reshape(-1, 4)
     rows = np.frombuffer(raw, np.int32, m, plan.offsets["rows"]) if plan.permuted else None
@@ -429,6 +427,73 @@ def test_invalid_wgmma_configs_name_their_constraint(rng, change, constraint):
         fam.check_config(dict(CFG, tn=2), mat, FP16, {"v": 64}, HOPPER)
 
 
+TMA_CFG = dict(WG_CFG, bk=64, bn=128, wn=1, tma=1)
+TM16 = Operation("fp16", "tm")
+
+
+@pytest.mark.parametrize("family,params,shape,change,constraint", [
+    ("bsr", {"br": 64, "bc": 64}, (128, 256), {}, None),
+    ("bsr", {"br": 64, "bc": 64}, (128, 256), {"layout": "fm"}, "tm == 1: the TMA path is token-major"),
+    ("bsr", {"br": 64, "bc": 32}, (128, 256), {}, "xrun >= bk and xrun % bk == 0"),
+    ("bsr", {"br": 64, "bc": 64}, (128, 200), {}, "xrun >= bk"),       # K not a multiple of bc
+    ("bsr", {"br": 64, "bc": 16}, (128, 200), {"bk": 16}, "xrun >= bk"),  # K not a multiple of bc either
+    ("shflbw", {"v": 64}, (128, 256), {}, "xrun >= bk"),               # columns one at a time
+    ("bsr", {"br": 64, "bc": 64}, (128, 256), {"bn": 512, "wn": 2, "stages": 3},
+     "a TMA box of X has at most 256 tokens"),
+    ("bsr", {"br": 64, "bc": 64}, (128, 256), {"tma": 2}, "tma == 1: tma = 1 selects"),
+    ("bsr", {"br": 64, "bc": 64}, (128, 256), {"tn": 2}, "keys"),       # one tile of N a CTA
+    ("bsr", {"br": 64, "bc": 64}, (128, 256), {"wg": None}, "keys"),    # wgmma's alone
+])
+def test_tma_configs_name_their_constraint(rng, family, params, shape, change, constraint):
+    """The TMA-fed path takes token-major chunks that are one run of X's
+    columns (bsr blocks a multiple of BK wide, K a multiple of them and of
+    8), boxes of at most 256 tokens, one tile of N a CTA."""
+    fam = get_family(family)
+    mat = (make_bsr(*shape, params["br"], params["bc"], 0.5, rng) if family == "bsr"
+           else make_shflbw(*shape, params["v"], 0.5, rng))
+    change = dict(change)
+    op = Operation("fp16", change.pop("layout", "tm"))
+    cfg = {k: v for k, v in dict(TMA_CFG, **change).items() if v is not None}
+    if constraint is None:
+        fam.check_config(cfg, mat, op, params, HOPPER)
+        assert cfg in fam.search_space(mat, op, params, HOPPER)
+        return
+    with pytest.raises(ConfigError, match=constraint):
+        fam.check_config(cfg, mat, op, params, HOPPER)
+
+
+@pytest.mark.parametrize("br,bc,bk", [(64, 64, 64), (64, 64, 32), (32, 32, 16), (128, 64, 64),
+                                      (64, 128, 32)])
+def test_tma_plan_swizzles_chunks_and_round_trips(rng, br, bc, bk):
+    """A TMA plan packs each chunk's rows in the shared tile's swizzled
+    order (16-byte chunk ch of row r at ch XOR the row's swizzle phase) and
+    is otherwise the cp.async plan: same indices, slots, same matrix back,
+    same product."""
+    m, k = 200, 512
+    mat = make_bsr(m, k, br, bc, 0.3, rng, empty_block_rows=(1,))
+    fam, params = get_family("bsr"), {"br": br, "bc": bc}
+    wm = rowgroup.wg_tile_rows(fam.tile_rows(mat, params)) // 16
+    base = dict(WG_CFG, bk=bk, bn=128, wm=wm, wn=1)
+    plain = fam.plan(mat, TM16, params, base)
+    tma = fam.plan(mat, TM16, params, dict(base, tma=1))
+    assert tma.swizzled and not plain.swizzled and tma.packed is not plain.packed
+    assert plain.offsets == tma.offsets      # the sections after the weights: byte for byte
+    assert plain.packed[plain.offsets["indices"]:] == tma.packed[tma.offsets["indices"]:]
+    raw = lambda p: np.frombuffer(p.packed, np.uint16, p.total_chunks * p.bm * bk,
+                                  p.offsets["weights"]).reshape(p.total_chunks, p.bm, bk // 8, 8)
+    w0, w1 = raw(plain), raw(tma)
+    phase = {8: lambda r: r % 8, 4: lambda r: (r // 2) % 4, 2: lambda r: (r // 4) % 2}[bk // 8]
+    for r in range(plain.bm):
+        for ch in range(bk // 8):
+            np.testing.assert_array_equal(w1[:, r, ch ^ phase(r)], w0[:, r, ch])
+    assert_round_trip(fam, mat, tma)
+    x = round_to_dtype(rng.standard_normal((k, 3)), "fp16").astype(np.float64)
+    np.testing.assert_allclose(emulate(tma, x), reference(mat, x, FP16), rtol=1e-9, atol=1e-9)
+    k_ = fam.generate(mat, TM16, params, dict(base, tma=1))
+    assert k_.launch["block"][0] == 32 * wm + 32          # the consumers and a producer warp
+    assert "SF_DECLARE_X_MAP(2, 512, %d, 128)" % bk in k_.source
+
+
 def test_streamed_tiles_kernel(rng):
     """tn: one CTA per tn tiles of N (the grid's N axis counts bn * tn
     columns a block), the same shared memory as one tile."""
@@ -725,6 +790,18 @@ WG_TM_COMPILE_CASES = [
     ("shflbw-tm", {"v": 64}, "bf16", Epilogue(), dict(WG_CFG, bn=256, wn=2, stages=5, tn=2)),
 ]
 COMPILE_CASES += WG_TM_COMPILE_CASES
+# TMA-fed wgmma, token-major (sm_90a): bsr blocks a multiple of BK wide, one box of X a chunk
+TMA_COMPILE_CASES = [
+    ("bsr-tm", {"br": 64, "bc": 64}, "fp16", Epilogue(bias=True, activation="gelu"),
+     dict(WG_CFG, bk=64, bn=128, wn=1, stages=4, tma=1)),
+    ("bsr-tm", {"br": 64, "bc": 64}, "bf16", Epilogue(), dict(WG_CFG, bk=32, bn=256, wn=2, stages=5,
+                                                            tma=1)),
+    ("bsr-tm", {"br": 32, "bc": 32}, "fp16", Epilogue(activation="relu"),
+     dict(WG_CFG, bk=16, bn=64, wn=1, stages=6, tma=1)),
+    ("bsr-tm", {"br": 128, "bc": 64}, "fp16", Epilogue(bias=True),
+     dict(WG_CFG, bk=64, bn=256, wm=8, wn=1, stages=3, tma=1)),
+]
+COMPILE_CASES += TMA_COMPILE_CASES
 
 
 @pytest.mark.parametrize("case", range(len(COMPILE_CASES)))
@@ -913,6 +990,24 @@ GPU_CASES = [
      dict(WG_CFG, bn=256, wn=2, stages=5, tn=2), (1, 100, 1000)),
     ("bsr-tm", {"br": 16, "bc": 8}, "zero", (50, 40), "fp16", Epilogue(bias=True, activation="relu"),
      dict(WG_CFG, bn=64, wn=1, tn=2), (1, 200)),
+    # TMA-fed wgmma, token-major (sm_90a): odd N (boxes past N), groups cut
+    # at M (element stores), 32-row groups (zero A rows), 2 warpgroups
+    # along M or N, every BK, empty groups, a group of 72 chunks (the
+    # producer's columns reloaded past 32), more CTAs than fill the GPU once
+    ("bsr-tm", {"br": 64, "bc": 64}, "bsr", (256, 512), "fp16", Epilogue(bias=True, activation="gelu"),
+     dict(WG_CFG, bk=64, bn=128, wn=1, stages=4, tma=1), (1, 77, 1024)),
+    ("bsr-tm", {"br": 64, "bc": 64}, "bsr", (300, 512), "bf16", Epilogue(),
+     dict(WG_CFG, bn=256, wn=2, stages=5, tma=1), (5, 300)),
+    ("bsr-tm", {"br": 32, "bc": 32}, "bsr", (200, 320), "fp16", Epilogue(activation="relu", scale=0.5),
+     dict(WG_CFG, bk=16, bn=64, wn=1, stages=6, tma=1), (16, 130)),
+    ("bsr-tm", {"br": 128, "bc": 64}, "bsr", (256, 640), "bf16", Epilogue(bias=True),
+     dict(WG_CFG, bk=64, bn=256, wm=8, wn=1, stages=3, tma=1), (40, 600)),
+    ("bsr-tm", {"br": 64, "bc": 32}, "skew", (256, 2304), "fp16", Epilogue(bias=True, activation="gelu"),
+     dict(WG_CFG, bn=128, wn=1, stages=3, tma=1), (33, 257)),
+    ("bsr-tm", {"br": 64, "bc": 64}, "skew", (4096, 256), "fp16", Epilogue(bias=True),
+     dict(WG_CFG, bk=64, bn=128, wn=1, stages=4, tma=1), (2000,)),
+    ("bsr-tm", {"br": 64, "bc": 64}, "zero", (64, 64), "fp16", Epilogue(bias=True, activation="relu"),
+     dict(WG_CFG, bk=64, bn=64, wn=1, stages=3, tma=1), (1, 70)),
 ]
 
 
@@ -952,7 +1047,8 @@ def test_gpu_correct(case):
 @pytest.mark.parametrize("family, params, layout, cfg, n", [
     ("shflbw", {"v": 64}, "tm", KS_CFG, 16),                         # decode, split K
     ("shflbw", {"v": 64}, "tm", dict(WG_CFG, bn=128, wn=1), 300),    # wgmma, element gather
-    ("bsr", {"br": 64, "bc": 64}, "fm", dict(WG_CFG, bn=128, wn=1), 256)])
+    ("bsr", {"br": 64, "bc": 64}, "fm", dict(WG_CFG, bn=128, wn=1), 256),
+    ("bsr", {"br": 64, "bc": 64}, "tm", dict(WG_CFG, bk=64, bn=128, wn=1, tma=1), 300)])
 def test_gpu_dependent_launches(family, params, layout, cfg, n):
     """On sm_90 the row-group kernels are launched as programmatic
     dependents of the stream's previous work (SF_DECLARE_PDL): three back

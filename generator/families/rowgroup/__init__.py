@@ -35,8 +35,8 @@ from ...kernel import (ConfigError, Kernel, Operation, config_name, make_launch,
                        smem_limit)
 from ...matrix import SparseMatrix
 from . import space
-from .plan import (ELEM_T, Grouping, RowGroupPlan, build_plan, build_shared_plan, cost_classes,
-                   round_up, unpack_plan)
+from .plan import (ELEM_T, Grouping, RowGroupPlan, build_plan, build_shared_plan,
+                   contiguous_runs, cost_classes, round_up, unpack_plan)
 
 SM_SMEM = 228 * 1024     # shared memory of an sm_90 multiprocessor (1 KB of it per CTA is reserved)
 TABLE_SOURCE = "generator/families/rowgroup/space.py"
@@ -45,6 +45,11 @@ TABLE_SOURCE = "generator/families/rowgroup/space.py"
 def is_wg(config: dict) -> bool:
     """Whether a configuration takes the wgmma (sm_90a) path."""
     return bool(config.get("wg", 0))
+
+
+def is_tma(config: dict) -> bool:
+    """Whether a configuration takes the TMA-fed wgmma path."""
+    return bool(config.get("tma", 0))
 
 
 def is_xs(config: dict) -> bool:
@@ -57,9 +62,10 @@ def wg_tile_rows(bm: int) -> int:
     return max(64, round_up(bm, 64))
 
 
-def problem(bm: int, layout: str) -> dict:
-    """The constants of the constraint table that the problem fixes."""
-    return {"bm": bm, "tm": int(layout == "tm")}
+def problem(bm: int, layout: str, xrun: int = 0) -> dict:
+    """The constants of the constraint table that the problem fixes (xrun:
+    plan.contiguous_runs)."""
+    return {"bm": bm, "tm": int(layout == "tm"), "xrun": xrun}
 
 
 def device_constants(device: Optional[dict]) -> dict:
@@ -123,6 +129,10 @@ class RowGroupFamily(Family):
     def _check_params(self, params: dict) -> tuple:
         raise NotImplementedError
 
+    def xrun(self, matrix: SparseMatrix, params: dict) -> int:
+        """The aligned runs of columns X's tensor map reads whole (0: none)."""
+        return contiguous_runs(self.grouping(matrix, params), matrix.cols)
+
     # -- grouping, cached per matrix object -----------------------------------
     def grouping(self, matrix: SparseMatrix, params: dict) -> Grouping:
         key = (id(matrix), self._check_params(params), matrix.nnz, matrix.shape)
@@ -154,8 +164,8 @@ class RowGroupFamily(Family):
         if keys not in space.KEY_SETS:
             raise ConfigError(f"keys: a {self.name} configuration has exactly "
                               f"{space.CONFIG_KEYS} (or those and 'ks' for split K, or 'wg', "
-                              f"optionally with 'tn', for the wgmma path, or 'xr' and 'xu' for "
-                              f"the shared gather), got {keys}")
+                              f"optionally with 'tn' or 'tma', for the wgmma path, or 'xr' and "
+                              f"'xu' for the shared gather), got {keys}")
         for k_ in keys:
             if not isinstance(config[k_], (int, np.integer)) or isinstance(config[k_], bool):
                 raise ConfigError(f"{k_}: must be an integer, got {config[k_]!r}")
@@ -165,7 +175,8 @@ class RowGroupFamily(Family):
         if config.get("ks") == 1:
             raise ConfigError("ks: omit the key for one CTA per group (one configuration, "
                               "one spelling)")
-        space.SPACE.check(config, problem(self.tile_rows(matrix, params), op.layout),
+        space.SPACE.check(config, problem(self.tile_rows(matrix, params), op.layout,
+                                          self.xrun(matrix, params)),
                           device_constants(device))
 
     @staticmethod
@@ -190,8 +201,10 @@ class RowGroupFamily(Family):
         # streamed tiles: BK = 32 only.  With BK = 64 they spill a few bytes
         # with a fused GELU (sm_90a; over 64-row tiles they also lost in the
         # probe of bench/RESULTS.md), and with BK = 16 half the output tile
-        # does not fit a stage
-        return base + [dict(c, tn=tn) for tn in space.TN_CHOICES for c in base if c["bk"] == 32]
+        # does not fit a stage.  The TMA-fed path (token-major, bsr) on
+        # every shape of the base whose box fits.
+        return base + [dict(c, tma=1) for c in base if c["bn"] <= space.TMA_MAX_BN] + \
+            [dict(c, tn=tn) for tn in space.TN_CHOICES for c in base if c["bk"] == 32]
 
     def search_space(self, matrix: SparseMatrix, op: Operation, params: dict,
                      device: Optional[dict] = None) -> list[dict]:
@@ -307,14 +320,14 @@ class RowGroupFamily(Family):
             np.ascontiguousarray(bias, dtype=np.float64).tobytes(), digest_size=16).digest()
         key = ("rowgroup.plan", self.name, self._check_params(params), op.dtype,
                op.epilogue.bias, bias_key, config["bk"], config.get("tn", 1),
-               (config["xr"], config["xu"]) if xs else None)
+               (config["xr"], config["xu"]) if xs else None, is_tma(config))
         if xs:
             return matrix.cached(key, lambda: build_shared_plan(
                 matrix, op, self.grouping(matrix, params), config["bk"], config["xr"],
                 config["xu"], family=self.name, tag=self.tag(params), bias=bias))
         return matrix.cached(key, lambda: build_plan(
             matrix, op, self.grouping(matrix, params), config["bk"], family=self.name,
-            tag=self.tag(params), bias=bias, tn=config.get("tn", 1)))
+            tag=self.tag(params), bias=bias, tn=config.get("tn", 1), swizzled=is_tma(config)))
 
     def unpack(self, plan: RowGroupPlan) -> SparseMatrix:
         return unpack_plan(plan)
@@ -326,7 +339,9 @@ class RowGroupFamily(Family):
         tn = config.get("tn", 1)
         ks = config.get("ks", 1)
         scale = float(np.float32(op.epilogue.scale))
-        checks = space.SPACE.static_asserts(config, problem(plan.bm, op.layout), TABLE_SOURCE)
+        xrun = plan.bk if plan.swizzled else 0  # (the packer checked every chunk is one run)
+        checks = space.SPACE.static_asserts(config, problem(plan.bm, op.layout, xrun),
+                                            TABLE_SOURCE)
         source = render(self.template, name=name, family=plan.family, tag=plan.tag,
                         dtype=plan.dtype, elem_t=ELEM_T[plan.dtype], m=plan.shape[0],
                         k=plan.shape[1], num_slots=plan.num_slots, group_rows=plan.group_rows,
@@ -335,7 +350,8 @@ class RowGroupFamily(Family):
                         permuted=plan.permuted, has_bias=plan.has_bias, layout=op.layout,
                         runs8=plan.runs8, act=op.act_code, scale=scale.hex() + "f",
                         smem_bytes=e["smem"], min_blocks=min_blocks(plan.bm, config, op.layout),
-                        tn=tn, ks=ks, class_ends=cost_classes(plan, tn), constraints=checks,
+                        tn=tn, ks=ks, tma=is_tma(config), class_ends=cost_classes(plan, tn),
+                        constraints=checks,
                         **tile)
         # split K: a cluster of ks CTAs along z per (group, tile of N)
         launch = make_launch(grid=(max(1, plan.num_slots), 1, ks), block=(e["threads"],), n_axis=1,

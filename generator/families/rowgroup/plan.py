@@ -121,6 +121,8 @@ class RowGroupPlan:
     meta: dict = field(default_factory=dict)
     xr: int = 0                       # shared gather: groups per CTA (0: one group per CTA)
     xu: int = 0                       # shared gather: rows of X per chunk
+    swizzled: bool = False            # TMA path: each chunk's rows stored in the shared tile's
+                                      # swizzled order (one bulk copy lands it as the wgmma reads it)
 
     @property
     def num_slots(self) -> int:
@@ -212,13 +214,49 @@ def cost_classes(plan: "RowGroupPlan", tn: int = 1) -> list[int]:
     return ends[:MAX_COST_CLASSES - 1] + [n]
 
 
+def swizzle_chunks(bk: int, rows: int) -> np.ndarray:
+    """Where each 16-byte chunk of a row lands in a swizzled shared tile of
+    BK-element rows (rowgroup.cuh, swizzle<BK / 8>): out[r, ch] is the
+    position in row r of the row's logical chunk ch."""
+    row_ch = bk // 8
+    line_rows = 1 if row_ch >= 8 else 8 // row_ch
+    mask = 7 if row_ch >= 8 else row_ch - 1
+    r = np.arange(rows)[:, None]
+    return np.arange(row_ch)[None, :] ^ ((r // line_rows) & mask)
+
+
+def _swizzle_weights(weights: np.ndarray, bk: int, inverse: bool = False) -> np.ndarray:
+    """(chunks, rows, bk) weights with each row's 8-element chunks moved to
+    (or, inverse, back from) their swizzled positions."""
+    t, rows, _ = weights.shape
+    pos = swizzle_chunks(bk, rows)                          # (rows, bk / 8)
+    w4 = weights.reshape(t, rows, bk // 8, 8)
+    out = np.empty_like(w4)
+    ri = np.arange(rows)[:, None]
+    if inverse:
+        out[:, ri, np.arange(bk // 8)[None, :]] = w4[:, ri, pos]
+    else:
+        out[:, ri, pos] = w4
+    return out.reshape(t, rows, bk)
+
+
+def contiguous_runs(grouping: Grouping, k: int) -> int:
+    """The columns of every group come in aligned runs of this many (0: no
+    such runs usable by a tensor map of X: K not a multiple of the run or
+    of 8).  A chunk of BK columns, BK dividing it, is then one box of X."""
+    run = grouping.run
+    return run if run > 1 and k % run == 0 and k % 8 == 0 else 0
+
+
 def build_plan(matrix: SparseMatrix, op: Operation, grouping: Grouping, bk: int, *,
                family: str, tag: str, bias: Optional[np.ndarray] = None,
-               tn: int = 1) -> RowGroupPlan:
+               tn: int = 1, swizzled: bool = False) -> RowGroupPlan:
     """Packs `matrix` by `grouping` into BK-chunks, longest group first.
     tn > 1 (streamed tiles): a group whose CTAs take span < tn tiles of N
     (tile_spans) has tn / span slots, each `span` tiles further along N; the
-    slots run most work (span x chunks) first."""
+    slots run most work (span x chunks) first.  swizzled (the TMA path):
+    each chunk's weights in the shared tile's swizzled order, and every
+    chunk's columns one run of X (checked)."""
     m, k = matrix.shape
     G, bm = grouping.group_rows, grouping.bm
     perm = None if is_identity(grouping.perm) else grouping.perm
@@ -262,6 +300,10 @@ def build_plan(matrix: SparseMatrix, op: Operation, grouping: Grouping, bk: int,
         code = int(tn // span[g]).bit_length() - 1 | o << 4
         slots[s] = (first[g], chunks[g], r0, (min(m, r0 + G) - r0) | code << 16)
 
+    if swizzled:
+        if total_chunks and not np.all(indices - indices[:, :1] == np.arange(bk)):
+            raise ValueError("a swizzled (TMA) plan needs every chunk's columns to be one run")
+        weights = _swizzle_weights(weights, bk)
     offsets, buf = _pack_sections([
         ("weights", to_device_bytes(weights.ravel(), op.dtype)),
         ("indices", indices.tobytes()),
@@ -278,7 +320,7 @@ def build_plan(matrix: SparseMatrix, op: Operation, grouping: Grouping, bk: int,
                         group_k=kg[[g for g, _ in sched]].astype(np.int32),
                         offsets=offsets, packed=buf, has_bias=bool(op.epilogue.bias),
                         exact=grouping.exact, stored_entries=stored, runs8=runs8,
-                        meta={"nnz": matrix.nnz})
+                        meta={"nnz": matrix.nnz}, swizzled=swizzled)
 
 
 def shared_packing(grouping: Grouping, xr: int, bk: int, xu: int) -> list:
@@ -412,12 +454,20 @@ def _unpack_shared(plan: RowGroupPlan):
     return _concat_entries(rr, cc, vv)
 
 
+def chunk_weights(plan: RowGroupPlan) -> np.ndarray:
+    """A one-group-per-CTA plan's weights as (chunks, bm, bk) float32, in
+    logical order (a swizzled plan's rows put back)."""
+    total = plan.total_chunks
+    w = from_device_bytes(plan.packed[plan.offsets["weights"]:], plan.dtype,
+                          total * plan.bm * plan.bk).reshape(total, plan.bm, plan.bk)
+    return _swizzle_weights(w, plan.bk, inverse=True) if plan.swizzled else w
+
+
 def _unpack_groups(plan: RowGroupPlan):
     """(rows, cols, values) of a one-group-per-CTA plan's nonzero entries."""
     m, bm, bk, raw = plan.shape[0], plan.bm, plan.bk, plan.packed
     total = plan.total_chunks
-    w = from_device_bytes(raw[plan.offsets["weights"]:], plan.dtype, total * bm * bk)
-    w = w.reshape(total, bm, bk)
+    w = chunk_weights(plan)
     idx = np.frombuffer(raw, dtype=np.int32, count=total * bk,
                         offset=plan.offsets["indices"]).reshape(total, bk)
     slots = np.frombuffer(raw, dtype=np.int32, count=plan.num_slots * 4,

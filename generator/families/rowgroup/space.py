@@ -8,10 +8,13 @@ A configuration takes one of three compute paths, told apart by its keys:
     mma.sync       bk bn stages wm wn            (sm_80 and newer), and
                    optionally ks (split K over a cluster of ks CTAs: sm_90a)
     wgmma          the same and wg = 1, tn       (sm_90a; tn absent = 1)
+    TMA-fed wgmma  the wgmma keys and tma = 1    (sm_90a, token-major, each chunk one
+                                                  run of X's columns: bsr blocks)
     shared gather  the same and xr, xu           (mma.sync, both layouts)
 
-The problem's constants: `bm` (a group's rows padded to 16) and `tm` (1:
-token-major); the device's: `smem_limit` and `sm90a` (1 when the kernels
+The problem's constants: `bm` (a group's rows padded to 16), `tm` (1:
+token-major) and `xrun` (a group's columns come in aligned runs of this
+many that X's tensor map can read whole; 0: none); the device's: `smem_limit` and `sm90a` (1 when the kernels
 are built for sm_90a).
 """
 from __future__ import annotations
@@ -36,9 +39,11 @@ MAX_ACC_REGS = 128
 CONFIG_KEYS = ("bk", "bn", "stages", "wm", "wn")
 WG_KEYS = tuple(sorted(CONFIG_KEYS + ("wg",)))
 WG_TN_KEYS = tuple(sorted(WG_KEYS + ("tn",)))
+TMA_KEYS = tuple(sorted(WG_KEYS + ("tma",)))
 KS_KEYS = tuple(sorted(CONFIG_KEYS + ("ks",)))
 XS_KEYS = tuple(sorted(CONFIG_KEYS + ("xr", "xu")))
-KEY_SETS = (CONFIG_KEYS, KS_KEYS, WG_KEYS, WG_TN_KEYS, XS_KEYS)
+KEY_SETS = (CONFIG_KEYS, KS_KEYS, WG_KEYS, WG_TN_KEYS, TMA_KEYS, XS_KEYS)
+TMA_MAX_BN = 256                     # rows of one TMA box of X (tokens)
 
 MMA = "not wg and not xr"
 WG = "wg"
@@ -49,7 +54,8 @@ XS = "xr > 0"
 DERIVED = {
     "tile": "max(64, cdiv(bm, 64) * 64) if wg else bm * max(1, xr)",
     "am": "bm * max(1, xr)",
-    "threads": "32 * wm * wn",
+    # TMA: a producer warp besides the consumers
+    "threads": "32 * wm * wn + (32 if tma else 0)",
     "b_rows": "xu if xr else bk",
     "mf": "tile // wm // 16",
     "nf": "bn // wn // 8",
@@ -62,7 +68,10 @@ DERIVED = {
     "c_half_bytes": "c_rows // 2 * c_ld * 2",
     # split K: the fp32 partial tile the other CTAs of the cluster read
     "p_bytes": "tile * bn * 4 if ks > 1 else 0",
-    "smem": "max(max(stages * stage_bytes, c_rows * c_ld * 2), p_bytes) + tile * 8 + (1024 if wg else 0)",
+    # the pipeline (or the output tile), the row map and biases, TMA's two
+    # mbarriers a stage, the 1 KB the kernel may skip to align the swizzled tiles
+    "smem": "max(max(stages * stage_bytes, c_rows * c_ld * 2), p_bytes) + tile * 8"
+            " + (16 * stages if tma else 0) + (1024 if wg else 0)",
 }
 
 TABLE = [
@@ -109,6 +118,17 @@ TABLE = [
                when=WG),
     Constraint("a_iters <= 16 and b_iters <= 16",
                "at most 16 16-byte loads per thread per stage and operand", when="wg or xr"),
+    # TMA-fed wgmma
+    Constraint("tma == 1", "tma = 1 selects the TMA-fed wgmma path (omit the key for cp.async)",
+               when="tma"),
+    Constraint("wg == 1", "the TMA path feeds wgmma", when="tma"),
+    Constraint("tm == 1", "the TMA path is token-major", when="tma"),
+    Constraint("xrun >= bk and xrun % bk == 0",
+               "the TMA path reads each chunk as one box of X: its BK columns are one run "
+               "(bsr blocks of a multiple of BK columns, K a multiple of them and of 8)",
+               when="tma"),
+    Constraint(f"bn <= {TMA_MAX_BN}", f"a TMA box of X has at most {TMA_MAX_BN} tokens",
+               when="tma"),
     # shared gather
     Constraint(f"xr in {XR_CHOICES}", "groups per CTA of the shared gather", when=XS),
     Constraint(f"bk in {XS_BK_CHOICES}", "BK of the shared gather", when=XS),
@@ -123,7 +143,7 @@ TABLE = [
                device=True),
 ]
 
-DEFAULTS = {"wg": 0, "tn": 1, "xr": 0, "xu": 0, "ks": 1}
+DEFAULTS = {"wg": 0, "tn": 1, "xr": 0, "xu": 0, "ks": 1, "tma": 0}
 
 MMA_SPACE = Space(choices={"bn": BN_CHOICES, "bk": BK_CHOICES, "wm": (1, 2, 4, 8),
                            "wn": (1, 2, 4, 8), "stages": STAGE_CHOICES},

@@ -92,7 +92,8 @@ namespace rowgroup {
 // ---- configuration ------------------------------------------------------------
 
 template <typename T, int BM_, int BN_, int BK_, int WM_, int WN_, int STAGES_, bool TM_ = false,
-          bool WG_ = false, int AM_ = BM_, int XR_ = 0, int U_ = 0, int TN_ = 1, int KS_ = 1>
+          bool WG_ = false, int AM_ = BM_, int XR_ = 0, int U_ = 0, int TN_ = 1, int KS_ = 1,
+          bool TMA_ = false>
 struct Config {
   using elem_t = T;
   static constexpr bool TM = TM_;         // token-major X and Y
@@ -113,9 +114,10 @@ struct Config {
   static constexpr bool TMB = TM && !XS;
   static constexpr int TN = TN_;          // tiles of N one CTA computes in turn (streamed)
   static constexpr int KS = KS_;          // split K: CTAs of a cluster (along z) sharing a group
+  static constexpr bool TMA = TMA_;       // stages fed by TMA from a producer warp (WG, TM)
 
-  static constexpr int WARPS = WM * WN;
-  static constexpr int THREADS = 32 * WARPS;
+  static constexpr int WARPS = WM * WN;   // the warps that compute (TMA: the consumers)
+  static constexpr int THREADS = 32 * WARPS + (TMA ? 32 : 0);
   static constexpr int WTM = BM / WM;     // rows of one warp's tile
   static constexpr int WTN = BN / WN;     // columns of one warp's tile
   static constexpr int MF = WTM / 16;     // m16 fragments per warp
@@ -144,15 +146,20 @@ struct Config {
   static constexpr int TILE_BYTES = PIPE_BYTES > C_BYTES ? PIPE_BYTES : C_BYTES;
   static constexpr int ROWMAP_OFF = TILE_BYTES > P_BYTES ? TILE_BYTES : P_BYTES;
   static constexpr int ROWMAP_BYTES = BM * 8;  // the row map: BM original rows, then their BM biases
+  // TMA: each stage's `full` and `empty` mbarriers (8 bytes each)
+  static constexpr int BAR_OFF = ROWMAP_OFF + ROWMAP_BYTES;
+  static constexpr int BAR_BYTES = TMA ? 16 * STAGES : 0;
   // WG: the base is rounded up to 1024 bytes in the kernel (the swizzle
   // repeat), so 1 KB more is asked for
   static constexpr int ALIGN_PAD = WG ? 1024 : 0;
-  static constexpr int SMEM_BYTES = ROWMAP_OFF + ROWMAP_BYTES + ALIGN_PAD;  // dynamic shared memory
+  static constexpr int SMEM_BYTES = BAR_OFF + BAR_BYTES + ALIGN_PAD;  // dynamic shared memory
   static constexpr int WG_M = BM / 64;    // WG: warpgroups along M
   static constexpr int WG_N = BN / WN;    // WG: the N of each warpgroup's wgmma
 
   static_assert(sizeof(T) == 2, "tensor-core path takes 16-bit elements");
   static_assert(KS == 1 || (!WG && !XS && TN == 1), "split K is on the mma.sync path alone");
+  static_assert(!TMA || (WG && TM && !XS && TN == 1 && KS == 1),
+                "the TMA path is token-major wgmma, one tile of N a CTA");
   // The configuration's constraints are asserted by the generated source,
   // from the table the search space filters with
   // (generator/families/rowgroup/space.py).
@@ -791,12 +798,13 @@ __device__ __forceinline__ void store_tile_fm(const CTile &ct, const int *s_rows
 // Token-major: Y[token, original row].  VEC (rows contiguous in M, M % 8
 // == 0, Y aligned): a run of 8 rows whose first original row is a multiple
 // of 8 is one 16-byte store; anything else goes element by element.
-template <class Cfg, class P, bool VEC>
+// NT: the threads that store (the first NT of the CTA).
+template <class Cfg, class P, bool VEC, int NT = Cfg::THREADS>
 __device__ __forceinline__ void store_tile_tm(const CTile &ct, const int *s_rows,
                                               unsigned short *y, int n_len, int n0) {
   constexpr int CHUNKS = Cfg::BN * Cfg::C_ROW_CH;
 #pragma unroll 4
-  for (int ch = threadIdx.x; ch < CHUNKS; ch += Cfg::THREADS) {
+  for (int ch = threadIdx.x; ch < CHUNKS; ch += NT) {
     const int t = ch / Cfg::C_ROW_CH, c = ch % Cfg::C_ROW_CH;
     const int tok = n0 + t;
     if (tok >= n_len) continue;
@@ -1189,6 +1197,154 @@ __device__ __forceinline__ void kernel(const unsigned char *__restrict__ packed,
     gemm_group<Cfg, P, true>(packed, x, y, n_len, n0, slot, smem, span);
   else
     gemm_group<Cfg, P, false>(packed, x, y, n_len, n0, slot, smem, span);
+}
+
+// ---- the TMA-fed path (TMA: sm_90a, token-major, wgmma) ---------------------------------
+
+// One group x BN tokens, its stages fed by a producer warp: a CTA of WARPS
+// consumer warps (the wgmma path's warpgroups) and one producer warp.  The
+// producer's lane 0 copies chunk c into stage c % STAGES once the
+// consumers have released the stage's previous chunk: the packed weight
+// chunk (stored in the tile's swizzled order: plan.swizzled) by one bulk
+// copy, and X's BN x BK box at the chunk's first column (its columns are
+// one run: the table's `xrun`; zeros past N and K) by one tensor load,
+// both completing on the stage's `full` barrier.  The consumers wait for
+// it, issue the stage's wgmma (wgmma_stage) and release the stage before
+// (one arrival a warp on its `empty` barrier) once the wait for its wgmma
+// group returns.  No CTA-wide barrier in the main loop, no address work in
+// the consumers; the epilogue is the wgmma path's, over the consumers
+// alone (named barriers of their count).  Launched as a programmatic
+// dependent: the first stages' weights are copied before the wait for the
+// stream's previous work, X's boxes after it.
+template <class Cfg, class P, bool VEC>
+__device__ __forceinline__ void gemm_group_tma(const unsigned char *__restrict__ packed,
+                                               const sm90::TensorMap *map,
+                                               unsigned short *__restrict__ y, int n_len, int n0,
+                                               const Slot &slot, unsigned char *smem) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  constexpr int S = Cfg::STAGES;
+  constexpr unsigned A_COPY = Cfg::AM * Cfg::BK * 2;  // a packed chunk's bytes
+  constexpr unsigned B_COPY = Cfg::BN * Cfg::BK * 2;  // a box of X's (zeros included)
+  constexpr int CONSUMERS = 32 * Cfg::WARPS;
+  const int lane = threadIdx.x & 31;
+  const int warp = threadIdx.x >> 5;
+  const unsigned s_base = sm80::smem_addr(smem);
+  const unsigned full = s_base + Cfg::BAR_OFF, empty = full + 8 * S;
+  int *s_rows = reinterpret_cast<int *>(smem + Cfg::ROWMAP_OFF);
+  const int chunks = slot.chunks;
+
+  if constexpr (Cfg::AM < Cfg::BM) {  // A-tile rows past the chunk's, zero once, never copied
+    constexpr int PAD_CH = (Cfg::BM - Cfg::AM) * Cfg::BK / 8;
+    const unsigned zero[4] = {0u, 0u, 0u, 0u};
+    for (int i = threadIdx.x; i < S * PAD_CH; i += Cfg::THREADS) {
+      const int s = i / PAD_CH, j = i % PAD_CH;
+      sm80::st_shared_16(s_base + s * Cfg::STAGE_BYTES + Cfg::AM * Cfg::BK * 2 + 16 * j, zero);
+    }
+    sm90::fence_proxy_async();  // the zeros -> the wgmma's proxy
+  }
+  if (threadIdx.x == 0) {
+    for (int s = 0; s < S; ++s) {
+      sm90::mbar_init(full + 8 * s, 1);
+      sm90::mbar_init(empty + 8 * s, Cfg::WARPS);
+    }
+    sm90::fence_mbar_init();
+  }
+  load_row_map<Cfg, P>(packed, slot, s_rows);
+  __syncthreads();  // the barriers, the zero rows and the row map are ready
+
+  if (warp == Cfg::WARPS) {  // the producer
+    const unsigned short *w = section<unsigned short>(packed, P::W_OFF) +
+                              (size_t)slot.first_chunk * (Cfg::AM * Cfg::BK);
+    const int *ind = section<int>(packed, P::IDX_OFF) + (size_t)slot.first_chunk * Cfg::BK;
+    // the first column of chunks it .. it + 31, lane j holding chunk it + j's
+    int col = lane < chunks ? __ldg(ind + lane * Cfg::BK) : 0;
+    const auto weights = [&](int it, int s) {  // armed with the box's bytes too
+      sm90::mbar_arrive_expect(full + 8 * s, A_COPY + B_COPY);
+      sm90::bulk_load(s_base + s * Cfg::STAGE_BYTES, w + (size_t)it * (Cfg::AM * Cfg::BK),
+                      A_COPY, full + 8 * s);
+    };
+    const int early = chunks < S ? chunks : S;
+    if (lane == 0)
+      for (int it = 0; it < early; ++it) weights(it, it);
+    sm90::griddep_wait();
+#pragma unroll 1
+    for (int it = 0, s = 0, round = 0; it < chunks; ++it) {
+      if (it > 0 && (it & 31) == 0) col = it + lane < chunks ? __ldg(ind + (it + lane) * Cfg::BK) : 0;
+      const int k0 = __shfl_sync(0xffffffffu, col, it & 31);
+      if (it >= S) sm90::mbar_wait(empty + 8 * s, (round - 1) & 1);
+      if (lane == 0) {
+        if (it >= early) weights(it, s);
+        sm90::tma_load_2d(s_base + s * Cfg::STAGE_BYTES + Cfg::A_BYTES, map, k0, n0, full + 8 * s);
+      }
+      __syncwarp();
+      if (++s == S) {
+        s = 0;
+        ++round;
+      }
+    }
+    sm90::griddep_launch_dependents();  // its last copy is issued: the next kernel may start
+    return;
+  }
+
+  // the consumers (the accumulators live in this branch alone: ptxas
+  // serializes the wgmma when another path defines them)
+  float acc[1][Cfg::NF][4];
+#pragma unroll
+  for (int ni = 0; ni < Cfg::NF; ++ni)
+#pragma unroll
+    for (int e = 0; e < 4; ++e) acc[0][ni][e] = 0.0f;
+  const int wg_m = (warp >> 2) % Cfg::WG_M, wg_n = (warp >> 2) / Cfg::WG_M;
+#pragma unroll 1
+  for (int it = 0, s = 0, round = 0; it < chunks; ++it) {
+    sm90::mbar_wait(full + 8 * s, round & 1);
+    const unsigned s_a = s_base + s * Cfg::STAGE_BYTES;
+    wgmma_stage<Cfg>(acc[0], s_a, s_a + Cfg::A_BYTES, wg_m, wg_n);
+    sm90::wait_group<1>();
+    // the previous chunk's wgmma is done: release its stage (no branch
+    // among the wgmma: ptxas would serialize them)
+    __syncwarp();
+    if (it > 0 && lane == 0) sm90::mbar_arrive(empty + 8 * (s == 0 ? S - 1 : s - 1));
+    if (++s == S) {
+      s = 0;
+      ++round;
+    }
+  }
+  sm90::wait_group<0>();
+  sm90::fence_accumulators(acc[0]);  // no read of them above the wait
+  sm90::griddep_launch_dependents();
+  // the stream's previous kernel is done before Y is written (the
+  // producer's wait saw it; this warp's own wait makes it so here)
+  sm90::griddep_wait();
+  // every stage is consumed, every copy into it landed: the pipeline's
+  // shared memory takes the output tile
+  sm90::named_sync(1, CONSUMERS);
+  const CTile ct = contiguous_tile<Cfg>(smem);
+  epilogue_to_smem<Cfg, P>(acc, s_rows, ct, warp % Cfg::WM, warp / Cfg::WM, lane);
+  sm90::named_sync(1, CONSUMERS);  // the output tile is complete
+  store_tile_tm<Cfg, P, VEC, CONSUMERS>(ct, s_rows, y, n_len, n0);
+#endif
+}
+
+// Entry of the TMA kernels: as kernel(), with X's tensor map (one tile of
+// N a CTA, no split).
+template <class Cfg, class P>
+__device__ __forceinline__ void kernel_tma(const unsigned char *__restrict__ packed,
+                                           const void *__restrict__ x_, void *__restrict__ y_,
+                                           int n_len, const sm90::TensorMap *map) {
+  extern __shared__ __align__(1024) unsigned char smem_raw[];
+  (void)x_;  // read through the map alone
+  static_assert(P::RUNS8, "a chunk is one run of X's columns, so runs of 8 too");
+  static_assert(P::LOC_OFF == 0, "one group a CTA: no shared-gather slot tables");
+  if (P::NUM_SLOTS == 0 || blockIdx.x >= P::NUM_SLOTS || n_len <= 0) return;
+  const Work work = tail_first<P, 1>();
+  unsigned char *smem = smem_raw + ((1024u - (sm80::smem_addr(smem_raw) & 1023u)) & 1023u);
+  const Slot slot = load_slot<P>(packed, work.slot);
+  unsigned short *y = static_cast<unsigned short *>(y_);
+  const int n0 = work.col * Cfg::BN;
+  if ((reinterpret_cast<unsigned long long>(y_) & 15) == 0)
+    gemm_group_tma<Cfg, P, true>(packed, map, y, n_len, n0, slot, smem);
+  else
+    gemm_group_tma<Cfg, P, false>(packed, map, y, n_len, n0, slot, smem);
 }
 
 }  // namespace rowgroup
