@@ -441,7 +441,8 @@ TM16 = Operation("fp16", "tm")
     ("bsr", {"br": 64, "bc": 64}, (128, 256), {"bn": 512, "wn": 2, "stages": 3},
      "a TMA box of X has at most 256 tokens"),
     ("bsr", {"br": 64, "bc": 64}, (128, 256), {"tma": 2}, "tma == 1: tma = 1 selects"),
-    ("bsr", {"br": 64, "bc": 64}, (128, 256), {"tn": 2}, "keys"),       # one tile of N a CTA
+    ("bsr", {"br": 64, "bc": 64}, (128, 256), {"tn": 2}, None),         # streamed tiles
+    ("bsr", {"br": 64, "bc": 64}, (128, 256), {"ks": 2}, "keys"),       # no split K
     ("bsr", {"br": 64, "bc": 64}, (128, 256), {"wg": None}, "keys"),    # wgmma's alone
 ])
 def test_tma_configs_name_their_constraint(rng, family, params, shape, change, constraint):
@@ -800,6 +801,10 @@ TMA_COMPILE_CASES = [
      dict(WG_CFG, bk=16, bn=64, wn=1, stages=6, tma=1)),
     ("bsr-tm", {"br": 128, "bc": 64}, "fp16", Epilogue(bias=True),
      dict(WG_CFG, bk=64, bn=256, wm=8, wn=1, stages=3, tma=1)),
+    ("bsr-tm", {"br": 64, "bc": 64}, "fp16", Epilogue(bias=True, activation="gelu"),
+     dict(WG_CFG, bk=64, bn=128, wn=1, stages=4, tma=1, tn=4)),
+    ("bsr-tm", {"br": 64, "bc": 64}, "bf16", Epilogue(), dict(WG_CFG, bk=32, bn=256, wn=2, stages=4,
+                                                            tma=1, tn=2)),
 ]
 COMPILE_CASES += TMA_COMPILE_CASES
 
@@ -1008,6 +1013,16 @@ GPU_CASES = [
      dict(WG_CFG, bk=64, bn=128, wn=1, stages=4, tma=1), (2000,)),
     ("bsr-tm", {"br": 64, "bc": 64}, "zero", (64, 64), "fp16", Epilogue(bias=True, activation="relu"),
      dict(WG_CFG, bk=64, bn=64, wn=1, stages=3, tma=1), (1, 70)),
+    # ... streamed tiles: N cut short inside a CTA's tiles, spans of a long
+    # group among short ones, groups of fewer chunks than stages, empty groups
+    ("bsr-tm", {"br": 64, "bc": 64}, "bsr", (256, 512), "fp16", Epilogue(bias=True, activation="gelu"),
+     dict(WG_CFG, bk=64, bn=128, wn=1, stages=4, tma=1, tn=4), (1, 77, 300, 1024)),
+    ("bsr-tm", {"br": 64, "bc": 32}, "skew", (330, 512), "bf16", Epilogue(),
+     dict(WG_CFG, bn=64, wn=1, stages=5, tma=1, tn=4), (65, 700)),
+    ("bsr-tm", {"br": 64, "bc": 64}, "bsr", (300, 512), "fp16", Epilogue(activation="relu"),
+     dict(WG_CFG, bn=256, wn=2, stages=4, tma=1, tn=2), (5, 300, 1000)),
+    ("bsr-tm", {"br": 64, "bc": 64}, "zero", (64, 64), "fp16", Epilogue(bias=True),
+     dict(WG_CFG, bk=64, bn=64, wn=1, stages=3, tma=1, tn=2), (1, 200)),
 ]
 
 

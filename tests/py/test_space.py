@@ -102,7 +102,8 @@ UNREACHABLE = {"bm >= 16 and bm % 16 == 0", "m >= 1 and k >= 1", "am <= tile",
                # csr on tensor cores: powers of two that always divide
                "threads % x_row_ch == 0", "stage_bytes % 128 == 0"}
 TABLE_CASES = {"rowgroup": [CASES[0], CASES[1], CASES[2], CASES[3], CASES[4],
-                            ("shflbw:128", 512, 256, "fp16", "fm", "sm_90a")],
+                            ("shflbw:128", 512, 256, "fp16", "fm", "sm_90a"),
+                            ("shflbw:64", 512, 256, "fp16", "tm", "sm_90a")],   # no TMA runs
                "nm24": [CASES[5], CASES[6], ("nm24", 256, 256, "bf16", "tm", "sm_90a")],
                "csr": [CASES[7], CASES[8]],
                "csr_tc": [CASES[9], CASES[10], CASES[11]]}
@@ -115,7 +116,7 @@ def _broken_configs(case) -> dict:
     fam, params, mat, op, _ = _problem(pattern, m, k, dtype, layout)
     # (csr's split 2:4 tiles are the nm24 TMA table's: probed under "nm24")
     valid = [c for c in fam.search_space(mat, op, params, {"arch": arch}) if not c.get("s24")]
-    keys = sorted({k_ for c in valid for k_ in c} | ({"wg", "tn", "xr", "xu"} if "bk" in valid[0]
+    keys = sorted({k_ for c in valid for k_ in c} | ({"wg", "tn", "xr", "xu", "tma"} if "bk" in valid[0]
                                                         and "bm" not in valid[0] else set())
                   | ({"wg", "tma"} if "ksw" in valid[0] else set())
                   | ({"rb"} if "tables" in valid[0] else set()))   # fp32 csr: optional

@@ -202,9 +202,11 @@ class RowGroupFamily(Family):
         # with a fused GELU (sm_90a; over 64-row tiles they also lost in the
         # probe of bench/RESULTS.md), and with BK = 16 half the output tile
         # does not fit a stage.  The TMA-fed path (token-major, bsr) on
-        # every shape of the base whose box fits.
-        return base + [dict(c, tma=1) for c in base if c["bn"] <= space.TMA_MAX_BN] + \
-            [dict(c, tn=tn) for tn in space.TN_CHOICES for c in base if c["bk"] == 32]
+        # every shape of the base whose box fits, streamed or not (its
+        # output tile has shared memory of its own).
+        tma = [dict(c, tma=1) for c in base if c["bn"] <= space.TMA_MAX_BN]
+        return base + tma + [dict(c, tn=tn) for tn in space.TN_CHOICES for c in base + tma
+                             if c["bk"] == 32 or "tma" in c]
 
     def search_space(self, matrix: SparseMatrix, op: Operation, params: dict,
                      device: Optional[dict] = None) -> list[dict]:

@@ -40,9 +40,10 @@ CONFIG_KEYS = ("bk", "bn", "stages", "wm", "wn")
 WG_KEYS = tuple(sorted(CONFIG_KEYS + ("wg",)))
 WG_TN_KEYS = tuple(sorted(WG_KEYS + ("tn",)))
 TMA_KEYS = tuple(sorted(WG_KEYS + ("tma",)))
+TMA_TN_KEYS = tuple(sorted(WG_TN_KEYS + ("tma",)))
 KS_KEYS = tuple(sorted(CONFIG_KEYS + ("ks",)))
 XS_KEYS = tuple(sorted(CONFIG_KEYS + ("xr", "xu")))
-KEY_SETS = (CONFIG_KEYS, KS_KEYS, WG_KEYS, WG_TN_KEYS, TMA_KEYS, XS_KEYS)
+KEY_SETS = (CONFIG_KEYS, KS_KEYS, WG_KEYS, WG_TN_KEYS, TMA_KEYS, TMA_TN_KEYS, XS_KEYS)
 TMA_MAX_BN = 256                     # rows of one TMA box of X (tokens)
 
 MMA = "not wg and not xr"
@@ -68,9 +69,12 @@ DERIVED = {
     "c_half_bytes": "c_rows // 2 * c_ld * 2",
     # split K: the fp32 partial tile the other CTAs of the cluster read
     "p_bytes": "tile * bn * 4 if ks > 1 else 0",
-    # the pipeline (or the output tile), the row map and biases, TMA's two
-    # mbarriers a stage, the 1 KB the kernel may skip to align the swizzled tiles
-    "smem": "max(max(stages * stage_bytes, c_rows * c_ld * 2), p_bytes) + tile * 8"
+    # the pipeline and the output tile (TMA streaming tiles: side by side;
+    # otherwise the tile takes the drained stages), the row map and biases,
+    # TMA's two mbarriers a stage, the 1 KB the kernel may skip to align the
+    # swizzled tiles
+    "smem": "(stages * stage_bytes + c_rows * c_ld * 2 if tma and tn > 1 else"
+            " max(max(stages * stage_bytes, c_rows * c_ld * 2), p_bytes)) + tile * 8"
             " + (16 * stages if tma else 0) + (1024 if wg else 0)",
 }
 
@@ -110,7 +114,7 @@ TABLE = [
     Constraint(f"bn % wn == 0 and bn // wn in {WG_N_CHOICES}",
                "each warpgroup's N is one of the wgmma wrappers'", when=WG),
     Constraint(f"tn in {(1,) + TN_CHOICES}", "tiles of N per CTA (streamed)", when=WG),
-    Constraint("tn == 1 or c_half_bytes <= stage_bytes",
+    Constraint("tn == 1 or tma or c_half_bytes <= stage_bytes",
                "streamed tiles: half the output tile fits one stage (take a larger bk)",
                when=WG),
     Constraint("bn // wn // 2 + 40 <= min(255, 65536 // threads // 8 * 8)",

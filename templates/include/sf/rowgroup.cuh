@@ -143,7 +143,13 @@ struct Config {
   static constexpr int C_HALF_BYTES = C_HALF * C_LD * 2;
   // split K: the fp32 partial tile a CTA leaves for the cluster's rank 0
   static constexpr int P_BYTES = KS > 1 ? BM * BN * 4 : 0;
-  static constexpr int TILE_BYTES = PIPE_BYTES > C_BYTES ? PIPE_BYTES : C_BYTES;
+  // TMA with streamed tiles: the output tile has its own shared memory, so
+  // the producer fills the stages with the next tile's chunks during an
+  // epilogue; otherwise it takes the drained stages
+  static constexpr bool C_APART = TMA_ && TN_ > 1;
+  static constexpr int C_OFF = C_APART ? PIPE_BYTES : 0;
+  static constexpr int TILE_BYTES =
+      C_APART ? PIPE_BYTES + C_BYTES : (PIPE_BYTES > C_BYTES ? PIPE_BYTES : C_BYTES);
   static constexpr int ROWMAP_OFF = TILE_BYTES > P_BYTES ? TILE_BYTES : P_BYTES;
   static constexpr int ROWMAP_BYTES = BM * 8;  // the row map: BM original rows, then their BM biases
   // TMA: each stage's `full` and `empty` mbarriers (8 bytes each)
@@ -158,8 +164,7 @@ struct Config {
 
   static_assert(sizeof(T) == 2, "tensor-core path takes 16-bit elements");
   static_assert(KS == 1 || (!WG && !XS && TN == 1), "split K is on the mma.sync path alone");
-  static_assert(!TMA || (WG && TM && !XS && TN == 1 && KS == 1),
-                "the TMA path is token-major wgmma, one tile of N a CTA");
+  static_assert(!TMA || (WG && TM && !XS && KS == 1), "the TMA path is token-major wgmma");
   // The configuration's constraints are asserted by the generated source,
   // from the table the search space filters with
   // (generator/families/rowgroup/space.py).
@@ -1201,26 +1206,30 @@ __device__ __forceinline__ void kernel(const unsigned char *__restrict__ packed,
 
 // ---- the TMA-fed path (TMA: sm_90a, token-major, wgmma) ---------------------------------
 
-// One group x BN tokens, its stages fed by a producer warp: a CTA of WARPS
-// consumer warps (the wgmma path's warpgroups) and one producer warp.  The
-// producer's lane 0 copies chunk c into stage c % STAGES once the
-// consumers have released the stage's previous chunk: the packed weight
+// One group x `tiles` tiles of BN tokens, its stages fed by a producer
+// warp: a CTA of WARPS consumer warps (the wgmma path's warpgroups) and one
+// producer warp.  An item is a (tile, chunk) pair, tile-major; item i
+// sits in stage i % STAGES.  The producer's lane 0 copies an item once the
+// consumers have released its stage's previous one: the packed weight
 // chunk (stored in the tile's swizzled order: plan.swizzled) by one bulk
 // copy, and X's BN x BK box at the chunk's first column (its columns are
 // one run: the table's `xrun`; zeros past N and K) by one tensor load,
 // both completing on the stage's `full` barrier.  The consumers wait for
-// it, issue the stage's wgmma (wgmma_stage) and release the stage before
-// (one arrival a warp on its `empty` barrier) once the wait for its wgmma
-// group returns.  No CTA-wide barrier in the main loop, no address work in
-// the consumers; the epilogue is the wgmma path's, over the consumers
-// alone (named barriers of their count).  Launched as a programmatic
-// dependent: the first stages' weights are copied before the wait for the
-// stream's previous work, X's boxes after it.
+// it, issue the stage's wgmma (wgmma_stage) and release the item before
+// (one arrival a warp on its stage's `empty` barrier) once the wait for
+// its wgmma group returns; a tile's last item is released when the tile's
+// wgmma are done.  No CTA-wide barrier in the main loop, no address work
+// in the consumers; the epilogue is the wgmma path's, over the consumers
+// alone (named barriers of their count).  Streamed tiles (TN > 1): the
+// output tile has shared memory of its own (C_APART), so the producer runs
+// on into the next tile's chunks during an epilogue.  Launched as a
+// programmatic dependent: the first stages' weights are copied before the
+// wait for the stream's previous work, X's boxes after it.
 template <class Cfg, class P, bool VEC>
 __device__ __forceinline__ void gemm_group_tma(const unsigned char *__restrict__ packed,
                                                const sm90::TensorMap *map,
                                                unsigned short *__restrict__ y, int n_len, int n0,
-                                               const Slot &slot, unsigned char *smem) {
+                                               const Slot &slot, int tiles, unsigned char *smem) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   constexpr int S = Cfg::STAGES;
   constexpr unsigned A_COPY = Cfg::AM * Cfg::BK * 2;  // a packed chunk's bytes
@@ -1256,30 +1265,40 @@ __device__ __forceinline__ void gemm_group_tma(const unsigned char *__restrict__
     const unsigned short *w = section<unsigned short>(packed, P::W_OFF) +
                               (size_t)slot.first_chunk * (Cfg::AM * Cfg::BK);
     const int *ind = section<int>(packed, P::IDX_OFF) + (size_t)slot.first_chunk * Cfg::BK;
-    // the first column of chunks it .. it + 31, lane j holding chunk it + j's
+    // the first column of chunks 32 b .. 32 b + 31, lane j holding chunk 32 b + j's
+    int block = 0;
     int col = lane < chunks ? __ldg(ind + lane * Cfg::BK) : 0;
-    const auto weights = [&](int it, int s) {  // armed with the box's bytes too
+    const auto weights = [&](int c, int s) {  // armed with the box's bytes too
       sm90::mbar_arrive_expect(full + 8 * s, A_COPY + B_COPY);
-      sm90::bulk_load(s_base + s * Cfg::STAGE_BYTES, w + (size_t)it * (Cfg::AM * Cfg::BK),
-                      A_COPY, full + 8 * s);
+      sm90::bulk_load(s_base + s * Cfg::STAGE_BYTES, w + (size_t)c * (Cfg::AM * Cfg::BK), A_COPY,
+                      full + 8 * s);
     };
-    const int early = chunks < S ? chunks : S;
+    const int items = chunks * tiles;
+    const int early = items < S ? items : S;
     if (lane == 0)
-      for (int it = 0; it < early; ++it) weights(it, it);
+      for (int it = 0; it < early; ++it) weights(it % chunks, it);
     sm90::griddep_wait();
 #pragma unroll 1
-    for (int it = 0, s = 0, round = 0; it < chunks; ++it) {
-      if (it > 0 && (it & 31) == 0) col = it + lane < chunks ? __ldg(ind + (it + lane) * Cfg::BK) : 0;
-      const int k0 = __shfl_sync(0xffffffffu, col, it & 31);
-      if (it >= S) sm90::mbar_wait(empty + 8 * s, (round - 1) & 1);
-      if (lane == 0) {
-        if (it >= early) weights(it, s);
-        sm90::tma_load_2d(s_base + s * Cfg::STAGE_BYTES + Cfg::A_BYTES, map, k0, n0, full + 8 * s);
-      }
-      __syncwarp();
-      if (++s == S) {
-        s = 0;
-        ++round;
+    for (int t = 0, it = 0, s = 0, round = 0; t < tiles; ++t) {
+#pragma unroll 1
+      for (int c = 0; c < chunks; ++c, ++it) {
+        if ((c >> 5) != block) {  // (every lane alike)
+          block = c >> 5;
+          const int j = 32 * block + lane;
+          col = j < chunks ? __ldg(ind + j * Cfg::BK) : 0;
+        }
+        const int k0 = __shfl_sync(0xffffffffu, col, c & 31);
+        if (it >= S) sm90::mbar_wait(empty + 8 * s, (round - 1) & 1);
+        if (lane == 0) {
+          if (it >= early) weights(c, s);
+          sm90::tma_load_2d(s_base + s * Cfg::STAGE_BYTES + Cfg::A_BYTES, map, k0,
+                            n0 + t * Cfg::BN, full + 8 * s);
+        }
+        __syncwarp();
+        if (++s == S) {
+          s = 0;
+          ++round;
+        }
       }
     }
     sm90::griddep_launch_dependents();  // its last copy is issued: the next kernel may start
@@ -1289,44 +1308,53 @@ __device__ __forceinline__ void gemm_group_tma(const unsigned char *__restrict__
   // the consumers (the accumulators live in this branch alone: ptxas
   // serializes the wgmma when another path defines them)
   float acc[1][Cfg::NF][4];
-#pragma unroll
-  for (int ni = 0; ni < Cfg::NF; ++ni)
-#pragma unroll
-    for (int e = 0; e < 4; ++e) acc[0][ni][e] = 0.0f;
   const int wg_m = (warp >> 2) % Cfg::WG_M, wg_n = (warp >> 2) / Cfg::WG_M;
+  const CTile ct = CTile{smem + Cfg::C_OFF, smem + Cfg::C_OFF + Cfg::C_HALF_BYTES};
 #pragma unroll 1
-  for (int it = 0, s = 0, round = 0; it < chunks; ++it) {
-    sm90::mbar_wait(full + 8 * s, round & 1);
-    const unsigned s_a = s_base + s * Cfg::STAGE_BYTES;
-    wgmma_stage<Cfg>(acc[0], s_a, s_a + Cfg::A_BYTES, wg_m, wg_n);
-    sm90::wait_group<1>();
-    // the previous chunk's wgmma is done: release its stage (no branch
-    // among the wgmma: ptxas would serialize them)
-    __syncwarp();
-    if (it > 0 && lane == 0) sm90::mbar_arrive(empty + 8 * (s == 0 ? S - 1 : s - 1));
-    if (++s == S) {
-      s = 0;
-      ++round;
+  for (int t = 0, s = 0, round = 0; t < tiles; ++t) {
+#pragma unroll
+    for (int ni = 0; ni < Cfg::NF; ++ni)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) acc[0][ni][e] = 0.0f;
+    int prev = 0;  // the stage of the item before
+#pragma unroll 1
+    for (int c = 0; c < chunks; ++c) {
+      sm90::mbar_wait(full + 8 * s, round & 1);
+      const unsigned s_a = s_base + s * Cfg::STAGE_BYTES;
+      wgmma_stage<Cfg>(acc[0], s_a, s_a + Cfg::A_BYTES, wg_m, wg_n);
+      sm90::wait_group<1>();
+      // the item before's wgmma is done: release its stage (no branch
+      // among the wgmma: ptxas would serialize them)
+      __syncwarp();
+      if (c > 0 && lane == 0) sm90::mbar_arrive(empty + 8 * prev);
+      prev = s;
+      if (++s == S) {
+        s = 0;
+        ++round;
+      }
     }
+    sm90::wait_group<0>();
+    sm90::fence_accumulators(acc[0]);  // no read of them above the wait
+    __syncwarp();
+    if (chunks > 0 && lane == 0) sm90::mbar_arrive(empty + 8 * prev);  // the tile's last item
+    if (t + 1 == tiles) {
+      sm90::griddep_launch_dependents();
+      // the stream's previous kernel is done before Y is written (the
+      // producer's wait saw it; this warp's own wait makes it so here)
+      sm90::griddep_wait();
+    }
+    // one tile: every stage is consumed, every copy into it landed, so the
+    // stages take the output tile; streamed: the tile before's stores have
+    // read the output tile
+    sm90::named_sync(1, CONSUMERS);
+    epilogue_to_smem<Cfg, P>(acc, s_rows, ct, warp % Cfg::WM, warp / Cfg::WM, lane);
+    sm90::named_sync(1, CONSUMERS);  // the output tile is complete
+    store_tile_tm<Cfg, P, VEC, CONSUMERS>(ct, s_rows, y, n_len, n0 + t * Cfg::BN);
   }
-  sm90::wait_group<0>();
-  sm90::fence_accumulators(acc[0]);  // no read of them above the wait
-  sm90::griddep_launch_dependents();
-  // the stream's previous kernel is done before Y is written (the
-  // producer's wait saw it; this warp's own wait makes it so here)
-  sm90::griddep_wait();
-  // every stage is consumed, every copy into it landed: the pipeline's
-  // shared memory takes the output tile
-  sm90::named_sync(1, CONSUMERS);
-  const CTile ct = contiguous_tile<Cfg>(smem);
-  epilogue_to_smem<Cfg, P>(acc, s_rows, ct, warp % Cfg::WM, warp / Cfg::WM, lane);
-  sm90::named_sync(1, CONSUMERS);  // the output tile is complete
-  store_tile_tm<Cfg, P, VEC, CONSUMERS>(ct, s_rows, y, n_len, n0);
 #endif
 }
 
-// Entry of the TMA kernels: as kernel(), with X's tensor map (one tile of
-// N a CTA, no split).
+// Entry of the TMA kernels: as kernel(), with X's tensor map (no split K).
 template <class Cfg, class P>
 __device__ __forceinline__ void kernel_tma(const unsigned char *__restrict__ packed,
                                            const void *__restrict__ x_, void *__restrict__ y_,
@@ -1338,13 +1366,22 @@ __device__ __forceinline__ void kernel_tma(const unsigned char *__restrict__ pac
   if (P::NUM_SLOTS == 0 || blockIdx.x >= P::NUM_SLOTS || n_len <= 0) return;
   const Work work = tail_first<P, 1>();
   unsigned char *smem = smem_raw + ((1024u - (sm80::smem_addr(smem_raw) & 1023u)) & 1023u);
-  const Slot slot = load_slot<P>(packed, work.slot);
+  Slot slot = load_slot<P>(packed, work.slot);
+  int n0 = work.col * (Cfg::BN * Cfg::TN);
+  int span = 1;  // tiles of N this CTA computes (at most)
+  if constexpr (Cfg::TN > 1) {
+    const int code = slot.rows >> 16;
+    span = Cfg::TN >> (code & 15);
+    n0 += (code >> 4) * Cfg::BN;
+    slot.rows &= 0xffff;
+    if (n0 >= n_len) return;  // the last span's slots past N
+  }
+  const int tiles = min(span, (n_len - n0 + Cfg::BN - 1) / Cfg::BN);
   unsigned short *y = static_cast<unsigned short *>(y_);
-  const int n0 = work.col * Cfg::BN;
   if ((reinterpret_cast<unsigned long long>(y_) & 15) == 0)
-    gemm_group_tma<Cfg, P, true>(packed, map, y, n_len, n0, slot, smem);
+    gemm_group_tma<Cfg, P, true>(packed, map, y, n_len, n0, slot, tiles, smem);
   else
-    gemm_group_tma<Cfg, P, false>(packed, map, y, n_len, n0, slot, smem);
+    gemm_group_tma<Cfg, P, false>(packed, map, y, n_len, n0, slot, tiles, smem);
 }
 
 }  // namespace rowgroup
