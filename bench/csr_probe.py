@@ -36,7 +36,8 @@ from sparseforge.cache import Cache  # noqa: E402
 from sparseforge.generator.families import family_of  # noqa: E402
 from sparseforge.generator.io import load_one  # noqa: E402
 from sparseforge.generator.kernel import ConfigError, Operation  # noqa: E402
-from sparseforge.tuner.driver import QUICK_TIMING, Tuner  # noqa: E402
+from sparseforge.tuner.driver import QUICK_TIMING, Tuner, timing_for  # noqa: E402
+from sparseforge.tuner.worker import PeerJob  # noqa: E402
 
 
 def main(argv=None, worker=None) -> int:
@@ -56,6 +57,9 @@ def main(argv=None, worker=None) -> int:
     ap.add_argument("--matrix", help="a weights file holding one M x K matrix (e.g. a DLMC "
                                      ".smtx) instead of pruned normal weights")
     ap.add_argument("--rounds", type=int, default=5)
+    ap.add_argument("--peer", action="store_true",
+                    help="also time cuBLAS (dense, same dtype and layout) by the same protocol, "
+                         "once per shape, and print each configuration's speedup over it")
     args = ap.parse_args(argv)
     text = Path(args.configs[1:]).read_text() if args.configs.startswith("@") else args.configs
     cfgs = json.loads(text)
@@ -88,11 +92,22 @@ def main(argv=None, worker=None) -> int:
                     print(f"{head}: {status} {str(infos)[:600]}", flush=True)
                     bad += 1
                     continue
+                peer_ms = None
+                if args.peer:
+                    pstatus, pinfo = tuner.worker.peer(PeerJob(
+                        op.dtype, op.layout, args.m, args.n, args.k,
+                        timing_for(QUICK_TIMING, args.n, tuner.device)))
+                    if pstatus == "ok":
+                        peer_ms = pinfo["median_ms"]
+                        print(f"{head} cuBLAS: {peer_ms * 1000:.2f} us", flush=True)
+                    else:
+                        print(f"{head} cuBLAS: {pstatus} {str(pinfo)[:300]}", flush=True)
                 for cfg, inf in zip(cfgs, infos):
                     med = statistics.median(i["median_ms"] for i in inf)
                     err = max(i.get("max_rel_err", 0.0) for i in inf)
+                    ratio = f", {peer_ms / med:.2f}x cuBLAS" if peer_ms else ""
                     print(f"{head} {json.dumps(cfg, sort_keys=True)}: {med * 1000:.2f} us "
-                          f"(max rel err {err:.1e})", flush=True)
+                          f"(max rel err {err:.1e}{ratio})", flush=True)
                 print(f"  ({time.time() - t0:.0f} s)", flush=True)
         finally:
             tuner.close()
