@@ -443,6 +443,13 @@ TM16 = Operation("fp16", "tm")
     ("bsr", {"br": 64, "bc": 64}, (128, 256), {"tma": 2}, "tma == 1: tma = 1 selects"),
     ("bsr", {"br": 64, "bc": 64}, (128, 256), {"tn": 2}, None),         # streamed tiles
     ("bsr", {"br": 64, "bc": 64}, (128, 256), {"ks": 2}, "keys"),       # no split K
+    ("bsr", {"br": 64, "bc": 64}, (128, 256), {"pc": 264}, None),       # persistent CTAs
+    ("bsr", {"br": 64, "bc": 64}, (128, 256), {"pc": 0}, "pc: omit the key"),
+    ("bsr", {"br": 64, "bc": 64}, (128, 256), {"pc": -3}, "pc >= 1"),
+    ("bsr", {"br": 128, "bc": 64}, (128, 256), {"pc": 132, "wm": 8, "bn": 256, "stages": 3},
+     "the accumulators and the items' state fit"),       # ptxas spills it (168 registers)
+    ("bsr", {"br": 64, "bc": 64}, (128, 256), {"pc": 132, "tma": None}, "keys"),
+    ("bsr", {"br": 64, "bc": 64}, (128, 256), {"pc": 132, "tn": 2}, "keys"),
     ("bsr", {"br": 64, "bc": 64}, (128, 256), {"wg": None}, "keys"),    # wgmma's alone
 ])
 def test_tma_configs_name_their_constraint(rng, family, params, shape, change, constraint):
@@ -457,7 +464,14 @@ def test_tma_configs_name_their_constraint(rng, family, params, shape, change, c
     cfg = {k: v for k, v in dict(TMA_CFG, **change).items() if v is not None}
     if constraint is None:
         fam.check_config(cfg, mat, op, params, HOPPER)
-        assert cfg in fam.search_space(mat, op, params, HOPPER)
+        space_ = fam.search_space(mat, op, params, HOPPER)
+        if "pc" in cfg:   # the space's: the device's SMs (an H100's 132 by default) x CTAs an SM holds
+            blocks = rowgroup.min_blocks(64, dict(cfg, pc=1), "tm")
+            assert dict(cfg, pc=132 * blocks) in space_
+            assert dict(cfg, pc=114 * blocks) in fam.search_space(mat, op, params,
+                                                                  dict(HOPPER, sm_count=114))
+        else:
+            assert cfg in space_
         return
     with pytest.raises(ConfigError, match=constraint):
         fam.check_config(cfg, mat, op, params, HOPPER)
@@ -805,6 +819,13 @@ TMA_COMPILE_CASES = [
      dict(WG_CFG, bk=64, bn=128, wn=1, stages=4, tma=1, tn=4)),
     ("bsr-tm", {"br": 64, "bc": 64}, "bf16", Epilogue(), dict(WG_CFG, bk=32, bn=256, wn=2, stages=4,
                                                             tma=1, tn=2)),
+    # persistent CTAs
+    ("bsr-tm", {"br": 64, "bc": 64}, "fp16", Epilogue(bias=True, activation="gelu"),
+     dict(WG_CFG, bk=32, bn=128, wn=1, stages=6, tma=1, pc=264)),
+    ("bsr-tm", {"br": 32, "bc": 32}, "fp16", Epilogue(activation="relu"),
+     dict(WG_CFG, bk=16, bn=64, wn=1, stages=4, tma=1, pc=132)),
+    ("bsr-tm", {"br": 128, "bc": 64}, "bf16", Epilogue(bias=True),
+     dict(WG_CFG, bk=64, bn=128, wm=8, wn=1, stages=3, tma=1, pc=132)),
 ]
 COMPILE_CASES += TMA_COMPILE_CASES
 
@@ -1023,6 +1044,21 @@ GPU_CASES = [
      dict(WG_CFG, bn=256, wn=2, stages=4, tma=1, tn=2), (5, 300, 1000)),
     ("bsr-tm", {"br": 64, "bc": 64}, "zero", (64, 64), "fp16", Epilogue(bias=True),
      dict(WG_CFG, bk=64, bn=64, wn=1, stages=3, tma=1, tn=2), (1, 200)),
+    # ... persistent CTAs: more CTAs than items, a few CTAs of many items
+    # (rounds in both directions), a group of 72 chunks, odd M and N, 32-row
+    # groups, 2 warpgroups along M, empty groups
+    ("bsr-tm", {"br": 64, "bc": 64}, "bsr", (256, 512), "fp16", Epilogue(bias=True, activation="gelu"),
+     dict(WG_CFG, bn=128, wn=1, stages=6, tma=1, pc=264), (1, 77, 1024, 4000)),
+    ("bsr-tm", {"br": 64, "bc": 32}, "skew", (330, 512), "bf16", Epilogue(),
+     dict(WG_CFG, bn=64, wn=1, stages=5, tma=1, pc=7), (65, 700)),
+    ("bsr-tm", {"br": 64, "bc": 32}, "skew", (256, 2304), "fp16", Epilogue(bias=True, activation="gelu"),
+     dict(WG_CFG, bn=128, wn=1, stages=3, tma=1, pc=5), (33, 257)),
+    ("bsr-tm", {"br": 32, "bc": 32}, "bsr", (200, 320), "fp16", Epilogue(activation="relu", scale=0.5),
+     dict(WG_CFG, bk=16, bn=64, wn=1, stages=6, tma=1, pc=3), (16, 130)),
+    ("bsr-tm", {"br": 128, "bc": 64}, "bsr", (256, 640), "bf16", Epilogue(bias=True),
+     dict(WG_CFG, bk=64, bn=128, wm=8, wn=1, stages=3, tma=1, pc=132), (40, 600)),
+    ("bsr-tm", {"br": 64, "bc": 64}, "zero", (64, 64), "fp16", Epilogue(bias=True),
+     dict(WG_CFG, bk=64, bn=64, wn=1, stages=3, tma=1, pc=2), (1, 200)),
 ]
 
 
@@ -1063,7 +1099,8 @@ def test_gpu_correct(case):
     ("shflbw", {"v": 64}, "tm", KS_CFG, 16),                         # decode, split K
     ("shflbw", {"v": 64}, "tm", dict(WG_CFG, bn=128, wn=1), 300),    # wgmma, element gather
     ("bsr", {"br": 64, "bc": 64}, "fm", dict(WG_CFG, bn=128, wn=1), 256),
-    ("bsr", {"br": 64, "bc": 64}, "tm", dict(WG_CFG, bk=64, bn=128, wn=1, tma=1), 300)])
+    ("bsr", {"br": 64, "bc": 64}, "tm", dict(WG_CFG, bk=64, bn=128, wn=1, tma=1), 300),
+    ("bsr", {"br": 64, "bc": 64}, "tm", dict(WG_CFG, bn=128, wn=1, stages=6, tma=1, pc=132), 300)])
 def test_gpu_dependent_launches(family, params, layout, cfg, n):
     """On sm_90 the row-group kernels are launched as programmatic
     dependents of the stream's previous work (SF_DECLARE_PDL): three back

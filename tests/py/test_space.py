@@ -89,7 +89,7 @@ PROBES = {"bk": (8, 16, 32, 48, 64, 128), "bn": (8, 16, 32, 64, 96, 128, 256, 51
           "wg": (1, 2), "tn": (1, 2, 3, 4), "xr": (2, 4, 8, 16), "xu": (16, 24, 32, 64, 128, 512),
           "bm": (32, 48, 64, 96, 128), "vec": (1, 2, 3, 4), "rows": (1, 2, 4, 64),
           "split": (1, 2, 4, 8, 64), "unroll": (1, 3, 4, 8, 64),
-          "tables": ("global", "const", "imm"), "cm": (1, 2, 3), "tma": (1, 2), "sa": (1, 2), "lr": (1, 2), "rv": (1, 2), "ks": (1, 2, 3, 4),
+          "tables": ("global", "const", "imm"), "cm": (1, 2, 3), "tma": (1, 2), "pc": (-1, 0, 132, 5000), "sa": (1, 2), "lr": (1, 2), "rv": (1, 2), "ks": (1, 2, 3, 4),
           "mw": (1, 2, 3), "mf": (1, 2, 3), "wk": (1, 2, 3, 4, 8), "ksw": (1, 2, 3, 4, 8),
           "ck": (1, 2, 3, 4, 8, 16), "mt": (1, 2, 3, 5, 8), "ra": (1, 2), "rb": (0, 3, 4)}
 # Constraints no configuration of these problems can break first: those the
@@ -103,7 +103,8 @@ UNREACHABLE = {"bm >= 16 and bm % 16 == 0", "m >= 1 and k >= 1", "am <= tile",
                "threads % x_row_ch == 0", "stage_bytes % 128 == 0"}
 TABLE_CASES = {"rowgroup": [CASES[0], CASES[1], CASES[2], CASES[3], CASES[4],
                             ("shflbw:128", 512, 256, "fp16", "fm", "sm_90a"),
-                            ("shflbw:64", 512, 256, "fp16", "tm", "sm_90a")],   # no TMA runs
+                            ("shflbw:64", 512, 256, "fp16", "tm", "sm_90a"),    # no TMA runs
+                            ("bsr:128x64", 512, 512, "fp16", "tm", "sm_90a")],  # 2 warpgroups along M
                "nm24": [CASES[5], CASES[6], ("nm24", 256, 256, "bf16", "tm", "sm_90a")],
                "csr": [CASES[7], CASES[8]],
                "csr_tc": [CASES[9], CASES[10], CASES[11]]}
@@ -121,7 +122,9 @@ def _broken_configs(case) -> dict:
                   | ({"wg", "tma"} if "ksw" in valid[0] else set())
                   | ({"rb"} if "tables" in valid[0] else set()))   # fp32 csr: optional
     broken: dict[str, dict] = {}
-    for base in valid[:: max(1, len(valid) // 6)]:
+    # a spread of the space, and the first configuration of each path (set of keys)
+    firsts = {tuple(sorted(c)): c for c in reversed(valid)}
+    for base in valid[:: max(1, len(valid) // 6)] + list(firsts.values()):
         for k1, k2 in itertools.combinations_with_replacement(keys, 2):
             for v1, v2 in itertools.product(PROBES[k1], PROBES[k2]):
                 cfg = dict(base, **{k1: v1, k2: v2})

@@ -164,8 +164,8 @@ class RowGroupFamily(Family):
         if keys not in space.KEY_SETS:
             raise ConfigError(f"keys: a {self.name} configuration has exactly "
                               f"{space.CONFIG_KEYS} (or those and 'ks' for split K, or 'wg', "
-                              f"optionally with 'tn' or 'tma', for the wgmma path, or 'xr' and "
-                              f"'xu' for the shared gather), got {keys}")
+                              f"optionally with 'tn' or 'tma' (and then 'tn' or 'pc'), for the "
+                              f"wgmma path, or 'xr' and 'xu' for the shared gather), got {keys}")
         for k_ in keys:
             if not isinstance(config[k_], (int, np.integer)) or isinstance(config[k_], bool):
                 raise ConfigError(f"{k_}: must be an integer, got {config[k_]!r}")
@@ -175,9 +175,20 @@ class RowGroupFamily(Family):
         if config.get("ks") == 1:
             raise ConfigError("ks: omit the key for one CTA per group (one configuration, "
                               "one spelling)")
+        if config.get("pc", None) == 0:
+            raise ConfigError("pc: omit the key for one item a CTA (one configuration, "
+                              "one spelling)")
         space.SPACE.check(config, problem(self.tile_rows(matrix, params), op.layout,
                                           self.xrun(matrix, params)),
                           device_constants(device))
+
+    @staticmethod
+    def persistent(config: dict, bm: int, device: Optional[dict]) -> dict:
+        """The TMA configuration as persistent CTAs: as many as the device
+        holds at once (its multiprocessors x the CTAs one holds; without a
+        device, an H100's 132)."""
+        sms = int((device or {}).get("sm_count") or 132)
+        return dict(config, pc=sms * min_blocks(bm, dict(config, pc=1), "tm"))
 
     @staticmethod
     def xs_space() -> list[dict]:
@@ -226,6 +237,8 @@ class RowGroupFamily(Family):
         hopper = bool(device and device.get("arch") == "sm_90a")
         whole = hopper and bm % 64 == 0      # whole warpgroups of rows
         out = self.accepted(self.wg_space(bm), matrix, op, params, device) if hopper else []
+        out += self.accepted([self.persistent(c, bm, device) for c in out
+                              if c.get("tma") and "tn" not in c], matrix, op, params, device)
         if fm and whole and out:
             return out
         xs = [] if whole else self.accepted(self.xs_space(), matrix, op, params, device)
@@ -352,12 +365,18 @@ class RowGroupFamily(Family):
                         permuted=plan.permuted, has_bias=plan.has_bias, layout=op.layout,
                         runs8=plan.runs8, act=op.act_code, scale=scale.hex() + "f",
                         smem_bytes=e["smem"], min_blocks=min_blocks(plan.bm, config, op.layout),
-                        tn=tn, ks=ks, tma=is_tma(config), class_ends=cost_classes(plan, tn),
+                        tn=tn, ks=ks, tma=is_tma(config), pc=config.get("pc", 0),
+                        class_ends=cost_classes(plan, tn),
                         constraints=checks,
                         **tile)
-        # split K: a cluster of ks CTAs along z per (group, tile of N)
-        launch = make_launch(grid=(max(1, plan.num_slots), 1, ks), block=(e["threads"],), n_axis=1,
-                             n_tile=config["bn"] * tn, shared_bytes=e["smem"])
+        # split K: a cluster of ks CTAs along z per (group, tile of N);
+        # persistent: pc CTAs whatever N
+        if config.get("pc"):
+            launch = make_launch(grid=(config["pc"],), block=(e["threads"],), n_axis=-1,
+                                 shared_bytes=e["smem"])
+        else:
+            launch = make_launch(grid=(max(1, plan.num_slots), 1, ks), block=(e["threads"],),
+                                 n_axis=1, n_tile=config["bn"] * tn, shared_bytes=e["smem"])
         return Kernel(name=name, source=source, packed=plan.packed, launch=launch,
                       config=dict(config))
 

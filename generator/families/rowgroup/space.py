@@ -9,7 +9,8 @@ A configuration takes one of three compute paths, told apart by its keys:
                    optionally ks (split K over a cluster of ks CTAs: sm_90a)
     wgmma          the same and wg = 1, tn       (sm_90a; tn absent = 1)
     TMA-fed wgmma  the wgmma keys and tma = 1    (sm_90a, token-major, each chunk one
-                                                  run of X's columns: bsr blocks)
+                                                  run of X's columns: bsr blocks), and
+                   optionally tn or pc           (pc: persistent CTAs, the grid)
     shared gather  the same and xr, xu           (mma.sync, both layouts)
 
 The problem's constants: `bm` (a group's rows padded to 16), `tm` (1:
@@ -41,9 +42,11 @@ WG_KEYS = tuple(sorted(CONFIG_KEYS + ("wg",)))
 WG_TN_KEYS = tuple(sorted(WG_KEYS + ("tn",)))
 TMA_KEYS = tuple(sorted(WG_KEYS + ("tma",)))
 TMA_TN_KEYS = tuple(sorted(WG_TN_KEYS + ("tma",)))
+TMA_PC_KEYS = tuple(sorted(TMA_KEYS + ("pc",)))
 KS_KEYS = tuple(sorted(CONFIG_KEYS + ("ks",)))
 XS_KEYS = tuple(sorted(CONFIG_KEYS + ("xr", "xu")))
-KEY_SETS = (CONFIG_KEYS, KS_KEYS, WG_KEYS, WG_TN_KEYS, TMA_KEYS, TMA_TN_KEYS, XS_KEYS)
+KEY_SETS = (CONFIG_KEYS, KS_KEYS, WG_KEYS, WG_TN_KEYS, TMA_KEYS, TMA_TN_KEYS, TMA_PC_KEYS, XS_KEYS)
+MAX_PC = 4096                        # persistent CTAs (the grid of such a kernel)
 TMA_MAX_BN = 256                     # rows of one TMA box of X (tokens)
 
 MMA = "not wg and not xr"
@@ -69,12 +72,13 @@ DERIVED = {
     "c_half_bytes": "c_rows // 2 * c_ld * 2",
     # split K: the fp32 partial tile the other CTAs of the cluster read
     "p_bytes": "tile * bn * 4 if ks > 1 else 0",
-    # the pipeline and the output tile (TMA streaming tiles: side by side;
-    # otherwise the tile takes the drained stages), the row map and biases,
-    # TMA's two mbarriers a stage, the 1 KB the kernel may skip to align the
-    # swizzled tiles
-    "smem": "(stages * stage_bytes + c_rows * c_ld * 2 if tma and tn > 1 else"
-            " max(max(stages * stage_bytes, c_rows * c_ld * 2), p_bytes)) + tile * 8"
+    # the pipeline and the output tile (TMA streaming tiles or persistent
+    # CTAs: side by side; otherwise the tile takes the drained stages), the
+    # row map and biases (persistent: two), TMA's two mbarriers a stage, the
+    # 1 KB the kernel may skip to align the swizzled tiles
+    "smem": "(stages * stage_bytes + c_rows * c_ld * 2 if tma and (tn > 1 or pc > 0) else"
+            " max(max(stages * stage_bytes, c_rows * c_ld * 2), p_bytes))"
+            " + tile * 8 * (2 if pc > 0 else 1)"
             " + (16 * stages if tma else 0) + (1024 if wg else 0)",
 }
 
@@ -133,6 +137,12 @@ TABLE = [
                when="tma"),
     Constraint(f"bn <= {TMA_MAX_BN}", f"a TMA box of X has at most {TMA_MAX_BN} tokens",
                when="tma"),
+    Constraint(f"pc >= 1 and pc <= {MAX_PC}", f"persistent CTAs: 1 to {MAX_PC} (omit the key "
+               "for one item a CTA)", when="pc != 0"),
+    Constraint("tma == 1", "persistent CTAs run the TMA path", when="pc != 0"),
+    Constraint("bn // wn // 2 + 48 <= min(255, 16384 // (cdiv(threads // 32, 4) * 32) // 8 * 8)",
+               "persistent CTAs: the accumulators and the items' state fit the registers of "
+               "an SM's scheduler (its warps' share)", when="pc != 0"),
     # shared gather
     Constraint(f"xr in {XR_CHOICES}", "groups per CTA of the shared gather", when=XS),
     Constraint(f"bk in {XS_BK_CHOICES}", "BK of the shared gather", when=XS),
@@ -147,7 +157,7 @@ TABLE = [
                device=True),
 ]
 
-DEFAULTS = {"wg": 0, "tn": 1, "xr": 0, "xu": 0, "ks": 1, "tma": 0}
+DEFAULTS = {"wg": 0, "tn": 1, "xr": 0, "xu": 0, "ks": 1, "tma": 0, "pc": 0}
 
 MMA_SPACE = Space(choices={"bn": BN_CHOICES, "bk": BK_CHOICES, "wm": (1, 2, 4, 8),
                            "wn": (1, 2, 4, 8), "stages": STAGE_CHOICES},

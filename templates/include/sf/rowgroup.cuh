@@ -93,7 +93,7 @@ namespace rowgroup {
 
 template <typename T, int BM_, int BN_, int BK_, int WM_, int WN_, int STAGES_, bool TM_ = false,
           bool WG_ = false, int AM_ = BM_, int XR_ = 0, int U_ = 0, int TN_ = 1, int KS_ = 1,
-          bool TMA_ = false>
+          bool TMA_ = false, int PC_ = 0>
 struct Config {
   using elem_t = T;
   static constexpr bool TM = TM_;         // token-major X and Y
@@ -115,6 +115,8 @@ struct Config {
   static constexpr int TN = TN_;          // tiles of N one CTA computes in turn (streamed)
   static constexpr int KS = KS_;          // split K: CTAs of a cluster (along z) sharing a group
   static constexpr bool TMA = TMA_;       // stages fed by TMA from a producer warp (WG, TM)
+  static constexpr int PC = PC_;          // TMA: persistent CTAs (the grid), each running a
+                                          // share of the (group, tile of N) items; 0: one a CTA
 
   static constexpr int WARPS = WM * WN;   // the warps that compute (TMA: the consumers)
   static constexpr int THREADS = 32 * WARPS + (TMA ? 32 : 0);
@@ -146,12 +148,15 @@ struct Config {
   // TMA with streamed tiles: the output tile has its own shared memory, so
   // the producer fills the stages with the next tile's chunks during an
   // epilogue; otherwise it takes the drained stages
-  static constexpr bool C_APART = TMA_ && TN_ > 1;
+  static constexpr bool C_APART = TMA_ && (TN_ > 1 || PC_ > 0);
   static constexpr int C_OFF = C_APART ? PIPE_BYTES : 0;
   static constexpr int TILE_BYTES =
       C_APART ? PIPE_BYTES + C_BYTES : (PIPE_BYTES > C_BYTES ? PIPE_BYTES : C_BYTES);
   static constexpr int ROWMAP_OFF = TILE_BYTES > P_BYTES ? TILE_BYTES : P_BYTES;
-  static constexpr int ROWMAP_BYTES = BM * 8;  // the row map: BM original rows, then their BM biases
+  // the row map: BM original rows, then their BM biases (persistent: two,
+  // one an item in turn, so an item's map is written while the one
+  // before's stores read theirs)
+  static constexpr int ROWMAP_BYTES = BM * 8 * (PC_ > 0 ? 2 : 1);
   // TMA: each stage's `full` and `empty` mbarriers (8 bytes each)
   static constexpr int BAR_OFF = ROWMAP_OFF + ROWMAP_BYTES;
   static constexpr int BAR_BYTES = TMA ? 16 * STAGES : 0;
@@ -165,6 +170,7 @@ struct Config {
   static_assert(sizeof(T) == 2, "tensor-core path takes 16-bit elements");
   static_assert(KS == 1 || (!WG && !XS && TN == 1), "split K is on the mma.sync path alone");
   static_assert(!TMA || (WG && TM && !XS && KS == 1), "the TMA path is token-major wgmma");
+  static_assert(PC == 0 || (TMA && TN == 1), "persistent CTAs are the TMA path's, one tile an item");
   // The configuration's constraints are asserted by the generated source,
   // from the table the search space filters with
   // (generator/families/rowgroup/space.py).
@@ -1354,6 +1360,192 @@ __device__ __forceinline__ void gemm_group_tma(const unsigned char *__restrict__
 #endif
 }
 
+// ---- persistent CTAs (TMA, PC > 0) ------------------------------------------------------
+
+// Item k of this CTA: the (slot, tile of N) pairs in group-fast order
+// (slot fastest: the items in flight share a few tiles of X) dealt to the
+// PC CTAs in rounds of alternating direction, so that the slots' unequal
+// costs (longest first) spread over the CTAs.  False past the last item.
+template <class Cfg, class P>
+__device__ __forceinline__ bool pc_item(int k, int total, int &slot, int &tile) {
+  const int b = static_cast<int>(blockIdx.x);
+  const int j = k * Cfg::PC + ((k & 1) ? Cfg::PC - 1 - b : b);
+  if (j >= total) return false;
+  slot = j % P::NUM_SLOTS;
+  tile = j / P::NUM_SLOTS;
+  return true;
+}
+
+// The slot of item k (zeros past the last item: an empty slot).
+template <class Cfg, class P>
+__device__ __forceinline__ bool pc_slot(const unsigned char *packed, int k, int total, Slot &slot,
+                                        int &tile) {
+  int id = 0;
+  const bool have = pc_item<Cfg, P>(k, total, id, tile);
+  slot = have ? load_slot<P>(packed, id) : Slot{0, 0, 0, 0};
+  return have;
+}
+
+// A persistent CTA: gemm_group_tma's producer and consumers over the CTA's
+// items in turn, the stages' count and parity running on from one item to
+// the next, so the producer copies the next item's chunks while the
+// consumers finish one (its epilogue writes an output tile of its own:
+// C_APART).  Each role reads the next item's slot while it works on one;
+// the producer reads its first columns once it has issued the item's last
+// chunk, and the consumers each item's row map entries (one a thread, in a
+// buffer of the item's parity) before its wgmma.
+template <class Cfg, class P, bool VEC>
+__device__ __forceinline__ void gemm_persistent(const unsigned char *__restrict__ packed,
+                                                const sm90::TensorMap *map,
+                                                unsigned short *__restrict__ y, int n_len,
+                                                unsigned char *smem) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  constexpr int S = Cfg::STAGES;
+  constexpr unsigned A_COPY = Cfg::AM * Cfg::BK * 2;
+  constexpr unsigned B_COPY = Cfg::BN * Cfg::BK * 2;
+  constexpr int CONSUMERS = 32 * Cfg::WARPS;
+  const int lane = threadIdx.x & 31;
+  const int warp = threadIdx.x >> 5;
+  const unsigned s_base = sm80::smem_addr(smem);
+  const unsigned full = s_base + Cfg::BAR_OFF, empty = full + 8 * S;
+  const int total = P::NUM_SLOTS * ((n_len + Cfg::BN - 1) / Cfg::BN);
+
+  if constexpr (Cfg::AM < Cfg::BM) {  // A-tile rows past the chunk's, zero once, never copied
+    constexpr int PAD_CH = (Cfg::BM - Cfg::AM) * Cfg::BK / 8;
+    const unsigned zero[4] = {0u, 0u, 0u, 0u};
+    for (int i = threadIdx.x; i < S * PAD_CH; i += Cfg::THREADS) {
+      const int s = i / PAD_CH, j = i % PAD_CH;
+      sm80::st_shared_16(s_base + s * Cfg::STAGE_BYTES + Cfg::AM * Cfg::BK * 2 + 16 * j, zero);
+    }
+    sm90::fence_proxy_async();
+  }
+  if (threadIdx.x == 0) {
+    for (int s = 0; s < S; ++s) {
+      sm90::mbar_init(full + 8 * s, 1);
+      sm90::mbar_init(empty + 8 * s, Cfg::WARPS);
+    }
+    sm90::fence_mbar_init();
+  }
+  __syncthreads();  // the barriers and the zero rows are ready
+
+  Slot cur;
+  int tile = 0;
+  bool have = pc_slot<Cfg, P>(packed, 0, total, cur, tile);
+  if (warp == Cfg::WARPS) {  // the producer
+    const unsigned short *w = section<unsigned short>(packed, P::W_OFF);
+    const int *ind = section<int>(packed, P::IDX_OFF);
+    const auto cols = [&](const Slot &sl, int j) {  // chunk j of the slot's first column
+      return j < sl.chunks ? __ldg(ind + (size_t)(sl.first_chunk + j) * Cfg::BK) : 0;
+    };
+    const auto weights = [&](int chunk, int s) {  // (absolute chunk) armed with the box's bytes
+      sm90::mbar_arrive_expect(full + 8 * s, A_COPY + B_COPY);
+      sm90::bulk_load(s_base + s * Cfg::STAGE_BYTES, w + (size_t)chunk * (Cfg::AM * Cfg::BK),
+                      A_COPY, full + 8 * s);
+    };
+    int col = have ? cols(cur, lane) : 0;
+    const int early = have ? min(cur.chunks, S) : 0;  // the first item's weights, before the wait
+    if (lane == 0)
+      for (int c = 0; c < early; ++c) weights(cur.first_chunk + c, c);
+    sm90::griddep_wait();
+#pragma unroll 1
+    for (int k = 0, it = 0, s = 0, round = 0; have; ++k) {
+      Slot nxt;
+      int ntile = 0;
+      const bool next = pc_slot<Cfg, P>(packed, k + 1, total, nxt, ntile);
+      int block = 0;
+#pragma unroll 1
+      for (int c = 0; c < cur.chunks; ++c, ++it) {
+        if ((c >> 5) != block) {  // (every lane alike)
+          block = c >> 5;
+          col = cols(cur, 32 * block + lane);
+        }
+        const int k0 = __shfl_sync(0xffffffffu, col, c & 31);
+        if (it >= S) sm90::mbar_wait(empty + 8 * s, (round - 1) & 1);
+        if (lane == 0) {
+          if (it >= early) weights(cur.first_chunk + c, s);
+          sm90::tma_load_2d(s_base + s * Cfg::STAGE_BYTES + Cfg::A_BYTES, map, k0, tile * Cfg::BN,
+                            full + 8 * s);
+        }
+        __syncwarp();
+        if (++s == S) {
+          s = 0;
+          ++round;
+        }
+      }
+      col = next ? cols(nxt, lane) : 0;
+      cur = nxt;
+      tile = ntile;
+      have = next;
+    }
+    sm90::griddep_launch_dependents();
+    return;
+  }
+
+  // the consumers
+  float acc[1][Cfg::NF][4];
+  const int wg_m = (warp >> 2) % Cfg::WG_M, wg_n = (warp >> 2) / Cfg::WG_M;
+  const CTile ct = CTile{smem + Cfg::C_OFF, smem + Cfg::C_OFF + Cfg::C_HALF_BYTES};
+  int *const s_maps = reinterpret_cast<int *>(smem + Cfg::ROWMAP_OFF);
+  const int tid = static_cast<int>(threadIdx.x);
+  bool waited = false;
+#pragma unroll 1
+  for (int k = 0, s = 0, round = 0; have; ++k) {
+    Slot nxt;
+    int ntile = 0;
+    const bool next = pc_slot<Cfg, P>(packed, k + 1, total, nxt, ntile);
+    // this thread's row of the item's map (stored before the epilogue)
+    int orig = -1;
+    float bias = 0.0f;
+    if (tid < Cfg::BM && tid < cur.rows) {
+      orig = P::PERMUTED ? __ldg(section<int>(packed, P::ROWS_OFF) + cur.first_row + tid)
+                         : cur.first_row + tid;
+      if (P::HAS_BIAS) bias = __ldg(section<float>(packed, P::BIAS_OFF) + cur.first_row + tid);
+    }
+#pragma unroll
+    for (int ni = 0; ni < Cfg::NF; ++ni)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) acc[0][ni][e] = 0.0f;
+    int prev = 0;
+#pragma unroll 1
+    for (int c = 0; c < cur.chunks; ++c) {
+      sm90::mbar_wait(full + 8 * s, round & 1);
+      const unsigned s_a = s_base + s * Cfg::STAGE_BYTES;
+      wgmma_stage<Cfg>(acc[0], s_a, s_a + Cfg::A_BYTES, wg_m, wg_n);
+      sm90::wait_group<1>();
+      __syncwarp();
+      if (c > 0 && lane == 0) sm90::mbar_arrive(empty + 8 * prev);
+      prev = s;
+      if (++s == S) {
+        s = 0;
+        ++round;
+      }
+    }
+    sm90::wait_group<0>();
+    sm90::fence_accumulators(acc[0]);
+    __syncwarp();
+    if (cur.chunks > 0 && lane == 0) sm90::mbar_arrive(empty + 8 * prev);
+    if (!next) sm90::griddep_launch_dependents();
+    if (!waited) {  // the stream's previous kernel is done before Y is written
+      sm90::griddep_wait();
+      waited = true;
+    }
+    int *map_k = s_maps + (k & 1) * (2 * Cfg::BM);  // BM rows, then BM biases
+    if (tid < Cfg::BM) {
+      map_k[tid] = orig;
+      if (P::HAS_BIAS) reinterpret_cast<float *>(map_k)[Cfg::BM + tid] = bias;
+    }
+    // the map is written; the item before's stores have read the output tile
+    sm90::named_sync(1, CONSUMERS);
+    epilogue_to_smem<Cfg, P>(acc, map_k, ct, warp % Cfg::WM, warp / Cfg::WM, lane);
+    sm90::named_sync(1, CONSUMERS);
+    store_tile_tm<Cfg, P, VEC, CONSUMERS>(ct, map_k, y, n_len, tile * Cfg::BN);
+    cur = nxt;
+    tile = ntile;
+    have = next;
+  }
+#endif
+}
+
 // Entry of the TMA kernels: as kernel(), with X's tensor map (no split K).
 template <class Cfg, class P>
 __device__ __forceinline__ void kernel_tma(const unsigned char *__restrict__ packed,
@@ -1363,6 +1555,16 @@ __device__ __forceinline__ void kernel_tma(const unsigned char *__restrict__ pac
   (void)x_;  // read through the map alone
   static_assert(P::RUNS8, "a chunk is one run of X's columns, so runs of 8 too");
   static_assert(P::LOC_OFF == 0, "one group a CTA: no shared-gather slot tables");
+  if constexpr (Cfg::PC > 0) {  // the grid is PC CTAs, each running its share of the items
+    if (P::NUM_SLOTS == 0 || n_len <= 0) return;
+    unsigned char *smem = smem_raw + ((1024u - (sm80::smem_addr(smem_raw) & 1023u)) & 1023u);
+    unsigned short *y = static_cast<unsigned short *>(y_);
+    if ((reinterpret_cast<unsigned long long>(y_) & 15) == 0)
+      gemm_persistent<Cfg, P, true>(packed, map, y, n_len, smem);
+    else
+      gemm_persistent<Cfg, P, false>(packed, map, y, n_len, smem);
+    return;
+  }
   if (P::NUM_SLOTS == 0 || blockIdx.x >= P::NUM_SLOTS || n_len <= 0) return;
   const Work work = tail_first<P, 1>();
   unsigned char *smem = smem_raw + ((1024u - (sm80::smem_addr(smem_raw) & 1023u)) & 1023u);
