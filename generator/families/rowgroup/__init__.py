@@ -307,7 +307,20 @@ class RowGroupFamily(Family):
                 # tiles (tn) no faster, and up to 1.7x slower on 768-row
                 # layers (too few CTAs), so no hint names them
                 # (bench/RESULTS.md, 2026-11-25)
-                wg_tm = [{"bk": 32, "bn": 256, "stages": 5, "wm": wm, "wn": 2, "wg": 1},
+                # Then (2026-11-27, H100, bsr:64x64 at 25%, N = 4096) the
+                # TMA-fed tiles (bsr: a chunk is one box of X) first: on
+                # BERT's shapes 768 x 768 12.2 us against 13.0 for the
+                # cp.async tile, 3072 x 768 25.3 (persistent CTAs, 3 an SM)
+                # against 27.5, 768 x 3072 26.8 (persistent, 2 an SM)
+                # against 27.8; 4096 x 4096 stays with bk32 bn256 wn2
+                # (99.5 us against 102.9 for the best TMA tile)
+                tma = [{"bk": 32, "bn": 128, "stages": 6, "wm": wm, "wn": 1, "wg": 1, "tma": 1},
+                       self.persistent({"bk": 32, "bn": 128, "stages": 4, "wm": wm, "wn": 1,
+                                        "wg": 1, "tma": 1}, bm, device),
+                       self.persistent({"bk": 64, "bn": 128, "stages": 3, "wm": wm, "wn": 1,
+                                        "wg": 1, "tma": 1}, bm, device)]
+                wg_tm = tma + [
+                         {"bk": 32, "bn": 256, "stages": 5, "wm": wm, "wn": 2, "wg": 1},
                          {"bk": 64, "bn": 128, "stages": 4, "wm": wm, "wn": 1, "wg": 1},
                          {"bk": 32, "bn": 256, "stages": 5, "wm": wm, "wn": 1, "wg": 1},
                          {"bk": 64, "bn": 256, "stages": 4, "wm": wm, "wn": 2, "wg": 1},
