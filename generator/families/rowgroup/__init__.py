@@ -20,7 +20,10 @@ two families derive from.  The device code is
 templates/include/sf/rowgroup.cuh; templates/rowgroup.cu.j2 only bakes in
 the constants.  Split K (`ks`, sm_90a, few columns of N: decode) gives a
 group's chunks to the ks CTAs of a cluster, whose fp32 partial tiles meet in
-distributed shared memory.
+distributed shared memory.  The TMA-fed path (`tma`, sm_90a, token-major,
+bsr blocks a multiple of BK wide) packs each chunk's weights in the shared
+tile's swizzled order (plan.swizzled) and reads each chunk's X as one box;
+persistent CTAs (`pc`: the grid) take its items in turn.
 """
 from __future__ import annotations
 
@@ -307,7 +310,7 @@ class RowGroupFamily(Family):
                 # tiles (tn) no faster, and up to 1.7x slower on 768-row
                 # layers (too few CTAs), so no hint names them
                 # (bench/RESULTS.md, 2026-11-25)
-                # Then (2026-11-27, H100, bsr:64x64 at 25%, N = 4096) the
+                # Then (2026-11-26, H100, bsr:64x64 at 25%, N = 4096) the
                 # TMA-fed tiles (bsr: a chunk is one box of X) first: on
                 # BERT's shapes 768 x 768 12.2 us against 13.0 for the
                 # cp.async tile, 3072 x 768 25.3 (persistent CTAs, 3 an SM)

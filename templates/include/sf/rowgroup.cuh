@@ -68,6 +68,15 @@
 // is generator/families/xshare.py.  Its slots table gives each set's first
 // row in the rows section, which then holds original rows directly.
 //
+// The TMA-fed path (TMA, sm_90a, token-major, wgmma; chunks that are one
+// run of X's columns: bsr): a producer warp copies each chunk's weights
+// (stored in the A tile's swizzled order) by one bulk copy and X's BN x BK
+// box by one tensor load, the consumer warpgroups run wgmma between full
+// and empty mbarriers (gemm_group_tma); optionally streamed tiles (TN) or
+// persistent CTAs (PC: the grid, each CTA running items k * PC + b, in
+// rounds of alternating direction: gemm_persistent), the output tile
+// then in shared memory of its own so the copies run on across tiles.
+//
 // Split K (KS > 1, mma.sync, sm_90a; for few columns of N, where the
 // groups alone give too few CTAs to fill the GPU): the grid gains a z axis
 // of KS, a cluster (1, 1, KS) shares one (group, tile of N), CTA z runs
@@ -1211,151 +1220,210 @@ __device__ __forceinline__ void kernel(const unsigned char *__restrict__ packed,
 }
 
 // ---- the TMA-fed path (TMA: sm_90a, token-major, wgmma) ---------------------------------
-
-// One group x `tiles` tiles of BN tokens, its stages fed by a producer
-// warp: a CTA of WARPS consumer warps (the wgmma path's warpgroups) and one
-// producer warp.  An item is a (tile, chunk) pair, tile-major; item i
-// sits in stage i % STAGES.  The producer's lane 0 copies an item once the
-// consumers have released its stage's previous one: the packed weight
-// chunk (stored in the tile's swizzled order: plan.swizzled) by one bulk
-// copy, and X's BN x BK box at the chunk's first column (its columns are
-// one run: the table's `xrun`; zeros past N and K) by one tensor load,
-// both completing on the stage's `full` barrier.  The consumers wait for
-// it, issue the stage's wgmma (wgmma_stage) and release the item before
-// (one arrival a warp on its stage's `empty` barrier) once the wait for
-// its wgmma group returns; a tile's last item is released when the tile's
-// wgmma are done.  No CTA-wide barrier in the main loop, no address work
-// in the consumers; the epilogue is the wgmma path's, over the consumers
-// alone (named barriers of their count).  Streamed tiles (TN > 1): the
-// output tile has shared memory of its own (C_APART), so the producer runs
-// on into the next tile's chunks during an epilogue.  Launched as a
-// programmatic dependent: the first stages' weights are copied before the
+//
+// A CTA of WARPS consumer warps (the wgmma path's warpgroups) and one
+// producer warp.  Work comes as items, each one group x one tile of BN
+// tokens: the CTA's TN tiles of one group (gemm_group_tma) or, persistent,
+// its share of every (group, tile) pair (gemm_persistent).  The chunks of
+// the items run through the stages in turn (chunk i of the CTA in stage
+// i % STAGES, its parity i / STAGES), so the producer copies the next
+// item's chunks while the consumers finish one.  The producer's lane 0
+// copies a chunk once the consumers have released its stage's previous
+// one: the packed weight chunk (stored in the tile's swizzled order:
+// plan.swizzled) by one bulk copy, and X's BN x BK box at the chunk's first
+// column (its columns are one run: the table's `xrun`; zeros past N and K)
+// by one tensor load, both completing on the stage's `full` barrier.  The
+// consumers wait for it, issue the stage's wgmma (wgmma_stage) and release
+// the chunk before (one arrival a warp on its stage's `empty` barrier) once
+// the wait for its wgmma group returns; an item's last chunk is released
+// when the item's wgmma are done.  No CTA-wide barrier in the main loop,
+// no address work in the consumers; the epilogue is the wgmma path's over
+// the consumers alone (named barriers of their count), into an output tile
+// of its own when the CTA has several items (C_APART).  Launched as a
+// programmatic dependent: the first chunks' weights are copied before the
 // wait for the stream's previous work, X's boxes after it.
+
+// The stages' shared memory and barriers, and where the chunks run.
+template <class Cfg>
+struct TmaRing {
+  unsigned base, full, empty;  // shared addresses: the stages, their full and empty barriers
+  int s = 0, round = 0;        // the next chunk's stage and its round (parity)
+
+  __device__ __forceinline__ explicit TmaRing(unsigned char *smem)
+      : base(sm80::smem_addr(smem)),
+        full(base + Cfg::BAR_OFF),
+        empty(base + Cfg::BAR_OFF + 8 * Cfg::STAGES) {}
+  __device__ __forceinline__ unsigned stage(int st) const { return base + st * Cfg::STAGE_BYTES; }
+  __device__ __forceinline__ void advance() {
+    if (++s == Cfg::STAGES) {
+      s = 0;
+      ++round;
+    }
+  }
+};
+
+// Every thread: the A-tile rows past a chunk's (zeros, never copied) and,
+// thread 0, the barriers.  The caller's __syncthreads publishes them.
+template <class Cfg>
+__device__ __forceinline__ void tma_setup(const TmaRing<Cfg> &r) {
+  constexpr int S = Cfg::STAGES;
+  if constexpr (Cfg::AM < Cfg::BM) {
+    constexpr int PAD_CH = (Cfg::BM - Cfg::AM) * Cfg::BK / 8;
+    const unsigned zero[4] = {0u, 0u, 0u, 0u};
+    for (int i = threadIdx.x; i < S * PAD_CH; i += Cfg::THREADS) {
+      const int st = i / PAD_CH, j = i % PAD_CH;
+      sm80::st_shared_16(r.stage(st) + Cfg::AM * Cfg::BK * 2 + 16 * j, zero);
+    }
+    sm90::fence_proxy_async();  // the zeros -> the wgmma's proxy
+  }
+  if (threadIdx.x == 0) {
+    for (int st = 0; st < S; ++st) {
+      sm90::mbar_init(r.full + 8 * st, 1);
+      sm90::mbar_init(r.empty + 8 * st, Cfg::WARPS);
+    }
+    sm90::fence_mbar_init();
+  }
+}
+
+// The producer warp's copies.  `col`: lane j holds the first column of
+// the slot's chunk 32 `block` + j.
+template <class Cfg, class P>
+struct TmaProducer {
+  static constexpr unsigned A_COPY = Cfg::AM * Cfg::BK * 2;  // a packed chunk's bytes
+  static constexpr unsigned B_COPY = Cfg::BN * Cfg::BK * 2;  // a box of X's (zeros included)
+  const unsigned short *w;
+  const int *ind;
+  const sm90::TensorMap *map;
+  int lane, it = 0, early = 0, block = 0, col = 0;
+
+  __device__ __forceinline__ TmaProducer(const unsigned char *packed, const sm90::TensorMap *m)
+      : w(section<unsigned short>(packed, P::W_OFF)), ind(section<int>(packed, P::IDX_OFF)),
+        map(m), lane(static_cast<int>(threadIdx.x & 31)) {}
+
+  // the first columns of the slot's chunks 32 b .. 32 b + 31 (every lane)
+  __device__ __forceinline__ void columns(const Slot &sl, int b) {
+    const int j = 32 * b + lane;
+    block = b;
+    col = j < sl.chunks ? __ldg(ind + (size_t)(sl.first_chunk + j) * Cfg::BK) : 0;
+  }
+
+  // (lane 0) absolute chunk `chunk`'s weights into stage st, the barrier
+  // armed with its box's bytes too
+  __device__ __forceinline__ void weights(const TmaRing<Cfg> &r, int chunk, int st) const {
+    sm90::mbar_arrive_expect(r.full + 8 * st, A_COPY + B_COPY);
+    sm90::bulk_load(r.stage(st), w + (size_t)chunk * (Cfg::AM * Cfg::BK), A_COPY, r.full + 8 * st);
+  }
+
+  // the first item's first chunks' weights (constant: before the wait
+  // for the stream's previous work)
+  __device__ __forceinline__ void start(const TmaRing<Cfg> &r, const Slot &sl) {
+    early = sl.chunks < Cfg::STAGES ? sl.chunks : Cfg::STAGES;
+    if (lane == 0)
+      for (int c = 0; c < early; ++c) weights(r, sl.first_chunk + c, c);
+  }
+
+  // one item: the slot's chunks with X's boxes at tokens n0
+  __device__ __forceinline__ void item(TmaRing<Cfg> &r, const Slot &sl, int n0) {
+#pragma unroll 1
+    for (int c = 0; c < sl.chunks; ++c, ++it) {
+      if ((c >> 5) != block) columns(sl, c >> 5);  // (every lane alike)
+      const int k0 = __shfl_sync(0xffffffffu, col, c & 31);
+      if (it >= Cfg::STAGES) sm90::mbar_wait(r.empty + 8 * r.s, (r.round - 1) & 1);
+      if (lane == 0) {
+        if (it >= early) weights(r, sl.first_chunk + c, r.s);
+        sm90::tma_load_2d(r.stage(r.s) + Cfg::A_BYTES, map, k0, n0, r.full + 8 * r.s);
+      }
+      __syncwarp();
+      r.advance();
+    }
+  }
+};
+
+// The consumers: acc = one item's product over its `chunks` chunks, each
+// stage released once its wgmma is done.
+template <class Cfg>
+__device__ __forceinline__ void consume_item(float (&acc)[1][Cfg::NF][4], TmaRing<Cfg> &r,
+                                             int chunks, int lane) {
+  const int warp = threadIdx.x >> 5;
+  const int wg_m = (warp >> 2) % Cfg::WG_M, wg_n = (warp >> 2) / Cfg::WG_M;
+#pragma unroll
+  for (int ni = 0; ni < Cfg::NF; ++ni)
+#pragma unroll
+    for (int e = 0; e < 4; ++e) acc[0][ni][e] = 0.0f;
+  int prev = 0;  // the stage of the chunk before
+#pragma unroll 1
+  for (int c = 0; c < chunks; ++c) {
+    sm90::mbar_wait(r.full + 8 * r.s, r.round & 1);
+    const unsigned s_a = r.stage(r.s);
+    wgmma_stage<Cfg>(acc[0], s_a, s_a + Cfg::A_BYTES, wg_m, wg_n);
+    sm90::wait_group<1>();
+    // the chunk before's wgmma is done: release its stage (no branch
+    // among the wgmma: ptxas would serialize them)
+    __syncwarp();
+    if (c > 0 && lane == 0) sm90::mbar_arrive(r.empty + 8 * prev);
+    prev = r.s;
+    r.advance();
+  }
+  sm90::wait_group<0>();
+  sm90::fence_accumulators(acc[0]);  // no read of them above the wait
+  __syncwarp();
+  if (chunks > 0 && lane == 0) sm90::mbar_arrive(r.empty + 8 * prev);  // the item's last chunk
+}
+
+// The consumers: one item's epilogue into the output tile and Y (tokens
+// [n0, n0 + BN)).  The first barrier: the item's row map is written and,
+// when the CTA had an item before, its stores have read the output tile.
+template <class Cfg, class P, bool VEC>
+__device__ __forceinline__ void finish_item(const float (&acc)[1][Cfg::NF][4], const int *rows,
+                                            const CTile &ct, unsigned short *y, int n_len, int n0,
+                                            int lane) {
+  constexpr int CONSUMERS = 32 * Cfg::WARPS;
+  const int warp = threadIdx.x >> 5;
+  sm90::named_sync(1, CONSUMERS);
+  epilogue_to_smem<Cfg, P>(acc, rows, ct, warp % Cfg::WM, warp / Cfg::WM, lane);
+  sm90::named_sync(1, CONSUMERS);  // the output tile is complete
+  store_tile_tm<Cfg, P, VEC, CONSUMERS>(ct, rows, y, n_len, n0);
+}
+
+// One group x `tiles` tiles of BN tokens (tiles > 1: streamed, TN).
 template <class Cfg, class P, bool VEC>
 __device__ __forceinline__ void gemm_group_tma(const unsigned char *__restrict__ packed,
                                                const sm90::TensorMap *map,
                                                unsigned short *__restrict__ y, int n_len, int n0,
                                                const Slot &slot, int tiles, unsigned char *smem) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  constexpr int S = Cfg::STAGES;
-  constexpr unsigned A_COPY = Cfg::AM * Cfg::BK * 2;  // a packed chunk's bytes
-  constexpr unsigned B_COPY = Cfg::BN * Cfg::BK * 2;  // a box of X's (zeros included)
-  constexpr int CONSUMERS = 32 * Cfg::WARPS;
   const int lane = threadIdx.x & 31;
-  const int warp = threadIdx.x >> 5;
-  const unsigned s_base = sm80::smem_addr(smem);
-  const unsigned full = s_base + Cfg::BAR_OFF, empty = full + 8 * S;
+  TmaRing<Cfg> ring(smem);
   int *s_rows = reinterpret_cast<int *>(smem + Cfg::ROWMAP_OFF);
-  const int chunks = slot.chunks;
-
-  if constexpr (Cfg::AM < Cfg::BM) {  // A-tile rows past the chunk's, zero once, never copied
-    constexpr int PAD_CH = (Cfg::BM - Cfg::AM) * Cfg::BK / 8;
-    const unsigned zero[4] = {0u, 0u, 0u, 0u};
-    for (int i = threadIdx.x; i < S * PAD_CH; i += Cfg::THREADS) {
-      const int s = i / PAD_CH, j = i % PAD_CH;
-      sm80::st_shared_16(s_base + s * Cfg::STAGE_BYTES + Cfg::AM * Cfg::BK * 2 + 16 * j, zero);
-    }
-    sm90::fence_proxy_async();  // the zeros -> the wgmma's proxy
-  }
-  if (threadIdx.x == 0) {
-    for (int s = 0; s < S; ++s) {
-      sm90::mbar_init(full + 8 * s, 1);
-      sm90::mbar_init(empty + 8 * s, Cfg::WARPS);
-    }
-    sm90::fence_mbar_init();
-  }
+  tma_setup<Cfg>(ring);
   load_row_map<Cfg, P>(packed, slot, s_rows);
   __syncthreads();  // the barriers, the zero rows and the row map are ready
 
-  if (warp == Cfg::WARPS) {  // the producer
-    const unsigned short *w = section<unsigned short>(packed, P::W_OFF) +
-                              (size_t)slot.first_chunk * (Cfg::AM * Cfg::BK);
-    const int *ind = section<int>(packed, P::IDX_OFF) + (size_t)slot.first_chunk * Cfg::BK;
-    // the first column of chunks 32 b .. 32 b + 31, lane j holding chunk 32 b + j's
-    int block = 0;
-    int col = lane < chunks ? __ldg(ind + lane * Cfg::BK) : 0;
-    const auto weights = [&](int c, int s) {  // armed with the box's bytes too
-      sm90::mbar_arrive_expect(full + 8 * s, A_COPY + B_COPY);
-      sm90::bulk_load(s_base + s * Cfg::STAGE_BYTES, w + (size_t)c * (Cfg::AM * Cfg::BK), A_COPY,
-                      full + 8 * s);
-    };
-    const int items = chunks * tiles;
-    const int early = items < S ? items : S;
-    if (lane == 0)
-      for (int it = 0; it < early; ++it) weights(it % chunks, it);
+  if (threadIdx.x >> 5 == Cfg::WARPS) {  // the producer
+    TmaProducer<Cfg, P> pr(packed, map);
+    pr.columns(slot, 0);
+    pr.start(ring, slot);
     sm90::griddep_wait();
-#pragma unroll 1
-    for (int t = 0, it = 0, s = 0, round = 0; t < tiles; ++t) {
-#pragma unroll 1
-      for (int c = 0; c < chunks; ++c, ++it) {
-        if ((c >> 5) != block) {  // (every lane alike)
-          block = c >> 5;
-          const int j = 32 * block + lane;
-          col = j < chunks ? __ldg(ind + j * Cfg::BK) : 0;
-        }
-        const int k0 = __shfl_sync(0xffffffffu, col, c & 31);
-        if (it >= S) sm90::mbar_wait(empty + 8 * s, (round - 1) & 1);
-        if (lane == 0) {
-          if (it >= early) weights(c, s);
-          sm90::tma_load_2d(s_base + s * Cfg::STAGE_BYTES + Cfg::A_BYTES, map, k0,
-                            n0 + t * Cfg::BN, full + 8 * s);
-        }
-        __syncwarp();
-        if (++s == S) {
-          s = 0;
-          ++round;
-        }
-      }
-    }
+    for (int t = 0; t < tiles; ++t) pr.item(ring, slot, n0 + t * Cfg::BN);
     sm90::griddep_launch_dependents();  // its last copy is issued: the next kernel may start
     return;
   }
-
   // the consumers (the accumulators live in this branch alone: ptxas
   // serializes the wgmma when another path defines them)
   float acc[1][Cfg::NF][4];
-  const int wg_m = (warp >> 2) % Cfg::WG_M, wg_n = (warp >> 2) / Cfg::WG_M;
   const CTile ct = CTile{smem + Cfg::C_OFF, smem + Cfg::C_OFF + Cfg::C_HALF_BYTES};
 #pragma unroll 1
-  for (int t = 0, s = 0, round = 0; t < tiles; ++t) {
-#pragma unroll
-    for (int ni = 0; ni < Cfg::NF; ++ni)
-#pragma unroll
-      for (int e = 0; e < 4; ++e) acc[0][ni][e] = 0.0f;
-    int prev = 0;  // the stage of the item before
-#pragma unroll 1
-    for (int c = 0; c < chunks; ++c) {
-      sm90::mbar_wait(full + 8 * s, round & 1);
-      const unsigned s_a = s_base + s * Cfg::STAGE_BYTES;
-      wgmma_stage<Cfg>(acc[0], s_a, s_a + Cfg::A_BYTES, wg_m, wg_n);
-      sm90::wait_group<1>();
-      // the item before's wgmma is done: release its stage (no branch
-      // among the wgmma: ptxas would serialize them)
-      __syncwarp();
-      if (c > 0 && lane == 0) sm90::mbar_arrive(empty + 8 * prev);
-      prev = s;
-      if (++s == S) {
-        s = 0;
-        ++round;
-      }
-    }
-    sm90::wait_group<0>();
-    sm90::fence_accumulators(acc[0]);  // no read of them above the wait
-    __syncwarp();
-    if (chunks > 0 && lane == 0) sm90::mbar_arrive(empty + 8 * prev);  // the tile's last item
+  for (int t = 0; t < tiles; ++t) {
+    consume_item<Cfg>(acc, ring, slot.chunks, lane);
     if (t + 1 == tiles) {
       sm90::griddep_launch_dependents();
       // the stream's previous kernel is done before Y is written (the
       // producer's wait saw it; this warp's own wait makes it so here)
       sm90::griddep_wait();
     }
-    // one tile: every stage is consumed, every copy into it landed, so the
-    // stages take the output tile; streamed: the tile before's stores have
-    // read the output tile
-    sm90::named_sync(1, CONSUMERS);
-    epilogue_to_smem<Cfg, P>(acc, s_rows, ct, warp % Cfg::WM, warp / Cfg::WM, lane);
-    sm90::named_sync(1, CONSUMERS);  // the output tile is complete
-    store_tile_tm<Cfg, P, VEC, CONSUMERS>(ct, s_rows, y, n_len, n0 + t * Cfg::BN);
+    // (one tile: every stage is consumed, every copy into it landed, so
+    // the stages take the output tile)
+    finish_item<Cfg, P, VEC>(acc, s_rows, ct, y, n_len, n0 + t * Cfg::BN, lane);
   }
 #endif
 }
@@ -1365,114 +1433,49 @@ __device__ __forceinline__ void gemm_group_tma(const unsigned char *__restrict__
 // Item k of this CTA: the (slot, tile of N) pairs in group-fast order
 // (slot fastest: the items in flight share a few tiles of X) dealt to the
 // PC CTAs in rounds of alternating direction, so that the slots' unequal
-// costs (longest first) spread over the CTAs.  False past the last item.
+// costs (longest first) spread over the CTAs; its slot (zeros past the
+// last item: an empty slot).  False past the last item.
 template <class Cfg, class P>
-__device__ __forceinline__ bool pc_item(int k, int total, int &slot, int &tile) {
+__device__ __forceinline__ bool pc_item(const unsigned char *packed, int k, int total, Slot &slot,
+                                        int &tile) {
   const int b = static_cast<int>(blockIdx.x);
   const int j = k * Cfg::PC + ((k & 1) ? Cfg::PC - 1 - b : b);
-  if (j >= total) return false;
-  slot = j % P::NUM_SLOTS;
-  tile = j / P::NUM_SLOTS;
-  return true;
-}
-
-// The slot of item k (zeros past the last item: an empty slot).
-template <class Cfg, class P>
-__device__ __forceinline__ bool pc_slot(const unsigned char *packed, int k, int total, Slot &slot,
-                                        int &tile) {
-  int id = 0;
-  const bool have = pc_item<Cfg, P>(k, total, id, tile);
-  slot = have ? load_slot<P>(packed, id) : Slot{0, 0, 0, 0};
+  const bool have = j < total;
+  slot = have ? load_slot<P>(packed, j % P::NUM_SLOTS) : Slot{0, 0, 0, 0};
+  tile = have ? j / P::NUM_SLOTS : 0;
   return have;
 }
 
-// A persistent CTA: gemm_group_tma's producer and consumers over the CTA's
-// items in turn, the stages' count and parity running on from one item to
-// the next, so the producer copies the next item's chunks while the
-// consumers finish one (its epilogue writes an output tile of its own:
-// C_APART).  Each role reads the next item's slot while it works on one;
-// the producer reads its first columns once it has issued the item's last
-// chunk, and the consumers each item's row map entries (one a thread, in a
-// buffer of the item's parity) before its wgmma.
+// A persistent CTA: the producer and consumers over the CTA's items.  Each
+// role reads the next item's slot while it works on one; the producer
+// reads the next item's first columns once it has issued an item's last
+// chunk, and the consumers each item's row map entries (one a thread, into
+// the buffer of the item's parity) before its wgmma.
 template <class Cfg, class P, bool VEC>
 __device__ __forceinline__ void gemm_persistent(const unsigned char *__restrict__ packed,
                                                 const sm90::TensorMap *map,
                                                 unsigned short *__restrict__ y, int n_len,
                                                 unsigned char *smem) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  constexpr int S = Cfg::STAGES;
-  constexpr unsigned A_COPY = Cfg::AM * Cfg::BK * 2;
-  constexpr unsigned B_COPY = Cfg::BN * Cfg::BK * 2;
-  constexpr int CONSUMERS = 32 * Cfg::WARPS;
   const int lane = threadIdx.x & 31;
-  const int warp = threadIdx.x >> 5;
-  const unsigned s_base = sm80::smem_addr(smem);
-  const unsigned full = s_base + Cfg::BAR_OFF, empty = full + 8 * S;
   const int total = P::NUM_SLOTS * ((n_len + Cfg::BN - 1) / Cfg::BN);
-
-  if constexpr (Cfg::AM < Cfg::BM) {  // A-tile rows past the chunk's, zero once, never copied
-    constexpr int PAD_CH = (Cfg::BM - Cfg::AM) * Cfg::BK / 8;
-    const unsigned zero[4] = {0u, 0u, 0u, 0u};
-    for (int i = threadIdx.x; i < S * PAD_CH; i += Cfg::THREADS) {
-      const int s = i / PAD_CH, j = i % PAD_CH;
-      sm80::st_shared_16(s_base + s * Cfg::STAGE_BYTES + Cfg::AM * Cfg::BK * 2 + 16 * j, zero);
-    }
-    sm90::fence_proxy_async();
-  }
-  if (threadIdx.x == 0) {
-    for (int s = 0; s < S; ++s) {
-      sm90::mbar_init(full + 8 * s, 1);
-      sm90::mbar_init(empty + 8 * s, Cfg::WARPS);
-    }
-    sm90::fence_mbar_init();
-  }
+  TmaRing<Cfg> ring(smem);
+  tma_setup<Cfg>(ring);
   __syncthreads();  // the barriers and the zero rows are ready
 
-  Slot cur;
-  int tile = 0;
-  bool have = pc_slot<Cfg, P>(packed, 0, total, cur, tile);
-  if (warp == Cfg::WARPS) {  // the producer
-    const unsigned short *w = section<unsigned short>(packed, P::W_OFF);
-    const int *ind = section<int>(packed, P::IDX_OFF);
-    const auto cols = [&](const Slot &sl, int j) {  // chunk j of the slot's first column
-      return j < sl.chunks ? __ldg(ind + (size_t)(sl.first_chunk + j) * Cfg::BK) : 0;
-    };
-    const auto weights = [&](int chunk, int s) {  // (absolute chunk) armed with the box's bytes
-      sm90::mbar_arrive_expect(full + 8 * s, A_COPY + B_COPY);
-      sm90::bulk_load(s_base + s * Cfg::STAGE_BYTES, w + (size_t)chunk * (Cfg::AM * Cfg::BK),
-                      A_COPY, full + 8 * s);
-    };
-    int col = have ? cols(cur, lane) : 0;
-    const int early = have ? min(cur.chunks, S) : 0;  // the first item's weights, before the wait
-    if (lane == 0)
-      for (int c = 0; c < early; ++c) weights(cur.first_chunk + c, c);
+  Slot cur, nxt;
+  int tile = 0, ntile = 0;
+  bool have = pc_item<Cfg, P>(packed, 0, total, cur, tile);
+  if (threadIdx.x >> 5 == Cfg::WARPS) {  // the producer
+    TmaProducer<Cfg, P> pr(packed, map);
+    pr.columns(cur, 0);
+    if (have) pr.start(ring, cur);
     sm90::griddep_wait();
 #pragma unroll 1
-    for (int k = 0, it = 0, s = 0, round = 0; have; ++k) {
-      Slot nxt;
-      int ntile = 0;
-      const bool next = pc_slot<Cfg, P>(packed, k + 1, total, nxt, ntile);
-      int block = 0;
-#pragma unroll 1
-      for (int c = 0; c < cur.chunks; ++c, ++it) {
-        if ((c >> 5) != block) {  // (every lane alike)
-          block = c >> 5;
-          col = cols(cur, 32 * block + lane);
-        }
-        const int k0 = __shfl_sync(0xffffffffu, col, c & 31);
-        if (it >= S) sm90::mbar_wait(empty + 8 * s, (round - 1) & 1);
-        if (lane == 0) {
-          if (it >= early) weights(cur.first_chunk + c, s);
-          sm90::tma_load_2d(s_base + s * Cfg::STAGE_BYTES + Cfg::A_BYTES, map, k0, tile * Cfg::BN,
-                            full + 8 * s);
-        }
-        __syncwarp();
-        if (++s == S) {
-          s = 0;
-          ++round;
-        }
-      }
-      col = next ? cols(nxt, lane) : 0;
+    for (int k = 0; have; ++k) {
+      const bool next = pc_item<Cfg, P>(packed, k + 1, total, nxt, ntile);
+      pr.item(ring, cur, tile * Cfg::BN);
+      pr.columns(nxt, 0);
       cur = nxt;
       tile = ntile;
       have = next;
@@ -1481,18 +1484,13 @@ __device__ __forceinline__ void gemm_persistent(const unsigned char *__restrict_
     return;
   }
 
-  // the consumers
   float acc[1][Cfg::NF][4];
-  const int wg_m = (warp >> 2) % Cfg::WG_M, wg_n = (warp >> 2) / Cfg::WG_M;
   const CTile ct = CTile{smem + Cfg::C_OFF, smem + Cfg::C_OFF + Cfg::C_HALF_BYTES};
   int *const s_maps = reinterpret_cast<int *>(smem + Cfg::ROWMAP_OFF);
   const int tid = static_cast<int>(threadIdx.x);
-  bool waited = false;
 #pragma unroll 1
-  for (int k = 0, s = 0, round = 0; have; ++k) {
-    Slot nxt;
-    int ntile = 0;
-    const bool next = pc_slot<Cfg, P>(packed, k + 1, total, nxt, ntile);
+  for (int k = 0; have; ++k) {
+    const bool next = pc_item<Cfg, P>(packed, k + 1, total, nxt, ntile);
     // this thread's row of the item's map (stored before the epilogue)
     int orig = -1;
     float bias = 0.0f;
@@ -1501,44 +1499,15 @@ __device__ __forceinline__ void gemm_persistent(const unsigned char *__restrict_
                          : cur.first_row + tid;
       if (P::HAS_BIAS) bias = __ldg(section<float>(packed, P::BIAS_OFF) + cur.first_row + tid);
     }
-#pragma unroll
-    for (int ni = 0; ni < Cfg::NF; ++ni)
-#pragma unroll
-      for (int e = 0; e < 4; ++e) acc[0][ni][e] = 0.0f;
-    int prev = 0;
-#pragma unroll 1
-    for (int c = 0; c < cur.chunks; ++c) {
-      sm90::mbar_wait(full + 8 * s, round & 1);
-      const unsigned s_a = s_base + s * Cfg::STAGE_BYTES;
-      wgmma_stage<Cfg>(acc[0], s_a, s_a + Cfg::A_BYTES, wg_m, wg_n);
-      sm90::wait_group<1>();
-      __syncwarp();
-      if (c > 0 && lane == 0) sm90::mbar_arrive(empty + 8 * prev);
-      prev = s;
-      if (++s == S) {
-        s = 0;
-        ++round;
-      }
-    }
-    sm90::wait_group<0>();
-    sm90::fence_accumulators(acc[0]);
-    __syncwarp();
-    if (cur.chunks > 0 && lane == 0) sm90::mbar_arrive(empty + 8 * prev);
+    consume_item<Cfg>(acc, ring, cur.chunks, lane);
     if (!next) sm90::griddep_launch_dependents();
-    if (!waited) {  // the stream's previous kernel is done before Y is written
-      sm90::griddep_wait();
-      waited = true;
-    }
+    if (k == 0) sm90::griddep_wait();  // the stream's previous kernel is done before Y is written
     int *map_k = s_maps + (k & 1) * (2 * Cfg::BM);  // BM rows, then BM biases
     if (tid < Cfg::BM) {
       map_k[tid] = orig;
       if (P::HAS_BIAS) reinterpret_cast<float *>(map_k)[Cfg::BM + tid] = bias;
     }
-    // the map is written; the item before's stores have read the output tile
-    sm90::named_sync(1, CONSUMERS);
-    epilogue_to_smem<Cfg, P>(acc, map_k, ct, warp % Cfg::WM, warp / Cfg::WM, lane);
-    sm90::named_sync(1, CONSUMERS);
-    store_tile_tm<Cfg, P, VEC, CONSUMERS>(ct, map_k, y, n_len, tile * Cfg::BN);
+    finish_item<Cfg, P, VEC>(acc, map_k, ct, y, n_len, tile * Cfg::BN, lane);
     cur = nxt;
     tile = ntile;
     have = next;
