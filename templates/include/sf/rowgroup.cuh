@@ -1174,6 +1174,22 @@ __device__ __forceinline__ Work tail_first() {
   return w;
 }
 
+// Streamed tiles (TN > 1): the span code above the slot's rows -> the
+// tiles of N this CTA computes (at most) and its first tile (n0 moves on to
+// it); false for a slot whose span starts past N.  One tile otherwise.
+template <class Cfg>
+__device__ __forceinline__ bool take_span(Slot &slot, int &n0, int &span, int n_len) {
+  span = Cfg::TN;
+  if constexpr (Cfg::TN > 1) {
+    const int code = slot.rows >> 16;
+    span = Cfg::TN >> (code & 15);
+    n0 += (code >> 4) * Cfg::BN;
+    slot.rows &= 0xffff;
+    if (n0 >= n_len) return false;
+  }
+  return true;
+}
+
 // Entry: blockIdx.x = schedule slot (group), blockIdx.y = TN tiles of N
 // (tokens).  Group-fast: the CTAs in flight cover every group for a few
 // tiles of N, so all of W and those tiles of X stay in L2 (tile-fast, a
@@ -1198,14 +1214,8 @@ __device__ __forceinline__ void kernel(const unsigned char *__restrict__ packed,
     slot.first_chunk += c0;
     slot.chunks = c1 - c0;
   }
-  int span = Cfg::TN;  // tiles of N this CTA computes (at most)
-  if constexpr (Cfg::TN > 1) {
-    const int code = slot.rows >> 16;
-    span = Cfg::TN >> (code & 15);
-    n0 += (code >> 4) * Cfg::BN;
-    slot.rows &= 0xffff;
-    if (n0 >= n_len) return;  // the last span's slots past N
-  }
+  int span;  // tiles of N this CTA computes (at most)
+  if (!take_span<Cfg>(slot, n0, span, n_len)) return;
   const unsigned short *x = static_cast<const unsigned short *>(x_);
   unsigned short *y = static_cast<unsigned short *>(y_);
   const bool aligned = ((reinterpret_cast<unsigned long long>(x_) |
@@ -1539,14 +1549,8 @@ __device__ __forceinline__ void kernel_tma(const unsigned char *__restrict__ pac
   unsigned char *smem = smem_raw + ((1024u - (sm80::smem_addr(smem_raw) & 1023u)) & 1023u);
   Slot slot = load_slot<P>(packed, work.slot);
   int n0 = work.col * (Cfg::BN * Cfg::TN);
-  int span = 1;  // tiles of N this CTA computes (at most)
-  if constexpr (Cfg::TN > 1) {
-    const int code = slot.rows >> 16;
-    span = Cfg::TN >> (code & 15);
-    n0 += (code >> 4) * Cfg::BN;
-    slot.rows &= 0xffff;
-    if (n0 >= n_len) return;  // the last span's slots past N
-  }
+  int span;  // tiles of N this CTA computes (at most)
+  if (!take_span<Cfg>(slot, n0, span, n_len)) return;
   const int tiles = min(span, (n_len - n0 + Cfg::BN - 1) / Cfg::BN);
   unsigned short *y = static_cast<unsigned short *>(y_);
   if ((reinterpret_cast<unsigned long long>(y_) & 15) == 0)
