@@ -1129,16 +1129,25 @@ __device__ __forceinline__ void gemm_block_tma(const unsigned char *__restrict__
   }
 }
 
+// The block this CTA computes (blockIdx.x = schedule slot * CK + cluster
+// rank); false when it has none.
+template <class C, class P>
+__device__ __forceinline__ bool cta_block(const unsigned char *packed, int n_len, Block &blk) {
+  const int slot = blockIdx.x / C::CK;
+  if (P::NUM_BLOCKS == 0 || slot >= P::NUM_BLOCKS || n_len <= 0) return false;
+  const int rank = C::CK > 1 ? static_cast<int>(cluster_rank()) : 0;
+  blk = load_block<C, P>(packed, slot, rank);
+  return true;
+}
+
 // Entry of the TMA kernels: as kernel(), with X's tensor map.
 template <class C, class P>
 __device__ __forceinline__ void kernel_tma(const unsigned char *__restrict__ packed,
                                            const void *__restrict__ x_, void *__restrict__ y_,
                                            int n_len, const sm90::TensorMap *map) {
   extern __shared__ __align__(1024) unsigned char smem_raw[];
-  const int slot = blockIdx.x / C::CK;
-  if (P::NUM_BLOCKS == 0 || slot >= P::NUM_BLOCKS || n_len <= 0) return;
-  const int rank = C::CK > 1 ? static_cast<int>(cluster_rank()) : 0;
-  const Block blk = load_block<C, P>(packed, slot, rank);
+  Block blk;
+  if (!cta_block<C, P>(packed, n_len, blk)) return;
   unsigned char *smem = smem_raw + ((1024u - (sm80::smem_addr(smem_raw) & 1023u)) & 1023u);
   gemm_block_tma<C, P>(packed, map, static_cast<const unsigned short *>(x_),
                        static_cast<unsigned short *>(y_), n_len,
@@ -1151,10 +1160,8 @@ __device__ __forceinline__ void kernel(const unsigned char *__restrict__ packed,
                                        const void *__restrict__ x_, void *__restrict__ y_,
                                        int n_len) {
   extern __shared__ __align__(1024) unsigned char smem_raw[];
-  const int slot = blockIdx.x / C::CK;
-  if (P::NUM_BLOCKS == 0 || slot >= P::NUM_BLOCKS || n_len <= 0) return;
-  const int rank = C::CK > 1 ? static_cast<int>(cluster_rank()) : 0;
-  const Block blk = load_block<C, P>(packed, slot, rank);
+  Block blk;
+  if (!cta_block<C, P>(packed, n_len, blk)) return;
   const int n0 = blockIdx.y * C::BN;
   // WG: the swizzled tiles need a 1024-byte aligned base (1 KB is reserved)
   unsigned char *smem =
