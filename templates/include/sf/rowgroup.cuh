@@ -1403,15 +1403,14 @@ __device__ __forceinline__ void gemm_group_tma(const unsigned char *__restrict__
                                                const Slot &slot, int tiles, unsigned char *smem) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   const int lane = threadIdx.x & 31;
+  const bool producer = threadIdx.x >> 5 == Cfg::WARPS;
   TmaRing<Cfg> ring(smem);
-  int *s_rows = reinterpret_cast<int *>(smem + Cfg::ROWMAP_OFF);
+  TmaProducer<Cfg, P> pr(packed, map);
+  if (producer) pr.columns(slot, 0);  // (its latency runs under the setup)
   tma_setup<Cfg>(ring);
-  load_row_map<Cfg, P>(packed, slot, s_rows);
-  __syncthreads();  // the barriers, the zero rows and the row map are ready
+  __syncthreads();  // the barriers and the zero rows are ready
 
-  if (threadIdx.x >> 5 == Cfg::WARPS) {  // the producer
-    TmaProducer<Cfg, P> pr(packed, map);
-    pr.columns(slot, 0);
+  if (producer) {
     pr.start(ring, slot);
     sm90::griddep_wait();
     for (int t = 0; t < tiles; ++t) pr.item(ring, slot, n0 + t * Cfg::BN);
@@ -1419,7 +1418,11 @@ __device__ __forceinline__ void gemm_group_tma(const unsigned char *__restrict__
     return;
   }
   // the consumers (the accumulators live in this branch alone: ptxas
-  // serializes the wgmma when another path defines them)
+  // serializes the wgmma when another path defines them).  The row map
+  // (and biases) are theirs alone, read here, off the producer's path to
+  // the first copies; the epilogue's first barrier publishes them.
+  int *s_rows = reinterpret_cast<int *>(smem + Cfg::ROWMAP_OFF);
+  load_row_map<Cfg, P>(packed, slot, s_rows);
   float acc[1][Cfg::NF][4];
   const CTile ct = CTile{smem + Cfg::C_OFF, smem + Cfg::C_OFF + Cfg::C_HALF_BYTES};
 #pragma unroll 1
@@ -1469,16 +1472,17 @@ __device__ __forceinline__ void gemm_persistent(const unsigned char *__restrict_
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   const int lane = threadIdx.x & 31;
   const int total = P::NUM_SLOTS * ((n_len + Cfg::BN - 1) / Cfg::BN);
-  TmaRing<Cfg> ring(smem);
-  tma_setup<Cfg>(ring);
-  __syncthreads();  // the barriers and the zero rows are ready
-
+  const bool producer = threadIdx.x >> 5 == Cfg::WARPS;
   Slot cur, nxt;
   int tile = 0, ntile = 0;
   bool have = pc_item<Cfg, P>(packed, 0, total, cur, tile);
-  if (threadIdx.x >> 5 == Cfg::WARPS) {  // the producer
-    TmaProducer<Cfg, P> pr(packed, map);
-    pr.columns(cur, 0);
+  TmaRing<Cfg> ring(smem);
+  TmaProducer<Cfg, P> pr(packed, map);
+  if (producer) pr.columns(cur, 0);  // (its latency runs under the setup)
+  tma_setup<Cfg>(ring);
+  __syncthreads();  // the barriers and the zero rows are ready
+
+  if (producer) {
     if (have) pr.start(ring, cur);
     sm90::griddep_wait();
 #pragma unroll 1
