@@ -1349,6 +1349,17 @@ struct TmaProducer {
   }
 };
 
+// The CTA's start: the producer reads the first item's first columns
+// (their latency runs under the rest), every thread sets up the stages
+// (tma_setup), and the barrier publishes them.
+template <class Cfg, class P>
+__device__ __forceinline__ void tma_start(const TmaRing<Cfg> &r, TmaProducer<Cfg, P> &pr,
+                                          const Slot &first, bool producer) {
+  if (producer) pr.columns(first, 0);
+  tma_setup<Cfg>(r);
+  __syncthreads();  // the barriers and the zero rows are ready
+}
+
 // The consumers: acc = one item's product over its `chunks` chunks, each
 // stage released once its wgmma is done.
 template <class Cfg>
@@ -1406,9 +1417,7 @@ __device__ __forceinline__ void gemm_group_tma(const unsigned char *__restrict__
   const bool producer = threadIdx.x >> 5 == Cfg::WARPS;
   TmaRing<Cfg> ring(smem);
   TmaProducer<Cfg, P> pr(packed, map);
-  if (producer) pr.columns(slot, 0);  // (its latency runs under the setup)
-  tma_setup<Cfg>(ring);
-  __syncthreads();  // the barriers and the zero rows are ready
+  tma_start<Cfg, P>(ring, pr, slot, producer);
 
   if (producer) {
     pr.start(ring, slot);
@@ -1478,9 +1487,7 @@ __device__ __forceinline__ void gemm_persistent(const unsigned char *__restrict_
   bool have = pc_item<Cfg, P>(packed, 0, total, cur, tile);
   TmaRing<Cfg> ring(smem);
   TmaProducer<Cfg, P> pr(packed, map);
-  if (producer) pr.columns(cur, 0);  // (its latency runs under the setup)
-  tma_setup<Cfg>(ring);
-  __syncthreads();  // the barriers and the zero rows are ready
+  tma_start<Cfg, P>(ring, pr, cur, producer);
 
   if (producer) {
     if (have) pr.start(ring, cur);
