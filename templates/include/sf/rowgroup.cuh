@@ -43,7 +43,7 @@
 // The Problem type (generated per matrix) provides:
 //     M, K, NUM_SLOTS, W_OFF, IDX_OFF, SLOT_OFF, ROWS_OFF, BIAS_OFF,
 //     PERMUTED, HAS_BIAS, ACT, SCALE, RESIDENT (CTAs an SM holds), CLASSES and
-//     class_end (the runs of equal-cost slots: tail_first),
+//     class_end (the runs of equal-cost slots: tail_first; absent for persistent CTAs),
 //     RUNS8 (token-major: every aligned run of 8 indices is 8 consecutive,
 //     8-aligned columns and K % 8 == 0, so one 16-byte load gathers a run).
 //
@@ -218,20 +218,37 @@ __device__ __forceinline__ Slot load_slot(const unsigned char *packed, int s) {
 // them.  Both loads depend on the slot only (the bias is stored by
 // position), and the caller issues them behind the first chunks' copies,
 // so the epilogue reads shared memory only.
+// One tile row's entry of the map: its original row (-1 past the group's
+// end) and bias, read (row_entry) and stored (store_row_entry) apart so a
+// caller can hide the read's latency.
+struct RowEntry {
+  int orig = -1;
+  float bias = 0.0f;
+};
+
+template <class Cfg, class P>
+__device__ __forceinline__ RowEntry row_entry(const unsigned char *packed, const Slot &slot,
+                                              int r) {
+  RowEntry e;
+  if (r < slot.rows) {
+    e.orig = Cfg::XS || P::PERMUTED ? __ldg(section<int>(packed, P::ROWS_OFF) + slot.first_row + r)
+                                    : slot.first_row + r;
+    if (P::HAS_BIAS) e.bias = __ldg(section<float>(packed, P::BIAS_OFF) + slot.first_row + r);
+  }
+  return e;
+}
+
+template <class Cfg, class P>
+__device__ __forceinline__ void store_row_entry(int *s_rows, int r, const RowEntry &e) {
+  s_rows[r] = e.orig;
+  if (P::HAS_BIAS) reinterpret_cast<float *>(s_rows)[Cfg::BM + r] = e.bias;
+}
+
 template <class Cfg, class P>
 __device__ __forceinline__ void load_row_map(const unsigned char *packed, const Slot &slot,
                                              int *s_rows) {
-  for (int r = threadIdx.x; r < Cfg::BM; r += Cfg::THREADS) {
-    int orig = -1;
-    float bias = 0.0f;
-    if (r < slot.rows) {
-      orig = Cfg::XS || P::PERMUTED ? __ldg(section<int>(packed, P::ROWS_OFF) + slot.first_row + r)
-                                    : slot.first_row + r;
-      if (P::HAS_BIAS) bias = __ldg(section<float>(packed, P::BIAS_OFF) + slot.first_row + r);
-    }
-    s_rows[r] = orig;
-    if (P::HAS_BIAS) reinterpret_cast<float *>(s_rows)[Cfg::BM + r] = bias;
-  }
+  for (int r = threadIdx.x; r < Cfg::BM; r += Cfg::THREADS)
+    store_row_entry<Cfg, P>(s_rows, r, row_entry<Cfg, P>(packed, slot, r));
 }
 
 // ---- tile loaders ---------------------------------------------------------------------
@@ -1513,21 +1530,12 @@ __device__ __forceinline__ void gemm_persistent(const unsigned char *__restrict_
   for (int k = 0; have; ++k) {
     const bool next = pc_item<Cfg, P>(packed, k + 1, total, nxt, ntile);
     // this thread's row of the item's map (stored before the epilogue)
-    int orig = -1;
-    float bias = 0.0f;
-    if (tid < Cfg::BM && tid < cur.rows) {
-      orig = P::PERMUTED ? __ldg(section<int>(packed, P::ROWS_OFF) + cur.first_row + tid)
-                         : cur.first_row + tid;
-      if (P::HAS_BIAS) bias = __ldg(section<float>(packed, P::BIAS_OFF) + cur.first_row + tid);
-    }
+    const RowEntry entry = tid < Cfg::BM ? row_entry<Cfg, P>(packed, cur, tid) : RowEntry{};
     consume_item<Cfg>(acc, ring, cur.chunks, lane);
     if (!next) sm90::griddep_launch_dependents();
     if (k == 0) sm90::griddep_wait();  // the stream's previous kernel is done before Y is written
     int *map_k = s_maps + (k & 1) * (2 * Cfg::BM);  // BM rows, then BM biases
-    if (tid < Cfg::BM) {
-      map_k[tid] = orig;
-      if (P::HAS_BIAS) reinterpret_cast<float *>(map_k)[Cfg::BM + tid] = bias;
-    }
+    if (tid < Cfg::BM) store_row_entry<Cfg, P>(map_k, tid, entry);
     finish_item<Cfg, P, VEC>(acc, map_k, ct, y, n_len, tile * Cfg::BN, lane);
     cur = nxt;
     tile = ntile;
@@ -1545,29 +1553,28 @@ __device__ __forceinline__ void kernel_tma(const unsigned char *__restrict__ pac
   (void)x_;  // read through the map alone
   static_assert(P::RUNS8, "a chunk is one run of X's columns, so runs of 8 too");
   static_assert(P::LOC_OFF == 0, "one group a CTA: no shared-gather slot tables");
+  if (P::NUM_SLOTS == 0 || n_len <= 0) return;
+  unsigned char *smem = smem_raw + ((1024u - (sm80::smem_addr(smem_raw) & 1023u)) & 1023u);
+  unsigned short *y = static_cast<unsigned short *>(y_);
+  const bool vec = (reinterpret_cast<unsigned long long>(y_) & 15) == 0;
   if constexpr (Cfg::PC > 0) {  // the grid is PC CTAs, each running its share of the items
-    if (P::NUM_SLOTS == 0 || n_len <= 0) return;
-    unsigned char *smem = smem_raw + ((1024u - (sm80::smem_addr(smem_raw) & 1023u)) & 1023u);
-    unsigned short *y = static_cast<unsigned short *>(y_);
-    if ((reinterpret_cast<unsigned long long>(y_) & 15) == 0)
+    if (vec)
       gemm_persistent<Cfg, P, true>(packed, map, y, n_len, smem);
     else
       gemm_persistent<Cfg, P, false>(packed, map, y, n_len, smem);
-    return;
+  } else {  // (only here: a persistent kernel does not build this path)
+    if (blockIdx.x >= P::NUM_SLOTS) return;
+    const Work work = tail_first<P, 1>();
+    Slot slot = load_slot<P>(packed, work.slot);
+    int n0 = work.col * (Cfg::BN * Cfg::TN);
+    int span;  // tiles of N this CTA computes (at most)
+    if (!take_span<Cfg>(slot, n0, span, n_len)) return;
+    const int tiles = min(span, (n_len - n0 + Cfg::BN - 1) / Cfg::BN);
+    if (vec)
+      gemm_group_tma<Cfg, P, true>(packed, map, y, n_len, n0, slot, tiles, smem);
+    else
+      gemm_group_tma<Cfg, P, false>(packed, map, y, n_len, n0, slot, tiles, smem);
   }
-  if (P::NUM_SLOTS == 0 || blockIdx.x >= P::NUM_SLOTS || n_len <= 0) return;
-  const Work work = tail_first<P, 1>();
-  unsigned char *smem = smem_raw + ((1024u - (sm80::smem_addr(smem_raw) & 1023u)) & 1023u);
-  Slot slot = load_slot<P>(packed, work.slot);
-  int n0 = work.col * (Cfg::BN * Cfg::TN);
-  int span;  // tiles of N this CTA computes (at most)
-  if (!take_span<Cfg>(slot, n0, span, n_len)) return;
-  const int tiles = min(span, (n_len - n0 + Cfg::BN - 1) / Cfg::BN);
-  unsigned short *y = static_cast<unsigned short *>(y_);
-  if ((reinterpret_cast<unsigned long long>(y_) & 15) == 0)
-    gemm_group_tma<Cfg, P, true>(packed, map, y, n_len, n0, slot, tiles, smem);
-  else
-    gemm_group_tma<Cfg, P, false>(packed, map, y, n_len, n0, slot, tiles, smem);
 }
 
 }  // namespace rowgroup
