@@ -14,7 +14,9 @@ weights:
   FFN 11008 gated by SiLU, RMSNorm, rotary positions, no biases; prefill
   of 2048 tokens, and decode of 16 tokens: one forward of 16 new tokens
   of that sequence over its 2048-token KV cache (as a speculative
-  decoder's verification step).
+  decoder's verification step).  The cache is static, as in a decoder
+  captured in a CUDA graph: buffers of 2048 + 16 positions into which the
+  forward writes the new tokens' keys and values in place.
 
 Patterns (PATTERN[@SPARSITY]): shflbw:64@0.75, bsr:64x64@0.75, nm24 and
 csr@0.5, csr@0.7.  The model computes in fp16 where the family has fp16
@@ -23,7 +25,9 @@ token-major kernels is reported as skipped, with the reason.
 
 For each model, phase and pattern: the time of all Linear layers (a CUDA
 graph of the model's Linear calls, in order, on inputs of their shapes)
-and of the whole forward (a CUDA graph of it), dense and sparse (median of
+and of the whole forward (a CUDA graph of it; with --compile also of the
+forward under torch.compile(fullgraph=True), whose fused elementwise
+kernels leave the Linear layers a larger share), dense and sparse (median of
 --reps replays, CUDA events), the speedups, the output's relative error
 (Frobenius) against the dense pruned model, the tuning time
 (sparsify's wall time against --db: empty, a first run; the pruning is
@@ -81,14 +85,21 @@ MODELS = {
 
 
 def attention(q, k, v, heads: int, causal: bool, past=None):
-    """Multi-head attention of (B, T, H) projections; `past`: (k, v) of
-    earlier tokens, (B, P, H), which every new token attends to."""
+    """Multi-head attention of (B, T, H) projections.  `past`: the layer's
+    KV cache, (k, v) buffers of (B, P + T, H) whose first P positions hold
+    the earlier tokens; the new tokens' k and v are written in place at
+    [P, P + T) and every new token attends to the earlier ones and to the
+    new ones up to itself (a static cache, as a decoder captured in a CUDA
+    graph keeps it: nothing is concatenated or reallocated per step)."""
     b, t, h = q.shape
     split = lambda z: z.view(b, z.shape[1], heads, h // heads).transpose(1, 2)  # noqa: E731
     mask = None
     if past is not None:
-        p = past[0].shape[1]
-        k, v = torch.cat([past[0], k], dim=1), torch.cat([past[1], v], dim=1)
+        kc, vc = past
+        p = kc.shape[1] - t
+        kc[:, p:].copy_(k)
+        vc[:, p:].copy_(v)
+        k, v = kc, vc
         mask = torch.ones(t, p + t, dtype=torch.bool, device=q.device).tril(diagonal=p)
     out = F.scaled_dot_product_attention(split(q), split(k), split(v), attn_mask=mask,
                                          is_causal=causal and mask is None)
@@ -158,7 +169,7 @@ class LlamaLayer(nn.Module):
         self.norm1, self.norm2 = RMSNorm(c.hidden), RMSNorm(c.hidden)
 
     def forward(self, x, past=None):
-        p = past[0].shape[1] if past is not None else 0
+        p = past[0].shape[1] - x.shape[1] if past is not None else 0
         h = self.norm1(x)
         q = rotary(self.q_proj(h), p, self.heads)
         k = rotary(self.k_proj(h), p, self.heads)
@@ -213,15 +224,19 @@ TORCH_DTYPE = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloa
 # ---- inputs and timing -----------------------------------------------------------------------
 
 def inputs(c: Config, phase: tuple, dtype, device, seed: int = 1):
-    """(x, past) of a phase: x (B, T, H); past: per layer (k, v) of the
-    earlier tokens, or None."""
+    """(x, past) of a phase: x (B, T, H); past: per layer the (k, v) cache
+    buffers of (B, P + T, H), the first P positions holding the earlier
+    tokens (the last T are written by the forward), or None."""
     b, t, p = phase
     g = torch.Generator().manual_seed(seed)
     x = torch.randn(b, t, c.hidden, generator=g).to(device, dtype)
     past = None
     if p:
-        past = [tuple(torch.randn(b, p, c.hidden, generator=g).to(device, dtype)
-                      for _ in range(2)) for _ in range(c.layers)]
+        def cache():
+            z = torch.zeros(b, p + t, c.hidden, dtype=dtype, device=device)
+            z[:, :p] = torch.randn(b, p, c.hidden, generator=g).to(device, dtype)
+            return z
+        past = [(cache(), cache()) for _ in range(c.layers)]
     return x, past
 
 
@@ -268,7 +283,9 @@ def graph_time(fn, reps: int) -> float:
     return sorted(times)[len(times) // 2]
 
 
-def measure(model, x, past, reps: int) -> dict:
+def measure(model, x, past, reps: int, compiled=None) -> dict:
+    """Linear and forward times of `model`; `compiled`: the model under
+    torch.compile, whose forward is timed too (compiled on the warm-up)."""
     calls = linear_calls(model, x, past)
 
     def linears():
@@ -277,6 +294,8 @@ def measure(model, x, past, reps: int) -> dict:
 
     out = {"linear_ms": graph_time(linears, reps),
            "forward_ms": graph_time(lambda: model(x, past), reps), "linears": len(calls)}
+    if compiled is not None:
+        out["compiled_ms"] = graph_time(lambda: compiled(x, past), reps)
     del calls
     torch.cuda.empty_cache()
     return out
@@ -292,16 +311,18 @@ def run(args, name: str, c: Config, spec: str) -> list:
     """The rows of one model and pattern: one per phase."""
     from sparseforge.torch import sparsify
     pattern, sparsity = parse_pruning(spec)
+    phases = {k: v for k, v in c.phases.items()
+              if not args.phases or any(f in k for f in args.phases)}
     dtype, why = family_dtype(pattern)
     if why:
         return [{"model": name, "phase": ph, "pattern": spec, "skipped": f"{pattern}: {why}"}
-                for ph in c.phases]
+                for ph in phases]
     tdt = TORCH_DTYPE[dtype]
     model = build(name, c, args.seed)
     prune_s = prune_model(model, pattern, sparsity, dtype)
     dense = model.to(tdt).eval()
     sparse = copy.deepcopy(dense)
-    tokens = sorted({b * t for b, t, _ in c.phases.values()})
+    tokens = sorted({b * t for b, t, _ in phases.values()})
     t0 = time.perf_counter()
     report = sparsify(sparse, db=args.db, pattern=pattern,
                       n=tokens,
@@ -312,7 +333,10 @@ def run(args, name: str, c: Config, spec: str) -> list:
     device = "cpu" if args.dry_run else "cuda"
     dense, sparse = dense.to(device), sparse.eval().to(device)
     rows = []
-    for phase_name, phase in c.phases.items():
+    compiled = {}
+    if args.compile:      # static shapes: each phase compiles its own graph
+        compiled = {m: torch.compile(m, fullgraph=True, dynamic=False) for m in (dense, sparse)}
+    for phase_name, phase in phases.items():
         if args.dry_run:      # a few tokens, the past shortened alike
             phase = (1, args.dry_tokens, min(phase[2], args.dry_tokens))
         x, past = inputs(c, phase, tdt, device)
@@ -324,10 +348,18 @@ def run(args, name: str, c: Config, spec: str) -> list:
                "fm_route": sum(r.buckets.get(n, {}).get("layout") == "fm"
                                for r in report.converted),
                "error": err, "tune_s": tune_s, "prune_s": prune_s}
+        if compiled:
+            t0 = time.perf_counter()
+            with torch.no_grad():
+                row["compiled_error"] = relative_error(compiled[sparse](x, past),
+                                                       compiled[dense](x, past))
+            row["compile_s"] = time.perf_counter() - t0
         if not args.dry_run:
-            d, s = measure(dense, x, past, args.reps), measure(sparse, x, past, args.reps)
+            d, s = (measure(m, x, past, args.reps, compiled.get(m)) for m in (dense, sparse))
             row.update(dense_linear_ms=d["linear_ms"], sparse_linear_ms=s["linear_ms"],
                        dense_forward_ms=d["forward_ms"], sparse_forward_ms=s["forward_ms"])
+            if compiled:
+                row.update(dense_compiled_ms=d["compiled_ms"], sparse_compiled_ms=s["compiled_ms"])
         rows.append(row)
         print(row, file=sys.stderr)
     del dense, sparse
@@ -348,29 +380,37 @@ def table(rows: list, gpu: str, commit: str, args) -> str:
              "model's Linear calls alone, in a graph.  Error: relative (Frobenius) against "
              f"the dense pruned model.  Tuning: sparsify from {args.db_note} "
              f"({tuning} timing{', budget ' + args.budget if args.budget else ''}).", "",
+             "Compiled: the forward under torch.compile(fullgraph=True, dynamic=False), "
+             "dense and sparse alike, then captured the same way" +
+             (f"; its error: the compiled sparse model against the compiled dense one."
+              if args.compile else ": not run (--compile)."), "",
              "Feature-major route: the converted layers whose bucket for the phase's tokens "
              "runs the feature-major kernel between two transposes (sparseforge/torch/"
              "convert.py)" + (": not tried (--no-route)." if args.no_route else "."), "",
              "| model | phase | pattern | dtype | converted | feature-major route "
              "| Linear dense ms | Linear sparse ms "
              "| Linear speedup | forward dense ms | forward sparse ms | forward speedup "
-             "| error | tuning s |",
+             "| compiled dense ms | compiled sparse ms | compiled speedup "
+             "| error | compiled error | tuning s |",
              "| --- | --- | --- | --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: "
-             "| ---: |"]
+             "| ---: | ---: | ---: | ---: | ---: |"]
     for r in rows:
         if "skipped" in r:
             lines.append(f"| {r['model']} | {r['phase']} | {r['pattern']} | | skipped: "
-                         f"{r['skipped']} | | | | | | | | | |")
+                         f"{r['skipped']} | | | | | | | | | | | | | |")
             continue
         ls = r.get("dense_linear_ms", math.nan) / r.get("sparse_linear_ms", math.nan)
         fs = r.get("dense_forward_ms", math.nan) / r.get("sparse_forward_ms", math.nan)
+        cs = r.get("dense_compiled_ms", math.nan) / r.get("sparse_compiled_ms", math.nan)
         lines.append(
             f"| {r['model']} | {r['phase']} | {r['pattern']} | {r['dtype']} | "
             f"{r['converted']}/{r['linears']} | {r['fm_route']} | "
             f"{_f(r.get('dense_linear_ms'), '.3f')} | "
             f"{_f(r.get('sparse_linear_ms'), '.3f')} | {_f(ls, '.2f', 'x')} | "
             f"{_f(r.get('dense_forward_ms'), '.3f')} | {_f(r.get('sparse_forward_ms'), '.3f')} | "
-            f"{_f(fs, '.2f', 'x')} | {r['error']:.2e} | {r['tune_s']:.0f} |")
+            f"{_f(fs, '.2f', 'x')} | {_f(r.get('dense_compiled_ms'), '.3f')} | "
+            f"{_f(r.get('sparse_compiled_ms'), '.3f')} | {_f(cs, '.2f', 'x')} | "
+            f"{r['error']:.2e} | {_f(r.get('compiled_error'), '.2e')} | {r['tune_s']:.0f} |")
     return "\n".join(lines) + "\n"
 
 
@@ -391,12 +431,20 @@ def main(argv=None) -> int:
     ap.add_argument("--no-route", action="store_true",
                     help="keep every bucket token-major: no feature-major route is tuned or "
                          "timed (sparsify(..., feature_major=False))")
+    ap.add_argument("--phases", type=lambda v: [p.strip() for p in v.split(",") if p.strip()],
+                    help="only the phases whose names contain one of these (comma-separated: "
+                         "prefill, decode); tuning covers their tokens alone")
+    ap.add_argument("--compile", action="store_true",
+                    help="also time both forwards under torch.compile(fullgraph=True) (the "
+                         "sparse one through the custom op), captured like the others")
     ap.add_argument("--dry-run", action="store_true",
                     help="no GPU: build, prune, convert (kernels compiled untuned), CPU forwards")
     ap.add_argument("--dry-tokens", type=int, default=8, help="--dry-run: tokens per forward")
     ap.add_argument("--arch", default=None,
                     help="--dry-run: the architectures compiled for (default sm_80,sm_90a)")
     args = ap.parse_args(argv)
+    if args.dry_run and args.compile:
+        ap.error("--compile times the compiled forwards on a GPU; --dry-run has none")
     if args.dry_run:
         args.budget = args.budget or "1"
     else:
@@ -412,6 +460,9 @@ def main(argv=None) -> int:
         if name not in MODELS:
             ap.error(f"unknown model {name!r}; expected {', '.join(MODELS)}")
         c = copy.deepcopy(MODELS[name])
+        if args.phases and not any(f in k for k in c.phases for f in args.phases):
+            ap.error(f"--phases {','.join(args.phases)}: {name} has none of them "
+                     f"(its phases: {', '.join(c.phases)})")
         if args.layers:
             c.layers = args.layers
         for spec in [p.strip() for p in args.patterns.split(",") if p.strip()]:

@@ -39,8 +39,8 @@ def test_a_dry_run_converts_bert_and_checks_it_on_the_cpu(tmp_path, capsys):
             "--arch", "sm_90a", "--quiet", "--db", str(tmp_path / "b.db")]
     assert torch_models.main(argv) == 0
     out = capsys.readouterr().out
-    assert ("| bert | prefill 8x512 | nm24 | fp16 | 6/6 | 0 | - | - | - | - | - | - | 0.00e+00 |"
-            in out)
+    assert ("| bert | prefill 8x512 | nm24 | fp16 | 6/6 | 0 | - | - | - | - | - | - | - | - | - "
+            "| 0.00e+00 | - |" in out)
     for p in patterns[1:]:
         assert f"| bert | prefill 8x512 | {p} | | skipped: {p}: no token-major kernel yet" in out
 
@@ -48,10 +48,45 @@ def test_a_dry_run_converts_bert_and_checks_it_on_the_cpu(tmp_path, capsys):
 def test_the_llama_stack_prefills_and_decodes_over_its_cache(tmp_path):
     args = argparse.Namespace(seed=0, db=str(tmp_path / "l.db"), budget="1", quick=False,
                               arch="sm_90a", quiet=True, dry_run=True, dry_tokens=8, reps=1,
-                              no_route=True)
+                              no_route=True, phases=None, compile=False)
     small = torch_models.Config(1, 256, 4, 512, {"prefill 2048": (1, 2048, 0),
                                                  "decode 16": (1, 16, 2048)})
     rows = torch_models.run(args, "llama", small, "nm24")
     assert [(r["phase"], r["converted"], r["linears"], r["dtype"]) for r in rows] == [
         ("prefill 2048", 7, 7, "fp16"), ("decode 16", 7, 7, "fp16")]
     assert all(r["error"] == 0.0 and math.isfinite(r["tune_s"]) for r in rows)
+
+
+def test_phases_filter_the_rows_and_compile_needs_a_gpu(tmp_path, capsys):
+    args = argparse.Namespace(seed=0, db=str(tmp_path / "d.db"), budget="1", quick=False,
+                              arch="sm_90a", quiet=True, dry_run=True, dry_tokens=8, reps=1,
+                              no_route=True, phases=["decode"], compile=False)
+    small = torch_models.Config(1, 256, 4, 512, {"prefill 2048": (1, 2048, 0),
+                                                 "decode 16": (1, 16, 2048)})
+    assert [r["phase"] for r in torch_models.run(args, "llama", small, "nm24")] == ["decode 16"]
+    with pytest.raises(SystemExit):
+        torch_models.main(["--dry-run", "--compile", "--model", "bert"])
+    assert "--dry-run has none" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        torch_models.main(["--dry-run", "--phases", "decode", "--model", "bert"])
+    assert "bert has none of them" in capsys.readouterr().err
+
+
+def test_the_static_cache_attends_as_the_concatenated_one():
+    """The new tokens' k and v written into the cache in place give the
+    attention over the earlier tokens and the new ones (causal among
+    them), as concatenating them would."""
+    import torch
+    import torch.nn.functional as F
+    g = torch.Generator().manual_seed(3)
+    b, t, p, h, heads = 2, 5, 7, 32, 4
+    q, k, v = (torch.randn(b, t, h, generator=g) for _ in range(3))
+    pk, pv = (torch.randn(b, p, h, generator=g) for _ in range(2))
+    kc, vc = (torch.cat([z, torch.full((b, t, h), float("nan"))], dim=1) for z in (pk, pv))
+    got = torch_models.attention(q, k, v, heads, True, (kc, vc))
+    assert torch.equal(kc[:, p:], k) and torch.equal(vc[:, :p], pv)
+    split = lambda z: z.view(b, z.shape[1], heads, h // heads).transpose(1, 2)  # noqa: E731
+    s = split(q) @ split(torch.cat([pk, k], 1)).transpose(-1, -2) / math.sqrt(h // heads)
+    allowed = torch.ones(t, p + t, dtype=torch.bool).tril(diagonal=p)
+    ref = (s.masked_fill(~allowed, float("-inf")).softmax(-1) @ split(torch.cat([pv, v], 1)))
+    torch.testing.assert_close(got, ref.transpose(1, 2).reshape(b, t, h), rtol=1e-5, atol=1e-5)
