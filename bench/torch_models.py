@@ -283,9 +283,11 @@ def graph_time(fn, reps: int) -> float:
     return sorted(times)[len(times) // 2]
 
 
-def measure(model, x, past, reps: int, compiled=None) -> dict:
+def measure(model, x, past, reps: int, compiled=None, per_shape: bool = False) -> dict:
     """Linear and forward times of `model`; `compiled`: the model under
-    torch.compile, whose forward is timed too (compiled on the warm-up)."""
+    torch.compile, whose forward is timed too (compiled on the warm-up);
+    `per_shape`: also each weight shape's Linear calls alone, in a graph
+    ("per_shape": (out, in) -> (calls, ms))."""
     calls = linear_calls(model, x, past)
 
     def linears():
@@ -296,6 +298,13 @@ def measure(model, x, past, reps: int, compiled=None) -> dict:
            "forward_ms": graph_time(lambda: model(x, past), reps), "linears": len(calls)}
     if compiled is not None:
         out["compiled_ms"] = graph_time(lambda: compiled(x, past), reps)
+    if per_shape:
+        groups: dict = {}
+        for m, xi in calls:
+            groups.setdefault((m.out_features, m.in_features), []).append((m, xi))
+        out["per_shape"] = {
+            s: (len(g), graph_time(lambda g=g: [m(xi) for m, xi in g], reps))
+            for s, g in groups.items()}
     del calls
     torch.cuda.empty_cache()
     return out
@@ -355,11 +364,15 @@ def run(args, name: str, c: Config, spec: str) -> list:
                                                        compiled[dense](x, past))
             row["compile_s"] = time.perf_counter() - t0
         if not args.dry_run:
-            d, s = (measure(m, x, past, args.reps, compiled.get(m)) for m in (dense, sparse))
+            d, s = (measure(m, x, past, args.reps, compiled.get(m), args.per_shape)
+                    for m in (dense, sparse))
             row.update(dense_linear_ms=d["linear_ms"], sparse_linear_ms=s["linear_ms"],
                        dense_forward_ms=d["forward_ms"], sparse_forward_ms=s["forward_ms"])
             if compiled:
                 row.update(dense_compiled_ms=d["compiled_ms"], sparse_compiled_ms=s["compiled_ms"])
+            if args.per_shape:
+                row["per_shape"] = {k: (n, ms, s["per_shape"][k][1])
+                                    for k, (n, ms) in d["per_shape"].items()}
         rows.append(row)
         print(row, file=sys.stderr)
     del dense, sparse
@@ -411,6 +424,15 @@ def table(rows: list, gpu: str, commit: str, args) -> str:
             f"{_f(fs, '.2f', 'x')} | {_f(r.get('dense_compiled_ms'), '.3f')} | "
             f"{_f(r.get('sparse_compiled_ms'), '.3f')} | {_f(cs, '.2f', 'x')} | "
             f"{r['error']:.2e} | {_f(r.get('compiled_error'), '.2e')} | {r['tune_s']:.0f} |")
+    shaped = [r for r in rows if r.get("per_shape")]
+    if shaped:
+        lines += ["", "Each weight shape's Linear calls alone, in a graph (--per-shape):", "",
+                  "| model | phase | pattern | out x in | calls | dense ms | sparse ms | speedup |",
+                  "| --- | --- | --- | --- | ---: | ---: | ---: | ---: |"]
+        for r in shaped:
+            for (o, i), (n, d, s) in r["per_shape"].items():
+                lines.append(f"| {r['model']} | {r['phase']} | {r['pattern']} | {o} x {i} | {n} "
+                             f"| {d:.3f} | {s:.3f} | {d / s:.2f}x |")
     return "\n".join(lines) + "\n"
 
 
@@ -437,6 +459,8 @@ def main(argv=None) -> int:
     ap.add_argument("--compile", action="store_true",
                     help="also time both forwards under torch.compile(fullgraph=True) (the "
                          "sparse one through the custom op), captured like the others")
+    ap.add_argument("--per-shape", action="store_true",
+                    help="also time each weight shape's Linear calls alone, in a graph")
     ap.add_argument("--dry-run", action="store_true",
                     help="no GPU: build, prune, convert (kernels compiled untuned), CPU forwards")
     ap.add_argument("--dry-tokens", type=int, default=8, help="--dry-run: tokens per forward")

@@ -48,7 +48,7 @@ def test_a_dry_run_converts_bert_and_checks_it_on_the_cpu(tmp_path, capsys):
 def test_the_llama_stack_prefills_and_decodes_over_its_cache(tmp_path):
     args = argparse.Namespace(seed=0, db=str(tmp_path / "l.db"), budget="1", quick=False,
                               arch="sm_90a", quiet=True, dry_run=True, dry_tokens=8, reps=1,
-                              no_route=True, phases=None, compile=False)
+                              no_route=True, phases=None, compile=False, per_shape=False)
     small = torch_models.Config(1, 256, 4, 512, {"prefill 2048": (1, 2048, 0),
                                                  "decode 16": (1, 16, 2048)})
     rows = torch_models.run(args, "llama", small, "nm24")
@@ -60,7 +60,7 @@ def test_the_llama_stack_prefills_and_decodes_over_its_cache(tmp_path):
 def test_phases_filter_the_rows_and_compile_needs_a_gpu(tmp_path, capsys):
     args = argparse.Namespace(seed=0, db=str(tmp_path / "d.db"), budget="1", quick=False,
                               arch="sm_90a", quiet=True, dry_run=True, dry_tokens=8, reps=1,
-                              no_route=True, phases=["decode"], compile=False)
+                              no_route=True, phases=["decode"], compile=False, per_shape=False)
     small = torch_models.Config(1, 256, 4, 512, {"prefill 2048": (1, 2048, 0),
                                                  "decode 16": (1, 16, 2048)})
     assert [r["phase"] for r in torch_models.run(args, "llama", small, "nm24")] == ["decode 16"]
@@ -90,3 +90,17 @@ def test_the_static_cache_attends_as_the_concatenated_one():
     allowed = torch.ones(t, p + t, dtype=torch.bool).tril(diagonal=p)
     ref = (s.masked_fill(~allowed, float("-inf")).softmax(-1) @ split(torch.cat([pv, v], 1)))
     torch.testing.assert_close(got, ref.transpose(1, 2).reshape(b, t, h), rtol=1e-5, atol=1e-5)
+
+
+def test_the_table_lists_each_weight_shape_when_timed_apart():
+    args = argparse.Namespace(reps=5, db_note="an empty database", quick=True, budget="4",
+                              no_route=False, compile=False)
+    row = {"model": "bert", "phase": "prefill 8x512", "pattern": "bsr:64x64@0.75",
+           "dtype": "fp16", "converted": 72, "linears": 72, "fm_route": 0, "error": 0.0,
+           "tune_s": 10.0, "dense_linear_ms": 1.2, "sparse_linear_ms": 0.8,
+           "dense_forward_ms": 2.0, "sparse_forward_ms": 1.6,
+           "per_shape": {(768, 768): (48, 0.60, 0.45), (3072, 768): (12, 0.30, 0.20)}}
+    out = torch_models.table([row], "GPU", "abc", args)
+    assert "| bert | prefill 8x512 | bsr:64x64@0.75 | 768 x 768 | 48 | 0.600 | 0.450 | 1.33x |" in out
+    assert "| bert | prefill 8x512 | bsr:64x64@0.75 | 3072 x 768 | 12 | 0.300 | 0.200 | 1.50x |" in out
+    assert "--per-shape" in out and "| 1.50x | 2.000 | 1.600 | 1.25x | - | - | - |" in out
