@@ -316,12 +316,17 @@ def relative_error(y, ref) -> float:
 
 # ---- one model and pattern -------------------------------------------------------------------
 
+def chosen_phases(c: Config, wanted) -> dict:
+    """The model's phases whose names contain one of `wanted` (all of them
+    when `wanted` is empty)."""
+    return {k: v for k, v in c.phases.items() if not wanted or any(f in k for f in wanted)}
+
+
 def run(args, name: str, c: Config, spec: str) -> list:
     """The rows of one model and pattern: one per phase."""
     from sparseforge.torch import sparsify
     pattern, sparsity = parse_pruning(spec)
-    phases = {k: v for k, v in c.phases.items()
-              if not args.phases or any(f in k for f in args.phases)}
+    phases = chosen_phases(c, args.phases)
     dtype, why = family_dtype(pattern)
     if why:
         return [{"model": name, "phase": ph, "pattern": spec, "skipped": f"{pattern}: {why}"}
@@ -484,7 +489,7 @@ def main(argv=None) -> int:
         if name not in MODELS:
             ap.error(f"unknown model {name!r}; expected {', '.join(MODELS)}")
         c = copy.deepcopy(MODELS[name])
-        if args.phases and not any(f in k for k in c.phases for f in args.phases):
+        if not chosen_phases(c, args.phases):
             ap.error(f"--phases {','.join(args.phases)}: {name} has none of them "
                      f"(its phases: {', '.join(c.phases)})")
         if args.layers:
