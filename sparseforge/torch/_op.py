@@ -2,6 +2,7 @@
 `sparseforge::linear` and the layers it runs.
 
     torch.ops.sparseforge.linear(x, packed, layer, out_features) -> y
+    torch.ops.sparseforge.linear_fm(xt, packed, layer, out_features) -> yt
 
 `x` is (..., K), token-major; `packed` holds one uint8 tensor per variant
 of the layer (its packed weights, tables and bias: the module's buffers);
@@ -26,6 +27,14 @@ bucket nearest to n (the C runtime's rule: nearest in ratio, the first on
 ties) names the layout, and that layout's C layer, choosing among its own
 buckets, picks the same one.
 
+Under torch.compile, a bucket with a feature-major variant (its route,
+or the second variant of its bucket: the kernel faster than the
+token-major one while the two transposes launched around it are not
+worth it) runs `linear_fm` (X^T, K x n, in; Y^T, M x n, out) between
+transposes that SparseLinear.forward leaves in the graph: Inductor
+writes X^T from the op that produces x (a norm, a gate) and reads Y^T in
+the op that consumes y, with no launch of their own.
+
 The C runtime's context for a GPU is the device's primary context
 (cuDevicePrimaryCtxRetain), the one the CUDA runtime under PyTorch uses:
 the kernels read and write torch's memory directly.  A loaded layer holds
@@ -47,6 +56,7 @@ from .. import native
 OP = "sparseforge::linear"
 _LIB = torch.library.Library("sparseforge", "FRAGMENT")
 _LIB.define("linear(Tensor x, Tensor[] packed, int layer, int out_features) -> Tensor")
+_LIB.define("linear_fm(Tensor xt, Tensor[] packed, int layer, int out_features) -> Tensor")
 
 _lock = threading.Lock()
 _contexts: dict = {}          # device ordinal -> (native.Context, lock)
@@ -88,6 +98,11 @@ class LoadedLayer:
         """The layout of the variant that runs n tokens."""
         return route(self.buckets, n)
 
+    def fm_for(self, n: int) -> bool:
+        """Whether the bucket that runs n tokens has a feature-major variant
+        (the one taken under torch.compile)."""
+        return route_fm(self.buckets, n)
+
     def run(self, layout: str, x: int, y: int, n: int, packed: list, stream: int) -> None:
         """The C layer of `layout` on X and Y (addresses) for n tokens;
         `packed`: the address of every variant's packed tensor."""
@@ -113,8 +128,8 @@ class LoadedLayer:
             self.transpose_fn[0].unload()
 
 
-def route(buckets: list, n: int) -> str:
-    """The layout of the bucket nearest to n in ratio (the first on ties;
+def _nearest(buckets: list, n: int) -> int:
+    """The index of the bucket nearest to n in ratio (the first on ties;
     the first for n < 1), as sf_layer_run chooses its variant: `buckets`
     is [(n_bucket, layout)] in the variants' order."""
     chosen, best = 0, math.inf
@@ -124,7 +139,18 @@ def route(buckets: list, n: int) -> str:
         dist = abs(math.log(n / b))
         if dist < best:
             chosen, best = i, dist
-    return buckets[chosen][1]
+    return chosen
+
+
+def route(buckets: list, n: int) -> str:
+    """The layout of the variant that runs n tokens: the first of the
+    nearest bucket's (_nearest)."""
+    return buckets[_nearest(buckets, n)][1]
+
+
+def route_fm(buckets: list, n: int) -> bool:
+    """Whether the bucket that runs n tokens has a feature-major variant."""
+    return bool(buckets) and (buckets[_nearest(buckets, n)][0], "fm") in buckets
 
 
 _TRANSPOSE_CUBINS: dict = {}   # arch -> cubin of templates/transpose.cu
@@ -151,7 +177,7 @@ def load(device: int, name: str, rows: int, cols: int, elem_size: int, variants:
     released before, when the GPU is not capturing a graph."""
     _close_released()
     ctx, lock = context(device)
-    if any(v.get("layout", "tm") != "tm" for v in variants) and transpose is None:
+    if any(v.get("layout", "tm") == "fm" for v in variants) and transpose is None:
         raise ValueError(f"layer {name!r}: feature-major variants need the transpose cubin")
     parts: dict = {}
     fn = None
@@ -206,9 +232,8 @@ def _close_released() -> None:
             e.close()
 
 
-def _linear_cuda(x: torch.Tensor, packed: list, layer: int, out_features: int) -> torch.Tensor:
-    """The op's CUDA implementation; SparseLinear.forward calls it directly
-    outside torch.compile (the dispatcher's host time saved)."""
+def _checked_entry(x: torch.Tensor, packed: list, layer: int) -> LoadedLayer:
+    """The loaded layer `layer`, checked against the op's input and packed tensors."""
     entry = _loaded.get(layer)
     if entry is None:
         raise RuntimeError(f"{OP}: no layer {layer} is loaded (its module was deleted, moved "
@@ -219,6 +244,13 @@ def _linear_cuda(x: torch.Tensor, packed: list, layer: int, out_features: int) -
     if len(packed) != entry.n_variants:
         raise RuntimeError(f"{OP}: layer {entry.name!r} has {entry.n_variants} variants, "
                            f"{len(packed)} packed tensors were given")
+    return entry
+
+
+def _linear_cuda(x: torch.Tensor, packed: list, layer: int, out_features: int) -> torch.Tensor:
+    """The op's CUDA implementation; SparseLinear.forward calls it directly
+    outside torch.compile (the dispatcher's host time saved)."""
+    entry = _checked_entry(x, packed, layer)
     if not x.is_contiguous():
         x = x.contiguous()
     if x.data_ptr() % 16:
@@ -263,8 +295,39 @@ def _linear_fake(x: torch.Tensor, packed: list, layer: int, out_features: int) -
     return x.new_empty((*x.shape[:-1], out_features))
 
 
+def _linear_fm_cuda(xt: torch.Tensor, packed: list, layer: int,
+                    out_features: int) -> torch.Tensor:
+    """Y^T (M x n) = the layer's feature-major kernel on X^T (K x n); the
+    layer's bucket for n must have one (LoadedLayer.fm_for)."""
+    entry = _checked_entry(xt, packed, layer)
+    if xt.dim() != 2:
+        raise RuntimeError(f"{OP}_fm: the input is K x n, got shape {tuple(xt.shape)}")
+    n = xt.shape[1]
+    if not entry.fm_for(n):
+        raise RuntimeError(f"{OP}_fm: layer {entry.name!r} has no feature-major kernel for "
+                           f"{n} tokens")
+    if not xt.is_contiguous():
+        xt = xt.contiguous()
+    if xt.data_ptr() % 16:
+        xt = xt.clone()
+    yt = torch.empty((out_features, n), dtype=xt.dtype, device=xt.device)
+    if n == 0 or out_features == 0:
+        return yt
+    ptrs = [p.data_ptr() for p in packed]
+    with torch.cuda.device(xt.device):
+        entry.run("fm", xt.data_ptr(), yt.data_ptr(), n, ptrs, _stream(entry.device))
+    return yt
+
+
+def _linear_fm_fake(xt: torch.Tensor, packed: list, layer: int,
+                    out_features: int) -> torch.Tensor:
+    return xt.new_empty((out_features, xt.shape[1]))
+
+
 _LIB.impl("linear", _linear_cuda, "CUDA")
-if hasattr(torch.library, "register_fake"):            # torch >= 2.4
-    torch.library.register_fake(OP, _linear_fake, lib=_LIB)
-else:                                                   # torch 2.3
-    torch.library.impl_abstract(OP, _linear_fake, lib=_LIB)
+_LIB.impl("linear_fm", _linear_fm_cuda, "CUDA")
+for _name, _fake in ((OP, _linear_fake), (OP + "_fm", _linear_fm_fake)):
+    if hasattr(torch.library, "register_fake"):            # torch >= 2.4
+        torch.library.register_fake(_name, _fake, lib=_LIB)
+    else:                                                   # torch 2.3
+        torch.library.impl_abstract(_name, _fake, lib=_LIB)

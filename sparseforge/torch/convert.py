@@ -21,6 +21,15 @@ input (as a model runs them): the token-major kernel, against X
 transposed (templates/transpose.cu), the feature-major kernel and Y
 transposed back.  The faster serves the bucket (`layout` in the report
 and the module's kernels).
+
+Decode buckets (at most FM_DECODE_N tokens) try the feature-major
+kernel too: there a family whose token-major kernel gathers X element by
+element (shflbw) reads 4x the bytes it uses, where feature-major a
+column's tokens are one sector.  Where the route loses in eager (the two
+transposes' launches) but the feature-major kernel alone is faster than
+the token-major one (their tuned times), it is kept second in its
+bucket: under torch.compile the transposes are Inductor's to fuse into
+the ops around the layer (_op.py), and that kernel serves the bucket.
 """
 from __future__ import annotations
 
@@ -44,6 +53,9 @@ LAYOUT = "tm"     # a Linear's activations: tokens x features
 FM_NAME = "#fm"   # suffix of the database name of a layer's feature-major kernels
 FM_TRY_BELOW = 1.0  # a bucket whose token-major kernel is below this speedup over
                     # cuBLAS tries the feature-major route
+FM_DECODE_N = 64  # buckets of at most this many tokens try the feature-major kernel
+FM_KEEP_BELOW = 1.0  # ... and keep it for torch.compile where its tuned time is below
+                     # this fraction of the token-major kernel's
 
 
 @dataclass
@@ -87,12 +99,16 @@ class Report:
                 out.append(f"{r.name[:36]:36s} stays dense: {r.dense}")
                 continue
             for n, b in sorted(r.buckets.items()):
-                cfg = ",".join(f"{k}={v}" for k, v in sorted(b["config"].items()))
-                if b.get("layout") == "fm":
-                    cfg = "fm route: " + cfg
-                out.append(f"{r.name[:36]:36s} {r.pattern:12s} {n:6d} {cfg[:40]:40s} "
-                           f"{_ms(b['median_ms'])} {_ms(b['peer_ms'])} "
-                           f"{_x(b['speedup'])}")
+                # the bucket's kernel, then the one it takes under torch.compile
+                for label, e in (("", b), ("compiled: ", b.get("compiled"))):
+                    if e is None:
+                        continue
+                    cfg = ",".join(f"{k}={v}" for k, v in sorted(e["config"].items()))
+                    if e.get("layout") == "fm":
+                        cfg = ("fm: " if label else "fm route: ") + cfg
+                    out.append(f"{r.name[:36]:36s} {r.pattern:12s} {n:6d} "
+                               f"{(label + cfg)[:40]:40s} {_ms(e['median_ms'])} "
+                               f"{_ms(e['peer_ms'])} {_x(e['speedup'])}")
         n_conv = len(self.converted)
         out.append(f"{n_conv} of {len(self.layers)} Linear layers converted in "
                    f"{self.seconds:.1f} s")
@@ -137,8 +153,10 @@ def sparsify(model: nn.Module, db=None, pattern: str = "auto", n=DEFAULT_N, tune
     (default sm_80 and sm_90a), untuned, as `sparseforge tune` does.
     `budget`, `strategy`, `quick` (the shorter timing protocol): as the
     command line's; `device`: the GPU ordinal to tune on (default: the
-    model's, else 0).  `feature_major`: try the feature-major route (the
-    module note) for buckets whose token-major kernel loses to cuBLAS.
+    model's, else 0).  `feature_major`: try the feature-major route for
+    buckets whose token-major kernel loses to cuBLAS and for the decode
+    buckets, and keep the feature-major kernel for torch.compile where it
+    is the faster (the module note).
     Progress and the tuning lines go to stderr unless `progress` is
     False."""
     t0 = time.perf_counter()
@@ -194,9 +212,14 @@ def _row(name: str, m, pattern: str, code) -> LayerReport:
     """The report row of a converted layer: its first architecture's
     record (the GPU's own, where there is one)."""
     ac = next(iter(code.archs.values()))
-    buckets = {v.n_bucket: {"config": v.config, "median_ms": v.median_ms,
-                            "peer_ms": v.peer_ms, "speedup": v.speedup, "layout": v.layout}
-               for v in ac.variants}
+    buckets: dict = {}
+    for v in ac.variants:   # a bucket's first variant; a second: its kernel under torch.compile
+        b = {"config": v.config, "median_ms": v.median_ms, "peer_ms": v.peer_ms,
+             "speedup": v.speedup, "layout": v.layout}
+        if v.n_bucket in buckets:
+            buckets[v.n_bucket]["compiled"] = b
+        else:
+            buckets[v.n_bucket] = b
     return LayerReport(name, m.shape, m.density, pattern, gpu=ac.gpu_name, buckets=buckets,
                        tuned_now=code.tuned_now)
 
@@ -224,24 +247,27 @@ def _fm_entry(entry: Entry) -> Optional[Entry]:
 def _fm_candidates(codes: list, arch: str) -> list:
     """(index of the layer, its feature-major entry, the N buckets to try)
     for each layer with a bucket whose token-major kernel, tuned on this
-    GPU, lost to cuBLAS."""
+    GPU, lost to cuBLAS, or a decode bucket."""
     out = []
     for i, code in enumerate(codes):
         ac = code.archs.get(arch)
         if ac is None or not ac.tuned:
             continue
-        ns = [v.n_bucket for v in ac.variants if v.layout == LAYOUT and v.speedup < FM_TRY_BELOW]
+        ns = [v.n_bucket for v in ac.variants if v.layout == LAYOUT and
+              (v.speedup < FM_TRY_BELOW or
+               (v.n_bucket <= FM_DECODE_N and math.isfinite(v.speedup)))]
         fm = _fm_entry(code.entry) if ns else None
         if fm is not None:
             out.append((i, fm, ns))
     return out
 
 
-def _time_routes(mods: tuple, code, fm_variant, n: int, device: int, rounds: int = 5,
+def _time_routes(mods: tuple, code, variant, n: int, device: int, rounds: int = 5,
                  reps: int = 5) -> tuple[float, float]:
-    """(token-major ms, feature-major route ms) at n tokens on GPU `device`:
-    the two modules `mods` (copies of one layer) take the layer's kernels,
-    the second with `fm_variant` for the bucket n; each is captured as a
+    """(the bucket's ms, `variant`'s ms) at n tokens on GPU `device`: the
+    two modules `mods` (copies of one layer) take the layer's kernels, the
+    second with `variant` (the feature-major route's kernel) for the
+    bucket n; each is captured as a
     CUDA graph of `reps` calls (as a model runs them: the launches' CPU
     cost out of the time), and the graphs are replayed in alternating
     rounds (CUDA events; the best round of each)."""
@@ -249,7 +275,7 @@ def _time_routes(mods: tuple, code, fm_variant, n: int, device: int, rounds: int
 
     from ..tuner.resolve import ArchCode, LayerCode
     ac = next(iter(code.archs.values()))
-    swapped = [fm_variant if v.n_bucket == n else v for v in ac.variants]
+    swapped = [variant if v.n_bucket == n else v for v in ac.variants]
     for mod, variants in zip(mods, (ac.variants, swapped)):
         mod.attach(LayerCode(code.entry, {ac.arch: ArchCode(ac.arch, ac.gpu_name, variants)}))
     best = [math.inf, math.inf]
@@ -284,10 +310,12 @@ def _time_routes(mods: tuple, code, fm_variant, n: int, device: int, rounds: int
 
 def _route(layers: list, codes: list, cache, tune: bool, make_tuner, info: dict, device: int,
            log) -> None:
-    """The feature-major route (module note) for each bucket whose
-    token-major kernel lost to cuBLAS on this GPU: its feature-major kernel
-    from the database (tuned now where it lacks one, if `tune`), both
-    routes timed, the faster kept in `codes`."""
+    """The feature-major route (module note) for each bucket that tries
+    it: its feature-major kernel from the database (tuned now where it
+    lacks one, if `tune`), both routes timed, the outcome kept in `codes`:
+    the route that serves the bucket, and for torch.compile alone the
+    feature-major kernel second in its bucket where it alone is the
+    faster."""
     import dataclasses
 
     import torch
@@ -327,14 +355,20 @@ def _route(layers: list, codes: list, cache, tune: bool, make_tuner, info: dict,
                 torch.cuda.empty_cache()
                 continue
             tv = next(v for v in ac.variants if v.n_bucket == fv.n_bucket)
+            at = ac.variants.index(tv)
+            compiled = t_fm >= t_tm and fv.median_ms < FM_KEEP_BELOW * tv.median_ms
             print(f"{layer.name}: N = {fv.n_bucket}: token-major {t_tm:.4f} ms, "
                   f"feature-major route {t_fm:.4f} ms: "
-                  f"{'feature-major' if t_fm < t_tm else 'token-major'}", file=log)
+                  f"{'feature-major' if t_fm < t_tm else 'token-major'}"
+                  + (f"; under torch.compile the feature-major kernel ({fv.median_ms:.4f} "
+                     f"ms against {tv.median_ms:.4f} tuned)" if compiled else ""), file=log)
             if t_fm < t_tm:
                 # the report's times stay in the tuner's protocol: the
                 # token-major kernel's tuned time scaled by the routes' ratio
-                ac.variants[ac.variants.index(tv)] = dataclasses.replace(
+                ac.variants[at] = dataclasses.replace(
                     fv, median_ms=tv.median_ms * t_fm / t_tm, peer_ms=tv.peer_ms)
+            elif compiled:   # second in its bucket: taken under torch.compile alone
+                ac.variants.insert(at + 1, dataclasses.replace(fv, peer_ms=tv.peer_ms))
 
 
 def kernels_for(layers: list, db=None, n=DEFAULT_N, tune: bool = True, progress: bool = False,

@@ -13,8 +13,9 @@ What the module holds (all of it in state_dict()):
   they came from (the GPU they were tuned on) and each N bucket's kernel:
   its name, launch record, configuration, packed buffer, cubin and layout
   ("tm"; "fm" where the bucket runs the feature-major kernel between two
-  transposes, see _op.py), and where a bucket is "fm" the transposes'
-  cubin.
+  transposes, see _op.py; a bucket's second variant, "fm", serves it under
+  torch.compile alone), and where a bucket has an "fm" one the
+  transposes' cubin.
 
 So a state_dict is what a user ships: the weights and, for each GPU
 architecture, the compiled kernels.  Moving the module to a GPU (`.to()`,
@@ -81,6 +82,7 @@ class SparseLinear(nn.Module):
         self._n_blobs = 0             # packed_0 .. packed_{n-1}
         self._layer_key = 0           # the loaded layer (the op's `layer`); 0: none
         self._variant_blobs: tuple = ()
+        self._buckets: tuple = ()     # (n_bucket, layout) of the loaded variants
         self._loaded_on: Optional[int] = None
         self._finalizer = None
 
@@ -166,7 +168,7 @@ class SparseLinear(nn.Module):
                  "config": dict(v.config), "blob": index(blobs, v.packed),
                  "cubin": index(cubins, v.cubin), "median_ms": _time(v.median_ms),
                  "peer_ms": _time(v.peer_ms), "layout": v.layout} for v in ac.variants]}
-            if any(v.layout != "tm" for v in ac.variants):
+            if any(v.layout == "fm" for v in ac.variants):
                 kernels[arch]["transpose"] = index(cubins, _op.transpose_cubin(arch))
         self._unload()
         dev = self.weight_values.device
@@ -239,7 +241,7 @@ class SparseLinear(nn.Module):
 
     def __getstate__(self):
         d = dict(self.__dict__)
-        d.update(_layer_key=0, _variant_blobs=(), _loaded_on=None, _finalizer=None)
+        d.update(_layer_key=0, _variant_blobs=(), _buckets=(), _loaded_on=None, _finalizer=None)
         return d
 
     def __setstate__(self, d):
@@ -280,12 +282,14 @@ class SparseLinear(nn.Module):
                        variants, transpose)
         self._layer_key, self._loaded_on = key, target
         self._variant_blobs = tuple(v["blob"] for v in k["variants"])
+        self._buckets = tuple((v["n_bucket"], v["layout"]) for v in variants)
         self._finalizer = weakref.finalize(self, _op.release, key)
 
     def _unload(self) -> None:
         if self._finalizer is not None:
             self._finalizer()
         self._layer_key, self._loaded_on, self._variant_blobs, self._finalizer = 0, None, (), None
+        self._buckets = ()
 
     # ---- running ---------------------------------------------------------------
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -315,6 +319,13 @@ class SparseLinear(nn.Module):
             # eager or under CUDA graph capture: the op's own implementation,
             # without the dispatcher's host time
             return _op._linear_cuda(x, packed, self._layer_key, self.out_features)
+        n = x.numel() // self.in_features if self.in_features else 0
+        if isinstance(n, int) and _op.route_fm(self._buckets, n):
+            # the bucket's feature-major kernel between transposes that
+            # Inductor fuses into the ops around it (_op's module note)
+            xt = x.reshape(n, self.in_features).t().contiguous()
+            yt = torch.ops.sparseforge.linear_fm(xt, packed, self._layer_key, self.out_features)
+            return yt.t().contiguous().reshape(*x.shape[:-1], self.out_features)
         return torch.ops.sparseforge.linear(x, packed, self._layer_key, self.out_features)
 
     def dense_weight(self) -> torch.Tensor:

@@ -276,12 +276,24 @@ def test_the_route_of_n_is_the_runtime_s_choice_of_bucket():
     assert route([(64, "tm"), (16, "fm")], 32) == "tm"
 
 
-def test_only_buckets_losing_to_cublas_try_the_feature_major_route():
+def test_a_bucket_s_second_variant_serves_it_under_torch_compile():
+    """route_fm: whether the bucket that runs n tokens has a feature-major
+    variant, first (its route) or second (for torch.compile alone)."""
+    from sparseforge.torch._op import route, route_fm
+    buckets = [(16, "tm"), (16, "fm"), (256, "tm"), (4096, "fm")]
+    assert [route(buckets, n) for n in (1, 16, 40, 300, 5000)] == ["tm", "tm", "tm", "tm", "fm"]
+    assert [route_fm(buckets, n) for n in (1, 16, 63, 65, 300, 5000)] == \
+        [True, True, True, False, False, True]
+    assert not route_fm([], 16) and not route_fm([(16, "tm")], 16)
+
+
+def test_buckets_losing_to_cublas_and_decode_buckets_try_the_feature_major_route():
     """A layer's buckets whose token-major kernel was slower than cuBLAS
-    when tuned on this GPU are the ones tried feature-major, under the
-    layer's name + '#fm' with the same dtype and epilogue; untuned records,
-    unmeasured buckets, families without feature-major kernels and those
-    whose token-major kernels are as fast (csr in 16 bits) try nothing."""
+    when tuned on this GPU, and its measured decode buckets (at most 64
+    tokens), are the ones tried feature-major, under the layer's name +
+    '#fm' with the same dtype and epilogue; untuned records, unmeasured
+    buckets, families without feature-major kernels and those whose
+    token-major kernels are as fast (csr in 16 bits) try nothing."""
     import math
 
     from sparseforge.generator.kernel import Epilogue, Operation
@@ -304,7 +316,7 @@ def test_only_buckets_losing_to_cublas_try_the_feature_major_route():
              code("shflbw:64", times, gpu="untuned (sm_90a)"),
              code("csr", times), code("csr", times, dtype="fp32")]
     got = _fm_candidates(codes, "sm_90a")
-    assert [(i, ns) for i, _, ns in got] == [(0, [4096]), (5, [4096])]
+    assert [(i, ns) for i, _, ns in got] == [(0, [16, 4096]), (1, [16]), (5, [16, 4096])]
     fm = got[0][1]
     assert fm.name == "l.shflbw:64#fm" and fm.op.layout == "fm"
     assert fm.op.epilogue == codes[0].entry.op.epilogue and fm.op.dtype == "fp16"

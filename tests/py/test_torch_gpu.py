@@ -264,3 +264,63 @@ def test_the_feature_major_route_matches_f_linear(spec, dtype, db, monkeypatch):
         fresh = SparseLinear(k, m, dtype=tdt)
         fresh.load_state_dict(torch.load(buf, weights_only=True))
         assert torch.equal(fresh.cuda()(x), layer(x))
+
+
+@pytest.mark.parametrize("eager", [False, True])
+def test_a_decode_bucket_keeps_its_feature_major_kernel_for_torch_compile(eager, db,
+                                                                          monkeypatch):
+    """A decode bucket tries the feature-major kernel.  Where the route
+    loses in eager but the kernel alone is faster, it is second in its
+    bucket: under torch.compile(fullgraph=True) it runs through linear_fm
+    between transposes left in the graph, the token-major kernel in eager;
+    where the route wins (`eager`) it serves the bucket in both.  Either
+    way the layer computes F.linear, eager, compiled and inside a captured
+    CUDA graph, and the state keeps the variants.  Both outcomes are
+    forced (the kernel kept whatever its tuned time, the routes' times
+    replaced) so that the test does not depend on which is faster here."""
+    from sparseforge.torch import convert
+
+    timed = []
+
+    def forced(*args, **kw):
+        timed.append(real(*args, **kw))
+        return (1.0, 0.5) if eager else (1.0, 2.0)
+
+    real = convert._time_routes
+    monkeypatch.setattr(convert, "_time_routes", forced)
+    monkeypatch.setattr(convert, "FM_KEEP_BELOW", float("inf"))
+    monkeypatch.setattr(convert, "FM_TRY_BELOW", 0.0)      # the decode bucket alone tries it
+    layer, w, bias = family_layer("shflbw:64", "fp16", 0.3, 6, f"decode-fm.{eager}", db)
+    arch = native.Context(0).device_info()["arch"]
+    layouts = [(v["n_bucket"], v["layout"]) for v in layer.kernels[arch]["variants"]]
+    assert layouts == ([(8, "fm"), (128, "tm")] if eager else [(8, "tm"), (8, "fm"), (128, "tm")])
+    assert len(timed) == 1 and all(0 < t < 1e3 for t in timed[0]), timed
+    check_f_linear(layer, w, bias, ((5,), (2, 4), (8,), (200,)))
+    m, k = w.shape
+    wc, bc = w.cuda().float(), bias.cuda().float()
+    compiled = torch.compile(nn.Sequential(nn.Identity(), layer, nn.GELU()), fullgraph=True,
+                             dynamic=False)
+    with torch.no_grad():
+        for lead in ((8,), (2, 3), (130,)):
+            x = torch.randn((*lead, k), device="cuda").to(w.dtype)
+            y = compiled(x)
+            assert y.shape == (*lead, m)
+            want = F.gelu(F.linear(x.float(), wc, bc))
+            assert relative_error(y, want) <= 1e-2, lead
+        static_x = torch.randn(7, k, device="cuda").to(w.dtype)
+        layer(static_x)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            static_y = layer(static_x)
+        x = torch.randn(7, k, device="cuda").to(w.dtype)
+        static_x.copy_(x)
+        graph.replay()
+        torch.cuda.synchronize()
+        assert torch.equal(static_y, layer(x))
+        buf = io.BytesIO()
+        torch.save(layer.state_dict(), buf)
+        buf.seek(0)
+        fresh = SparseLinear(k, m, dtype=w.dtype)
+        fresh.load_state_dict(torch.load(buf, weights_only=True))
+        assert [(v["n_bucket"], v["layout"]) for v in fresh.kernels[arch]["variants"]] == layouts
+        assert torch.equal(fresh.cuda()(x), layer(x))
