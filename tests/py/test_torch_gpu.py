@@ -79,6 +79,32 @@ def check_f_linear(layer, w: torch.Tensor, bias: torch.Tensor, leads) -> None:
         assert relative_error(y, F.linear(x.float(), wc, bc)) <= tol, lead
 
 
+def check_graph_and_state(layer, n: int):
+    """The layer on n tokens inside a captured CUDA graph equals its call,
+    and a fresh layer given its state_dict computes the same; returns the
+    fresh layer."""
+    k, m = layer.in_features, layer.out_features
+    dt = layer.weight_values.dtype
+    static_x = torch.randn(n, k, device="cuda").to(dt)
+    with torch.no_grad():
+        layer(static_x)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            static_y = layer(static_x)
+        x = torch.randn(n, k, device="cuda").to(dt)
+        static_x.copy_(x)
+        graph.replay()
+        torch.cuda.synchronize()
+        assert torch.equal(static_y, layer(x))
+        buf = io.BytesIO()
+        torch.save(layer.state_dict(), buf)
+        buf.seek(0)
+        fresh = SparseLinear(k, m, dtype=dt)
+        fresh.load_state_dict(torch.load(buf, weights_only=True))
+        assert torch.equal(fresh.cuda()(x), layer(x))
+    return fresh
+
+
 @pytest.fixture(scope="module")
 def db(tmp_path_factory):
     return tmp_path_factory.mktemp("torch_gpu") / "t.db"
@@ -245,25 +271,7 @@ def test_the_feature_major_route_matches_f_linear(spec, dtype, db, monkeypatch):
             ["variants"]] == ["fm", "fm"]
     assert len(timed) == 2 and all(0 < t < 1e3 for pair in timed for t in pair), timed
     check_f_linear(layer, w, bias, ((3,), (2, 77), (301,)))
-    m, k = w.shape
-    tdt = w.dtype
-    static_x = torch.randn(150, k, device="cuda").to(tdt)
-    with torch.no_grad():
-        layer(static_x)
-        graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph):
-            static_y = layer(static_x)
-        x = torch.randn(150, k, device="cuda").to(tdt)
-        static_x.copy_(x)
-        graph.replay()
-        torch.cuda.synchronize()
-        assert torch.equal(static_y, layer(x))
-        buf = io.BytesIO()
-        torch.save(layer.state_dict(), buf)
-        buf.seek(0)
-        fresh = SparseLinear(k, m, dtype=tdt)
-        fresh.load_state_dict(torch.load(buf, weights_only=True))
-        assert torch.equal(fresh.cuda()(x), layer(x))
+    check_graph_and_state(layer, 150)
 
 
 @pytest.mark.parametrize("eager", [False, True])
@@ -307,20 +315,5 @@ def test_a_decode_bucket_keeps_its_feature_major_kernel_for_torch_compile(eager,
             assert y.shape == (*lead, m)
             want = F.gelu(F.linear(x.float(), wc, bc))
             assert relative_error(y, want) <= 1e-2, lead
-        static_x = torch.randn(7, k, device="cuda").to(w.dtype)
-        layer(static_x)
-        graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph):
-            static_y = layer(static_x)
-        x = torch.randn(7, k, device="cuda").to(w.dtype)
-        static_x.copy_(x)
-        graph.replay()
-        torch.cuda.synchronize()
-        assert torch.equal(static_y, layer(x))
-        buf = io.BytesIO()
-        torch.save(layer.state_dict(), buf)
-        buf.seek(0)
-        fresh = SparseLinear(k, m, dtype=w.dtype)
-        fresh.load_state_dict(torch.load(buf, weights_only=True))
-        assert [(v["n_bucket"], v["layout"]) for v in fresh.kernels[arch]["variants"]] == layouts
-        assert torch.equal(fresh.cuda()(x), layer(x))
+    fresh = check_graph_and_state(layer, 7)
+    assert [(v["n_bucket"], v["layout"]) for v in fresh.kernels[arch]["variants"]] == layouts
