@@ -365,9 +365,13 @@ def test_hopper_space_is_wgmma_where_groups_fill_warpgroups(rng, family, params,
     assert wg and all(c["wm"] == max(64, bm) // 16 for c in wg)
     for cfg in space:
         fam.check_config(cfg, mat, FP16, params, HOPPER)
-    # whole warpgroups of rows: wgmma only; padded tiles: mma.sync and the shared gather join
+    # whole warpgroups of rows: wgmma, then mma.sync's decode tiles (few columns of N, split
+    # K among them) alone; padded tiles: all of mma.sync and the shared gather join
     xs = [c for c in space if c.get("xr")]
-    assert (len(wg) == len(space)) == (bm % 64 == 0) == (not xs)
+    mma = [c for c in space if not c.get("wg")]
+    assert space[:len(wg)] == wg
+    assert (max(c["bn"] for c in mma) <= 32 and any(c.get("ks") for c in mma)) == \
+        (bm % 64 == 0) == (not xs)
     assert bm % 64 == 0 or {4, 8} <= {c["xr"] for c in xs}
     ampere_xr = {c["xr"] for c in fam.search_space(mat, FP16, params, AMPERE) if c.get("xr")}
     assert 4 in ampere_xr and (bm > 32 or 8 in ampere_xr)
@@ -667,6 +671,13 @@ def test_split_k_kernel_grid_and_shared_memory(rng):
     assert pre[0].get("wg") and all(c["bn"] >= 128 for c in pre[:len(pre) - 6])
     assert sorted(map(repr, dec)) == sorted(map(repr, pre)) == sorted(map(repr, hints))
     assert fam.hint_configs(mat, tm, {"v": 64}, HOPPER, n=128) == hints   # between: in turn
+    # feature-major on sm_90a (whole warpgroups): the split-K decode tiles first at 16
+    # tokens, in the space; wgmma's first for many tokens or N unknown (the default)
+    fm_space = fam.search_space(mat, FP16, {"v": 64}, HOPPER)
+    fm_dec = fam.hint_configs(mat, FP16, {"v": 64}, HOPPER, n=16)
+    assert fm_dec[0] == dict(KS_CFG, wm=2, ks=4) and all(h in fm_space for h in fm_dec)
+    for n in (None, 4096):
+        assert fam.hint_configs(mat, FP16, {"v": 64}, HOPPER, n=n)[0].get("wg")
 
 
 def test_by_regime_orders_hints_by_n():

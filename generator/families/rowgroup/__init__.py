@@ -225,10 +225,13 @@ class RowGroupFamily(Family):
     def search_space(self, matrix: SparseMatrix, op: Operation, params: dict,
                      device: Optional[dict] = None) -> list[dict]:
         """Every valid configuration.  On sm_90a (feature-major) the wgmma
-        ones; the mma.sync and shared-gather ones join them only when the
-        group is not whole warpgroups of rows (the wgmma tile then computes
-        padding rows), as on an H200 wgmma was faster on every S1 problem
-        whose groups are (the shared gather included: bench/RESULTS.md).
+        ones, then the mma.sync decode tiles (at most KS_MAX_BN columns of
+        N, and their split K: at 16 tokens 2.4-3.1x cuBLAS on shflbw:64's
+        Llama shapes, bench/RESULTS.md); the other mma.sync and
+        shared-gather ones join them only when the group is not whole
+        warpgroups of rows (the wgmma tile then computes padding rows), as
+        on an H200 wgmma was faster on every S1 problem whose groups are
+        (the shared gather included: bench/RESULTS.md).
         Elsewhere mma.sync and the shared gather (token-major too: it reads
         each column of X its groups share once, but on an H100 it ran no
         faster than mma.sync on S1's shflbw and 2x slower on BERT-base's
@@ -242,14 +245,15 @@ class RowGroupFamily(Family):
         out = self.accepted(self.wg_space(bm), matrix, op, params, device) if hopper else []
         out += self.accepted([self.persistent(c, bm, device) for c in out
                               if c.get("tma") and "tn" not in c], matrix, op, params, device)
-        if fm and whole and out:
-            return out
-        xs = [] if whole else self.accepted(self.xs_space(), matrix, op, params, device)
         mma = self.accepted(space.MMA_SPACE.enumerate(), matrix, op, params, device)
         # split K (sm_90a): the decode tiles over clusters of 2 or 4 CTAs (the table
         # keeps the few columns of N it serves)
-        mma += self.accepted([dict(c, ks=ks) for ks in space.KS_CHOICES for c in mma],
-                             matrix, op, params, device)
+        split = self.accepted([dict(c, ks=ks) for ks in space.KS_CHOICES for c in mma],
+                              matrix, op, params, device)
+        if fm and whole and out:   # and the decode tiles (at most KS_MAX_BN columns of N)
+            return out + [c for c in mma if c["bn"] <= space.KS_MAX_BN] + split
+        xs = [] if whole else self.accepted(self.xs_space(), matrix, op, params, device)
+        mma += split
         return out + (xs + mma if fm else mma + xs)
 
     def hint_configs(self, matrix: SparseMatrix, op: Operation, params: dict,
@@ -270,8 +274,17 @@ class RowGroupFamily(Family):
               {"bk": 32, "bn": 256, "stages": 5, "wm": wm, "wn": 2, "wg": 1, "tn": 2},
               {"bk": 32, "bn": 128, "stages": 4, "wm": wm, "wn": 1, "wg": 1},
               {"bk": 16, "bn": 256, "stages": 5, "wm": wm, "wn": 1, "wg": 1}]
-        if hopper and bm % 64 == 0:  # the space is wgmma only
-            prefs = wg
+        if hopper and bm % 64 == 0:  # wgmma, and split K's decode tiles
+            # feature-major decode (N = 16): H100, shflbw:64 at 25%: bk64
+            # wm2 s4 ks4 6.43 us on 4096 x 4096 and 11.68 on 4096 x 11008,
+            # bk64 wm4 s4 (or ks2) 12.69 on 11008 x 4096 (bench/RESULTS.md,
+            # 2026-11-27); N unknown: wgmma's first
+            decode = self.accepted(
+                [{"bk": 64, "bn": 16, "stages": 4, "wm": 2, "wn": 1, "ks": 4},
+                 {"bk": 64, "bn": 16, "stages": 4, "wm": 4, "wn": 1, "ks": 2},
+                 {"bk": 64, "bn": 16, "stages": 4, "wm": 4, "wn": 1}], matrix, op, params, device)
+            wg_ok = self.accepted(wg, matrix, op, params, device)
+            return wg_ok + decode if n is None else by_regime(decode, wg_ok, n)
         else:
             small = [{"bk": 16, "bn": 256, "stages": 3, "wm": 1, "wn": 2},
                      {"bk": 16, "bn": 128, "stages": 4, "wm": 1, "wn": 2},
