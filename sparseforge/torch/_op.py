@@ -3,7 +3,6 @@
 
     torch.ops.sparseforge.linear(x, packed, layer, out_features) -> y
     torch.ops.sparseforge.linear_fm(xt, packed, layer, out_features) -> yt
-    torch.ops.sparseforge.transpose(x) -> x^T
 
 `x` is (..., K), token-major; `packed` holds one uint8 tensor per variant
 of the layer (its packed weights, tables and bias: the module's buffers);
@@ -31,14 +30,10 @@ buckets, picks the same one.
 Under torch.compile, a bucket with a feature-major variant (its route,
 or the second variant of its bucket: the kernel faster than the
 token-major one while the two transposes launched around it are not
-worth it) runs `linear_fm` (X^T, K x n, in; Y^T, M x n, out).  X^T is
-the op `transpose` (templates/transpose.cu): a pure op, so the layers
-that read one x (q, k and v; gate and up) share one transpose after
-torch.compile's common-subexpression pass; written by Inductor into the
-op that produces x, a norm's reduction stored it column by column (10.6
-us for 16 x 4096 against 1.9 for the norm alone, H100: bench/RESULTS.md).
-Y = (Y^T)^T is left in the graph for Inductor to read transposed in the
-op that consumes y.
+worth it) runs `linear_fm` (X^T, K x n, in; Y^T, M x n, out) between
+transposes that SparseLinear.forward leaves in the graph: Inductor
+writes X^T from the op that produces x (a norm, a gate) and reads Y^T in
+the op that consumes y, with no launch of their own.
 
 The C runtime's context for a GPU is the device's primary context
 (cuDevicePrimaryCtxRetain), the one the CUDA runtime under PyTorch uses:
@@ -62,7 +57,6 @@ OP = "sparseforge::linear"
 _LIB = torch.library.Library("sparseforge", "FRAGMENT")
 _LIB.define("linear(Tensor x, Tensor[] packed, int layer, int out_features) -> Tensor")
 _LIB.define("linear_fm(Tensor xt, Tensor[] packed, int layer, int out_features) -> Tensor")
-_LIB.define("transpose(Tensor x) -> Tensor")
 
 _lock = threading.Lock()
 _contexts: dict = {}          # device ordinal -> (native.Context, lock)
@@ -90,11 +84,13 @@ class LoadedLayer:
     """A layer loaded on one GPU without its packed weights (the module's
     tensors hold them): one C layer per layout of its variants."""
 
-    def __init__(self, key: int, device: int, name: str, parts: dict, buckets: list):
+    def __init__(self, key: int, device: int, name: str, parts: dict, buckets: list,
+                 transpose=None):
         self.key, self.device, self.name = key, device, name
         self.parts = parts            # layout -> (native.Layer, indices of its variants)
         self.buckets = buckets        # [(n_bucket, layout)], in the variants' order
         self.n_variants = len(buckets)
+        self.transpose_fn = transpose  # (native.Module, its KernelFn) where a bucket is fm
         self.ctx, self.lock = context(device)
         self._arrays: dict = {}       # layout -> (packed addresses, their ctypes array)
 
@@ -118,9 +114,18 @@ class LoadedLayer:
         with self.lock:
             layer.run_raw(x, y, n, cached[1], len(ptrs), stream)
 
+    def transpose(self, src: int, dst: int, rows: int, cols: int, stream: int) -> None:
+        """dst (cols x rows) = src (rows x cols)^T on `stream`."""
+        _, fn = self.transpose_fn
+        with self.lock:
+            self.ctx.launch(fn, ((cols + 63) // 64, (rows + 63) // 64, 1), (32, 16, 1),
+                            (src, dst, rows, cols), sig="PPii", stream=stream)
+
     def close(self) -> None:
         for layer, _ in self.parts.values():
             layer.close()
+        if self.transpose_fn is not None:
+            self.transpose_fn[0].unload()
 
 
 def _nearest(buckets: list, n: int) -> int:
@@ -149,8 +154,6 @@ def route_fm(buckets: list, n: int) -> bool:
 
 
 _TRANSPOSE_CUBINS: dict = {}   # arch -> cubin of templates/transpose.cu
-_transposes: dict = {}         # device ordinal -> (its module, {element size: KernelFn}),
-                               # loaded with the first layer that brings the cubin, kept
 
 
 def transpose_cubin(arch: str) -> bytes:
@@ -177,6 +180,7 @@ def load(device: int, name: str, rows: int, cols: int, elem_size: int, variants:
     if any(v.get("layout", "tm") == "fm" for v in variants) and transpose is None:
         raise ValueError(f"layer {name!r}: feature-major variants need the transpose cubin")
     parts: dict = {}
+    fn = None
     by_layout: dict = {}
     for i, v in enumerate(variants):
         by_layout.setdefault(v.get("layout", "tm"), []).append(i)
@@ -189,16 +193,15 @@ def load(device: int, name: str, rows: int, cols: int, elem_size: int, variants:
                     c["packed"] = None
                 parts[layout] = (ctx.load_layer(name, rows, cols, elem_size, elem_size, code),
                                  idx)
-            if transpose is not None and device not in _transposes:
+            if transpose is not None:
                 module = ctx.load(native.Binary.from_bytes(transpose))
-                _transposes[device] = (module, {e: module.kernel(f"sf_transpose_{e}")
-                                                for e in (2, 4)})
+                fn = (module, module.kernel(f"sf_transpose_{elem_size}"))
         except Exception:
             for layer, _ in parts.values():
                 layer.close()
             raise
     buckets = [(int(v["n_bucket"]), v.get("layout", "tm")) for v in variants]
-    entry = LoadedLayer(next(_keys), device, name, parts, buckets)
+    entry = LoadedLayer(next(_keys), device, name, parts, buckets, fn)
     with _lock:
         _loaded[entry.key] = entry
     return entry.key
@@ -283,42 +286,9 @@ def _run(entry: LoadedLayer, x: torch.Tensor, y: torch.Tensor, n: int, ptrs: lis
     k = x.shape[-1]
     xt = torch.empty((k, n), dtype=x.dtype, device=x.device)
     yt = torch.empty((out_features, n), dtype=y.dtype, device=y.device)
-    _transpose(entry.device, x, xt, stream)
+    entry.transpose(x.data_ptr(), xt.data_ptr(), n, k, stream)
     entry.run(layout, xt.data_ptr(), yt.data_ptr(), n, ptrs, stream)
-    _transpose(entry.device, yt, y, stream)
-
-
-def _transpose(device: int, src: torch.Tensor, dst: torch.Tensor, stream: int) -> None:
-    """dst (cols x rows) = src (rows x cols: its last dimension, and all
-    before it) ^T on `stream`, by templates/transpose.cu."""
-    got = _transposes.get(device)
-    if got is None:
-        raise RuntimeError(f"{OP}: no transpose kernel is loaded on cuda:{device} (it comes "
-                           "with the first layer loaded there that has a feature-major kernel)")
-    cols = src.shape[-1]
-    rows = src.numel() // cols if cols else 0
-    ctx, lock = context(device)
-    with lock:
-        ctx.launch(got[1][src.element_size()], ((cols + 63) // 64, (rows + 63) // 64, 1),
-                   (32, 16, 1), (src.data_ptr(), dst.data_ptr(), rows, cols), sig="PPii",
-                   stream=stream)
-
-
-def _transpose_cuda(x: torch.Tensor) -> torch.Tensor:
-    """The op sparseforge::transpose: x (rows x cols) -> x^T, contiguous."""
-    if x.dim() != 2:
-        raise RuntimeError(f"{OP.split('::')[0]}::transpose takes a matrix, got shape "
-                           f"{tuple(x.shape)}")
-    x = x.contiguous()
-    out = torch.empty((x.shape[1], x.shape[0]), dtype=x.dtype, device=x.device)
-    if x.numel():
-        with torch.cuda.device(x.device):
-            _transpose(x.device.index, x, out, _stream(x.device.index))
-    return out
-
-
-def _transpose_fake(x: torch.Tensor) -> torch.Tensor:
-    return x.new_empty((x.shape[1], x.shape[0]))
+    entry.transpose(yt.data_ptr(), y.data_ptr(), out_features, n, stream)
 
 
 def _linear_fake(x: torch.Tensor, packed: list, layer: int, out_features: int) -> torch.Tensor:
@@ -356,9 +326,7 @@ def _linear_fm_fake(xt: torch.Tensor, packed: list, layer: int,
 
 _LIB.impl("linear", _linear_cuda, "CUDA")
 _LIB.impl("linear_fm", _linear_fm_cuda, "CUDA")
-_LIB.impl("transpose", _transpose_cuda, "CUDA")
-for _name, _fake in ((OP, _linear_fake), (OP + "_fm", _linear_fm_fake),
-                     ("sparseforge::transpose", _transpose_fake)):
+for _name, _fake in ((OP, _linear_fake), (OP + "_fm", _linear_fm_fake)):
     if hasattr(torch.library, "register_fake"):            # torch >= 2.4
         torch.library.register_fake(_name, _fake, lib=_LIB)
     else:                                                   # torch 2.3

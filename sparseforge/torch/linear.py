@@ -321,10 +321,9 @@ class SparseLinear(nn.Module):
             return _op._linear_cuda(x, packed, self._layer_key, self.out_features)
         n = x.numel() // self.in_features if self.in_features else 0
         if isinstance(n, int) and _op.route_fm(self._buckets, n):
-            # the bucket's feature-major kernel after the transpose op (shared
-            # by the layers that read x) and before a transpose that Inductor
-            # fuses into the op after it (_op's module note)
-            xt = torch.ops.sparseforge.transpose(x.reshape(n, self.in_features))
+            # the bucket's feature-major kernel between transposes that
+            # Inductor fuses into the ops around it (_op's module note)
+            xt = x.reshape(n, self.in_features).t().contiguous()
             yt = torch.ops.sparseforge.linear_fm(xt, packed, self._layer_key, self.out_features)
             return yt.t().contiguous().reshape(*x.shape[:-1], self.out_features)
         return torch.ops.sparseforge.linear(x, packed, self._layer_key, self.out_features)
