@@ -33,7 +33,8 @@ token-major one while the two transposes launched around it are not
 worth it) runs `linear_fm` (X^T, K x n, in; Y^T, M x n, out) between
 transposes that SparseLinear.forward leaves in the graph: Inductor
 writes X^T from the op that produces x (a norm, a gate) and reads Y^T in
-the op that consumes y, with no launch of their own.
+the op that consumes y, with no launch of their own (though a norm's
+reduction then stores X^T column by column: bench/RESULTS.md).
 
 The C runtime's context for a GPU is the device's primary context
 (cuDevicePrimaryCtxRetain), the one the CUDA runtime under PyTorch uses:
