@@ -359,6 +359,8 @@ def run(args, name: str, c: Config, spec: str) -> list:
         n = phase[0] * phase[1]
         row = {"model": name, "phase": phase_name, "pattern": spec, "dtype": dtype,
                "converted": len(report.converted), "linears": len(report.layers),
+               "fm_compiled": sum(r.buckets.get(n, {}).get("layout") == "fm"
+                                  or "compiled" in r.buckets.get(n, {}) for r in report.converted),
                "fm_route": sum(r.buckets.get(n, {}).get("layout") == "fm"
                                for r in report.converted),
                "error": err, "tune_s": tune_s, "prune_s": prune_s}
@@ -404,7 +406,9 @@ def table(rows: list, gpu: str, commit: str, args) -> str:
               if args.compile else ": not run (--compile)."), "",
              "Feature-major route: the converted layers whose bucket for the phase's tokens "
              "runs the feature-major kernel between two transposes (sparseforge/torch/"
-             "convert.py)" + (": not tried (--no-route)." if args.no_route else "."), "",
+             "convert.py)" + (": not tried (--no-route)." if args.no_route else
+                              "; with --compile, eager / under torch.compile (where the "
+                              "transposes are Inductor's)." if args.compile else "."), "",
              "| model | phase | pattern | dtype | converted | feature-major route "
              "| Linear dense ms | Linear sparse ms "
              "| Linear speedup | forward dense ms | forward sparse ms | forward speedup "
@@ -422,7 +426,8 @@ def table(rows: list, gpu: str, commit: str, args) -> str:
         cs = r.get("dense_compiled_ms", math.nan) / r.get("sparse_compiled_ms", math.nan)
         lines.append(
             f"| {r['model']} | {r['phase']} | {r['pattern']} | {r['dtype']} | "
-            f"{r['converted']}/{r['linears']} | {r['fm_route']} | "
+            f"{r['converted']}/{r['linears']} | {r['fm_route']}"
+            f"{' / %d' % r.get('fm_compiled', 0) if args.compile else ''} | "
             f"{_f(r.get('dense_linear_ms'), '.3f')} | "
             f"{_f(r.get('sparse_linear_ms'), '.3f')} | {_f(ls, '.2f', 'x')} | "
             f"{_f(r.get('dense_forward_ms'), '.3f')} | {_f(r.get('sparse_forward_ms'), '.3f')} | "

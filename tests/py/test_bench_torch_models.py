@@ -104,3 +104,19 @@ def test_the_table_lists_each_weight_shape_when_timed_apart():
     assert "| bert | prefill 8x512 | bsr:64x64@0.75 | 768 x 768 | 48 | 0.600 | 0.450 | 1.33x |" in out
     assert "| bert | prefill 8x512 | bsr:64x64@0.75 | 3072 x 768 | 12 | 0.300 | 0.200 | 1.50x |" in out
     assert "--per-shape" in out and "| 1.50x | 2.000 | 1.600 | 1.25x | - | - | - |" in out
+
+
+def test_the_table_counts_the_feature_major_layers_eager_and_compiled():
+    """With --compile the route column gives the layers that run the
+    feature-major kernel in eager and under torch.compile."""
+    args = argparse.Namespace(reps=5, db_note="an empty database", quick=True, budget="4",
+                              no_route=False, compile=True)
+    row = {"model": "llama", "phase": "decode 16", "pattern": "shflbw:64@0.75",
+           "dtype": "fp16", "converted": 14, "linears": 14, "fm_route": 2, "fm_compiled": 14,
+           "error": 0.0, "tune_s": 10.0, "dense_compiled_ms": 0.5, "sparse_compiled_ms": 0.25,
+           "compiled_error": 0.0}
+    out = torch_models.table([row], "GPU", "abc", args)
+    assert "| llama | decode 16 | shflbw:64@0.75 | fp16 | 14/14 | 2 / 14 |" in out
+    assert "eager / under torch.compile" in out
+    args.compile = False
+    assert "| 14/14 | 2 |" in torch_models.table([row], "GPU", "abc", args)
