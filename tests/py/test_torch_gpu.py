@@ -283,10 +283,11 @@ def test_a_decode_bucket_keeps_its_feature_major_kernel_for_torch_compile(eager,
     between transposes left in the graph, the token-major kernel in eager;
     where the route wins (`eager`) it serves the bucket in both.  Either
     way the layer computes F.linear, eager, compiled and inside a captured
-    CUDA graph, and the state keeps the variants.  Both outcomes are
-    forced (the kernel kept whatever its tuned time, the routes' times
+    CUDA graph, and the state keeps the variants; compiled, the decode
+    bucket runs the feature-major C layer and the prefill bucket the
+    token-major one.  Both outcomes are forced (the kernel kept whatever its tuned time, the routes' times
     replaced) so that the test does not depend on which is faster here."""
-    from sparseforge.torch import convert
+    from sparseforge.torch import _op, convert
 
     timed = []
 
@@ -308,10 +309,20 @@ def test_a_decode_bucket_keeps_its_feature_major_kernel_for_torch_compile(eager,
     wc, bc = w.cuda().float(), bias.cuda().float()
     compiled = torch.compile(nn.Sequential(nn.Identity(), layer, nn.GELU()), fullgraph=True,
                              dynamic=False)
+    ran = []                                      # the layout of each C layer run
+    real_run = _op.LoadedLayer.run
+
+    def spy(self, layout, *args, **kw):
+        ran.append(layout)
+        return real_run(self, layout, *args, **kw)
+
+    monkeypatch.setattr(_op.LoadedLayer, "run", spy)
     with torch.no_grad():
-        for lead in ((8,), (2, 3), (130,)):
+        for lead, layout in (((8,), "fm"), ((2, 3), "fm"), ((130,), "tm")):
             x = torch.randn((*lead, k), device="cuda").to(w.dtype)
+            del ran[:]
             y = compiled(x)
+            assert ran == [layout], (lead, ran)   # the decode bucket: the feature-major kernel
             assert y.shape == (*lead, m)
             want = F.gelu(F.linear(x.float(), wc, bc))
             assert relative_error(y, want) <= 1e-2, lead
