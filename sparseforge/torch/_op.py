@@ -248,14 +248,19 @@ def _checked_entry(x: torch.Tensor, packed: list, layer: int) -> LoadedLayer:
     return entry
 
 
+def _aligned(x: torch.Tensor) -> torch.Tensor:
+    """x contiguous and 16-byte aligned (the kernels read X in 16-byte
+    pieces), copied by torch where it is not."""
+    if not x.is_contiguous():
+        x = x.contiguous()
+    return x.clone() if x.data_ptr() % 16 else x
+
+
 def _linear_cuda(x: torch.Tensor, packed: list, layer: int, out_features: int) -> torch.Tensor:
     """The op's CUDA implementation; SparseLinear.forward calls it directly
     outside torch.compile (the dispatcher's host time saved)."""
     entry = _checked_entry(x, packed, layer)
-    if not x.is_contiguous():
-        x = x.contiguous()
-    if x.data_ptr() % 16:
-        x = x.clone()
+    x = _aligned(x)
     y = torch.empty((*x.shape[:-1], out_features), dtype=x.dtype, device=x.device)
     n = x.numel() // x.shape[-1] if x.shape[-1] else 0
     if n == 0 or out_features == 0:
@@ -307,10 +312,7 @@ def _linear_fm_cuda(xt: torch.Tensor, packed: list, layer: int,
     if not entry.fm_for(n):
         raise RuntimeError(f"{OP}_fm: layer {entry.name!r} has no feature-major kernel for "
                            f"{n} tokens")
-    if not xt.is_contiguous():
-        xt = xt.contiguous()
-    if xt.data_ptr() % 16:
-        xt = xt.clone()
+    xt = _aligned(xt)
     yt = torch.empty((out_features, n), dtype=xt.dtype, device=xt.device)
     if n == 0 or out_features == 0:
         return yt
