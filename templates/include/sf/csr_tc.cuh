@@ -161,6 +161,7 @@ struct Config {
   // while this CTA still computes) and the barrier counting their bytes
   static constexpr int RECV_OFF = BAR_OFF + BAR_BYTES;
   static constexpr int RECV_BYTES = CK > 1 ? (CK - 1) * (BM / CK) * R_LD * 4 : 0;
+  static constexpr int RECV_TX = CK > 1 ? (CK - 1) * (BM / CK) * BN * 4 : 0;  // bytes pushed
   static constexpr int RBAR_OFF = RECV_OFF + RECV_BYTES;
   static constexpr int SMEM_BYTES = RBAR_OFF + (CK > 1 ? 16 : 0) + ALIGN_PAD;
 
@@ -717,8 +718,8 @@ template <class C>
 __device__ __forceinline__ void split_recv_init(unsigned s_base) {
   if (threadIdx.x == 0) {
     sm90::mbar_init(s_base + C::RBAR_OFF, 1);
+    sm90::mbar_arrive_expect(s_base + C::RBAR_OFF, C::RECV_TX);  // (rows of BN, not R_LD)
     sm90::fence_mbar_init();
-    sm90::mbar_arrive_expect(s_base + C::RBAR_OFF, C::RECV_BYTES);
   }
   sm90::cluster_arrive_relaxed();
 }
