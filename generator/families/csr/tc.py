@@ -92,7 +92,10 @@ DERIVED = {
     "pipe_end": "stages * stage_bytes + tab_bytes",
     "a_bytes": "2 * bm * bk * 2 if sa else 0",
     "a_off": "cdiv(pipe_end, 1024) * 1024 if sa else pipe_end",
-    "smem": "max(max(a_off + a_bytes, c_bytes), r_bytes) + bar_bytes + (1024 if wg else 0)",
+    # ck > 1: the partial sums the cluster's other CTAs push, and their barrier
+    "recv_bytes": "(ck - 1) * (bm // ck) * (bn + 4) * 4 + 16 if ck > 1 else 0",
+    "smem": "max(max(a_off + a_bytes, c_bytes), r_bytes) + bar_bytes + recv_bytes"
+            " + (1024 if wg else 0)",
 }
 
 TABLE = [

@@ -156,7 +156,14 @@ struct Config {
   // everything the epilogue reuses
   static constexpr int BAR_OFF = cmax(cmax(A_OFF + A_BYTES, C_BYTES), R_BYTES);
   static constexpr int BAR_BYTES = TMA ? 16 * STAGES : 0;
-  static constexpr int SMEM_BYTES = BAR_OFF + BAR_BYTES + ALIGN_PAD;
+  // CK > 1: the partial sums the cluster's other CTAs push for this CTA's
+  // rows ([CK - 1][BM / CK][R_LD] fp32; never reused, as they may come
+  // while this CTA still computes) and the barrier counting their bytes
+  static constexpr int RECV_OFF = BAR_OFF + BAR_BYTES;
+  static constexpr int RECV_BYTES = CK > 1 ? (CK - 1) * (BM / CK) * R_LD * 4 : 0;
+  static constexpr int RECV_TX = CK > 1 ? (CK - 1) * (BM / CK) * BN * 4 : 0;  // bytes pushed
+  static constexpr int RBAR_OFF = RECV_OFF + RECV_BYTES;
+  static constexpr int SMEM_BYTES = RBAR_OFF + (CK > 1 ? 16 : 0) + ALIGN_PAD;
 
   static_assert(sizeof(T) == 2, "tensor-core path takes 16-bit elements");
   static_assert(!WG || (MF == 1 && WM % 4 == 0), "WG: one strip per warp, whole warpgroups");
@@ -694,8 +701,7 @@ __device__ __forceinline__ void fragments_to_partials(const float (&acc)[C::MF][
     }
 }
 
-// Cluster helpers (sm_90): this CTA's rank, the barrier, a float of another
-// CTA's shared memory.
+// This CTA's rank in its cluster (sm_90; 0 below).
 __device__ __forceinline__ unsigned cluster_rank() {
   unsigned r = 0;
 #if __CUDA_ARCH__ >= 900
@@ -704,26 +710,29 @@ __device__ __forceinline__ unsigned cluster_rank() {
   return r;
 }
 
-__device__ __forceinline__ void cluster_sync() {
-#if __CUDA_ARCH__ >= 900
-  asm volatile("barrier.cluster.arrive.release.aligned;\n"
-               "barrier.cluster.wait.acquire.aligned;\n" ::: "memory");
-#endif
-}
-
-__device__ __forceinline__ float ld_cluster_f32(unsigned local_addr, unsigned rank) {
-  float v = 0.0f;
-#if __CUDA_ARCH__ >= 900
-  unsigned remote;
-  asm volatile("mapa.shared::cluster.u32 %0, %1, %2;\n" : "=r"(remote) : "r"(local_addr), "r"(rank));
-  asm volatile("ld.shared::cluster.f32 %0, [%1];\n" : "=f"(v) : "r"(remote) : "memory");
-#endif
-  return v;
+// CK > 1, at the block's start (every thread): the barrier that counts the
+// partial sums the cluster's other CTAs push for this CTA's rows, armed for
+// their bytes, and the cluster's arrival that lets them push (they wait
+// for it in finish_split, long after).
+template <class C>
+__device__ __forceinline__ void split_recv_init(unsigned s_base) {
+  if (threadIdx.x == 0) {
+    sm90::mbar_init(s_base + C::RBAR_OFF, 1);
+    sm90::mbar_arrive_expect(s_base + C::RBAR_OFF, C::RECV_TX);  // (rows of BN, not R_LD)
+    sm90::fence_mbar_init();
+  }
+  sm90::cluster_arrive_relaxed();
 }
 
 // Split: the partials added (over WK, then over the cluster's CK CTAs),
 // through the epilogue, into Y.  Each CTA of a cluster finishes a share of
-// the rows; element stores (decode-sized tiles).
+// the rows: it pushes its sums of the other CTAs' rows into their shared
+// memory (st.async, counted on their barriers) and waits on its own for
+// theirs.  No cluster-wide fence and no meeting at the end: the barrier
+// pair with release and acquire that this replaced, and the one that kept
+// each CTA alive until the others had read it, waited on every CTA's
+// stores (bench/RESULTS.md, 2026-11-27).  Element stores (decode-sized
+// tiles).
 template <class C, class P>
 __device__ __forceinline__ void finish_split(float *s_r, const unsigned char *packed,
                                              unsigned short *y, int n_len, int m0, int n0) {
@@ -738,15 +747,7 @@ __device__ __forceinline__ void finish_split(float *s_r, const unsigned char *pa
       s_r[row * C::R_LD + col] = v;
     }
   }
-  int row_lo = 0, row_hi = C::BM;
-  const unsigned rank = C::CK > 1 ? cluster_rank() : 0u;
-  if constexpr (C::CK > 1) {
-    cluster_sync();  // every CTA's R[0] is complete
-    row_lo = C::BM * static_cast<int>(rank) / C::CK;
-    row_hi = C::BM * static_cast<int>(rank + 1) / C::CK;
-  } else {
-    __syncthreads();
-  }
+  __syncthreads();
   const float *bias = section<float>(packed, P::BIAS_OFF);
   // fm: threads run along N (Y rows contiguous); tm: along M
   auto store = [&](int row, int col, float v) {
@@ -758,46 +759,43 @@ __device__ __forceinline__ void finish_split(float *s_r, const unsigned char *pa
     y[C::TM ? (size_t)n * P::M + m : (size_t)m * n_len + n] = bits;
   };
   if constexpr (C::CK > 1) {
-    // a batch of a thread's elements: every partial loaded from the
-    // cluster before any is added (one element at a time, each remote
-    // load's latency was paid in turn), then summed in the same order
-    static_assert(C::BM % C::CK == 0, "a cluster's CTAs finish equal shares of the rows");
-    constexpr int ROWS = C::BM / C::CK, COUNT = ROWS * C::BN;
-    constexpr int ITERS = cdiv(COUNT, C::THREADS);
-    constexpr int BATCH = ITERS < 32 / C::CK ? ITERS : 32 / C::CK;
-    auto row_of = [&](int i) { return row_lo + (C::TM ? i % ROWS : i / C::BN); };
-    auto col_of = [](int i) { return C::TM ? i / ROWS : i % C::BN; };
-#pragma unroll 1
-    for (int j0 = 0; j0 < ITERS; j0 += BATCH) {
-      float part[BATCH][C::CK];
+    static_assert(C::BM % C::CK == 0 && C::BN % 4 == 0,
+                  "a cluster's CTAs finish equal shares of the rows, pushed 4 floats at a time");
+    constexpr int ROWS = C::BM / C::CK, V4 = C::BN / 4;
+    const unsigned rank = cluster_rank();
+    const int row_lo = ROWS * static_cast<int>(rank);
+    const unsigned base = sm80::smem_addr(s_r);
+    const unsigned bar = base + C::RBAR_OFF;
+    sm90::cluster_wait();  // every CTA's barrier is armed
+    // the other CTAs' rows: to their owners, into this CTA's slot there
+    // (slot k of an owner holds the sums of rank owner + 1 + k)
+    for (int i = threadIdx.x; i < (C::BM - ROWS) * V4; i += C::THREADS) {
+      const int j = i / V4, c4 = i % V4;
+      const int row = j < row_lo ? j : j + ROWS;
+      const unsigned owner = static_cast<unsigned>(row / ROWS);
+      const unsigned slot = (rank + C::CK - owner - 1) % C::CK;
+      const float4 v = *reinterpret_cast<const float4 *>(s_r + row * C::R_LD + 4 * c4);
+      sm90::st_async_v4(base + C::RECV_OFF +
+                            16u * ((slot * ROWS + (row - owner * ROWS)) * (C::R_LD / 4) + c4),
+                        owner, v, bar);
+    }
+    sm90::mbar_wait(bar, 0);  // the others' sums of this CTA's rows are here
+    const float *in =
+        reinterpret_cast<const float *>(reinterpret_cast<const unsigned char *>(s_r) + C::RECV_OFF);
+    for (int i = threadIdx.x; i < ROWS * C::BN; i += C::THREADS) {
+      const int r = C::TM ? i % ROWS : i / C::BN, col = C::TM ? i / ROWS : i % C::BN;
+      float v = s_r[(row_lo + r) * C::R_LD + col];  // in rank order from this CTA's own
 #pragma unroll
-      for (int b = 0; b < BATCH; ++b) {
-        const int i = min(static_cast<int>(threadIdx.x) + (j0 + b) * C::THREADS, COUNT - 1);
-        const int row = row_of(i), col = col_of(i);
-        part[b][0] = s_r[row * C::R_LD + col];
-        const unsigned addr = sm80::smem_addr(s_r + row * C::R_LD + col);
-#pragma unroll
-        for (int k = 1; k < C::CK; ++k) part[b][k] = ld_cluster_f32(addr, (rank + k) % C::CK);
-      }
-#pragma unroll
-      for (int b = 0; b < BATCH; ++b) {
-        const int i = static_cast<int>(threadIdx.x) + (j0 + b) * C::THREADS;
-        if (i >= COUNT) continue;
-        float v = part[b][0];
-#pragma unroll
-        for (int k = 1; k < C::CK; ++k) v += part[b][k];
-        store(row_of(i), col_of(i), v);
-      }
+      for (int k = 0; k < C::CK - 1; ++k) v += in[(k * ROWS + r) * C::R_LD + col];
+      store(row_lo + r, col, v);
     }
   } else {
-    const int rows = row_hi - row_lo;
-    for (int i = threadIdx.x; i < rows * C::BN; i += C::THREADS) {
-      const int row = row_lo + (C::TM ? i % rows : i / C::BN);
-      const int col = C::TM ? i / rows : i % C::BN;
+    for (int i = threadIdx.x; i < C::BM * C::BN; i += C::THREADS) {
+      const int row = C::TM ? i % C::BM : i / C::BN;
+      const int col = C::TM ? i / C::BM : i % C::BN;
       store(row, col, s_r[row * C::R_LD + col]);
     }
   }
-  if constexpr (C::CK > 1) cluster_sync();  // no CTA leaves while another reads its partials
 }
 
 // ---- the kernel body ----------------------------------------------------------------------------
@@ -814,6 +812,7 @@ __device__ __forceinline__ void gemm_block(const unsigned char *__restrict__ pac
   const int wm = warp % C::WM, wk = warp / C::WM;
   const unsigned s_base = sm80::smem_addr(smem);
   const int n = blk.stages;
+  if constexpr (C::CK > 1) split_recv_init<C>(s_base);
 
   using L = StageLoader<C, P>;
   const L ld(packed, smem + C::PIPE_BYTES);
@@ -1003,6 +1002,7 @@ __device__ __forceinline__ void gemm_block_tma(const unsigned char *__restrict__
   const unsigned bars = s_base + C::BAR_OFF;
   const unsigned full = bars, empty = bars + 8 * S;
   const int n = blk.stages;
+  if constexpr (C::CK > 1) split_recv_init<C>(s_base);
 
   using L = StageLoader<C, P>;
   const L ld(packed, smem + C::PIPE_BYTES);

@@ -33,6 +33,17 @@ __device__ __forceinline__ void cluster_sync() {
                "barrier.cluster.wait.acquire.aligned;\n" ::: "memory");
 }
 
+// The cluster's barrier in two halves, without ordering memory: after
+// fence_mbar_init, an arrival that lets the cluster's CTAs (once they
+// wait) use this CTA's barriers.
+__device__ __forceinline__ void cluster_arrive_relaxed() {
+  asm volatile("barrier.cluster.arrive.relaxed.aligned;\n" ::: "memory");
+}
+
+__device__ __forceinline__ void cluster_wait() {
+  asm volatile("barrier.cluster.wait.aligned;\n" ::: "memory");
+}
+
 __device__ __forceinline__ void mbar_init(unsigned bar, unsigned count) {
   asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(bar), "r"(count) : "memory");
 }
@@ -127,6 +138,22 @@ __device__ __forceinline__ float ld_cluster_f32(unsigned local, unsigned cta) {
       : "r"(local), "r"(cta)
       : "memory");
   return v;
+}
+
+// Four floats into the shared memory of CTA `cta` of the cluster, at
+// `local`'s offset (16-byte aligned), their 16 bytes counted on the barrier
+// at `bar`'s offset there: the receiver's wait on that barrier sees them,
+// with no fence on either side.
+__device__ __forceinline__ void st_async_v4(unsigned local, unsigned cta, float4 v,
+                                            unsigned bar) {
+  asm volatile(
+      "{\n.reg .b32 ra, rb;\n"
+      "mapa.shared::cluster.u32 ra, %0, %1;\n"
+      "mapa.shared::cluster.u32 rb, %2, %1;\n"
+      "st.async.shared::cluster.mbarrier::complete_tx::bytes.v4.b32 [ra], {%3, %4, %5, %6}, [rb];\n}\n"
+      ::"r"(local), "r"(cta), "r"(bar), "r"(__float_as_uint(v.x)), "r"(__float_as_uint(v.y)),
+      "r"(__float_as_uint(v.z)), "r"(__float_as_uint(v.w))
+      : "memory");
 }
 
 // Programmatic dependent launch.  A module that declares SF_DECLARE_PDL is
