@@ -642,8 +642,9 @@ def test_invalid_split_k_configs_name_their_constraint(rng, change, constraint):
 
 
 def test_split_k_kernel_grid_and_shared_memory(rng):
-    """A cluster of ks CTAs along z per (group, tile of N); the partial
-    tile (BM x BN fp32) fits the shared memory asked for."""
+    """A cluster of ks CTAs along z per (group, tile of N); rank 0's
+    receive buffer for the other ranks' partial tiles (ks - 1 of BM x BN
+    fp32) and its barrier come on top of the pipeline."""
     mat = make_shflbw(128, 256, 64, 0.5, rng)
     fam = get_family("shflbw")
     tm = Operation("fp16", "tm")
@@ -651,9 +652,11 @@ def test_split_k_kernel_grid_and_shared_memory(rng):
         k = fam.generate(mat, tm, {"v": 64}, cfg)
         assert k.launch["grid"] == (2, 1, cfg["ks"]) and k.launch["n_axis"] == 1
         assert f"__cluster_dims__(1, 1, {cfg['ks']})" in k.source
-        assert k.launch["shared_bytes"] >= 64 * cfg["bn"] * 4 + 64 * 8
-    # (bk 16, 2 stages, bn 32: the partial tile is larger than the pipeline)
-    assert rowgroup.smem_bytes(64, dict(KS_CFG, bn=32, bk=16, stages=2, ks=4), "tm") == 64 * 32 * 4 + 64 * 8
+        assert k.launch["shared_bytes"] >= (cfg["ks"] - 1) * 64 * cfg["bn"] * 4 + 16 + 64 * 8
+    # bk 16, 2 stages, bn 32: the pipeline (2 x (64 x 16 + 16 x 32) halves), the
+    # row map, 3 partial tiles and the barrier
+    assert rowgroup.smem_bytes(64, dict(KS_CFG, bn=32, bk=16, stages=2, ks=4), "tm") == \
+        2 * (64 * 16 + 16 * 32) * 2 + 64 * 8 + 3 * 64 * 32 * 4 + 16
     plain = fam.generate(mat, tm, {"v": 64}, {k_: v for k_, v in KS_CFG.items() if k_ != "ks"})
     assert plain.launch["grid"] == (2, 1, 1) and "__cluster_dims__" not in plain.source
     # in the token-major space on sm_90a, not elsewhere

@@ -70,16 +70,18 @@ DERIVED = {
     "c_ld": "tile + 8 if tm else bn + 8",
     "c_rows": "bn if tm else tile",
     "c_half_bytes": "c_rows // 2 * c_ld * 2",
-    # split K: the fp32 partial tile the other CTAs of the cluster read
-    "p_bytes": "tile * bn * 4 if ks > 1 else 0",
+    # split K: rank 0's receive buffer for the other CTAs' fp32 partial
+    # tiles, and its barrier
+    "recv_bytes": "(ks - 1) * tile * bn * 4 + 16 if ks > 1 else 0",
     # the pipeline and the output tile (TMA streaming tiles or persistent
     # CTAs: side by side; otherwise the tile takes the drained stages), the
-    # row map and biases (persistent: two), TMA's two mbarriers a stage, the
-    # 1 KB the kernel may skip to align the swizzled tiles
+    # row map and biases (persistent: two), TMA's two mbarriers a stage,
+    # split K's receive buffer, the 1 KB the kernel may skip to align the
+    # swizzled tiles
     "smem": "(stages * stage_bytes + c_rows * c_ld * 2 if tma and (tn > 1 or pc > 0) else"
-            " max(max(stages * stage_bytes, c_rows * c_ld * 2), p_bytes))"
+            " max(stages * stage_bytes, c_rows * c_ld * 2))"
             " + tile * 8 * (2 if pc > 0 else 1)"
-            " + (16 * stages if tma else 0) + (1024 if wg else 0)",
+            " + (16 * stages if tma else 0) + recv_bytes + (1024 if wg else 0)",
 }
 
 TABLE = [

@@ -81,8 +81,7 @@
 // groups alone give too few CTAs to fill the GPU): the grid gains a z axis
 // of KS, a cluster (1, 1, KS) shares one (group, tile of N), CTA z runs
 // chunks [z * chunks / KS, (z + 1) * chunks / KS) and the partial tiles
-// meet in distributed shared memory (reduce_split) before rank 0's
-// epilogue.
+// meet in rank 0's shared memory (reduce_split) before its epilogue.
 //
 // Token-major differs in three pieces only: the B loader (a 16-byte run of
 // one token's row per load, or element loads), the B fragments (ldmatrix
@@ -152,8 +151,6 @@ struct Config {
   static constexpr int C_BYTES = C_ROWS * C_LD * 2;
   static constexpr int C_HALF = C_ROWS / 2;             // the tile's rows come in two halves
   static constexpr int C_HALF_BYTES = C_HALF * C_LD * 2;
-  // split K: the fp32 partial tile a CTA leaves for the cluster's rank 0
-  static constexpr int P_BYTES = KS > 1 ? BM * BN * 4 : 0;
   // TMA with streamed tiles: the output tile has its own shared memory, so
   // the producer fills the stages with the next tile's chunks during an
   // epilogue; otherwise it takes the drained stages
@@ -161,7 +158,7 @@ struct Config {
   static constexpr int C_OFF = C_APART ? PIPE_BYTES : 0;
   static constexpr int TILE_BYTES =
       C_APART ? PIPE_BYTES + C_BYTES : (PIPE_BYTES > C_BYTES ? PIPE_BYTES : C_BYTES);
-  static constexpr int ROWMAP_OFF = TILE_BYTES > P_BYTES ? TILE_BYTES : P_BYTES;
+  static constexpr int ROWMAP_OFF = TILE_BYTES;
   // the row map: BM original rows, then their BM biases (persistent: two,
   // one an item in turn, so an item's map is written while the one
   // before's stores read theirs)
@@ -172,7 +169,13 @@ struct Config {
   // WG: the base is rounded up to 1024 bytes in the kernel (the swizzle
   // repeat), so 1 KB more is asked for
   static constexpr int ALIGN_PAD = WG ? 1024 : 0;
-  static constexpr int SMEM_BYTES = BAR_OFF + BAR_BYTES + ALIGN_PAD;  // dynamic shared memory
+  // split K: the fp32 partial tiles the cluster's other CTAs push to rank
+  // 0 ([KS - 1][BM * BN / 4 / THREADS][THREADS] float4s; never reused, as
+  // they may come while rank 0 still computes) and the barrier counting them
+  static constexpr int RECV_OFF = BAR_OFF + BAR_BYTES;
+  static constexpr int RECV_BYTES = KS > 1 ? (KS - 1) * BM * BN * 4 : 0;
+  static constexpr int RBAR_OFF = RECV_OFF + RECV_BYTES;
+  static constexpr int SMEM_BYTES = RBAR_OFF + (KS > 1 ? 16 : 0) + ALIGN_PAD;  // dynamic shared memory
   static constexpr int WG_M = BM / 64;    // WG: warpgroups along M
   static constexpr int WG_N = BN / WN;    // WG: the N of each warpgroup's wgmma
 
@@ -865,39 +868,65 @@ __device__ __forceinline__ void store_tile_tm(const CTile &ct, const int *s_rows
 
 // ---- split K ---------------------------------------------------------------------------
 
+// Split K, at the CTA's start (every thread of every rank): rank 0's
+// barrier for the partial tiles the other ranks will push, armed for their
+// bytes, and the cluster's arrival that lets them push (they wait for it
+// in reduce_split, long after).
+template <class Cfg>
+__device__ __forceinline__ void split_recv_init(unsigned char *smem) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  if (blockIdx.z == 0 && threadIdx.x == 0) {
+    const unsigned bar = sm80::smem_addr(smem) + Cfg::RBAR_OFF;
+    sm90::mbar_init(bar, 1);
+    sm90::mbar_arrive_expect(bar, Cfg::RECV_BYTES);
+    sm90::fence_mbar_init();
+  }
+  sm90::cluster_arrive_relaxed();
+#endif
+}
+
 // The KS CTAs of a cluster (1, 1, KS) ran a share of one group's chunks
-// each.  Ranks 1.. leave their fp32 accumulators in their own shared memory
-// (element i of thread t at float i * THREADS + t: a warp's accesses are
-// 32 consecutive words), rank 0 adds them in over the cluster and alone
-// runs the epilogue.  The second barrier keeps the other ranks' shared
-// memory alive until rank 0 has read it.  Called after the pipeline has
-// drained (the stages are free).  Returns whether this CTA runs the epilogue.
+// each.  Ranks 1.. push their fp32 accumulators into rank 0's receive
+// buffer (st.async, 16 bytes a thread at a time, counted on rank 0's
+// barrier: float4 j of thread t of rank z at [z - 1][j][t], a warp's 512
+// consecutive bytes) and leave; rank 0 waits on its barrier, adds them in
+// rank order and alone runs the epilogue.  No cluster-wide fence and no
+// meeting at the end (the pull this replaced needed both: bench/RESULTS.md,
+// 2026-11-27).  Called after the pipeline has drained.  Returns whether
+// this CTA runs the epilogue.
 template <class Cfg>
 __device__ __forceinline__ bool reduce_split(float (&acc)[Cfg::MF][Cfg::NF][4],
                                              unsigned char *smem) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  constexpr int E = Cfg::MF * Cfg::NF * 4;
+  constexpr int V = Cfg::MF * Cfg::NF;  // float4s a thread
+  static_assert(V * 4 * Cfg::THREADS == Cfg::BM * Cfg::BN, "the accumulators hold the tile once");
   float *flat = &acc[0][0][0];
-  const unsigned base = sm80::smem_addr(smem) + 4u * threadIdx.x;
+  const unsigned base = sm80::smem_addr(smem);
   const unsigned rank = blockIdx.z;  // the cluster spans z: its rank is blockIdx.z
+  sm90::cluster_wait();              // rank 0's barrier is armed
   if (rank != 0) {
 #pragma unroll
-    for (int i = 0; i < E; ++i)
-      sm80::st_shared_u32(base + 4u * i * Cfg::THREADS, __float_as_uint(flat[i]));
+    for (int j = 0; j < V; ++j)
+      sm90::st_async_v4(base + Cfg::RECV_OFF + 16u * (((rank - 1) * V + j) * Cfg::THREADS +
+                                                      threadIdx.x),
+                        0, make_float4(flat[4 * j], flat[4 * j + 1], flat[4 * j + 2],
+                                       flat[4 * j + 3]),
+                        base + Cfg::RBAR_OFF);
+    return false;
   }
-  sm90::cluster_sync();
-  if (rank == 0) {
+  sm90::mbar_wait(base + Cfg::RBAR_OFF, 0);  // every other rank's tile is here
+  const float4 *in = reinterpret_cast<const float4 *>(smem + Cfg::RECV_OFF);
 #pragma unroll
-    for (int z = 1; z < Cfg::KS; ++z) {
-      float part[E];
+  for (int z = 1; z < Cfg::KS; ++z)
 #pragma unroll
-      for (int i = 0; i < E; ++i) part[i] = sm90::ld_cluster_f32(base + 4u * i * Cfg::THREADS, z);
-#pragma unroll
-      for (int i = 0; i < E; ++i) flat[i] += part[i];
+    for (int j = 0; j < V; ++j) {
+      const float4 v = in[((z - 1) * V + j) * Cfg::THREADS + threadIdx.x];
+      flat[4 * j] += v.x;
+      flat[4 * j + 1] += v.y;
+      flat[4 * j + 2] += v.z;
+      flat[4 * j + 3] += v.w;
     }
-  }
-  sm90::cluster_sync();
-  return rank == 0;
+  return true;
 #else
   return true;  // (KS > 1 is built for sm_90a alone)
 #endif
@@ -1233,6 +1262,7 @@ __device__ __forceinline__ void kernel(const unsigned char *__restrict__ packed,
   }
   int span;  // tiles of N this CTA computes (at most)
   if (!take_span<Cfg>(slot, n0, span, n_len)) return;
+  if constexpr (Cfg::KS > 1) split_recv_init<Cfg>(smem);
   const unsigned short *x = static_cast<const unsigned short *>(x_);
   unsigned short *y = static_cast<unsigned short *>(y_);
   const bool aligned = ((reinterpret_cast<unsigned long long>(x_) |
