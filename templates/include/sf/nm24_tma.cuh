@@ -25,10 +25,11 @@
 // multicast; the `full` barrier then also counts its 32 lanes).
 //
 // Split K (KS > 1, for few columns of N: decode): the KS CTAs of a cluster
-// along z each take 1/KS of K; their fp32 partial tiles meet in shared
-// memory, and each CTA sums one slice of the tile's rows over the cluster
-// (distributed shared memory, in a fixed order), applies the epilogue and
-// stores it.
+// along z each take 1/KS of K; each CTA finishes one slice of the tile's
+// rows: it pushes its partial sums of the other slices into their owners'
+// shared memory (st.async, counted on the owner's barrier), waits for the
+// others' sums of its own, adds them in rank order, applies the epilogue
+// and stores it.
 //
 // Several tiles a CTA (MT > 1, prefill): the CTA takes MT tiles along M in
 // turn (the same columns of N), the producer running on into the next
@@ -128,9 +129,15 @@ struct TmaConfig {
   // the output tile has its own buffer after them (the producer fills the
   // next tile's stages while the consumers store this one)
   static constexpr int C_OFFSET = MT > 1 ? STAGES * STAGE_BYTES : 0;  // from the stages
-  static constexpr int SMEM_BYTES =
-      2048 + (MT > 1 ? STAGES * STAGE_BYTES + C_BYTES
-                     : cmax(cmax(STAGES * STAGE_BYTES, C_BYTES), P_BYTES));
+  // split K: after them, the partial sums of this CTA's slice of rows the
+  // cluster's other CTAs push ([KS - 1][BM / KS * BN] fp32 in the
+  // reduction's element order; never reused, as they may come while this
+  // CTA still computes), counted on the barrier at RBAR (in the barriers' KB)
+  static constexpr int RECV_OFFSET = MT > 1 ? STAGES * STAGE_BYTES + C_BYTES
+                                            : cmax(cmax(STAGES * STAGE_BYTES, C_BYTES), P_BYTES);
+  static constexpr int RECV_BYTES = KS > 1 ? (KS - 1) * (BM / KS) * BN * 4 : 0;
+  static constexpr int RBAR = 512;  // from the base (the stages' barriers take at most 8 * 2 * 12)
+  static constexpr int SMEM_BYTES = 2048 + RECV_OFFSET + RECV_BYTES;
 
   // The configuration's constraints are asserted by the generated source,
   // from the table the search space filters with
@@ -475,54 +482,70 @@ __device__ __forceinline__ void tma_store_partial(unsigned part,
 }
 
 // This CTA's slice of rows (BM / KS of them): the KS partials summed in
-// rank order, then the epilogue, stored element by element (contiguous
-// along Y's rows in either layout).  A thread loads a batch of its
-// elements' partials from the cluster before it adds any: one element at a
-// time, each remote load's latency was paid in turn (16 a thread on a
-// 64 x 64 tile split in two).  Batched, 4096 x 4096 x 64 split in two took
-// 9% less feature-major and, with its partial tile stored down M, 23% less
-// token-major (bench/RESULTS.md, 2026-11-26).
-template <class C, class P, typename T>
-__device__ __forceinline__ void tma_reduce_store(unsigned part, const unsigned char *packed,
-                                                 unsigned short *Y, int m0, int n0, int N,
-                                                 int zrank, int tid) {
-  constexpr int ROWS = C::BM / C::KS;
-  constexpr int COUNT = ROWS * C::BN;
-  constexpr int ITERS = (COUNT + C::THREADS - 1) / C::THREADS;
-  constexpr int BATCH = ITERS < 32 / C::KS ? ITERS : 32 / C::KS;  // 32 partials in registers
-  const float *bias = section<float>(packed, P::BIAS_OFFSET);
-  const int r0 = zrank * ROWS;
-  auto element = [&](int j, int &r, int &c) {  // this thread's j-th element; false past the tile
-    const int i = tid + j * C::THREADS;
+// rank order (its own from its partial tile, the others' from its receive
+// buffer, which their push_partials filled), then the epilogue, stored
+// element by element (contiguous along Y's rows in either layout).
+// Element i of a slice is (row i / BN, column i % BN) feature-major and
+// (row i % ROWS, column i / ROWS) token-major, the way Y's rows run.
+template <class C>
+struct Slice {
+  static constexpr int ROWS = C::BM / C::KS;
+  static constexpr int COUNT = ROWS * C::BN;
+  __device__ __forceinline__ static void at(int i, int &r, int &c) {
     r = C::TOKEN_MAJOR ? i % ROWS : i / C::BN;
     c = C::TOKEN_MAJOR ? i / ROWS : i % C::BN;
-    return i < COUNT;
-  };
+  }
+};
+
+// The other slices of this CTA's partial tile (part), 4 elements at a
+// time (4 consecutive elements are contiguous in the tile: ROWS and BN are
+// multiples of 4), into their owners' receive buffers: this CTA's slot at
+// owner o is (zrank - o - 1) mod KS.
+template <class C>
+__device__ __forceinline__ void push_partials(unsigned part, unsigned base, int zrank, int tid) {
+  using S = Slice<C>;
+  static_assert(S::ROWS % 4 == 0 && C::BN % 4 == 0, "slices pushed 4 floats at a time");
+  constexpr int Q = S::COUNT / 4;
 #pragma unroll 1
-  for (int j0 = 0; j0 < ITERS; j0 += BATCH) {
-    float v[BATCH][C::KS];
-#pragma unroll
-    for (int b = 0; b < BATCH; ++b) {
+  for (int k = 1; k < C::KS; ++k) {
+    const int o = (zrank + k) % C::KS;
+    const unsigned slot = static_cast<unsigned>((zrank - o - 1 + 2 * C::KS) % C::KS);
+    for (int q = tid; q < Q; q += C::THREADS) {
       int r, c;
-      const bool in = element(j0 + b, r, c);
-      const unsigned off = part + C::part_at(r0 + (in ? r : 0), in ? c : 0) * 4;
-#pragma unroll
-      for (int z = 0; z < C::KS; ++z) v[b][z] = sm90::ld_cluster_f32(off, z);
+      S::at(4 * q, r, c);
+      float4 v;
+      asm volatile("ld.shared.v4.f32 {%0, %1, %2, %3}, [%4];\n"
+                   : "=f"(v.x), "=f"(v.y), "=f"(v.z), "=f"(v.w)
+                   : "r"(part + C::part_at(o * S::ROWS + r, c) * 4));
+      sm90::st_async_v4(base + 1024 + C::RECV_OFFSET + 16u * (slot * Q + q),
+                        static_cast<unsigned>(o), v, base + C::RBAR);
     }
+  }
+}
+
+template <class C, class P, typename T>
+__device__ __forceinline__ void tma_reduce_store(unsigned part, const float *recv,
+                                                 const unsigned char *packed,
+                                                 unsigned short *Y, int m0, int n0, int N,
+                                                 int zrank, int tid) {
+  using S = Slice<C>;
+  const float *bias = section<float>(packed, P::BIAS_OFFSET);
+  const int r0 = zrank * S::ROWS;
+  for (int i = tid; i < S::COUNT; i += C::THREADS) {
+    int r, c;
+    S::at(i, r, c);
+    const int m = m0 + r0 + r, n = n0 + c;
+    if (m >= P::M || n >= N) continue;
+    float own;
+    asm volatile("ld.shared.f32 %0, [%1];\n" : "=f"(own) : "r"(part + C::part_at(r0 + r, c) * 4));
+    float sum = 0.0f;
 #pragma unroll
-    for (int b = 0; b < BATCH; ++b) {
-      int r, c;
-      if (!element(j0 + b, r, c)) continue;
-      const int m = m0 + r0 + r, n = n0 + c;
-      if (m >= P::M || n >= N) continue;
-      float sum = 0.0f;
-#pragma unroll
-      for (int z = 0; z < C::KS; ++z) sum += v[b][z];
-      const float bv = P::HAS_BIAS ? bias[m] : 0.0f;
-      const unsigned pair = sm80::epilogue_pair<T, P::HAS_BIAS, P::ACT>(sum, 0.0f, P::SCALE, bv);
-      Y[C::TOKEN_MAJOR ? (size_t)n * P::M + m : (size_t)m * N + n] =
-          static_cast<unsigned short>(pair & 0xffffu);
-    }
+    for (int z = 0; z < C::KS; ++z)
+      sum += z == zrank ? own : recv[((z - zrank - 1 + C::KS) % C::KS) * S::COUNT + i];
+    const float bv = P::HAS_BIAS ? bias[m] : 0.0f;
+    const unsigned pair = sm80::epilogue_pair<T, P::HAS_BIAS, P::ACT>(sum, 0.0f, P::SCALE, bv);
+    Y[C::TOKEN_MAJOR ? (size_t)n * P::M + m : (size_t)m * N + n] =
+        static_cast<unsigned short>(pair & 0xffffu);
   }
 }
 
@@ -568,6 +591,10 @@ __device__ __forceinline__ void tma_gemm(const unsigned char *__restrict__ packe
     for (int s = 0; s < S; ++s) {
       sm90::mbar_init(full + 8 * s, use_map ? 1 : 33);
       sm90::mbar_init(empty + 8 * s, (C::THREADS / 128) * C::CM);
+    }
+    if constexpr (C::KS > 1) {  // split K: the others' partial sums of this CTA's slice
+      sm90::mbar_init(base + C::RBAR, 1);
+      sm90::mbar_arrive_expect(base + C::RBAR, C::RECV_BYTES);
     }
     sm90::fence_mbar_init();
   }
@@ -651,13 +678,18 @@ __device__ __forceinline__ void tma_gemm(const unsigned char *__restrict__ packe
     }
   }
   if constexpr (C::KS > 1) {
-    sm90::cluster_sync();  // every partial tile of the cluster is written
-    if (warp != C::PRODUCER_WARP)
-      tma_reduce_store<C, P, T>(stages, packed, Y, m_first, n0, N, zrank, tid);  // (one tile)
+    if (warp != C::PRODUCER_WARP) {  // (one tile)
+      sm90::named_sync(1, C::THREADS);  // this CTA's partial tile is written
+      push_partials<C>(stages, base, zrank, tid);
+      sm90::mbar_wait(base + C::RBAR, 0);  // the others' sums of this CTA's slice are here
+      tma_reduce_store<C, P, T>(stages,
+                                reinterpret_cast<const float *>(smem + 1024 + C::RECV_OFFSET),
+                                packed, Y, m_first, n0, N, zrank, tid);
+    }
   }
-  // no CTA leaves while another of its cluster may still read its shared
-  // memory or arrive on its barriers
-  if constexpr (CLUSTER) sm90::cluster_sync();
+  // no CTA leaves while another of its cluster may still arrive on its
+  // barriers or multicast into it (split K alone reads no other CTA)
+  if constexpr (C::CM > 1) sm90::cluster_sync();
 }
 
 }  // namespace nm24
