@@ -146,9 +146,9 @@ TMA_SPACE = Space(
         "c_bytes": "(bn if tm else bm) * ((bm if tm else bn) + 8) * 2",
         # the split's partial tile: [bm][bn + 4] floats, token-major [bn][bm + 4]
         "p_bytes": "((bn * (bm + 4)) if tm else (bm * (bn + 4))) * 4 if ks > 1 else 0",
-        # with several tiles a CTA, the output tile has a buffer of its own
         # split K: the partial sums the cluster's other CTAs push for this CTA's rows
         "recv_bytes": "(ks - 1) * (bm // ks) * bn * 4 if ks > 1 else 0",
+        # with several tiles a CTA, the output tile has a buffer of its own
         "smem": "2048 + (stages * stage_bytes + c_bytes if mt > 1 else "
                 "max(max(stages * stage_bytes, c_bytes), p_bytes)) + recv_bytes",
         # the accumulators and about 40 registers of addresses and epilogue

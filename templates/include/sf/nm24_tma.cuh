@@ -138,6 +138,7 @@ struct TmaConfig {
   static constexpr int RECV_BYTES = KS > 1 ? (KS - 1) * (BM / KS) * BN * 4 : 0;
   static constexpr int RBAR = 512;  // from the base (the stages' barriers take at most 8 * 2 * 12)
   static constexpr int SMEM_BYTES = 2048 + RECV_OFFSET + RECV_BYTES;
+  static_assert(16 * STAGES <= RBAR, "the stages' full and empty barriers end before RBAR");
 
   // The configuration's constraints are asserted by the generated source,
   // from the table the search space filters with

@@ -127,19 +127,6 @@ __device__ __forceinline__ void bulk_load(unsigned dst, const void *src, unsigne
       : "memory");
 }
 
-// A float at `local`'s offset in the shared memory of CTA `cta` of the cluster.
-__device__ __forceinline__ float ld_cluster_f32(unsigned local, unsigned cta) {
-  float v;
-  asm volatile(
-      "{\n.reg .b32 remote;\n"
-      "mapa.shared::cluster.u32 remote, %1, %2;\n"
-      "ld.shared::cluster.f32 %0, [remote];\n}\n"
-      : "=f"(v)
-      : "r"(local), "r"(cta)
-      : "memory");
-  return v;
-}
-
 // Four floats into the shared memory of CTA `cta` of the cluster, at
 // `local`'s offset (16-byte aligned), their 16 bytes counted on the barrier
 // at `bar`'s offset there: the receiver's wait on that barrier sees them,
