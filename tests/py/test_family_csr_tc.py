@@ -93,6 +93,50 @@ def test_pack_read_back_and_emulated_product(name, make, dtype):
             np.testing.assert_allclose(bitmap.emulate_product(p.data, x), ref, atol=1e-9)
 
 
+def test_fixed_offsets_pack_a_regular_schedule_at_one_stride():
+    """Fixed offsets (bitmap.pack's `fixed`, config fx): every row block
+    holds every k-step, so a kernel computes each block's stages, their
+    k-steps and their values' offsets; each stage's values start at a
+    multiple of one stride (the largest stage's, rounded to 8).  The
+    buffer reads back to the matrix and the emulated product is W X; a
+    matrix with a row block missing a k-step is refused, by the packer
+    and by the configuration's check, and the space then offers no fx."""
+    mat = random_matrix(100, 200, 0.3, seed=5)
+    rng = np.random.default_rng(1)
+    x = round_to_dtype(rng.standard_normal((200, 3)).astype(np.float32), "fp16")
+    ref = round_to_dtype(mat.to_dense(), "fp16").astype(np.float64) @ x
+    kt = -(-200 // 16)
+    for var in ({}, {"regvals": True}):
+        for bm, ks in ((32, 2), (64, 4), (16, 3)):
+            p = bitmap.pack(mat, "fp16", bm, ks, fixed=True, **var)
+            s = bitmap.sections(p.data)
+            assert s.fixed_stride == p.fixed_stride == p.vmax and p.vmax % 8 == 0
+            np.testing.assert_array_equal(s.voff, np.arange(s.voff.size) * p.vmax)
+            # the kernel's arithmetic: blocks in row order, equal stages, k-steps in order
+            nb, st = s.blocks.shape[0], int(s.blocks[0, 1])
+            np.testing.assert_array_equal(
+                s.blocks[:, :3], np.stack([np.arange(nb) * st, np.full(nb, st),
+                                           np.arange(nb) * bm], axis=1))
+            np.testing.assert_array_equal(s.kid.reshape(nb, st * ks),
+                                          np.minimum(np.arange(st * ks), kt - 1)[None].repeat(nb, 0))
+            same(mat, bitmap.unpack(p.data)[0], "fp16")
+            np.testing.assert_allclose(bitmap.emulate_product(p.data, x), ref, atol=1e-9)
+            plain = bitmap.pack(mat, "fp16", bm, ks, **var)
+            assert p.vmax >= plain.vmax and len(p.data) >= len(plain.data)
+    holed = random_matrix(100, 200, 0.3, seed=5, empty_cols=range(16, 32))
+    with pytest.raises(ValueError, match="regular"):
+        bitmap.pack(holed, "fp16", 32, 2, fixed=True)
+    op = Operation("fp16", "tm")
+    fx = dict(DECODE, wm=2, wk=4, ksw=4, fx=1)
+    FAM.check_config(fx, mat, op, {}, H100)
+    with pytest.raises(ConfigError, match="regular"):
+        FAM.check_config(fx, holed, op, {}, H100)
+    with pytest.raises(ConfigError, match="mma.sync"):
+        FAM.check_config(dict(WGCFG, fx=1), mat, op, {}, H100)
+    assert [c for c in FAM.search_space(mat, op, {}, H100) if c.get("fx")]
+    assert not [c for c in FAM.search_space(holed, op, {}, H100) if c.get("fx")]
+
+
 def test_register_values_keep_the_bitmaps_and_count_registers():
     """The register-values variant: the bitmap records, p and base counted
     in registers (base in 16-bit values), the nonzero registers whole as
@@ -308,7 +352,7 @@ def test_search_space(device, wg):
     for layout in ("fm", "tm"):
         op = Operation("bf16", layout)
         space = FAM.search_space(mat, op, {}, device)
-        assert 60 <= len(space) <= 400
+        assert 60 <= len(space) <= 480
         assert len({tuple(sorted(c.items())) for c in space}) == len(space)
         assert any(c.get("wg") for c in space) == wg
         assert any(c["ck"] > 1 for c in space) == wg
@@ -503,6 +547,10 @@ COMPILE_CASES = [
     ("bf16", "tm", Epilogue(bias=True, activation="gelu"), dict(DECODE, rv=1)),
     ("fp16", "fm", Epilogue(scale=0.5), dict(PREFILL, rv=1)),
     ("fp16", "tm", Epilogue(), dict(DECODE, mf=2, wm=2, wk=2, ksw=4, ck=2, rv=1)),
+    # fixed offsets
+    ("fp16", "tm", Epilogue(bias=True, activation="gelu"),
+     dict(DECODE, wm=2, wk=4, ksw=4, ck=2, rv=1, fx=1)),
+    ("bf16", "fm", Epilogue(scale=0.5), dict(DECODE, ksw=4, bn=64, fx=1)),
 ]
 
 
@@ -638,7 +686,7 @@ GPU_CASES = [
         ((129, 1000), 0.1, "bf16", "fm", Epilogue(activation="relu"),
          dict(base, wm=4, ksw=2, bn=128, stages=3), (130, 64, 77)))],
     # decode tiles fed by TMA: wgmma n16 to n64, K split over clusters of
-    # 2 and 4 (the partials meet in distributed shared memory), blocks with
+    # 2 and 4 (each CTA's partials pushed to the CTA finishing their rows), blocks with
     # no stage (300 rows: the first two 64-row blocks), CTAs of a cluster
     # with no stage of their own (K of one window), deeper pipelines
     ((300, 704), 0.3, "fp16", "tm", Epilogue(bias=True, activation="gelu"),
@@ -668,6 +716,16 @@ GPU_CASES = [
     ((300, 700), 0.05, "bf16", "tm", Epilogue(activation="gelu"),
      dict(DECODE, mf=2, wm=2, wk=2, ksw=4, ck=4, rv=1), (16, 17)),
     ((513, 250), 0.1, "fp16", "tm", Epilogue(), dict(DECODE, wk=4, ksw=4, bn=64, ck=2, rv=1),
+     (64, 65)),
+    # fixed offsets (fx: blocks, k-steps and value offsets computed): odd M
+    # and K, a last stage padded past K, clusters of 1, 2 and 4, both layouts
+    ((300, 700), 0.1, "fp16", "tm", Epilogue(bias=True),
+     dict(DECODE, wm=2, wk=4, ksw=4, ck=2, rv=1, fx=1), (1, 16, 40)),
+    ((300, 700), 0.3, "bf16", "fm", Epilogue(activation="gelu"),
+     dict(DECODE, wm=2, wk=4, ksw=4, fx=1), (16, 17)),
+    ((1000, 300), 0.5, "fp16", "tm", Epilogue(scale=0.5),
+     dict(DECODE, mf=2, wm=2, wk=2, ksw=4, ck=4, rv=1, fx=1), (16, 5)),
+    ((513, 250), 0.3, "fp16", "tm", Epilogue(), dict(DECODE, wk=4, ksw=4, bn=64, ck=2, fx=1),
      (64, 65)),
     # an epilogue scale on the wgmma paths (its reads of the accumulators
     # wait for the last wgmma: sm90::fence_accumulators)

@@ -51,7 +51,7 @@ ALIGN = 16
 TILE = 16
 REC_BYTES = 48
 HEADER_WORDS = 16            # uint32: magic, m, k, nnz, bm, ks, dtype, blocks, stages, has_bias,
-                             # windows, lanes, regvals
+                             # windows, lanes, regvals, fixed stride (0: none)
 LANE_REC_BYTES = 128         # the lane-record variant: a u32 a lane
 LANE_OFFSET_BITS = 24
 DTYPE_CODES = {"fp16": 1, "bf16": 2}
@@ -202,16 +202,48 @@ class Packed:
     total_stages: int
     vmax: int
     smax: int
+    fixed_stride: int = 0      # `fixed`: the values a stage (every stage's start a multiple)
+
+
+def regular(lay: Layout, k: int) -> bool:
+    """Whether the schedule is arithmetic: every row block holds every
+    k-step (so the blocks run in row order, each with the same number of
+    stages, and stage s of a block names k-steps s ks .. s ks + ks - 1,
+    the last stage's padding repeating the last).  Random patterns at the
+    densities of pruned models are (a 16-column k-step of a 32-row block
+    is empty with probability (1 - d)^512)."""
+    kt = max(1, -(-k // TILE))
+    nb = lay.blocks.size
+    return bool(nb and lay.entry_block.size == nb * kt
+                and np.array_equal(lay.blocks, np.arange(nb)))
+
+
+def fixed_stride(stage_values: np.ndarray) -> int:
+    """The values of a stage under `fixed` offsets: the largest stage's,
+    rounded up to 8 (16 bytes)."""
+    return max(8, -(-int(stage_values.max(initial=0)) // 8) * 8)
+
+
+def _spread(vals: np.ndarray, voff: np.ndarray, stride: int) -> tuple[np.ndarray, np.ndarray]:
+    """Each stage's values moved to a multiple of `stride`, zeros between."""
+    counts = np.diff(voff)
+    stage = np.repeat(np.arange(counts.size), counts)
+    out = np.zeros(counts.size * stride, dtype=vals.dtype)
+    out[stage * stride + np.arange(vals.size) - voff[:-1][stage]] = vals
+    return out, np.arange(counts.size + 1, dtype=np.int64) * stride
 
 
 def pack(matrix: SparseMatrix, dtype: str, bm: int, ks: int,
          bias: Optional[np.ndarray] = None, windows: bool = False,
-         lanes: bool = False, regvals: bool = False) -> Packed:
+         lanes: bool = False, regvals: bool = False, fixed: bool = False) -> Packed:
     """The packed buffer of `matrix` (values rounded to `dtype`) for row
     blocks of `bm` rows and stages of `ks` k-steps (see the module
     docstring and csr_tc.cuh; `windows`: stages of whole windows of k-steps,
     layout(); `lanes`: the lane-record variant; `regvals`: the
-    register-values variant)."""
+    register-values variant; `fixed`: a regular schedule (regular()) whose
+    stages' values start at multiples of one stride, so that a kernel
+    computes every offset from its block and stage instead of reading the
+    tables first)."""
     if lanes and regvals:
         raise ValueError("lane records and register values are two variants: one at a time")
     if dtype not in DTYPE_CODES:
@@ -222,6 +254,9 @@ def pack(matrix: SparseMatrix, dtype: str, bm: int, ks: int,
     if m < 1 or k < 1:
         raise ValueError(f"csr needs at least one row and one column, got {m} x {k}")
     lay = cached_layout(matrix, bm, ks, windows)
+    if fixed and (windows or not regular(lay, matrix.cols)):
+        raise ValueError("fixed offsets need a regular schedule: every row block holding "
+                         "every k-step (and no windows)")
     ms = bm // TILE
     nb = lay.blocks.size
     total = lay.total_stages
@@ -236,6 +271,11 @@ def pack(matrix: SparseMatrix, dtype: str, bm: int, ks: int,
     else:
         rec, vals, voff = _pack_bitmaps(matrix, dtype, ks, ms, total, tile, bit, ntiles)
         vmax = lay.vmax
+    stride = 0
+    if fixed:
+        stride = fixed_stride(np.diff(voff))
+        vals, voff = _spread(vals, voff, stride)
+        vmax = stride
 
     # k-step of each stage entry; the padding entries of a last stage repeat
     # the block's last k-step (their tiles are empty)
@@ -253,8 +293,8 @@ def pack(matrix: SparseMatrix, dtype: str, bm: int, ks: int,
     blocks[:, 2] = lay.blocks * bm
 
     head = np.zeros(HEADER_WORDS, dtype=np.uint32)
-    head[:13] = [MAGIC, m, k, matrix.nnz, bm, ks, DTYPE_CODES[dtype], nb, total,
-                 int(bias is not None), int(windows), int(lanes), int(regvals)]
+    head[:14] = [MAGIC, m, k, matrix.nnz, bm, ks, DTYPE_CODES[dtype], nb, total,
+                 int(bias is not None), int(windows), int(lanes), int(regvals), stride]
     sections = [("header", head.tobytes()), ("blocks", blocks.tobytes()),
                 ("kid", kid.astype(np.int32).tobytes()), ("rec", rec.tobytes()),
                 ("voff", voff.astype(np.uint32).tobytes()),
@@ -269,7 +309,7 @@ def pack(matrix: SparseMatrix, dtype: str, bm: int, ks: int,
         offsets[name] = len(out)
         out += data + b"\0" * (_align(len(data)) - len(data))
     offsets.setdefault("bias", 0)
-    return Packed(bytes(out), offsets, nb, total, vmax, lay.smax)
+    return Packed(bytes(out), offsets, nb, total, vmax, lay.smax, stride)
 
 
 def _pack_bitmaps(matrix: SparseMatrix, dtype: str, ks: int, ms: int, total: int,
@@ -372,6 +412,7 @@ class Sections:
     bias: Optional[np.ndarray]
     lanes: bool = False
     regvals: bool = False
+    fixed_stride: int = 0
 
 
 def sections(packed: bytes) -> Sections:
@@ -380,7 +421,7 @@ def sections(packed: bytes) -> Sections:
     if head[0] != MAGIC:
         raise ValueError("not a tensor-core csr buffer (bad magic)")
     m, k, nnz, bm, ks, code, nb, total, has_bias = (int(v) for v in head[1:10])
-    lanes, regvals = bool(head[11]), bool(head[12])
+    lanes, regvals, stride = bool(head[11]), bool(head[12]), int(head[13])
     dtype = {v: n for n, v in DTYPE_CODES.items()}[code]
     ms = bm // TILE
     pos = _align(HEADER_WORDS * 4)
@@ -398,13 +439,13 @@ def sections(packed: bytes) -> Sections:
     else:
         rec = take(RECORD, total * ks * ms)
     voff = take("<u4", total + 1)
-    nval = int(voff[-1]) if lanes or regvals else nnz
+    nval = int(voff[-1]) if lanes or regvals or stride else nnz
     raw = packed[pos:pos + 2 * nval]
     values = from_device_bytes(raw, dtype, nval)
     pos += _align(2 * nval + 16)
     bias = take("<f4", nb * bm)[:m] if has_bias else None
     return Sections(m, k, nnz, bm, ks, dtype, blocks, kid, rec, voff, values, bias, lanes,
-                    regvals)
+                    regvals, stride)
 
 
 def _lane_slots(s: Sections) -> tuple[np.ndarray, np.ndarray, np.ndarray]:

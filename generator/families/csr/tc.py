@@ -48,6 +48,8 @@ SA_KEYS = tuple(sorted(TMA_KEYS + ("sa",)))
 LR_KEYS = tuple(sorted(TMA_KEYS + ("lr",)))
 SA_LR_KEYS = tuple(sorted(SA_KEYS + ("lr",)))
 RV_KEYS = tuple(sorted(KEYS + ("rv",)))
+FX_KEYS = tuple(sorted(KEYS + ("fx",)))
+RV_FX_KEYS = tuple(sorted(RV_KEYS + ("fx",)))
 
 BN_CHOICES = (16, 32, 64, 128, 256)
 WG_BN_CHOICES = (16, 32, 64, 128, 256)   # the register-A wgmma wrappers (mma_sm90.cuh)
@@ -68,6 +70,7 @@ TMA = "tma"
 SA = "sa"
 LR = "lr"
 RV = "rv"
+FX = "fx"
 
 DERIVED = {
     "threads": "32 * wm * wk + 32 * tma",
@@ -156,6 +159,9 @@ TABLE = [
     # more an entry)
     Constraint("rv == 1", "rv = 1 selects the bitmaps with register values (omit the key "
                "otherwise)", when=RV),
+    # fixed offsets (the mma.sync kernels alone: check_keys; check refuses
+    # a matrix whose schedule is not regular: bitmap.regular)
+    Constraint("fx == 1", "fx = 1 selects fixed offsets (omit the key otherwise)", when=FX),
     # the GPU's (Python only)
     Constraint("ck == 1 or sm90", "clusters need sm_90", device=True),
     Constraint("smem <= smem_limit", "the shared memory fits the GPU's per-block limit",
@@ -164,7 +170,7 @@ TABLE = [
 
 SPACE = Space(choices={"bn": BN_CHOICES, "stages": STAGE_CHOICES, "ck": CK_CHOICES},
               constraints=TABLE, derived=DERIVED,
-              defaults={"wg": 0, "tma": 0, "sa": 0, "lr": 0, "rv": 0})
+              defaults={"wg": 0, "tma": 0, "sa": 0, "lr": 0, "rv": 0, "fx": 0})
 
 
 def problem(layout_: str, vmax: int, smax: int, k: int) -> dict:
@@ -193,6 +199,12 @@ def regvals(config: dict) -> bool:
     return bool(config.get("rv", 0))
 
 
+def fixed(config: dict) -> bool:
+    """Whether the configuration computes its offsets (bitmap.pack's
+    `fixed`): no block or stage table read before the first copies."""
+    return bool(config.get("fx", 0))
+
+
 def bm_ks(config: dict) -> tuple[int, int]:
     return 16 * int(config["mf"]) * int(config["wm"]), int(config["ksw"]) * int(config["wk"])
 
@@ -211,12 +223,13 @@ def device_constants(device: Optional[dict]) -> Optional[dict]:
 
 def check_keys(config: dict) -> None:
     keys = tuple(sorted(config))
-    if keys not in (KEYS, WG_KEYS, TMA_KEYS, SA_KEYS, LR_KEYS, SA_LR_KEYS, RV_KEYS):
+    if keys not in (KEYS, WG_KEYS, TMA_KEYS, SA_KEYS, LR_KEYS, SA_LR_KEYS, RV_KEYS, FX_KEYS,
+                    RV_FX_KEYS):
         raise ConfigError(f"csr (fp16/bf16) config needs the keys {', '.join(KEYS)} "
                           f"(and wg = 1 for wgmma, with tma = 1 for its TMA-fed stages, "
                           f"with sa = 1 for A decoded into shared memory and lr = 1 for "
-                          f"W as lane records; rv = 1 for mma.sync with register values), "
-                          f"got {', '.join(keys)}")
+                          f"W as lane records; rv = 1 for mma.sync with register values; "
+                          f"fx = 1 for mma.sync with fixed offsets), got {', '.join(keys)}")
     for key in keys:
         v = config[key]
         if not isinstance(v, (int, np.integer)) or isinstance(v, bool):
@@ -232,8 +245,14 @@ def check(config: dict, matrix: SparseMatrix, op: Operation,
     if bm < 16 or ks < 1:
         raise ConfigError(f"bm = {bm} and ks = {ks}: at least one strip and one k-step")
     lay = bitmap.cached_layout(matrix, bm, ks, windows(config))
-    vmax = (bitmap.lane_regs(matrix, bm, ks, windows(config)).vmax
-            if lanes(config) or regvals(config) else lay.vmax)
+    regs = bitmap.lane_regs(matrix, bm, ks, windows(config)) \
+        if lanes(config) or regvals(config) else None
+    vmax = regs.vmax if regs is not None else lay.vmax
+    if fixed(config):
+        if not bitmap.regular(lay, matrix.cols):
+            raise ConfigError("fx: fixed offsets need every row block to hold every k-step "
+                              f"(a regular schedule); this matrix's {bm}-row blocks skip some")
+        vmax = bitmap.fixed_stride(regs.stage_halves if regs is not None else lay.stage_values)
     SPACE.check(config, problem(op.layout, vmax, lay.smax, matrix.cols),
                 device_constants(device))
 
@@ -248,8 +267,9 @@ PREFILL_BN = (64, 128)
 
 
 def search_space(matrix: SparseMatrix, op: Operation, device: Optional[dict]) -> list[dict]:
-    """The configurations the tuner searches (about 150 on sm_80, 370 on
-    sm_90a): decode-shaped ones (BN 16 or 64, 4 stages, warps and clusters
+    """The configurations the tuner searches (about 190 on sm_80, 470 on
+    sm_90a, a quarter of them with fixed offsets where the schedule is
+    regular): decode-shaped ones (BN 16 or 64, 4 stages, warps and clusters
     splitting K for parallelism) and prefill-shaped ones (BN 64-256; wgmma
     on sm_90a).  N is not known here: the space covers both; the hints put
     each regime's likely best first."""
@@ -266,12 +286,20 @@ def search_space(matrix: SparseMatrix, op: Operation, device: Optional[dict]) ->
             for ksw in (1, 2, 4):
                 for bn in DECODE_BN:
                     for ck in ck_choices:
-                        cands.append(dict(mf=mf, wm=wm, wk=wk, ksw=ksw, bn=bn, stages=4, ck=ck))
+                        base = dict(mf=mf, wm=wm, wk=wk, ksw=ksw, bn=bn, stages=4, ck=ck)
+                        cands.append(base)
                         if ksw == 4 and bn == 16:
                             # the bitmaps with register values: fewer
                             # instructions a tile, 2 d (1 - d) bytes more an
                             # entry (they win at low density, N = 16)
-                            cands.append(dict(cands[-1], rv=1))
+                            cands.append(dict(base, rv=1))
+                        if ksw == 4:
+                            # fixed offsets (matrices whose every row block
+                            # holds every k-step): the first copies wait on
+                            # no table
+                            cands.append(dict(base, fx=1))
+                            if bn == 16:
+                                cands.append(dict(base, rv=1, fx=1))
     for mf, wm in MMA_SHAPES + (SMALL_SHAPES if matrix.rows <= 512 else ()):
         for ksw in (1, 2, 4):
             for bn in PREFILL_BN + (256,) * (mf == 1):
@@ -416,6 +444,7 @@ class TcPlan:
     vmax: int
     smax: int
     has_bias: bool
+    fixed_stride: int = 0   # fx: the values a stage (bitmap.pack)
     perm: Optional[np.ndarray] = None
     matrix_name: str = ""
     epilogue: dict = field(default_factory=dict)
@@ -435,17 +464,18 @@ def plan(matrix: SparseMatrix, op: Operation, tag: str, config: dict,
         raise ValueError("the epilogue adds a bias but none was given")
     if not op.epilogue.bias and bias is not None:
         raise ValueError("a bias was given but the epilogue adds none")
-    win, lr, rv = windows(config), lanes(config), regvals(config)
-    key = ("csr.bitmap.pack", op.dtype, bm, ks, win, lr, rv)
+    win, lr, rv, fx = windows(config), lanes(config), regvals(config), fixed(config)
+    key = ("csr.bitmap.pack", op.dtype, bm, ks, win, lr, rv, fx)
     if bias is None:
         p = matrix.cached(key, lambda: bitmap.pack(matrix, op.dtype, bm, ks, windows=win,
-                                                   lanes=lr, regvals=rv))
+                                                   lanes=lr, regvals=rv, fixed=fx))
     else:
-        p = bitmap.pack(matrix, op.dtype, bm, ks, bias, windows=win, lanes=lr, regvals=rv)
+        p = bitmap.pack(matrix, op.dtype, bm, ks, bias, windows=win, lanes=lr, regvals=rv,
+                        fixed=fx)
     cfg = {key_: int(config[key_]) for key_ in config}
     return TcPlan(config_name(tag, cfg, op), op.dtype, op.layout, matrix.shape, matrix.nnz, cfg,
                   p.data, p.offsets, p.num_blocks, p.total_stages, p.vmax, p.smax,
-                  bias is not None,
+                  bias is not None, p.fixed_stride,
                   None if matrix.perm is None else matrix.perm.copy(), matrix.name,
                   dict(activation=op.epilogue.activation, scale=float(op.epilogue.scale)))
 
@@ -493,7 +523,8 @@ def render_kernel(p: TcPlan, op: Operation, float_literal) -> Kernel:
                     nnz=p.nnz, mf=c["mf"], wm=c["wm"], wk=c["wk"], ksw=c["ksw"], bn=c["bn"],
                     stages=c["stages"], ck=c["ck"], wg=wg, tma=tma, sa=sa, lr=lr, rv=rv,
                     vmax=p.vmax, tabs=env["tabs"],
-                    bm=env["bm"], bk=env["bk"],
+                    bm=env["bm"], bk=env["bk"], fixed_stride=p.fixed_stride,
+                    block_stages=p.smax, kt=max(1, -(-k // bitmap.TILE)),
                     num_blocks=p.num_blocks, off=p.offsets, has_bias=p.has_bias,
                     act=op.act_code, scale=float_literal(np.float32(op.epilogue.scale)),
                     threads=threads, min_blocks=min_blocks(c), constraints=checks)

@@ -209,10 +209,15 @@ struct Block {
 
 template <class C, class P>
 __device__ __forceinline__ Block load_block(const unsigned char *packed, int slot, int rank) {
-  const int4 v = __ldg(section<int4>(packed, P::BLK_OFF) + slot);
-  Block b{v.x, v.y, v.z};
+  Block b;
+  if constexpr (P::FIXED) {  // a regular schedule: blocks in row order, equal stages
+    b = Block{slot * P::BLOCK_STAGES, P::BLOCK_STAGES, slot * C::BM};
+  } else {
+    const int4 v = __ldg(section<int4>(packed, P::BLK_OFF) + slot);
+    b = Block{v.x, v.y, v.z};
+  }
   if constexpr (C::CK > 1) {  // an even share of the stages per cluster rank
-    const int lo = v.y * rank / C::CK, hi = v.y * (rank + 1) / C::CK;
+    const int lo = b.stages * rank / C::CK, hi = b.stages * (rank + 1) / C::CK;
     b.first_stage += lo;
     b.stages = hi - lo;
   }
@@ -247,13 +252,16 @@ struct StageLoader {
   const int *s_kid;        // the stage table: k-steps [TABS][KS]
   const unsigned *s_voff;  // and value offsets [TABS + 1]
   int row0, col;  // this thread's first row and its chunk column of the X tile
+  int stage0;     // the CTA's first stage (global; P::FIXED computes from it)
 
-  __device__ __forceinline__ StageLoader(const unsigned char *p, const unsigned char *table)
+  __device__ __forceinline__ StageLoader(const unsigned char *p, const unsigned char *table,
+                                         int first_stage = 0)
       : packed(p),
         s_kid(reinterpret_cast<const int *>(table)),
         s_voff(reinterpret_cast<const unsigned *>(table) + C::KS * C::TABS),
         row0(threadIdx.x / C::X_ROW_CH),
-        col(threadIdx.x % C::X_ROW_CH) {}
+        col(threadIdx.x % C::X_ROW_CH),
+        stage0(first_stage) {}
 
   // The k-steps and value offsets of the block's stages [first, first + n)
   // into the table (n <= TABS); the caller synchronizes before fetch().
@@ -266,8 +274,21 @@ struct StageLoader {
     for (int i = threadIdx.x; i <= n; i += C::THREADS) t_voff[i] = __ldg(voff + i);
   }
 
-  // Stage `local` of the block (0 .. n - 1), from the table.
+  // Stage `local` of the block (0 .. n - 1), from the table; with fixed
+  // offsets (P::FIXED) computed from the CTA's first stage instead.
   __device__ __forceinline__ void fetch(Ahead &a, int local) const {
+    if constexpr (P::FIXED) {
+      const int stage = stage0 + local;                     // global
+      const int kstep = (stage % P::BLOCK_STAGES) * C::KS;  // the block's stage: its first k-step
+#pragma unroll
+      for (int i = 0; i < KIDS; ++i) {
+        const int entry = C::TM ? col / 2 : (row0 + i * XSTEP) / 16;
+        a.kid[i] = min(kstep + entry, P::KT - 1);  // (a last stage's padding repeats the last)
+      }
+      a.v0 = static_cast<unsigned>(stage) * P::VSTRIDE;
+      a.v1 = a.v0 + P::VSTRIDE;
+      return;
+    }
     const int *kid = s_kid + local * C::KS;
 #pragma unroll
     for (int i = 0; i < KIDS; ++i) {
@@ -815,9 +836,11 @@ __device__ __forceinline__ void gemm_block(const unsigned char *__restrict__ pac
   if constexpr (C::CK > 1) split_recv_init<C>(s_base);
 
   using L = StageLoader<C, P>;
-  const L ld(packed, smem + C::PIPE_BYTES);
-  ld.load_table(blk.first_stage, n);
-  __syncthreads();  // the stage table is complete
+  const L ld(packed, smem + C::PIPE_BYTES, blk.first_stage);
+  if constexpr (!P::FIXED) {
+    ld.load_table(blk.first_stage, n);
+    __syncthreads();  // the stage table is complete
+  }
   typename L::Ahead first[AHEAD > 0 ? AHEAD : 1], next;
   if (n > 0) {
 #pragma unroll
