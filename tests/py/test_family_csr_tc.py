@@ -638,7 +638,7 @@ GPU_CASES = [
         ((129, 1000), 0.1, "bf16", "fm", Epilogue(activation="relu"),
          dict(base, wm=4, ksw=2, bn=128, stages=3), (130, 64, 77)))],
     # decode tiles fed by TMA: wgmma n16 to n64, K split over clusters of
-    # 2 and 4 (the partials meet in distributed shared memory), blocks with
+    # 2 and 4 (each CTA's partials pushed to the CTA finishing their rows), blocks with
     # no stage (300 rows: the first two 64-row blocks), CTAs of a cluster
     # with no stage of their own (K of one window), deeper pipelines
     ((300, 704), 0.3, "fp16", "tm", Epilogue(bias=True, activation="gelu"),
