@@ -21,7 +21,8 @@ mf: 16-row strips per warp; wm: warps along M (wgmma: 4 per warpgroup);
 wk: warps (warpgroups) along K inside a CTA; ksw: k-steps (16 columns of
 K) per warp and stage; bn: columns of N per CTA; stages: the cp.async
 pipeline's depth; ck: CTAs of a cluster splitting each row block's stages
-(their sums meet in distributed shared memory).  A row block is
+(each pushes its sums of the rows another CTA finishes into that CTA's
+shared memory).  A row block is
 bm = 16 mf wm rows; a stage is ks = ksw wk k-steps.
 """
 from __future__ import annotations
