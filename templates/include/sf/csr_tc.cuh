@@ -737,12 +737,7 @@ __device__ __forceinline__ unsigned cluster_rank() {
 // for it in finish_split, long after).
 template <class C>
 __device__ __forceinline__ void split_recv_init(unsigned s_base) {
-  if (threadIdx.x == 0) {
-    sm90::mbar_init(s_base + C::RBAR_OFF, 1);
-    sm90::mbar_arrive_expect(s_base + C::RBAR_OFF, C::RECV_TX);  // (rows of BN, not R_LD)
-    sm90::fence_mbar_init();
-  }
-  sm90::cluster_arrive_relaxed();
+  sm90::recv_init(s_base + C::RBAR_OFF, C::RECV_TX, true);  // (rows of BN, not R_LD)
 }
 
 // Split: the partials added (over WK, then over the cluster's CK CTAs),

@@ -593,10 +593,8 @@ __device__ __forceinline__ void tma_gemm(const unsigned char *__restrict__ packe
       sm90::mbar_init(full + 8 * s, use_map ? 1 : 33);
       sm90::mbar_init(empty + 8 * s, (C::THREADS / 128) * C::CM);
     }
-    if constexpr (C::KS > 1) {  // split K: the others' partial sums of this CTA's slice
-      sm90::mbar_init(base + C::RBAR, 1);
-      sm90::mbar_arrive_expect(base + C::RBAR, C::RECV_BYTES);
-    }
+    if constexpr (C::KS > 1)  // split K: the others' partial sums of this CTA's slice
+      sm90::recv_arm(base + C::RBAR, C::RECV_BYTES);
     sm90::fence_mbar_init();
   }
   if constexpr (CLUSTER)

@@ -875,13 +875,7 @@ __device__ __forceinline__ void store_tile_tm(const CTile &ct, const int *s_rows
 template <class Cfg>
 __device__ __forceinline__ void split_recv_init(unsigned char *smem) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  if (blockIdx.z == 0 && threadIdx.x == 0) {
-    const unsigned bar = sm80::smem_addr(smem) + Cfg::RBAR_OFF;
-    sm90::mbar_init(bar, 1);
-    sm90::mbar_arrive_expect(bar, Cfg::RECV_BYTES);
-    sm90::fence_mbar_init();
-  }
-  sm90::cluster_arrive_relaxed();
+  sm90::recv_init(sm80::smem_addr(smem) + Cfg::RBAR_OFF, Cfg::RECV_BYTES, blockIdx.z == 0);
 #endif
 }
 

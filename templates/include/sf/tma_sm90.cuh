@@ -75,6 +75,25 @@ __device__ __forceinline__ void mbar_arrive_cluster(unsigned bar, unsigned cta) 
       : "memory");
 }
 
+// The receiving side of split K's pushed partial sums (st_async_v4): the
+// barrier at `bar`, armed for `bytes` to arrive (one arrival, its own).
+__device__ __forceinline__ void recv_arm(unsigned bar, unsigned bytes) {
+  mbar_init(bar, 1);
+  mbar_arrive_expect(bar, bytes);
+}
+
+// At a CTA's start, every thread: thread 0 arms the receive barrier (where
+// `arm`: the CTAs that receive) and publishes it, and the cluster arrives
+// without a fence; the CTAs that push wait for that arrival (cluster_wait)
+// before their first st_async_v4, long after.
+__device__ __forceinline__ void recv_init(unsigned bar, unsigned bytes, bool arm) {
+  if (arm && threadIdx.x == 0) {
+    recv_arm(bar, bytes);
+    fence_mbar_init();
+  }
+  cluster_arrive_relaxed();
+}
+
 __device__ __forceinline__ bool mbar_try_wait(unsigned bar, unsigned parity) {
   unsigned done;
   asm volatile(
