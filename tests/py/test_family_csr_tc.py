@@ -135,6 +135,14 @@ def test_fixed_offsets_pack_a_regular_schedule_at_one_stride():
         FAM.check_config(dict(WGCFG, fx=1), mat, op, {}, H100)
     assert [c for c in FAM.search_space(mat, op, {}, H100) if c.get("fx")]
     assert not [c for c in FAM.search_space(holed, op, {}, H100) if c.get("fx")]
+    # the hints: the mma.sync decode tiles fixed where the schedule is
+    # regular, as they were where it is not
+    for m, want in ((mat, 1), (holed, None)):
+        hints = tc.hint_configs(m, op, H100, n=16)
+        mma = [h for h in hints if h["ksw"] == 4 and not h.get("wg") and not h.get("tma")]
+        assert mma and all(h.get("fx") == want for h in mma)
+        assert [h for h in hints if h.get("wg") or h.get("tma")]
+        assert not [h for h in hints if h.get("fx") and (h.get("wg") or h.get("tma"))]
 
 
 def test_register_values_keep_the_bitmaps_and_count_registers():
@@ -188,6 +196,7 @@ def test_hints_put_register_values_first_at_low_density():
     low, high = random_matrix(600, 512, 0.1, seed=3), random_matrix(600, 512, 0.3, seed=3)
     first = tc.hint_configs(low, op, H100, n=16)
     assert first[0].get("rv") == 1 and first[0]["bn"] == 16 and not first[0].get("wg")
+    assert first[0].get("fx") == 1   # a random pattern's schedule is regular
     assert {k: v for k, v in first[0].items() if k != "rv"} in first[1:]
     assert not any(c.get("rv") for c in tc.hint_configs(high, op, H100, n=16))
     assert any(c.get("rv") for c in FAM.hint_configs(low, op, {}, H100, n=16)[:4])
