@@ -197,7 +197,9 @@ def test_hints_put_register_values_first_at_low_density():
     first = tc.hint_configs(low, op, H100, n=16)
     assert first[0].get("rv") == 1 and first[0]["bn"] == 16 and not first[0].get("wg")
     assert first[0].get("fx") == 1   # a random pattern's schedule is regular
-    assert {k: v for k, v in first[0].items() if k != "rv"} in first[1:]
+    # (then the single strips' tile, whose bitmaps' twin follows)
+    assert first[1].get("rv") == 1 and first[1]["mf"] == 1
+    assert {k: v for k, v in first[1].items() if k != "rv"} in first[2:]
     assert not any(c.get("rv") for c in tc.hint_configs(high, op, H100, n=16))
     assert any(c.get("rv") for c in FAM.hint_configs(low, op, {}, H100, n=16)[:4])
     assert FAM.default_config(low, op, {}, H100).get("rv") == 1

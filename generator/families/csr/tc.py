@@ -393,8 +393,12 @@ def hint_configs(matrix: SparseMatrix, op: Operation, device: Optional[dict],
                 # N = 16, density 0.1: 4096 x 4096 0.0109 ms against 0.0118;
                 # 11008 x 4096, pairs of strips, 0.0194 against 0.0234;
                 # 4096 x 11008 0.0207 against 0.0239; level to 5% ahead at
-                # 0.2, 2-12% behind at 0.3; where the TMA tiles won none)
-                dec16 = [dict(mma16, rv=1), dict(mma16_pairs, rv=1), mma16] + dec16[1:]
+                # 0.2, 2-12% behind at 0.3; where the TMA tiles won none),
+                # pairs of strips with four warps along K first (the tuner's
+                # winners on 4096 x 4096 and 4096 x 11008 at 0.1 with fixed
+                # offsets: 0.0084 ms against 0.0087-0.0089 for mma16)
+                dec16 = [dict(mma16_pairs, wk=4, rv=1), dict(mma16, rv=1),
+                         dict(mma16_pairs, rv=1), mma16] + dec16[1:]
             dec64 = [dict(TMA_DECODE, bn=64, ck=2, sa=1, lr=1), dict(TMA_DECODE, bn=64, ck=2),
                      dict(TMA_DECODE, bn=64, ck=8), dict(TMA_DECODE, bn=64, ck=4), mma64]
         else:
