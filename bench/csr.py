@@ -158,6 +158,8 @@ def selected(args) -> list[Problem]:
         probs = [p for p in probs if p.suite == "dlmc" or round(p.density, 3) in keep]
     if args.dtypes:
         probs = [p for p in probs if p.dtype in args.dtypes.split(",")]
+    if args.n:
+        probs = [p for p in probs if p.n in {int(v) for v in args.n.split(",")}]
     return [p for p in probs if args.only in p.name] if args.only else probs
 
 
@@ -362,6 +364,7 @@ def main(argv=None) -> int:
     ap.add_argument("--densities", default="",
                     help="decode and prefill: only these densities (e.g. 0.3,0.1)")
     ap.add_argument("--dtypes", default="", help="only these dtypes (e.g. fp32)")
+    ap.add_argument("--n", default="", help="only these N (e.g. 64; comma-separated)")
     ap.add_argument("--dry-run", action="store_true", help="no GPU: make, count and compile")
     ap.add_argument("--arch", default="sm_90a", help="--dry-run: the architecture compiled for")
     ap.add_argument("--compile", type=int, default=2,

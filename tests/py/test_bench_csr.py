@@ -32,6 +32,19 @@ def test_the_suites_problems():
     assert [p.suite for p in probs] == ["decode"] * 18 + ["prefill"] * 6
 
 
+def test_the_problems_selected():
+    """--densities, --n and --only narrow the suites; they combine."""
+    def pick(**kw):
+        args = SimpleNamespace(**dict(dict(suites="decode,prefill", small=False, densities="",
+                                           dtypes="", n="", only=""), **kw))
+        return bench.selected(args)
+    assert len(pick()) == 24
+    got = pick(densities="0.5", n="64", only="4096x11008")
+    assert [(p.suite, p.name, p.density, p.n) for p in got] == [("decode", "4096x11008", 0.5, 64)]
+    assert {p.n for p in pick(n="16,4096")} == {16, 4096}
+    assert pick(n="32") == []
+
+
 def test_dlmc_problems(dlmc_dir, monkeypatch):
     monkeypatch.setenv("SPARSEFORGE_DLMC", str(dlmc_dir))
     probs = bench.problems(["dlmc"])

@@ -93,6 +93,24 @@ def test_pack_read_back_and_emulated_product(name, make, dtype):
             np.testing.assert_allclose(bitmap.emulate_product(p.data, x), ref, atol=1e-9)
 
 
+def test_layout_counts_keys_as_numpy_unique_sorts_them():
+    """The layout and the register keys find their distinct keys by
+    marking a range (bitmap._unique_inverse), not by sorting: the same
+    keys and inverse as np.unique, in both of its paths (a range far
+    larger than the keys falls back to the sort), and the tile bits as
+    position_bit's."""
+    rng = np.random.default_rng(4)
+    for size, n in ((1000, 5000), (10**7, 100), (50, 0), (1, 3)):
+        key = rng.integers(0, size, n)
+        u, inv = bitmap._unique_inverse(key, size)
+        u0, inv0 = np.unique(key, return_inverse=True)
+        np.testing.assert_array_equal(u, u0)
+        np.testing.assert_array_equal(inv, inv0.reshape(-1))
+    r, c = np.divmod(np.arange(256), 16)
+    np.testing.assert_array_equal(bitmap._TILE_BIT, bitmap.position_bit(r, c))
+    np.testing.assert_array_equal(bitmap.slot_position(bitmap._TILE_BIT), (r, c))
+
+
 def test_fixed_offsets_pack_a_regular_schedule_at_one_stride():
     """Fixed offsets (bitmap.pack's `fixed`, config fx): every row block
     holds every k-step, so a kernel computes each block's stages, their
