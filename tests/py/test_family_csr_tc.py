@@ -111,6 +111,31 @@ def test_layout_counts_keys_as_numpy_unique_sorts_them():
     np.testing.assert_array_equal(bitmap.slot_position(bitmap._TILE_BIT), (r, c))
 
 
+def test_layout_sizes_from_tile_counts_match_the_packed_stages():
+    """A layout's sizes come from each 16 x 16 tile's counts
+    (bitmap.tile_counts), the packed buffer from the nonzeros themselves:
+    each stage's values (the bitmaps) and 16-bit register halves (the
+    register variants) agree, on matrices with empty rows and columns,
+    odd shapes and whole windows; every nonzero finds its entry."""
+    for seed, (m, k, d) in enumerate(((37, 71, 0.3), (130, 200, 0.05), (64, 48, 0.9),
+                                      (200, 33, 0.5))):
+        mat = random_matrix(m, k, d, seed=seed, empty_rows=range(16, min(m, 40)),
+                            empty_cols=range(32, 48) if k > 48 else ())
+        for bm, ks, win in ((16, 1, False), (32, 3, False), (64, 4, True), (128, 2, True)):
+            lay = bitmap.cached_layout(mat, bm, ks, win)
+            plain = bitmap.sections(bitmap.pack(mat, "fp16", bm, ks, windows=win).data)
+            regs = bitmap.sections(bitmap.pack(mat, "fp16", bm, ks, windows=win,
+                                               regvals=True).data)
+            np.testing.assert_array_equal(np.diff(plain.voff.astype(np.int64)), lay.stage_values)
+            np.testing.assert_array_equal(np.diff(regs.voff.astype(np.int64)),
+                                          2 * lay.stage_regs)
+            ent = bitmap.nz_entry(mat, lay)
+            assert ent.min() >= 0
+            rows = np.repeat(np.arange(m), np.diff(mat.indptr))
+            np.testing.assert_array_equal(lay.entry_block[ent], rows // bm)
+            np.testing.assert_array_equal(lay.entry_kstep[ent], mat.indices // 16)
+
+
 def test_fixed_offsets_pack_a_regular_schedule_at_one_stride():
     """Fixed offsets (bitmap.pack's `fixed`, config fx): every row block
     holds every k-step, so a kernel computes each block's stages, their

@@ -246,14 +246,14 @@ def check(config: dict, matrix: SparseMatrix, op: Operation,
     if bm < 16 or ks < 1:
         raise ConfigError(f"bm = {bm} and ks = {ks}: at least one strip and one k-step")
     lay = bitmap.cached_layout(matrix, bm, ks, windows(config))
-    regs = bitmap.lane_regs(matrix, bm, ks, windows(config)) \
-        if lanes(config) or regvals(config) else None
-    vmax = regs.vmax if regs is not None else lay.vmax
+    # the register variants store whole registers (their stages' 16-bit values)
+    per_stage = 2 * lay.stage_regs if lanes(config) or regvals(config) else lay.stage_values
+    vmax = int(per_stage.max(initial=0))
     if fixed(config):
         if not bitmap.regular(lay, matrix.cols):
             raise ConfigError("fx: fixed offsets need every row block to hold every k-step "
                               f"(a regular schedule); this matrix's {bm}-row blocks skip some")
-        vmax = bitmap.fixed_stride(regs.stage_halves if regs is not None else lay.stage_values)
+        vmax = bitmap.fixed_stride(per_stage)
     SPACE.check(config, problem(op.layout, vmax, lay.smax, matrix.cols),
                 device_constants(device))
 
