@@ -119,7 +119,7 @@ class SparseMatrix:
             self.perm = p
         # sorted, duplicate-free columns within each row
         if nnz:
-            d = np.diff(self.indices.astype(np.int64))
+            d = np.diff(self.indices)   # (int32 differences of columns in [0, k): no overflow)
             row_start = np.zeros(nnz, dtype=bool)
             starts = self.indptr[:-1][np.diff(self.indptr) > 0]
             row_start[starts] = True
@@ -138,8 +138,10 @@ class SparseMatrix:
             raise ValueError("weights contain NaN or infinity")
         mask = a != 0
         indptr = np.concatenate([[0], np.cumsum(mask.sum(axis=1))])
-        rows, cols = np.nonzero(mask)
-        return cls(a.shape, indptr, cols, round_to_dtype(a[rows, cols], dtype), dtype=dtype, **kw)
+        flat = np.flatnonzero(mask)   # row-major: columns sorted within each row
+        cols = (flat % a.shape[1] if a.shape[1] else flat).astype(np.int32)
+        return cls(a.shape, indptr, cols, round_to_dtype(a.reshape(-1)[flat], dtype),
+                   dtype=dtype, **kw)
 
     # ---- views ----------------------------------------------------------
     @property

@@ -90,10 +90,13 @@ def closest_prefix(sizes_in_order: np.ndarray, target: int) -> int:
 def from_mask(dense: np.ndarray, mask: np.ndarray, dtype: str, perm=None) -> SparseMatrix:
     """The entries of `dense` under `mask` (row order kept), rounded to
     `dtype`, with the row permutation `perm`: what pruning returns."""
-    rows, cols = np.nonzero(mask)
+    k = dense.shape[1]
+    flat = np.flatnonzero(mask)   # row-major: row order kept, columns sorted
+    cols = (flat % k if k else flat).astype(np.int32)
     indptr = np.zeros(dense.shape[0] + 1, dtype=np.int64)
     np.cumsum(mask.sum(axis=1), out=indptr[1:])
-    return SparseMatrix(dense.shape, indptr, cols, round_to_dtype(dense[rows, cols], dtype),
+    return SparseMatrix(dense.shape, indptr, cols,
+                        round_to_dtype(np.asarray(dense).reshape(-1)[flat], dtype),
                         dtype=dtype, perm=perm)
 
 
