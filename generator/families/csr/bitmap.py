@@ -378,7 +378,7 @@ def _pack_bitmaps(matrix: SparseMatrix, dtype: str, ks: int, ms: int, total: int
                   tile: np.ndarray, bit: np.ndarray, ntiles: int):
     """The bitmap records, the values in tile and bit order, and the value
     offsets of the stages."""
-    order = np.lexsort((bit, tile))
+    order = np.argsort(tile * 256 + bit, kind="stable")   # (tile, bit): one key, one sort
     vals = round_to_dtype(matrix.values, dtype)[order]
     rec = np.zeros(ntiles, dtype=RECORD)
     voff = np.zeros(total + 1, dtype=np.int64)
