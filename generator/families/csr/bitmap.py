@@ -267,16 +267,16 @@ class Packed:
     fixed_stride: int = 0      # `fixed`: the values a stage (every stage's start a multiple)
 
 
-def regular(lay: Layout, k: int) -> bool:
-    """Whether the schedule is arithmetic: every row block holds every
-    k-step (so the blocks run in row order, each with the same number of
-    stages, and stage s of a block names k-steps s ks .. s ks + ks - 1,
-    the last stage's padding repeating the last).  Random patterns at the
-    densities of pruned models are (a 16-column k-step of a 32-row block
-    is empty with probability (1 - d)^512)."""
-    kt = max(1, -(-k // TILE))
+def regular(lay: Layout) -> bool:
+    """Whether the schedule is arithmetic: stages of k-steps, not windows,
+    and every row block holds every k-step (so the blocks run in row
+    order, each with the same number of stages, and stage s of a block
+    names k-steps s ks .. s ks + ks - 1, the last stage's padding
+    repeating the last).  Random patterns at the densities of pruned
+    models are (a 16-column k-step of a 32-row block is empty with
+    probability (1 - d)^512)."""
     nb = lay.blocks.size
-    return bool(nb and lay.entry_block.size == nb * kt
+    return bool(nb and not lay.windows and lay.entry_block.size == nb * lay.kt
                 and np.array_equal(lay.blocks, np.arange(nb)))
 
 
@@ -316,7 +316,7 @@ def pack(matrix: SparseMatrix, dtype: str, bm: int, ks: int,
     if m < 1 or k < 1:
         raise ValueError(f"csr needs at least one row and one column, got {m} x {k}")
     lay = cached_layout(matrix, bm, ks, windows)
-    if fixed and (windows or not regular(lay, matrix.cols)):
+    if fixed and not regular(lay):
         raise ValueError("fixed offsets need a regular schedule: every row block holding "
                          "every k-step (and no windows)")
     ms = bm // TILE

@@ -250,7 +250,7 @@ def check(config: dict, matrix: SparseMatrix, op: Operation,
     per_stage = 2 * lay.stage_regs if lanes(config) or regvals(config) else lay.stage_values
     vmax = int(per_stage.max(initial=0))
     if fixed(config):
-        if not bitmap.regular(lay, matrix.cols):
+        if not bitmap.regular(lay):
             raise ConfigError("fx: fixed offsets need every row block to hold every k-step "
                               f"(a regular schedule); this matrix's {bm}-row blocks skip some")
         vmax = bitmap.fixed_stride(per_stage)

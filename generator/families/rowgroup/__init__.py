@@ -20,10 +20,11 @@ two families derive from.  The device code is
 templates/include/sf/rowgroup.cuh; templates/rowgroup.cu.j2 only bakes in
 the constants.  Split K (`ks`, sm_90a, few columns of N: decode) gives a
 group's chunks to the ks CTAs of a cluster; ranks 1.. push their fp32
-partial tiles into rank 0's shared memory, which adds them.  The TMA-fed path (`tma`, sm_90a, token-major,
-bsr blocks a multiple of BK wide) packs each chunk's weights in the shared
-tile's swizzled order (plan.swizzled) and reads each chunk's X as one box;
-persistent CTAs (`pc`: the grid) take its items in turn.
+partial tiles into rank 0's shared memory, which adds them.  The TMA-fed
+path (`tma`, sm_90a, token-major, bsr blocks a multiple of BK wide) packs
+each chunk's weights in the shared tile's swizzled order (plan.swizzled)
+and reads each chunk's X as one box; persistent CTAs (`pc`: the grid)
+take its items in turn.
 """
 from __future__ import annotations
 

@@ -39,7 +39,8 @@
 // Work: a CTA owns one row block (a slot of the schedule) and BN columns of
 // N; with CK > 1 (sm_90, a cluster of CK CTAs) each CTA of the cluster takes
 // a share of the block's stages and finishes a share of its rows, the
-// others' partial sums of them pushed into its shared memory (finish_split).  Inside a CTA, WM warps along M (MF strips each; WG: a
+// others' partial sums of them pushed into its shared memory
+// (finish_split).  Inside a CTA, WM warps along M (MF strips each; WG: a
 // warpgroup per 4 of them) and WK along K: warp (wm, wk) computes entries
 // wk*KSW .. wk*KSW+KSW-1 of every stage.  Per stage: cp.async of X's rows
 // (the entries' k-steps), the records and the values; per entry and strip:

@@ -514,10 +514,10 @@ __device__ __forceinline__ void push_partials(unsigned part, unsigned base, int 
     for (int q = tid; q < Q; q += C::THREADS) {
       int r, c;
       S::at(4 * q, r, c);
-      float4 v;
-      asm volatile("ld.shared.v4.f32 {%0, %1, %2, %3}, [%4];\n"
-                   : "=f"(v.x), "=f"(v.y), "=f"(v.z), "=f"(v.w)
-                   : "r"(part + C::part_at(o * S::ROWS + r, c) * 4));
+      unsigned w[4];
+      lds128(w, part + C::part_at(o * S::ROWS + r, c) * 4);
+      const float4 v = make_float4(__uint_as_float(w[0]), __uint_as_float(w[1]),
+                                   __uint_as_float(w[2]), __uint_as_float(w[3]));
       sm90::st_async_v4(base + 1024 + C::RECV_OFFSET + 16u * (slot * Q + q),
                         static_cast<unsigned>(o), v, base + C::RBAR);
     }
@@ -537,8 +537,7 @@ __device__ __forceinline__ void tma_reduce_store(unsigned part, const float *rec
     S::at(i, r, c);
     const int m = m0 + r0 + r, n = n0 + c;
     if (m >= P::M || n >= N) continue;
-    float own;
-    asm volatile("ld.shared.f32 %0, [%1];\n" : "=f"(own) : "r"(part + C::part_at(r0 + r, c) * 4));
+    const float own = __uint_as_float(lds32(part + C::part_at(r0 + r, c) * 4));
     float sum = 0.0f;
 #pragma unroll
     for (int z = 0; z < C::KS; ++z)
