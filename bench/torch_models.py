@@ -18,6 +18,13 @@ weights:
   captured in a CUDA graph: buffers of 2048 + 16 positions into which the
   forward writes the new tokens' keys and values in place.
 
+bert-fused and llama-fused: the same models with the projections that
+read one input held as one Linear layer, as serving engines hold them
+(BERT's query, key and value as one 768 -> 2304 layer; the Llama-style
+stack's q, k and v as one 4096 -> 12288 layer, gate and up as one
+4096 -> 22016 layer; the outputs split by views), dense and sparse alike;
+each fused weight is pruned as one matrix.
+
 Patterns (PATTERN[@SPARSITY]): shflbw:64@0.75, bsr:64x64@0.75, nm24 and
 csr@0.5, csr@0.7.  The model computes in fp16 where the family has fp16
 kernels, else in the family's own dtype; a family without
@@ -50,7 +57,7 @@ import datetime
 import math
 import sys
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -75,6 +82,7 @@ class Config:
     heads: int
     ffn: int
     phases: dict = field(default_factory=dict)   # phase -> (batch, tokens, past tokens)
+    fused: bool = False      # the projections that read one input as one Linear layer
 
 
 MODELS = {
@@ -82,6 +90,7 @@ MODELS = {
     "llama": Config(4, 4096, 32, 11008, {"prefill 2048": (1, 2048, 0),
                                          "decode 16": (1, 16, 2048)}),
 }
+MODELS.update({f"{k}-fused": replace(c, fused=True) for k, c in list(MODELS.items())})
 
 
 def attention(q, k, v, heads: int, causal: bool, past=None):
@@ -109,8 +118,11 @@ def attention(q, k, v, heads: int, causal: bool, past=None):
 class BertLayer(nn.Module):
     def __init__(self, c: Config):
         super().__init__()
-        self.heads = c.heads
-        self.query, self.key, self.value = (nn.Linear(c.hidden, c.hidden) for _ in range(3))
+        self.heads, self.hidden = c.heads, c.hidden
+        if c.fused:
+            self.qkv = nn.Linear(c.hidden, 3 * c.hidden)
+        else:
+            self.query, self.key, self.value = (nn.Linear(c.hidden, c.hidden) for _ in range(3))
         self.attn_out = nn.Linear(c.hidden, c.hidden)
         self.ln1 = nn.LayerNorm(c.hidden)
         self.intermediate = nn.Linear(c.hidden, c.ffn)
@@ -118,7 +130,11 @@ class BertLayer(nn.Module):
         self.ln2 = nn.LayerNorm(c.hidden)
 
     def forward(self, x):
-        a = attention(self.query(x), self.key(x), self.value(x), self.heads, causal=False)
+        if hasattr(self, "qkv"):
+            q, k, v = self.qkv(x).split(self.hidden, dim=-1)
+        else:
+            q, k, v = self.query(x), self.key(x), self.value(x)
+        a = attention(q, k, v, self.heads, causal=False)
         x = self.ln1(x + self.attn_out(a))
         return self.ln2(x + self.output(F.gelu(self.intermediate(x))))
 
@@ -160,22 +176,34 @@ def rotary(x, pos0: int, heads: int):
 class LlamaLayer(nn.Module):
     def __init__(self, c: Config):
         super().__init__()
-        self.heads = c.heads
-        self.q_proj, self.k_proj, self.v_proj, self.o_proj = (
-            nn.Linear(c.hidden, c.hidden, bias=False) for _ in range(4))
-        self.gate_proj = nn.Linear(c.hidden, c.ffn, bias=False)
-        self.up_proj = nn.Linear(c.hidden, c.ffn, bias=False)
+        self.heads, self.hidden, self.ffn = c.heads, c.hidden, c.ffn
+        if c.fused:
+            self.qkv_proj = nn.Linear(c.hidden, 3 * c.hidden, bias=False)
+            self.gate_up_proj = nn.Linear(c.hidden, 2 * c.ffn, bias=False)
+        else:
+            self.q_proj, self.k_proj, self.v_proj = (
+                nn.Linear(c.hidden, c.hidden, bias=False) for _ in range(3))
+            self.gate_proj = nn.Linear(c.hidden, c.ffn, bias=False)
+            self.up_proj = nn.Linear(c.hidden, c.ffn, bias=False)
+        self.o_proj = nn.Linear(c.hidden, c.hidden, bias=False)
         self.down_proj = nn.Linear(c.ffn, c.hidden, bias=False)
         self.norm1, self.norm2 = RMSNorm(c.hidden), RMSNorm(c.hidden)
 
     def forward(self, x, past=None):
         p = past[0].shape[1] - x.shape[1] if past is not None else 0
         h = self.norm1(x)
-        q = rotary(self.q_proj(h), p, self.heads)
-        k = rotary(self.k_proj(h), p, self.heads)
-        x = x + self.o_proj(attention(q, k, self.v_proj(h), self.heads, True, past))
+        if hasattr(self, "qkv_proj"):
+            q, k, v = self.qkv_proj(h).split(self.hidden, dim=-1)
+        else:
+            q, k, v = self.q_proj(h), self.k_proj(h), self.v_proj(h)
+        q, k = rotary(q, p, self.heads), rotary(k, p, self.heads)
+        x = x + self.o_proj(attention(q, k, v, self.heads, True, past))
         h = self.norm2(x)
-        return x + self.down_proj(F.silu(self.gate_proj(h)) * self.up_proj(h))
+        if hasattr(self, "gate_up_proj"):
+            gate, up = self.gate_up_proj(h).split(self.ffn, dim=-1)
+        else:
+            gate, up = self.gate_proj(h), self.up_proj(h)
+        return x + self.down_proj(F.silu(gate) * up)
 
 
 class Llama(nn.Module):
@@ -192,7 +220,7 @@ class Llama(nn.Module):
 def build(name: str, c: Config, seed: int = 0) -> nn.Module:
     """The model with seeded weights (nn.Linear's initialization), fp32, CPU."""
     torch.manual_seed(seed)
-    return {"bert": Bert, "llama": Llama}[name](c)
+    return {"bert": Bert, "llama": Llama}[name.removesuffix("-fused")](c)
 
 
 def prune_model(model: nn.Module, pattern: str, sparsity, dtype: str) -> float:
@@ -449,7 +477,9 @@ def table(rows: list, gpu: str, commit: str, args) -> str:
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--model", default="bert,llama", help="bert, llama or both (comma-separated)")
+    ap.add_argument("--model", default="bert,llama",
+                    help="comma-separated: bert, llama, bert-fused, llama-fused (the fused "
+                         "projections' layout)")
     ap.add_argument("--patterns", default=PATTERNS, help="comma-separated PATTERN[@SPARSITY]")
     ap.add_argument("--layers", type=int, help="transformer layers (default: the model's)")
     ap.add_argument("--db", default="/tmp/sparseforge-torch-bench.db",

@@ -120,3 +120,42 @@ def test_the_table_counts_the_feature_major_layers_eager_and_compiled():
     assert "eager / under torch.compile" in out
     args.compile = False
     assert "| 14/14 | 2 |" in torch_models.table([row], "GPU", "abc", args)
+
+
+@pytest.mark.parametrize("name", ["bert", "llama"])
+def test_the_fused_layout_computes_the_separate_layout(name):
+    """bert-fused and llama-fused hold the projections that read one input
+    as one Linear layer: with the separate layers' weights stacked into
+    them, the forwards agree (the prefill and the decode over a cache)."""
+    import torch
+    small = torch_models.Config(1, 64, 4, 96, {"decode 16": (2, 3, 5)})
+    fused_c = torch_models.replace(small, fused=True)
+    sep, fused = torch_models.build(name, small), torch_models.build(f"{name}-fused", fused_c)
+    stacks = ({"qkv": ("query", "key", "value")} if name == "bert" else
+              {"qkv_proj": ("q_proj", "k_proj", "v_proj"), "gate_up_proj": ("gate_proj", "up_proj")})
+    with torch.no_grad():
+        for ls, lf in zip(sep.layers, fused.layers):
+            for n, p in ls.named_parameters():
+                if n.split(".")[0] not in sum(stacks.values(), ()):
+                    lf.get_parameter(n).copy_(p)
+            for f, parts in stacks.items():
+                for kind in ("weight", "bias"):
+                    if getattr(getattr(lf, f), kind) is not None:
+                        getattr(getattr(lf, f), kind).copy_(
+                            torch.cat([getattr(getattr(ls, q), kind) for q in parts]))
+    assert sum(type(m) is torch.nn.Linear for m in fused.modules()) == 4
+    x, past = torch_models.inputs(small, (2, 3, 5 if name == "llama" else 0), torch.float32, "cpu")
+    past2 = None if past is None else [tuple(z.clone() for z in kv) for kv in past]
+    with torch.no_grad():
+        ref, got = sep(x, past), fused(x, past2)
+    torch.testing.assert_close(got, ref, rtol=1e-5, atol=1e-5)
+
+
+def test_a_dry_run_of_the_fused_llama_stack_converts_its_four_layers_a_block(tmp_path, capsys):
+    argv = ["--dry-run", "--model", "llama-fused", "--layers", "1", "--patterns", "nm24",
+            "--phases", "decode", "--arch", "sm_90a", "--quiet", "--db", str(tmp_path / "f.db")]
+    small = torch_models.Config(1, 256, 4, 512, {"decode 16": (1, 16, 2048)}, fused=True)
+    import unittest.mock as um
+    with um.patch.dict(torch_models.MODELS, {"llama-fused": small}):
+        assert torch_models.main(argv) == 0
+    assert "| llama-fused | decode 16 | nm24 | fp16 | 4/4 |" in capsys.readouterr().out
