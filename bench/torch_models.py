@@ -225,15 +225,17 @@ def build(name: str, c: Config, seed: int = 0) -> nn.Module:
 
 def prune_model(model: nn.Module, pattern: str, sparsity, dtype: str) -> float:
     """Prunes every Linear weight in place (sparseforge's magnitude pruning,
-    seeded); returns the seconds it took."""
-    from sparseforge.generator.prune import prune
+    seeded, the layers in worker processes where they are large); returns
+    the seconds it took."""
+    from sparseforge.generator.prune import auto_jobs, prune_many
     t0 = time.perf_counter()
+    mods = [m for m in model.modules() if type(m) is nn.Linear]
     with torch.no_grad():
-        for i, mod in enumerate(m for m in model.modules() if type(m) is nn.Linear):
-            w = mod.weight.float().numpy()
-            mat, _ = prune(w, pattern, 0.5 if sparsity is None else sparsity, seed=i,
-                           dtype=dtype)
-            mod.weight.copy_(torch.from_numpy(mat.to_dense()))
+        pruned = prune_many((m.weight.float().numpy() for m in mods), pattern,
+                            0.5 if sparsity is None else sparsity, seed=range(len(mods)),
+                            dtype=dtype, jobs=auto_jobs([m.weight.numel() for m in mods]))
+        for i, (mat, _) in enumerate(pruned):
+            mods[i].weight.copy_(torch.from_numpy(mat.to_dense()))
     return time.perf_counter() - t0
 
 

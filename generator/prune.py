@@ -11,9 +11,11 @@ are broken by `seed`.
 """
 from __future__ import annotations
 
+import os
 import time
+from collections import deque
 from dataclasses import dataclass
-from typing import Optional
+from typing import Iterable, Iterator, Optional, Sequence, Union
 
 import numpy as np
 
@@ -159,3 +161,53 @@ def prune(dense: np.ndarray, pattern: str, sparsity: float, seed: int = 0,
     mat.meta["pruned"] = f"{pattern} at sparsity {sparsity}"
     stats.seconds = time.perf_counter() - t0
     return mat, stats
+
+
+# Matrices with fewer entries than this in all are pruned in this process:
+# starting worker processes (about a second each) would cost more.
+PARALLEL_ENTRIES = 1 << 22
+
+
+def auto_jobs(entries: Sequence[int]) -> int:
+    """Worker processes for pruning matrices of these sizes (entries each):
+    one a matrix up to every core, where they hold PARALLEL_ENTRIES or more
+    in all; else 1 (this process)."""
+    if sum(entries) < PARALLEL_ENTRIES:
+        return 1
+    return max(1, min(len(entries), os.cpu_count() or 1))
+
+
+def _prune_job(job: tuple) -> tuple[SparseMatrix, PruneStats]:
+    dense, pattern, sparsity, seed, dtype = job
+    return prune(dense, pattern, sparsity, seed=seed, dtype=dtype)
+
+
+def prune_many(denses: Iterable[np.ndarray], pattern: str, sparsity: float,
+               seed: Union[int, Sequence[int]] = 0, dtype: Optional[str] = None,
+               jobs: Optional[int] = None) -> Iterator[tuple[SparseMatrix, PruneStats]]:
+    """prune() of each matrix of `denses` (seed: one for all, or one per
+    matrix), `jobs` at a time in worker processes (None: every core; 1: in
+    this process), the results in input order, each as soon as it and those
+    before it are done.  At most `jobs` matrices are in flight, so a
+    generator of a model's layers is not held in memory at once.  A
+    worker's error is raised here, for its matrix, in order."""
+    seeds = (lambda i: seed) if isinstance(seed, (int, np.integer)) else (lambda i: seed[i])
+    jobs = jobs or os.cpu_count() or 1
+    items = ((d, pattern, sparsity, seeds(i), dtype) for i, d in enumerate(denses))
+    if jobs <= 1:
+        for job in items:
+            yield _prune_job(job)
+        return
+    import multiprocessing
+    from concurrent.futures import ProcessPoolExecutor
+    # spawn: a forked worker would inherit whatever the caller holds (threads,
+    # a CUDA context)
+    with ProcessPoolExecutor(max_workers=jobs,
+                             mp_context=multiprocessing.get_context("spawn")) as pool:
+        pending: deque = deque()
+        for job in items:
+            pending.append(pool.submit(_prune_job, job))
+            if len(pending) >= jobs:
+                yield pending.popleft().result()
+        while pending:
+            yield pending.popleft().result()

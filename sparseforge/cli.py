@@ -146,12 +146,16 @@ def cmd_inspect(args) -> int:
 def cmd_prune(args) -> int:
     from .generator import io, prune
     mats = _load(args.file, args.name, args.dtype)
-    out = []
     for name, m in mats:
         if m.values_synthetic:
             print(f"note: {name} holds a pattern only; its values were drawn from a seeded "
                   "generator, so pruning ranks those drawn values", file=sys.stderr)
-        pruned, stats = prune.prune(m.to_dense(), args.pattern, args.sparsity, seed=args.seed)
+    jobs = args.jobs or prune.auto_jobs([m.rows * m.cols for _, m in mats])
+    out = []
+    results = prune.prune_many((m.to_dense() for _, m in mats), args.pattern, args.sparsity,
+                               seed=args.seed, jobs=jobs)
+    for i, (pruned, stats) in enumerate(results):
+        name, m = mats[i]
         pruned = pruned.astype(m.dtype)
         pruned.name = name
         print(f"{name}: {stats.format()}")
@@ -629,6 +633,9 @@ def build_parser() -> argparse.ArgumentParser:
     sp.add_argument("--sparsity", required=True, type=float, help="fraction of zeros, e.g. 0.75")
     sp.add_argument("-o", "--output", required=True, help="output file (.npz .safetensors .mtx)")
     sp.add_argument("--seed", type=int, default=0)
+    sp.add_argument("--jobs", type=_positive_int,
+                    help="matrices pruned at once, in worker processes (default: every core, "
+                         "where the file's matrices hold 4 M entries or more)")
     sp.set_defaults(func=cmd_prune)
 
     sp = sub.add_parser("generate", help="write the specialized .cu and its cubin (no GPU needed)")

@@ -15,6 +15,7 @@ import pytest
 from sparseforge import cli
 from sparseforge.cache import Cache
 from sparseforge.generator import io
+from sparseforge.generator.matrix import SparseMatrix
 from sparseforge.generator.synth import random_matrix
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -151,3 +152,22 @@ def test_merge_copies_the_good_records_and_names_the_bad(tmp_path):
     assert "1 damaged record(s) skipped" in out
     with Cache(dst, readonly=True) as c:
         assert [r["name"] for r in c.layers()] == ["good"]
+
+
+def test_prune_with_jobs_writes_what_one_process_writes(tmp_path):
+    """`prune --jobs 2` prunes a file's matrices in worker processes, and
+    writes and reports them in the file's order, as `--jobs 1` does."""
+    rng = np.random.default_rng(4)
+    mats = [(f"w{i}", SparseMatrix.from_dense(rng.standard_normal((96, 64 + 32 * i)),
+                                              dtype="fp32")) for i in range(3)]
+    io.save(tmp_path / "w.npz", mats)
+    outs = []
+    for jobs in ("1", "2"):
+        code, out, err = run("prune", tmp_path / "w.npz", "--pattern", "shflbw:16", "--sparsity",
+                             "0.75", "--jobs", jobs, "-o", tmp_path / f"p{jobs}.npz")
+        assert code == 0, err
+        assert [ln.split(":")[0] for ln in out.splitlines()[:3]] == ["w0", "w1", "w2"]
+        outs.append(io.load(tmp_path / f"p{jobs}.npz"))
+    for (n1, a), (n2, b) in zip(*outs):
+        assert n1 == n2 and np.array_equal(a.to_dense(), b.to_dense())
+        assert np.array_equal(a.perm, b.perm)

@@ -171,3 +171,24 @@ def test_seed_breaks_ties():
 def test_errors(args, match):
     with pytest.raises(ValueError, match=match):
         prune(*args)
+
+
+def test_prune_many_in_workers_gives_the_matrices_in_order_as_one_process_does(rng):
+    """Worker processes (spawned) prune each matrix as prune() does in this
+    process: the same values, columns and permutation, in input order, each
+    with its own seed; a worker's error is raised for its matrix."""
+    from sparseforge.generator.prune import auto_jobs, prune_many
+    ws = [rng.standard_normal((64 + 16 * i, 48)).astype(np.float32) for i in range(3)]
+    here = list(prune_many(iter(ws), "shflbw:16", 0.75, seed=[5, 6, 7], jobs=1))
+    there = list(prune_many(iter(ws), "shflbw:16", 0.75, seed=[5, 6, 7], jobs=2))
+    assert [m.shape for m, _ in there] == [w.shape for w in ws]
+    for (a, sa), (b, sb), w, s in zip(here, there, ws, [5, 6, 7]):
+        ref, _ = prune(w, "shflbw:16", 0.75, seed=s)
+        for m in (a, b):
+            assert np.array_equal(m.indptr, ref.indptr) and np.array_equal(m.indices, ref.indices)
+            assert np.array_equal(m.values, ref.values) and np.array_equal(m.perm, ref.perm)
+        assert sa.nnz == sb.nnz and sa.kept_l2 == sb.kept_l2
+    bad = [ws[0], np.full((8, 8), np.nan, dtype=np.float32)]
+    with pytest.raises(ValueError, match="NaN or infinity"):
+        list(prune_many(iter(bad), "csr", 0.5, jobs=2))
+    assert auto_jobs([100, 100]) == 1 and auto_jobs([1 << 22]) == 1
