@@ -192,3 +192,16 @@ def test_prune_many_in_workers_gives_the_matrices_in_order_as_one_process_does(r
     with pytest.raises(ValueError, match="NaN or infinity"):
         list(prune_many(iter(bad), "csr", 0.5, jobs=2))
     assert auto_jobs([100, 100]) == 1 and auto_jobs([1 << 22]) == 1
+
+
+@pytest.mark.parametrize("m,v", [(256, 16), (250, 16), (7, 16), (130, 64)])
+def test_shflbw_group_scores_are_the_zero_padded_sums(rng, m, v):
+    """The group sums equal, bit for bit, those of the zero-padded copy
+    they replaced (a short last group included)."""
+    from sparseforge.generator.families.shflbw.prune import group_scores
+    sq = rng.standard_normal((m, 40)) ** 2
+    perm = rng.permutation(m)
+    g = -(-m // v)
+    pad = np.zeros((g * v, 40))
+    pad[:m] = sq[perm]
+    assert np.array_equal(group_scores(sq, perm, v), pad.reshape(g, v, 40).sum(axis=1))

@@ -21,14 +21,26 @@ def group_sizes(m: int, v: int) -> np.ndarray:
     return sizes
 
 
+def group_scores(sq: np.ndarray, perm: np.ndarray, v: int) -> np.ndarray:
+    """(G x K) the sums of sq's rows in `perm` order, v at a time (the
+    last group short where v does not divide M), each added row by row in
+    order: the sums a zero-padded (G v x K) copy would give, without
+    writing one (its fresh pages cost more than the sums)."""
+    m, k = sq.shape
+    whole = m // v
+    score = np.empty((-(-m // v), k), dtype=np.float64)
+    score[:whole] = sq[perm[:whole * v]].reshape(whole, v, k).sum(axis=1)
+    if m % v:
+        score[whole] = sq[perm[whole * v:]].sum(axis=0)
+    return score
+
+
 def _shflbw_select(sq: np.ndarray, perm: np.ndarray, v: int, target: int, rng):
     """For rows in `perm` order, groups of v: (selected (G x K) bool, kept
     energy) of the global best V x 1 vectors."""
     m, k = sq.shape
     g = -(-m // v)
-    pad = np.zeros((g * v, k), dtype=np.float64)
-    pad[:m] = sq[perm]
-    score = pad.reshape(g, v, k).sum(axis=1)
+    score = group_scores(sq, perm, v)
     sizes = np.repeat(group_sizes(m, v), k)
     order = ranked(score.ravel(), rng)
     n = closest_prefix(sizes[order], target)
@@ -110,7 +122,7 @@ def _reassign(sq: np.ndarray, sel: np.ndarray, v: int) -> np.ndarray:
 def prune_shflbw(w, target, rng, v, sparsity, refine=3):
     """(mask in original row order, perm, extra stats) of the best order found."""
     m, k = w.shape
-    sq = w.astype(np.float64) ** 2
+    sq = np.square(w, dtype=np.float64)
     ident = np.arange(m, dtype=np.int64)
     seed_state = rng.bit_generator.state
 
