@@ -429,7 +429,9 @@ def table(rows: list, gpu: str, commit: str, args) -> str:
              f"Every forward a CUDA graph; medians of {args.reps} replays.  Linear: the "
              "model's Linear calls alone, in a graph.  Error: relative (Frobenius) against "
              f"the dense pruned model.  Tuning: sparsify from {args.db_note} "
-             f"({tuning} timing{', budget ' + args.budget if args.budget else ''}).", "",
+             f"({tuning} timing{', budget ' + args.budget if args.budget else ''}).  "
+             "Pruning: the model's Linear weights pruned to the pattern (worker processes, "
+             "a matrix each, where they are large).", "",
              "Compiled: the forward under torch.compile(fullgraph=True, dynamic=False), "
              "dense and sparse alike, then captured the same way" +
              ("; its error: the compiled sparse model against the compiled dense one."
@@ -443,13 +445,13 @@ def table(rows: list, gpu: str, commit: str, args) -> str:
              "| Linear dense ms | Linear sparse ms "
              "| Linear speedup | forward dense ms | forward sparse ms | forward speedup "
              "| compiled dense ms | compiled sparse ms | compiled speedup "
-             "| error | compiled error | tuning s |",
+             "| error | compiled error | tuning s | pruning s |",
              "| --- | --- | --- | --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: "
-             "| ---: | ---: | ---: | ---: | ---: |"]
+             "| ---: | ---: | ---: | ---: | ---: | ---: |"]
     for r in rows:
         if "skipped" in r:
             lines.append(f"| {r['model']} | {r['phase']} | {r['pattern']} | | skipped: "
-                         f"{r['skipped']} | | | | | | | | | | | | | |")
+                         f"{r['skipped']} | | | | | | | | | | | | | | |")
             continue
         ls = r.get("dense_linear_ms", math.nan) / r.get("sparse_linear_ms", math.nan)
         fs = r.get("dense_forward_ms", math.nan) / r.get("sparse_forward_ms", math.nan)
@@ -463,7 +465,8 @@ def table(rows: list, gpu: str, commit: str, args) -> str:
             f"{_f(r.get('dense_forward_ms'), '.3f')} | {_f(r.get('sparse_forward_ms'), '.3f')} | "
             f"{_f(fs, '.2f', 'x')} | {_f(r.get('dense_compiled_ms'), '.3f')} | "
             f"{_f(r.get('sparse_compiled_ms'), '.3f')} | {_f(cs, '.2f', 'x')} | "
-            f"{r['error']:.2e} | {_f(r.get('compiled_error'), '.2e')} | {r['tune_s']:.0f} |")
+            f"{r['error']:.2e} | {_f(r.get('compiled_error'), '.2e')} | {r['tune_s']:.0f} | "
+            f"{_f(r.get('prune_s'), '.0f')} |")
     shaped = [r for r in rows if r.get("per_shape")]
     if shaped:
         lines += ["", "Each weight shape's Linear calls alone, in a graph (--per-shape):", "",

@@ -114,9 +114,10 @@ def test_the_table_counts_the_feature_major_layers_eager_and_compiled():
     row = {"model": "llama", "phase": "decode 16", "pattern": "shflbw:64@0.75",
            "dtype": "fp16", "converted": 14, "linears": 14, "fm_route": 2, "fm_compiled": 14,
            "error": 0.0, "tune_s": 10.0, "dense_compiled_ms": 0.5, "sparse_compiled_ms": 0.25,
-           "compiled_error": 0.0}
+           "compiled_error": 0.0, "prune_s": 66.3}
     out = torch_models.table([row], "GPU", "abc", args)
     assert "| llama | decode 16 | shflbw:64@0.75 | fp16 | 14/14 | 2 / 14 |" in out
+    assert out.rstrip().endswith("| 0.00e+00 | 0.00e+00 | 10 | 66 |")   # tuning s, pruning s
     assert "eager / under torch.compile" in out
     args.compile = False
     assert "| 14/14 | 2 |" in torch_models.table([row], "GPU", "abc", args)
