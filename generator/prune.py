@@ -202,12 +202,27 @@ def prune_many(denses: Iterable[np.ndarray], pattern: str, sparsity: float,
     from concurrent.futures import ProcessPoolExecutor
     # spawn: a forked worker would inherit whatever the caller holds (threads,
     # a CUDA context)
+    from concurrent.futures.process import BrokenProcessPool
+    done = 0
+
+    def result(future):
+        nonlocal done
+        try:
+            out = future.result()
+        except BrokenProcessPool:
+            raise RuntimeError(f"prune: a worker process died while matrix {done} or one "
+                               f"after it was pruned (out of memory?); with jobs=1 "
+                               "(sparseforge prune --jobs 1) they are pruned in this "
+                               "process, one at a time") from None
+        done += 1
+        return out
+
     with ProcessPoolExecutor(max_workers=jobs,
                              mp_context=multiprocessing.get_context("spawn")) as pool:
         pending: deque = deque()
         for job in items:
             pending.append(pool.submit(_prune_job, job))
             if len(pending) >= jobs:
-                yield pending.popleft().result()
+                yield result(pending.popleft())
         while pending:
-            yield pending.popleft().result()
+            yield result(pending.popleft())

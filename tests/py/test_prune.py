@@ -205,3 +205,18 @@ def test_shflbw_group_scores_are_the_zero_padded_sums(rng, m, v):
     pad = np.zeros((g * v, 40))
     pad[:m] = sq[perm]
     assert np.array_equal(group_scores(sq, perm, v), pad.reshape(g, v, 40).sum(axis=1))
+
+
+def test_prune_many_names_a_worker_that_died(rng, monkeypatch):
+    """A worker killed mid-matrix (here by os._exit, as the kernel's OOM
+    killer would) is an error that says what happened and how to prune
+    without workers, not a pool's traceback."""
+    from sparseforge.generator import prune as pr
+
+    class Dies:
+        def __reduce__(self):   # unpickled in the worker: it exits there
+            import os
+            return (os._exit, (3,))
+
+    with pytest.raises(RuntimeError, match=r"worker process died while matrix 0.*--jobs 1"):
+        list(pr.prune_many(iter([Dies()]), "csr", 0.5, jobs=2))
