@@ -11,7 +11,10 @@
 # bench/nm24.py (NM24_ARGS, e.g. --suites s2 or --configs for a probe);
 # `csr` runs the unstructured family's GPU tests and bench/csr.py
 # (CSR_ARGS, e.g. --suites decode --densities 0.1 --no-bf16: the whole
-# decode suite takes longer than one 10-minute call).
+# decode suite takes longer than one 10-minute call); `torch` runs
+# sparseforge.torch's GPU tests and bench/torch_models.py from an empty
+# database (TORCH_ARGS; by default the fused Llama-style stack's decode,
+# 2 layers, shflbw:64 at 75%, eager and compiled: about 4 minutes).
 # The GPU machine lacks sqlite3.h: carry
 # .gpu/ (holding it) along.
 #   bash bench/gpu_check.sh tests tune
@@ -79,6 +82,14 @@ case " $STAGES " in *" csr "*)
   grep -E "passed|failed" "$OUT/csr_tests.log" | tail -1
   step csr_bench python3 bench/csr.py --db /tmp/sf-csr.db ${CSR_ARGS:-} --results "$OUT/CSR.md"
   grep -E "^  (decode|prefill|dlmc) " "$OUT/csr_bench.log" | tail -60; cat "$OUT/CSR.md" 2>/dev/null ;; esac
+case " $STAGES " in *" torch "*)
+  step torch_tests python3 -m pytest -q -rs -p no:cacheprovider -m gpu tests/py/test_torch_gpu.py ${TORCH_TEST_ARGS:-}
+  grep -E "passed|failed" "$OUT/torch_tests.log" | tail -1
+  rm -f /tmp/sf-torch.db
+  step torch_models python3 bench/torch_models.py --db /tmp/sf-torch.db --quiet \
+    ${TORCH_ARGS:---model llama-fused --layers 2 --patterns shflbw:64@0.75 --phases decode --compile --budget 4 --quick} \
+    --results "$OUT/TORCH.md"
+  cat "$OUT/TORCH.md" 2>/dev/null ;; esac
 case " $STAGES " in *" sanitize "*)
   # API errors not reported: the runtime probes each module for its optional sf_x_map
   # and sf_pdl (cuModuleGetGlobal answers CUDA_ERROR_NOT_FOUND where there is none, by
