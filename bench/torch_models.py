@@ -233,7 +233,7 @@ def prune_model(model: nn.Module, pattern: str, sparsity, dtype: str) -> float:
     with torch.no_grad():
         pruned = prune_many((m.weight.float().numpy() for m in mods), pattern,
                             0.5 if sparsity is None else sparsity, seed=range(len(mods)),
-                            dtype=dtype, jobs=auto_jobs([m.weight.numel() for m in mods]))
+                            dtype=dtype, jobs=auto_jobs(sum(m.weight.numel() for m in mods), len(mods)))
         for i, (mat, _) in enumerate(pruned):
             mods[i].weight.copy_(torch.from_numpy(mat.to_dense()))
     return time.perf_counter() - t0

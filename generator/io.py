@@ -63,7 +63,7 @@ import warnings
 import zipfile
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Iterable, NamedTuple, Optional, Sequence
+from typing import Iterable, Iterator, NamedTuple, Optional, Sequence
 
 import numpy as np
 
@@ -161,6 +161,17 @@ def load(path, name: Optional[str] = None, dtype: Optional[str] = None,
            environment variable SPARSEFORGE_MAX_ELEMENTS, else
            MAX_ELEMENTS = 2**34).
     """
+    return list(iterate(path, name=name, dtype=dtype, seed=seed, max_elements=max_elements))
+
+
+def iterate(path, name: Optional[str] = None, dtype: Optional[str] = None,
+            seed: int = 0, max_elements: Optional[int] = None
+            ) -> Iterator[tuple[str, SparseMatrix]]:
+    """load()'s matrices one at a time: a .safetensors or .npz file's
+    tensors are each read when asked for, so that a model's layers need not
+    be held in memory at once (the other formats hold one matrix).  The
+    same checks and errors as load(), each raised when the matrix it
+    concerns is reached."""
     p = Path(path)
     if dtype is not None and dtype not in DTYPES:
         raise ValueError(f"unknown dtype {dtype!r}; expected one of {DTYPES}")
@@ -169,8 +180,20 @@ def load(path, name: Optional[str] = None, dtype: Optional[str] = None,
     _check_input(p, ext)
     reader = {".npy": _load_npy, ".npz": _load_npz, ".safetensors": _load_safetensors,
               ".mtx": _load_mtx, ".smtx": _load_smtx}[ext]
+    for nm, m in _read(p, reader, name, seed, limit):
+        if dtype is not None and dtype != m.dtype:
+            _check_values(p, f"matrix {nm!r}", m.values, dtype)
+            m = m.astype(dtype)
+        m.name = nm
+        m.meta.setdefault("source", str(p))
+        yield nm, m
+
+
+def _read(p: Path, reader, name, seed, limit) -> Iterator[tuple[str, SparseMatrix]]:
+    """The reader's matrices, whatever goes wrong while reading them said
+    as the file's fault (WeightFileError)."""
     try:
-        out = reader(p, name, seed, limit)
+        yield from reader(p, name, seed, limit)
     except WeightFileError:
         raise
     except MemoryError as e:
@@ -183,15 +206,6 @@ def load(path, name: Optional[str] = None, dtype: Optional[str] = None,
     except Exception as e:  # a malformed input that no check foresaw: still the file's fault
         raise WeightFileError(f"{p}: cannot be read (unexpected {type(e).__name__}: "
                               f"{_clip(str(e), 200)})") from e
-    result = []
-    for nm, m in out:
-        if dtype is not None and dtype != m.dtype:
-            _check_values(p, f"matrix {nm!r}", m.values, dtype)
-            m = m.astype(dtype)
-        m.name = nm
-        m.meta.setdefault("source", str(p))
-        result.append((nm, m))
-    return result
 
 
 def load_one(path, name: Optional[str] = None, dtype: Optional[str] = None,
@@ -569,8 +583,9 @@ def _load_npz(p: Path, name, seed, limit):
     with _open(p) as f:
         z = _Npz(p, f)
         if "format" in z and "shape" in z and "data" in z:
-            return [_scipy_to_matrix(p, z, name, limit)]
-        return _load_npz_dense(p, z, name, limit)
+            yield _scipy_to_matrix(p, z, name, limit)
+        else:
+            yield from _load_npz_dense(p, z, name, limit)
 
 
 def _load_npz_dense(p: Path, z: _Npz, name, limit):
@@ -587,7 +602,6 @@ def _load_npz_dense(p: Path, z: _Npz, name, limit):
                     if len(z.hdr(k).shape) == 2 and z.hdr(k).dtype.kind in "fV"]
         if not selected:
             _fail(p, f"no 2-D floating-point array in the archive (arrays: {_list_names(keys)})")
-    out = []
     for k in selected:
         what = f"array {k!r}"
         dtype = None
@@ -599,8 +613,7 @@ def _load_npz_dense(p: Path, z: _Npz, name, limit):
         m = _dense_to_matrix(p, what, z.array(k), dtype)
         if k + ".perm" in z:
             m.perm = z.perm(k + ".perm", m.rows)
-        out.append((k, m))
-    return out
+        yield k, m
 
 
 def _list_names(names: Iterable[str], limit: int = 12) -> str:
@@ -818,7 +831,6 @@ def _load_safetensors(p: Path, name, seed, limit):
             names.append(tname)
         if not names:
             _fail(p, f"no 2-D floating-point tensor in the file (tensors: {_list_names(header)})")
-    out = []
     with _open(p) as f:
         for tname in names:
             info = header[tname]
@@ -844,8 +856,7 @@ def _load_safetensors(p: Path, name, seed, limit):
                 m.perm = _check_perm(p, pwhat, _st_tensor(p, f, pinfo, data_start), m.rows)
             if meta:
                 m.meta["safetensors_metadata"] = dict(meta)
-            out.append((tname, m))
-    return out
+            yield tname, m
 
 
 # ---- text formats ----------------------------------------------------------

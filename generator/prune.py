@@ -168,13 +168,13 @@ def prune(dense: np.ndarray, pattern: str, sparsity: float, seed: int = 0,
 PARALLEL_ENTRIES = 1 << 22
 
 
-def auto_jobs(entries: Sequence[int]) -> int:
-    """Worker processes for pruning matrices of these sizes (entries each):
-    one a matrix up to every core, where they hold PARALLEL_ENTRIES or more
-    in all; else 1 (this process)."""
-    if sum(entries) < PARALLEL_ENTRIES:
+def auto_jobs(entries: int, matrices: Optional[int] = None) -> int:
+    """Worker processes for pruning `matrices` matrices (None: not known
+    yet) of `entries` entries in all: one a matrix up to every core, where
+    they hold PARALLEL_ENTRIES or more; else 1 (this process)."""
+    if entries < PARALLEL_ENTRIES or matrices == 1:
         return 1
-    return max(1, min(len(entries), os.cpu_count() or 1))
+    return max(1, min(matrices or os.cpu_count() or 1, os.cpu_count() or 1))
 
 
 def _prune_job(job: tuple) -> tuple[SparseMatrix, PruneStats]:

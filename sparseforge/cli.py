@@ -144,21 +144,31 @@ def cmd_inspect(args) -> int:
 
 
 def cmd_prune(args) -> int:
-    from .generator import io, prune
-    mats = _load(args.file, args.name, args.dtype)
-    for name, m in mats:
-        if m.values_synthetic:
-            print(f"note: {name} holds a pattern only; its values were drawn from a seeded "
-                  "generator, so pruning ranks those drawn values", file=sys.stderr)
-    jobs = args.jobs or prune.auto_jobs([m.rows * m.cols for _, m in mats])
+    from .generator import io, prune, recipe
+    if recipe.is_recipe(args.file):
+        mats = recipe.load(args.file, name=args.name, dtype=args.dtype)
+        entries, count = sum(m.rows * m.cols for _, m in mats), len(mats)
+    else:   # one matrix at a time: a model's layers are not all held at once
+        mats = io.iterate(args.file, name=args.name, dtype=args.dtype)
+        entries, count = os.path.getsize(args.file) // 2, None   # 16-bit weights, or fewer
+    jobs = args.jobs or prune.auto_jobs(entries, count)
+    taken = []   # (name, dtype) of each matrix, in order
+
+    def denses():
+        for name, m in mats:
+            if m.values_synthetic:
+                print(f"note: {name} holds a pattern only; its values were drawn from a "
+                      "seeded generator, so pruning ranks those drawn values", file=sys.stderr)
+            taken.append((name, m.dtype))
+            yield m.to_dense()
+
     out = []
-    results = prune.prune_many((m.to_dense() for _, m in mats), args.pattern, args.sparsity,
-                               seed=args.seed, jobs=jobs)
+    results = prune.prune_many(denses(), args.pattern, args.sparsity, seed=args.seed, jobs=jobs)
     for i, (pruned, stats) in enumerate(results):
-        name, m = mats[i]
-        pruned = pruned.astype(m.dtype)
+        name, dtype = taken[i]
+        pruned = pruned.astype(dtype)
         pruned.name = name
-        print(f"{name}: {stats.format()}")
+        print(f"{name}: {stats.format()}", flush=True)
         out.append((name, pruned))
     io.save(args.output, out)
     print(f"wrote {args.output}")
@@ -635,7 +645,8 @@ def build_parser() -> argparse.ArgumentParser:
     sp.add_argument("--seed", type=int, default=0)
     sp.add_argument("--jobs", type=_positive_int,
                     help="matrices pruned at once, in worker processes (default: every core, "
-                         "where the file's matrices hold 4 M entries or more)")
+                         "where the file holds 4 M entries or more; the file is read a matrix "
+                         "at a time)")
     sp.set_defaults(func=cmd_prune)
 
     sp = sub.add_parser("generate", help="write the specialized .cu and its cubin (no GPU needed)")

@@ -446,3 +446,35 @@ def test_damaged_files_give_named_value_errors(tmp_path, rng, ext):
             io.load(p)
         except ValueError as e:
             assert str(e).startswith(f"{p}: "), str(e)
+
+
+@pytest.mark.parametrize("ext", [".safetensors", ".npz"])
+def test_iterate_reads_a_matrix_when_it_is_asked_for(tmp_path, rng, monkeypatch, ext):
+    """io.iterate gives a file's matrices one at a time, each read when
+    asked for (a model's layers are not held at once), the same as load();
+    a bad tensor is raised when it is reached, after the good ones before
+    it."""
+    mats = [(f"w{i}", SparseMatrix.from_dense(rng.standard_normal((8, 6 + i)), dtype="fp16"))
+            for i in range(3)]
+    io.save(tmp_path / f"m{ext}", mats)
+    made = []
+    real = io._dense_to_matrix
+    monkeypatch.setattr(io, "_dense_to_matrix", lambda *a: made.append(a[1]) or real(*a))
+    it = io.iterate(tmp_path / f"m{ext}")
+    first = next(it)
+    assert first[0] == "w0" and len(made) == 1
+    rest = list(it)
+    assert [n for n, _ in rest] == ["w1", "w2"] and len(made) == 3
+    loaded = io.load(tmp_path / f"m{ext}")
+    for (n1, a), (n2, b) in zip([first] + rest, loaded):
+        assert n1 == n2 and np.array_equal(a.to_dense(), b.to_dense())
+
+    def fails_on_w1(p, what, arr, dtype):
+        if "w1" in what:
+            raise ValueError("boom")
+        return real(p, what, arr, dtype)
+    monkeypatch.setattr(io, "_dense_to_matrix", fails_on_w1)
+    it = io.iterate(tmp_path / f"m{ext}")
+    assert next(it)[0] == "w0"
+    with pytest.raises(io.WeightFileError, match="cannot be read .*ValueError: boom"):
+        next(it)

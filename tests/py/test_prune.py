@@ -1,5 +1,7 @@
 """generator.prune: target sparsity, fit to each family, magnitude kept,
 the Shfl-BW permutation search, and errors."""
+import os
+
 import numpy as np
 import pytest
 
@@ -191,7 +193,8 @@ def test_prune_many_in_workers_gives_the_matrices_in_order_as_one_process_does(r
     bad = [ws[0], np.full((8, 8), np.nan, dtype=np.float32)]
     with pytest.raises(ValueError, match="NaN or infinity"):
         list(prune_many(iter(bad), "csr", 0.5, jobs=2))
-    assert auto_jobs([100, 100]) == 1 and auto_jobs([1 << 22]) == 1
+    assert auto_jobs(200, 2) == 1 and auto_jobs(1 << 24, 1) == 1
+    assert auto_jobs(1 << 22, 3) == min(3, os.cpu_count() or 1)
 
 
 @pytest.mark.parametrize("m,v", [(256, 16), (250, 16), (7, 16), (130, 64)])
