@@ -114,22 +114,22 @@ def _open_cache(path, create=True, readonly=False):
         cache.close()
 
 
-def _load(path: str, name=None, dtype=None):
+def _load(path: str, name=None, dtype=None, lazy: bool = False):
     """The matrices of a weights file, or of a model recipe (.toml: made,
-    then kept, at first use)."""
+    then kept, at first use); `lazy`: a file's read one at a time as they
+    are taken (io.iterate)."""
     from .generator import io, recipe
     if recipe.is_recipe(path):
         return recipe.load(path, name=name, dtype=dtype)
-    return io.load(path, name=name, dtype=dtype)
+    return (io.iterate if lazy else io.load)(path, name=name, dtype=dtype)
 
 
 # ---- inspect / prune / generate ---------------------------------------------
 
 def cmd_inspect(args) -> int:
     from .generator import analysis
-    mats = _load(args.file, args.name, args.dtype)
     reports = []
-    for name, m in mats:
+    for name, m in _load(args.file, args.name, args.dtype, lazy=True):
         rep = analysis.analyze(m)
         if args.json:
             reports.append({"name": name, **rep.to_dict()})
@@ -144,12 +144,11 @@ def cmd_inspect(args) -> int:
 
 
 def cmd_prune(args) -> int:
-    from .generator import io, prune, recipe
-    if recipe.is_recipe(args.file):
-        mats = recipe.load(args.file, name=args.name, dtype=args.dtype)
+    from .generator import io, prune
+    mats = _load(args.file, args.name, args.dtype, lazy=True)
+    if isinstance(mats, list):   # a recipe's matrices
         entries, count = sum(m.rows * m.cols for _, m in mats), len(mats)
-    else:   # one matrix at a time: a model's layers are not all held at once
-        mats = io.iterate(args.file, name=args.name, dtype=args.dtype)
+    else:   # a file's, one at a time: a model's layers are not all held at once
         entries, count = os.path.getsize(args.file) // 2, None   # 16-bit weights, or fewer
     jobs = args.jobs or prune.auto_jobs(entries, count)
     taken = []   # (name, dtype) of each matrix, in order
@@ -185,7 +184,7 @@ def cmd_generate(args) -> int:
     outdir = Path(args.output)
     outdir.mkdir(parents=True, exist_ok=True)
     ctx = native.Context(0)
-    for name, m in _load(args.file, args.name, args.dtype):
+    for name, m in _load(args.file, args.name, args.dtype, lazy=True):
         op = op_for(args.pattern, m, args.activation, args.layout)
         if args.bias:
             op = Operation(op.dtype, op.layout, Epilogue(True, args.activation))
