@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import os
 import time
-from collections import deque
 from dataclasses import dataclass
 from typing import Iterable, Iterator, Optional, Sequence, Union
 
@@ -21,6 +20,7 @@ import numpy as np
 
 from .family import PatternError
 from .matrix import DTYPES, SparseMatrix, round_to_dtype
+from .workers import in_order
 
 
 @dataclass
@@ -192,37 +192,9 @@ def prune_many(denses: Iterable[np.ndarray], pattern: str, sparsity: float,
     generator of a model's layers is not held in memory at once.  A
     worker's error is raised here, for its matrix, in order."""
     seeds = (lambda i: seed) if isinstance(seed, (int, np.integer)) else (lambda i: seed[i])
-    jobs = jobs or os.cpu_count() or 1
     items = ((d, pattern, sparsity, seeds(i), dtype) for i, d in enumerate(denses))
-    if jobs <= 1:
-        for job in items:
-            yield _prune_job(job)
-        return
-    import multiprocessing
-    from concurrent.futures import ProcessPoolExecutor
-    # spawn: a forked worker would inherit whatever the caller holds (threads,
-    # a CUDA context)
-    from concurrent.futures.process import BrokenProcessPool
-    done = 0
-
-    def result(future):
-        nonlocal done
-        try:
-            out = future.result()
-        except BrokenProcessPool:
-            raise RuntimeError(f"prune: a worker process died while matrix {done} or one "
-                               f"after it was pruned (out of memory?); with jobs=1 "
-                               "(sparseforge prune --jobs 1) they are pruned in this "
-                               "process, one at a time") from None
-        done += 1
-        return out
-
-    with ProcessPoolExecutor(max_workers=jobs,
-                             mp_context=multiprocessing.get_context("spawn")) as pool:
-        pending: deque = deque()
-        for job in items:
-            pending.append(pool.submit(_prune_job, job))
-            if len(pending) >= jobs:
-                yield result(pending.popleft())
-        while pending:
-            yield result(pending.popleft())
+    yield from in_order(_prune_job, items, jobs or os.cpu_count() or 1,
+                        died="prune: a worker process died while matrix {i} or one after it "
+                             "was pruned (out of memory?); with jobs=1 (sparseforge prune "
+                             "--jobs 1) they are pruned in this process, one at a time",
+                        alone="note: pruning one matrix at a time in this process ({error})")

@@ -39,6 +39,7 @@ from typing import Optional
 import numpy as np
 
 from .matrix import DTYPES, SparseMatrix
+from .workers import in_order
 
 RECIPE_KEYS = {"seed", "dtype", "repeat", "layer"}
 LAYER_KEYS = {"name", "shape", "pattern", "sparsity"}
@@ -294,19 +295,11 @@ def _made_in_parallel(recipe: dict, specs: list[LayerSpec]):
     of processes (one per core at most: drawing and pruning is numpy on
     one core, and a Llama block's seven layers took 21 s one by one); one
     by one where there is one layer or processes cannot be started."""
-    jobs = min(len(specs), os.cpu_count() or 1)
-    if jobs > 1:
-        import multiprocessing
-        from concurrent.futures import ProcessPoolExecutor
-        try:
-            # spawn: the caller may hold threads (a fork would copy their locks)
-            with ProcessPoolExecutor(jobs, mp_context=multiprocessing.get_context("spawn")) as pool:
-                yield from pool.map(_make_one, [recipe] * len(specs), specs)
-            return
-        except (OSError, PermissionError) as e:   # no processes here: one by one
-            print(f"note: pruning one layer at a time ({e})", file=sys.stderr)
-    for spec in specs:
-        yield _make_one(recipe, spec)
+    from functools import partial
+    return in_order(partial(_make_one, recipe), specs, min(len(specs), os.cpu_count() or 1),
+                    died="a worker process died while drawing and pruning layer {i} or one "
+                         "after it (out of memory?)",
+                    alone="note: pruning one layer at a time ({error})")
 
 
 def _write_atomically(path: Path, arrays: dict) -> None:
