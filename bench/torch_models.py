@@ -231,9 +231,10 @@ def prune_model(model: nn.Module, pattern: str, sparsity, dtype: str) -> float:
     t0 = time.perf_counter()
     mods = [m for m in model.modules() if type(m) is nn.Linear]
     with torch.no_grad():
+        jobs = auto_jobs(sum(m.weight.numel() for m in mods), len(mods))
         pruned = prune_many((m.weight.float().numpy() for m in mods), pattern,
                             0.5 if sparsity is None else sparsity, seed=range(len(mods)),
-                            dtype=dtype, jobs=auto_jobs(sum(m.weight.numel() for m in mods), len(mods)))
+                            dtype=dtype, jobs=jobs)
         for i, (mat, _) in enumerate(pruned):
             mods[i].weight.copy_(torch.from_numpy(mat.to_dense()))
     return time.perf_counter() - t0

@@ -136,9 +136,17 @@ class SparseMatrix:
         a = a.astype(np.float32)
         if not np.all(np.isfinite(a)):
             raise ValueError("weights contain NaN or infinity")
-        mask = a != 0
-        indptr = np.concatenate([[0], np.cumsum(mask.sum(axis=1))])
-        flat = np.flatnonzero(mask)   # row-major: columns sorted within each row
+        return cls.from_mask(a, a != 0, dtype, **kw)
+
+    @classmethod
+    def from_mask(cls, dense: np.ndarray, mask: np.ndarray, dtype: str,
+                  **kw) -> "SparseMatrix":
+        """The entries of a 2-D array under a boolean mask of its shape
+        (explicit zeros under it kept), rounded to `dtype`."""
+        a = np.asarray(dense)
+        indptr = np.zeros(a.shape[0] + 1, dtype=np.int64)
+        np.cumsum(mask.sum(axis=1), out=indptr[1:])
+        flat = np.flatnonzero(mask)   # row-major: rows in order, columns sorted
         cols = (flat % a.shape[1] if a.shape[1] else flat).astype(np.int32)
         return cls(a.shape, indptr, cols, round_to_dtype(a.reshape(-1)[flat], dtype),
                    dtype=dtype, **kw)

@@ -19,7 +19,7 @@ from typing import Iterable, Iterator, Optional, Sequence, Union
 import numpy as np
 
 from .family import PatternError
-from .matrix import DTYPES, SparseMatrix, round_to_dtype
+from .matrix import DTYPES, SparseMatrix
 from .workers import in_order
 
 
@@ -92,14 +92,7 @@ def closest_prefix(sizes_in_order: np.ndarray, target: int) -> int:
 def from_mask(dense: np.ndarray, mask: np.ndarray, dtype: str, perm=None) -> SparseMatrix:
     """The entries of `dense` under `mask` (row order kept), rounded to
     `dtype`, with the row permutation `perm`: what pruning returns."""
-    k = dense.shape[1]
-    flat = np.flatnonzero(mask)   # row-major: row order kept, columns sorted
-    cols = (flat % k if k else flat).astype(np.int32)
-    indptr = np.zeros(dense.shape[0] + 1, dtype=np.int64)
-    np.cumsum(mask.sum(axis=1), out=indptr[1:])
-    return SparseMatrix(dense.shape, indptr, cols,
-                        round_to_dtype(np.asarray(dense).reshape(-1)[flat], dtype),
-                        dtype=dtype, perm=perm)
+    return SparseMatrix.from_mask(dense, mask, dtype, perm=perm)
 
 
 def _norms(w: np.ndarray) -> tuple[float, float]:
@@ -174,7 +167,8 @@ def auto_jobs(entries: int, matrices: Optional[int] = None) -> int:
     they hold PARALLEL_ENTRIES or more; else 1 (this process)."""
     if entries < PARALLEL_ENTRIES or matrices == 1:
         return 1
-    return max(1, min(matrices or os.cpu_count() or 1, os.cpu_count() or 1))
+    cores = os.cpu_count() or 1
+    return min(matrices or cores, cores)
 
 
 def _prune_job(job: tuple) -> tuple[SparseMatrix, PruneStats]:
