@@ -3,6 +3,7 @@
 
     torch.ops.sparseforge.linear(x, packed, layer, out_features) -> y
     torch.ops.sparseforge.linear_fm(xt, packed, layer, out_features) -> yt
+    torch.ops.sparseforge.transpose(x, layer) -> x^T
 
 `x` is (..., K), token-major; `packed` holds one uint8 tensor per variant
 of the layer (its packed weights, tables and bias: the module's buffers);
@@ -33,8 +34,11 @@ token-major one while the two transposes launched around it are not
 worth it) runs `linear_fm` (X^T, K x n, in; Y^T, M x n, out) between
 transposes that SparseLinear.forward leaves in the graph: Inductor
 writes X^T from the op that produces x (a norm, a gate) and reads Y^T in
-the op that consumes y, with no launch of their own (though a norm's
-reduction then stores X^T column by column: bench/RESULTS.md).
+the op that consumes y, with no launch of their own.  A norm's
+reduction would store X^T column by column (bench/RESULTS.md): where x
+comes from one, the graph pass of _passes.py gives the layers that read
+it `transpose(x, layer)` instead (templates/transpose.cu, with the
+layer's transpose kernel), one for all of them.
 
 The C runtime's context for a GPU is the device's primary context
 (cuDevicePrimaryCtxRetain), the one the CUDA runtime under PyTorch uses:
@@ -58,6 +62,7 @@ OP = "sparseforge::linear"
 _LIB = torch.library.Library("sparseforge", "FRAGMENT")
 _LIB.define("linear(Tensor x, Tensor[] packed, int layer, int out_features) -> Tensor")
 _LIB.define("linear_fm(Tensor xt, Tensor[] packed, int layer, int out_features) -> Tensor")
+_LIB.define("transpose(Tensor x, int layer) -> Tensor")
 
 _lock = threading.Lock()
 _contexts: dict = {}          # device ordinal -> (native.Context, lock)
@@ -327,9 +332,34 @@ def _linear_fm_fake(xt: torch.Tensor, packed: list, layer: int,
     return xt.new_empty((out_features, xt.shape[1]))
 
 
+def _transpose_cuda(x: torch.Tensor, layer: int) -> torch.Tensor:
+    """x^T (contiguous) of a matrix x, by the transpose kernel of loaded
+    layer `layer` (one with a feature-major variant)."""
+    entry = _loaded.get(layer)
+    if entry is None or entry.transpose_fn is None:
+        raise RuntimeError(f"{OP.split('::')[0]}::transpose: layer {layer} is not loaded or "
+                           "has no feature-major kernel")
+    if x.dim() != 2:
+        raise RuntimeError(f"{OP.split('::')[0]}::transpose takes a matrix, got shape "
+                           f"{tuple(x.shape)}")
+    x = x.contiguous()
+    out = torch.empty((x.shape[1], x.shape[0]), dtype=x.dtype, device=x.device)
+    if x.numel():
+        with torch.cuda.device(x.device):
+            entry.transpose(x.data_ptr(), out.data_ptr(), x.shape[0], x.shape[1],
+                            _stream(entry.device))
+    return out
+
+
+def _transpose_fake(x: torch.Tensor, layer: int) -> torch.Tensor:
+    return x.new_empty((x.shape[1], x.shape[0]))
+
+
 _LIB.impl("linear", _linear_cuda, "CUDA")
 _LIB.impl("linear_fm", _linear_fm_cuda, "CUDA")
-for _name, _fake in ((OP, _linear_fake), (OP + "_fm", _linear_fm_fake)):
+_LIB.impl("transpose", _transpose_cuda, "CUDA")
+for _name, _fake in ((OP, _linear_fake), (OP + "_fm", _linear_fm_fake),
+                     ("sparseforge::transpose", _transpose_fake)):
     if hasattr(torch.library, "register_fake"):            # torch >= 2.4
         torch.library.register_fake(_name, _fake, lib=_LIB)
     else:                                                   # torch 2.3

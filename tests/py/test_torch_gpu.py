@@ -328,3 +328,51 @@ def test_a_decode_bucket_keeps_its_feature_major_kernel_for_torch_compile(eager,
             assert relative_error(y, want) <= 1e-2, lead
     fresh = check_graph_and_state(layer, 7)
     assert [(v["n_bucket"], v["layout"]) for v in fresh.kernels[arch]["variants"]] == layouts
+
+
+def test_under_torch_compile_a_norms_readers_share_one_transpose_kernel(db, monkeypatch):
+    """The graph pass (_passes.py): a decode bucket's feature-major kernel
+    read after a norm takes X^T from one sparseforge::transpose for both
+    layers that read the norm (the transpose kernel runs once a forward),
+    and after a GELU from Inductor's fused transpose (no launch of its
+    own); the result matches F.linear."""
+    from sparseforge.torch import _op, _passes, convert
+
+    monkeypatch.setattr(convert, "_time_routes", lambda *a, **kw: (1.0, 2.0))
+    monkeypatch.setattr(convert, "FM_KEEP_BELOW", float("inf"))
+    monkeypatch.setattr(convert, "FM_TRY_BELOW", 0.0)
+    layer, w, bias = family_layer("shflbw:64", "fp16", 0.3, 6, "pass.norm", db)
+    m, k = w.shape
+    assert _passes.installed()
+
+    class Block(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.layer = layer
+
+        def forward(self, x):
+            v = x.float()
+            h = (v * torch.rsqrt(v.pow(2).mean(-1, keepdim=True) + 1e-6)).to(x.dtype)
+            return self.layer(h) + 2 * self.layer(h) + self.layer(F.gelu(x))
+
+    launched = []
+    real = _op.LoadedLayer.transpose
+
+    def spy(self, *args, **kw):
+        launched.append(args[2:4])
+        return real(self, *args, **kw)
+
+    monkeypatch.setattr(_op.LoadedLayer, "transpose", spy)
+    compiled = torch.compile(Block(), fullgraph=True, dynamic=False)
+    wc, bc = w.cuda().float(), bias.cuda().float()
+    with torch.no_grad():
+        for lead in ((8,), (2, 4)):
+            x = torch.randn((*lead, k), device="cuda").to(w.dtype)
+            del launched[:]
+            y = compiled(x)
+            torch.cuda.synchronize()
+            assert launched == [(8, k)], (lead, launched)   # x^T of the norm's 8 x k, once
+            xf = x.float()
+            h = (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + 1e-6)).to(x.dtype).float()
+            want = 3 * F.linear(h, wc, bc) + F.linear(F.gelu(x).float(), wc, bc)
+            assert relative_error(y, want) <= 1e-2, lead

@@ -1,0 +1,196 @@
+"""A graph pass for torch.compile (Inductor's post-grad custom pass): where
+a feature-major layer's X^T would be written by a reduction, it comes from
+the op sparseforge::transpose instead, one for all the layers that read
+the same x.
+
+Under torch.compile a bucket with a feature-major kernel runs
+`linear_fm(x^T)` (_op.py), and SparseLinear.forward leaves the transpose
+`x.t().contiguous()` in the graph for Inductor to fuse into the op that
+produces x.  That is free after a pointwise op (Inductor tiles the store)
+but not after a norm: the reduction's kernel runs a row of x (a token) a
+program and stores its X^T column by column, each 2-byte element its own
+sector (an H100, 16 x 4096 tokens by features: the RMSNorm writing X^T
+10.6 us against 1.9 us writing x, bench/RESULTS.md 2026-11-27).
+
+The pass finds each `linear_fm` whose input is `clone(permute(v, [1, 0]))`
+where v is computed from a reduction through pointwise ops and views (a
+norm), and gives it `transpose(v)`: Inductor then stores v as the norm
+writes it, and templates/transpose.cu turns it in 64 x 64 tiles.  The
+layers that read one v (q, k and v; gate and up) share one transpose (a
+custom op is not merged by torch.compile's common subexpressions, so the
+pass does it).  Other inputs stay with Inductor.
+
+`install()` puts the pass in torch._inductor.config.post_grad_custom_post_pass
+where that slot is empty (sparseforge.torch does it on import); a slot
+holding another pass is left alone, and `combine(pass)` gives one that
+runs both.  The pass only rewrites graphs that call sparseforge::linear_fm.
+"""
+from __future__ import annotations
+
+import hashlib
+from pathlib import Path
+from typing import Optional
+
+import torch
+
+_MAX_WALK = 64     # nodes visited looking up from v for a reduction
+
+try:                                  # torch >= 2.6: a pass with a uuid keeps the FX cache
+    from torch._inductor.custom_graph_pass import CustomGraphPass as _Base
+except ImportError:                   # pragma: no cover - older torch: a plain callable
+    _Base = object
+
+_VIEWS = {"view", "reshape", "_unsafe_view", "unsqueeze", "squeeze", "expand", "permute",
+          "slice", "select", "alias"}
+
+
+def _packet(node) -> str:
+    target = node.target
+    return getattr(getattr(target, "overloadpacket", None), "__name__", "") or ""
+
+
+def _tags(node) -> tuple:
+    return tuple(getattr(node.target, "tags", ()) or ())
+
+
+def reduction_fed(node, limit: int = _MAX_WALK) -> bool:
+    """Whether `node` is computed from a reduction (a norm's mean or
+    variance) through pointwise ops and views only: then Inductor fuses
+    the transposed store into the reduction's kernel."""
+    seen, todo = set(), [node]
+    while todo and len(seen) < limit:
+        n = todo.pop()
+        if n in seen or getattr(n, "op", None) != "call_function":
+            continue
+        seen.add(n)
+        tags = _tags(n)
+        if torch.Tag.reduction in tags:
+            return True
+        if torch.Tag.pointwise in tags or _packet(n) in _VIEWS:
+            todo.extend(a for a in n.all_input_nodes)
+    return False
+
+
+def _transposed_source(node):
+    """v where `node` is clone(permute(v, [1, 0])) of a 2-D v, else None."""
+    if getattr(node, "op", None) != "call_function" or _packet(node) != "clone":
+        return None
+    perm = node.args[0] if node.args else None
+    if getattr(perm, "op", None) != "call_function" or _packet(perm) != "permute":
+        return None
+    if len(perm.args) < 2 or list(perm.args[1]) != [1, 0]:
+        return None
+    return perm.args[0]
+
+
+def _freeze(a):
+    if isinstance(a, (list, tuple)):
+        return tuple(_freeze(b) for b in a)
+    if isinstance(a, dict):
+        return tuple(sorted((k, _freeze(b)) for k, b in a.items()))
+    return a
+
+
+def _same(v):
+    """The key of v for sharing: a view by its op and arguments (each
+    layer's forward reshapes x again: equal views of one node), anything
+    else by itself."""
+    if _packet(v) in _VIEWS:
+        return (v.target, _freeze(v.args), _freeze(v.kwargs))
+    return v
+
+
+def rewrite(graph: torch.fx.Graph) -> int:
+    """The pass on `graph` (in place); returns how many layers' X^T it
+    moved to sparseforge::transpose."""
+    linear_fm = getattr(getattr(torch.ops, "sparseforge", None), "linear_fm", None)
+    if linear_fm is None:
+        return 0
+    target, transpose = linear_fm.default, torch.ops.sparseforge.transpose.default
+    shared: dict = {}                  # v -> its transpose node
+    moved = 0
+    for node in list(graph.nodes):
+        if node.op != "call_function" or node.target is not target:
+            continue
+        xt = node.args[0]
+        v = _transposed_source(xt)
+        if v is None or not reduction_fed(v):
+            continue
+        t = shared.get(_same(v))
+        if t is None:
+            with graph.inserting_after(v):
+                t = graph.call_function(transpose, (v, node.args[2]))
+            if "val" in xt.meta:
+                t.meta["val"] = xt.meta["val"]
+            shared[_same(v)] = t
+        node.replace_input_with(xt, t)
+        moved += 1
+        # the transpose left without readers, and a view of its own (only
+        # these: a graph may hold mutations that dead-code elimination
+        # must not judge)
+        perm = xt.args[0]
+        for dead in (xt, perm) + ((v,) if v is not t.args[0] and _packet(v) in _VIEWS else ()):
+            if not dead.users:
+                graph.erase_node(dead)
+    if moved:
+        graph.lint()
+    return moved
+
+
+class XtPass(_Base):
+    """rewrite() as an Inductor custom graph pass."""
+
+    def __call__(self, graph: torch.fx.Graph) -> None:
+        rewrite(graph)
+
+    def uuid(self) -> Optional[bytes]:
+        return hashlib.sha256(Path(__file__).read_bytes()).digest()
+
+
+class _Both(_Base):
+    """Two passes run in turn (combine)."""
+
+    def __init__(self, first, second):
+        self.first, self.second = first, second
+
+    def __call__(self, graph: torch.fx.Graph) -> None:
+        self.first(graph)
+        self.second(graph)
+
+    def uuid(self) -> Optional[bytes]:
+        ids = []
+        for p in (self.first, self.second):
+            u = p.uuid() if hasattr(p, "uuid") else None
+            if u is None:
+                return None        # one without a uuid: Inductor bypasses its cache
+            ids.append(repr(u).encode())
+        return hashlib.sha256(b"|".join(ids)).digest()
+
+
+PASS = XtPass()
+
+
+def combine(other) -> _Both:
+    """A pass that runs `other`, then sparseforge's: for a model that
+    sets its own post_grad_custom_post_pass."""
+    return _Both(other, PASS)
+
+
+def installed() -> bool:
+    """Whether Inductor's post-grad custom pass runs sparseforge's."""
+    from torch._inductor import config
+    p = getattr(config, "post_grad_custom_post_pass", None)
+    return p is PASS or (isinstance(p, _Both) and p.second is PASS)
+
+
+def install() -> bool:
+    """Sets the pass where Inductor's slot is empty; True when it runs."""
+    try:
+        from torch._inductor import config
+    except ImportError:                # pragma: no cover - a torch without Inductor
+        return False
+    if not hasattr(config, "post_grad_custom_post_pass"):
+        return False                   # pragma: no cover - torch too old for the slot
+    if config.post_grad_custom_post_pass is None:
+        config.post_grad_custom_post_pass = PASS
+    return installed()

@@ -1,0 +1,202 @@
+"""The torch.compile graph pass of sparseforge.torch (_passes.py), without a
+GPU: each feature-major layer whose input comes from a norm gets it from
+one sparseforge::transpose shared by the layers that read it; an input
+from a pointwise op, or a graph without the op, is left alone; the result
+is unchanged; install() fills an empty slot only, combine() runs both
+passes.  The ops get CPU implementations here, for these tests alone (a
+matrix product standing for each layer's kernel).  Skipped where torch is
+missing (scripts/test.sh installs it)."""
+from __future__ import annotations
+
+import pytest
+
+torch = pytest.importorskip("torch", reason="torch is not installed (pip install .[torch])")
+from torch import nn  # noqa: E402
+
+from sparseforge.torch import _passes  # noqa: E402
+
+K, N = 64, 16
+WEIGHTS = {}            # layer key -> its weight, for the CPU stand-ins of the kernels
+
+
+@pytest.fixture
+def cpu_ops():
+    """CPU implementations of linear_fm and transpose, removed afterwards;
+    the transposes they run, counted."""
+    calls = {"transpose": 0, "linear_fm": 0}
+
+    def linear_fm(xt, packed, layer, out_features):
+        calls["linear_fm"] += 1
+        return WEIGHTS[layer].to(xt.dtype) @ xt
+
+    def transpose(x, layer):
+        calls["transpose"] += 1
+        return x.t().contiguous()
+
+    lib = torch.library.Library("sparseforge", "IMPL")
+    lib.impl("linear_fm", linear_fm, "CPU")
+    lib.impl("transpose", transpose, "CPU")
+    yield calls
+    lib._destroy()
+
+
+class Layers(nn.Module):
+    """x -> (a norm or a GELU) -> three feature-major layers reading it ->
+    their sum; layer keys 1 to 3."""
+
+    def __init__(self, norm: bool):
+        super().__init__()
+        self.norm = norm
+        torch.manual_seed(0)
+        for key in (1, 2, 3):
+            WEIGHTS[key] = torch.randn(32, K)
+        self.w = nn.Parameter(torch.rand(K) + 0.5)
+
+    def forward(self, x):
+        if self.norm:
+            v = x.float()
+            h = (v * torch.rsqrt(v.pow(2).mean(-1, keepdim=True) + 1e-6) * self.w).to(x.dtype)
+        else:
+            h = torch.nn.functional.gelu(x)
+        out = 0
+        for key in (1, 2, 3):
+            xt = h.reshape(-1, K).t().contiguous()
+            yt = torch.ops.sparseforge.linear_fm(xt, [torch.zeros(4, dtype=torch.uint8)], key, 32)
+            out = out + yt.t().contiguous().reshape(*h.shape[:-1], 32)
+        return out
+
+
+def run_rewritten(model, x):
+    """model(x) compiled through AOT autograd with Inductor's
+    decompositions (the post-grad graph's ops), the pass applied to the
+    graph; returns (the result, rewrite's count, the graph)."""
+    from torch._functorch.aot_autograd import aot_module_simplified
+    from torch._inductor.decomposition import select_decomp_table
+
+    got = {}
+
+    def compiler(gm, example_inputs):
+        got["moved"] = _passes.rewrite(gm.graph)
+        gm.recompile()
+        got["graph"] = gm.graph
+        return gm
+
+    def backend(gm, example_inputs):
+        return aot_module_simplified(gm, example_inputs, fw_compiler=compiler,
+                                     decompositions=select_decomp_table())
+
+    torch._dynamo.reset()
+    with torch.no_grad():
+        y = torch.compile(model, backend=backend, fullgraph=True, dynamic=False)(x)
+    return y, got["moved"], got["graph"]
+
+
+def _packet_of_input(node) -> str:
+    return _passes._packet(node.args[0])
+
+
+def targets(graph, name: str) -> list:
+    return [n for n in graph.nodes if n.op == "call_function" and _passes._packet(n) == name]
+
+
+def test_a_norms_readers_share_one_transpose(cpu_ops):
+    model = Layers(norm=True)
+    x = torch.randn(2, N // 2, K)
+    with torch.no_grad():
+        want = model(x)
+    cpu_ops.update(transpose=0, linear_fm=0)
+    y, moved, graph = run_rewritten(model, x)      # traced on fake tensors, run once
+    assert moved == 3
+    (t,) = targets(graph, "transpose")                 # one, for the three layers
+    fms = targets(graph, "linear_fm")
+    assert len(fms) == 3 and all(f.args[0] is t for f in fms)
+    assert t.args[1] == 1 and _passes.reduction_fed(t.args[0])
+    assert not any(_packet_of_input(f) == "clone" for f in fms)
+    assert cpu_ops == {"transpose": 1, "linear_fm": 3}
+    torch.testing.assert_close(y, want, rtol=1e-4, atol=1e-4)
+
+
+def test_a_pointwise_producer_keeps_inductors_transpose(cpu_ops):
+    model = Layers(norm=False)
+    x = torch.randn(N, K)
+    with torch.no_grad():
+        want = model(x)
+    y, moved, graph = run_rewritten(model, x)
+    assert moved == 0 and not targets(graph, "transpose")
+    assert cpu_ops["transpose"] == 0
+    torch.testing.assert_close(y, want, rtol=1e-4, atol=1e-4)
+
+
+def test_a_graph_without_the_op_is_untouched():
+    g = torch.fx.Graph()
+    a = g.placeholder("a")
+    m = g.call_function(torch.ops.aten.mean.dim, (a, [-1], True))
+    p = g.call_function(torch.ops.aten.permute.default, (m, [1, 0]))
+    c = g.call_function(torch.ops.aten.clone.default, (p,))
+    g.output(c)
+    before = str(g)
+    assert _passes.rewrite(g) == 0 and str(g) == before
+
+
+def test_reduction_fed_looks_through_pointwise_ops_and_views_only():
+    g = torch.fx.Graph()
+    a = g.placeholder("a")
+    mean = g.call_function(torch.ops.aten.mean.dim, (a, [-1], True))
+    r = g.call_function(torch.ops.aten.rsqrt.default, (mean,))
+    mul = g.call_function(torch.ops.aten.mul.Tensor, (a, r))
+    view = g.call_function(torch.ops.aten.view.default, (mul, [N, K]))
+    mm = g.call_function(torch.ops.aten.mm.default, (view, a))       # not pointwise
+    gelu = g.call_function(torch.ops.aten.gelu.default, (mm,))
+    assert _passes.reduction_fed(view) and _passes.reduction_fed(mul)
+    assert not _passes.reduction_fed(gelu)        # the walk stops at the matrix product
+    assert not _passes.reduction_fed(a)
+
+
+def test_install_fills_an_empty_slot_only_and_combine_runs_both():
+    from torch._inductor import config
+    with config.patch(post_grad_custom_post_pass=None):
+        assert _passes.install() and config.post_grad_custom_post_pass is _passes.PASS
+        assert _passes.install() and config.post_grad_custom_post_pass is _passes.PASS
+
+    ran = []
+
+    class Other(_passes._Base):
+        def __call__(self, graph):
+            ran.append("other")
+
+        def uuid(self):
+            return b"other"
+
+    other = Other()
+    with config.patch(post_grad_custom_post_pass=other):
+        assert not _passes.install() and config.post_grad_custom_post_pass is other
+    both = _passes.combine(other)
+    with config.patch(post_grad_custom_post_pass=both):
+        assert _passes.installed()
+    both(torch.fx.Graph())
+    assert ran == ["other"] and both.uuid() not in (None, other.uuid(), _passes.PASS.uuid())
+
+
+def test_importing_sparseforge_torch_installs_the_pass():
+    import subprocess
+    import sys
+    code = ("from torch._inductor import config; assert config.post_grad_custom_post_pass is None; "
+            "import sparseforge.torch; from sparseforge.torch import _passes; "
+            "assert config.post_grad_custom_post_pass is _passes.PASS")
+    subprocess.run([sys.executable, "-c", code], check=True)
+
+
+def test_inductor_runs_the_pass_and_lowers_the_transpose(cpu_ops):
+    """torch.compile's default backend with the pass installed (Inductor on
+    the CPU): one transpose for the three layers, the result unchanged."""
+    from torch._inductor import config
+    model = Layers(norm=True)
+    x = torch.randn(N, K)
+    with torch.no_grad(), config.patch(post_grad_custom_post_pass=_passes.PASS):
+        want = model(x)
+        torch._dynamo.reset()
+        compiled = torch.compile(model, fullgraph=True, dynamic=False)
+        cpu_ops.update(transpose=0, linear_fm=0)
+        y = compiled(x)
+    assert cpu_ops == {"transpose": 1, "linear_fm": 3}
+    torch.testing.assert_close(y, want, rtol=1e-4, atol=1e-4)
