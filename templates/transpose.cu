@@ -5,6 +5,21 @@
 // warp row (whole 32-byte sectors both ways).  Edges are masked; no
 // alignment is assumed.  Element sizes 2 and 4 (fp16/bf16, fp32): only the
 // bits move.
+//
+// On sm_90 the module declares sf_pdl (programmatic dependent launch, as
+// the layers' kernels do): a block waits for the stream's previous work
+// before it reads or writes anything, and lets the next kernel (the
+// feature-major layer, whose weights do not depend on this one) start once
+// its tile is read.
+
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+extern "C" __device__ const int sf_pdl = 1;
+#define SF_GRIDDEP_WAIT() asm volatile("griddepcontrol.wait;\n" ::: "memory")
+#define SF_GRIDDEP_LAUNCH() asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory")
+#else
+#define SF_GRIDDEP_WAIT()
+#define SF_GRIDDEP_LAUNCH()
+#endif
 
 #define SF_TILE 64
 #define SF_ROWS 16  // block (32, 16): each thread moves two columns x four rows
@@ -16,6 +31,7 @@ __device__ __forceinline__ void sf_transpose(const T *__restrict__ in, T *__rest
   __shared__ T tile[SF_TILE][SF_TILE + 4 / sizeof(T)];
   const int c0 = blockIdx.x * SF_TILE, r0 = blockIdx.y * SF_TILE;
   const int tx = threadIdx.x, ty = threadIdx.y;
+  SF_GRIDDEP_WAIT();
 #pragma unroll
   for (int i = 0; i < SF_TILE; i += SF_ROWS) {
     const int r = r0 + ty + i;
@@ -26,6 +42,7 @@ __device__ __forceinline__ void sf_transpose(const T *__restrict__ in, T *__rest
     }
   }
   __syncthreads();
+  SF_GRIDDEP_LAUNCH();
 #pragma unroll
   for (int i = 0; i < SF_TILE; i += SF_ROWS) {
     const int c = c0 + ty + i;  // the output's row
