@@ -18,7 +18,11 @@ norm), and gives it `transpose(v)`: Inductor then stores v as the norm
 writes it, and templates/transpose.cu turns it in 64 x 64 tiles.  The
 layers that read one v (q, k and v; gate and up) share one transpose (a
 custom op is not merged by torch.compile's common subexpressions, so the
-pass does it).  Other inputs stay with Inductor.
+pass does it).  Other inputs stay with Inductor.  Likewise on the output
+side: where a reduction reads the layer's Y through pointwise ops (the
+residual sum a norm reads: Inductor would read Y^T across its columns
+inside the reduction, and splits it in three kernels), Y comes from
+`transpose(Y^T)`.
 
 `install()` puts the pass in torch._inductor.config.post_grad_custom_post_pass
 where that slot is empty (sparseforge.torch does it on import); a slot
@@ -53,11 +57,8 @@ def _tags(node) -> tuple:
     return tuple(getattr(node.target, "tags", ()) or ())
 
 
-def reduction_fed(node, limit: int = _MAX_WALK) -> bool:
-    """Whether `node` is computed from a reduction (a norm's mean or
-    variance) through pointwise ops and views only: then Inductor fuses
-    the transposed store into the reduction's kernel."""
-    seen, todo = set(), [node]
+def _reaches_reduction(node, up: bool, limit: int) -> bool:
+    seen, todo = set(), list(node.all_input_nodes if up else node.users)
     while todo and len(seen) < limit:
         n = todo.pop()
         if n in seen or getattr(n, "op", None) != "call_function":
@@ -67,8 +68,23 @@ def reduction_fed(node, limit: int = _MAX_WALK) -> bool:
         if torch.Tag.reduction in tags:
             return True
         if torch.Tag.pointwise in tags or _packet(n) in _VIEWS:
-            todo.extend(a for a in n.all_input_nodes)
+            todo.extend(n.all_input_nodes if up else n.users)
     return False
+
+
+def reduction_fed(node, limit: int = _MAX_WALK) -> bool:
+    """Whether `node` is computed from a reduction (a norm's mean or
+    variance) through pointwise ops and views only: then Inductor fuses
+    a transposed store of it into the reduction's kernel."""
+    return _reaches_reduction(node, True, limit) or (
+        getattr(node, "op", None) == "call_function" and torch.Tag.reduction in _tags(node))
+
+
+def reduction_read(node, limit: int = _MAX_WALK) -> bool:
+    """Whether a reduction reads `node` through pointwise ops and views
+    only (a residual sum, then a norm): then Inductor reads it transposed
+    inside the reduction's kernel, row by row across columns."""
+    return _reaches_reduction(node, False, limit)
 
 
 def _transposed_source(node):
@@ -101,40 +117,65 @@ def _same(v):
 
 
 def rewrite(graph: torch.fx.Graph) -> int:
-    """The pass on `graph` (in place); returns how many layers' X^T it
-    moved to sparseforge::transpose."""
+    """The pass on `graph` (in place); returns how many transposes of the
+    layers' X^T and Y^T it moved to sparseforge::transpose."""
     linear_fm = getattr(getattr(torch.ops, "sparseforge", None), "linear_fm", None)
     if linear_fm is None:
         return 0
     target, transpose = linear_fm.default, torch.ops.sparseforge.transpose.default
-    shared: dict = {}                  # v -> its transpose node
+    shared: dict = {}                  # _same(v) -> its transpose node
     moved = 0
     for node in list(graph.nodes):
         if node.op != "call_function" or node.target is not target:
             continue
-        xt = node.args[0]
-        v = _transposed_source(xt)
-        if v is None or not reduction_fed(v):
-            continue
-        t = shared.get(_same(v))
-        if t is None:
-            with graph.inserting_after(v):
-                t = graph.call_function(transpose, (v, node.args[2]))
-            if "val" in xt.meta:
-                t.meta["val"] = xt.meta["val"]
-            shared[_same(v)] = t
-        node.replace_input_with(xt, t)
-        moved += 1
-        # the transpose left without readers, and a view of its own (only
-        # these: a graph may hold mutations that dead-code elimination
-        # must not judge)
-        perm = xt.args[0]
-        for dead in (xt, perm) + ((v,) if v is not t.args[0] and _packet(v) in _VIEWS else ()):
-            if not dead.users:
-                graph.erase_node(dead)
+        moved += _x_side(graph, node, transpose, shared) + _y_side(graph, node, transpose)
     if moved:
         graph.lint()
     return moved
+
+
+def _x_side(graph: torch.fx.Graph, fm, transpose, shared: dict) -> int:
+    """X^T of layer node `fm` by sparseforge::transpose (the one of an
+    equal input in `shared`) where a reduction computes X; 1 if moved."""
+    xt = fm.args[0]
+    v = _transposed_source(xt)
+    if v is None or not reduction_fed(v):
+        return 0
+    t = shared.get(_same(v))
+    if t is None:
+        with graph.inserting_after(v):
+            t = graph.call_function(transpose, (v, fm.args[2]))
+        if "val" in xt.meta:
+            t.meta["val"] = xt.meta["val"]
+        shared[_same(v)] = t
+    fm.replace_input_with(xt, t)
+    # the transpose left without readers, and a view of its own (only
+    # these: a graph may hold mutations that dead-code elimination must
+    # not judge)
+    perm = xt.args[0]
+    for dead in (xt, perm) + ((v,) if v is not t.args[0] and _packet(v) in _VIEWS else ()):
+        if not dead.users:
+            graph.erase_node(dead)
+    return 1
+
+
+def _y_side(graph: torch.fx.Graph, fm, transpose) -> int:
+    """Y = (Y^T)^T of layer node `fm` by sparseforge::transpose where a
+    reduction reads Y (the residual sum a norm reads); 1 if moved."""
+    for c in [c for p in list(fm.users) for c in list(p.users)]:
+        if _transposed_source(c) is not fm or not reduction_read(c):
+            continue
+        with graph.inserting_after(c):
+            t = graph.call_function(transpose, (fm, fm.args[2]))
+        if "val" in c.meta:
+            t.meta["val"] = c.meta["val"]
+        c.replace_all_uses_with(t)
+        perm = c.args[0]
+        graph.erase_node(c)
+        if not perm.users:
+            graph.erase_node(perm)
+        return 1
+    return 0
 
 
 class XtPass(_Base):

@@ -44,9 +44,9 @@ class Layers(nn.Module):
     """x -> (a norm or a GELU) -> three feature-major layers reading it ->
     their sum; layer keys 1 to 3."""
 
-    def __init__(self, norm: bool):
+    def __init__(self, norm: bool, norm_after: bool = False):
         super().__init__()
-        self.norm = norm
+        self.norm, self.norm_after = norm, norm_after
         torch.manual_seed(0)
         for key in (1, 2, 3):
             WEIGHTS[key] = torch.randn(32, K)
@@ -63,6 +63,8 @@ class Layers(nn.Module):
             xt = h.reshape(-1, K).t().contiguous()
             yt = torch.ops.sparseforge.linear_fm(xt, [torch.zeros(4, dtype=torch.uint8)], key, 32)
             out = out + yt.t().contiguous().reshape(*h.shape[:-1], 32)
+        if self.norm_after:       # a reduction reads the layers' outputs
+            out = out * torch.rsqrt(out.float().pow(2).mean(-1, keepdim=True) + 1e-6)
         return out
 
 
@@ -113,6 +115,22 @@ def test_a_norms_readers_share_one_transpose(cpu_ops):
     assert t.args[1] == 1 and _passes.reduction_fed(t.args[0])
     assert not any(_packet_of_input(f) == "clone" for f in fms)
     assert cpu_ops == {"transpose": 1, "linear_fm": 3}
+    torch.testing.assert_close(y, want, rtol=1e-4, atol=1e-4)
+
+
+def test_outputs_a_reduction_reads_come_from_the_transpose_op(cpu_ops):
+    model = Layers(norm=False, norm_after=True)
+    x = torch.randn(N, K)
+    with torch.no_grad():
+        want = model(x)
+    cpu_ops.update(transpose=0, linear_fm=0)
+    y, moved, graph = run_rewritten(model, x)
+    assert moved == 3                                   # the three Y, not the GELU's X
+    ts = targets(graph, "transpose")
+    fms = targets(graph, "linear_fm")
+    assert sorted(t.args[0].name for t in ts) == sorted(f.name for f in fms)
+    assert all(_packet_of_input(f) == "clone" for f in fms)   # X^T: Inductor's
+    assert cpu_ops == {"transpose": 3, "linear_fm": 3}
     torch.testing.assert_close(y, want, rtol=1e-4, atol=1e-4)
 
 
@@ -188,9 +206,10 @@ def test_importing_sparseforge_torch_installs_the_pass():
 
 def test_inductor_runs_the_pass_and_lowers_the_transpose(cpu_ops):
     """torch.compile's default backend with the pass installed (Inductor on
-    the CPU): one transpose for the three layers, the result unchanged."""
+    the CPU): one transpose of X for the three layers, one of each Y (a
+    norm reads their sum), the result unchanged."""
     from torch._inductor import config
-    model = Layers(norm=True)
+    model = Layers(norm=True, norm_after=True)
     x = torch.randn(N, K)
     with torch.no_grad(), config.patch(post_grad_custom_post_pass=_passes.PASS):
         want = model(x)
@@ -198,5 +217,5 @@ def test_inductor_runs_the_pass_and_lowers_the_transpose(cpu_ops):
         compiled = torch.compile(model, fullgraph=True, dynamic=False)
         cpu_ops.update(transpose=0, linear_fm=0)
         y = compiled(x)
-    assert cpu_ops == {"transpose": 1, "linear_fm": 3}
+    assert cpu_ops == {"transpose": 4, "linear_fm": 3}   # X^T once, each Y once
     torch.testing.assert_close(y, want, rtol=1e-4, atol=1e-4)
