@@ -47,6 +47,10 @@ except ImportError:                   # pragma: no cover - older torch: a plain 
 
 _VIEWS = {"view", "reshape", "_unsafe_view", "unsqueeze", "squeeze", "expand", "permute",
           "slice", "select", "alias"}
+# reductions by name where this torch's ops carry no `reduction` tag
+_REDUCTIONS = {"mean", "sum", "var_mean", "var", "std", "amax", "amin", "prod", "max", "min",
+               "logsumexp", "norm", "linalg_vector_norm"}
+_REDUCTION_TAG = getattr(torch.Tag, "reduction", None)
 
 
 def _packet(node) -> str:
@@ -58,6 +62,12 @@ def _tags(node) -> tuple:
     return tuple(getattr(node.target, "tags", ()) or ())
 
 
+def _is_reduction(node) -> bool:
+    if _REDUCTION_TAG is not None:
+        return _REDUCTION_TAG in _tags(node)
+    return _packet(node) in _REDUCTIONS
+
+
 def _reaches_reduction(node, up: bool, limit: int) -> bool:
     seen, todo = set(), list(node.all_input_nodes if up else node.users)
     while todo and len(seen) < limit:
@@ -65,10 +75,9 @@ def _reaches_reduction(node, up: bool, limit: int) -> bool:
         if n in seen or getattr(n, "op", None) != "call_function":
             continue
         seen.add(n)
-        tags = _tags(n)
-        if torch.Tag.reduction in tags:
+        if _is_reduction(n):
             return True
-        if torch.Tag.pointwise in tags or _packet(n) in _VIEWS:
+        if torch.Tag.pointwise in _tags(n) or _packet(n) in _VIEWS:
             todo.extend(n.all_input_nodes if up else n.users)
     return False
 
@@ -78,7 +87,7 @@ def reduction_fed(node, limit: int = _MAX_WALK) -> bool:
     variance) through pointwise ops and views only: then Inductor fuses
     a transposed store of it into the reduction's kernel."""
     return _reaches_reduction(node, True, limit) or (
-        getattr(node, "op", None) == "call_function" and torch.Tag.reduction in _tags(node))
+        getattr(node, "op", None) == "call_function" and _is_reduction(node))
 
 
 def reduction_read(node, limit: int = _MAX_WALK) -> bool:

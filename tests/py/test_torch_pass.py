@@ -219,3 +219,14 @@ def test_inductor_runs_the_pass_and_lowers_the_transpose(cpu_ops):
         y = compiled(x)
     assert cpu_ops == {"transpose": 4, "linear_fm": 3}   # X^T once, each Y once
     torch.testing.assert_close(y, want, rtol=1e-4, atol=1e-4)
+
+
+def test_reductions_by_name_where_ops_carry_no_reduction_tag(monkeypatch):
+    """(torch versions whose ops have no `reduction` tag)"""
+    g = torch.fx.Graph()
+    a = g.placeholder("a")
+    mean = g.call_function(torch.ops.aten.mean.dim, (a, [-1], True))
+    mul = g.call_function(torch.ops.aten.mul.Tensor, (a, mean))
+    monkeypatch.setattr(_passes, "_REDUCTION_TAG", None)
+    assert _passes.reduction_fed(mul) and _passes.reduction_read(a)
+    assert not _passes.reduction_read(mul)
