@@ -122,7 +122,12 @@ def _same(v):
     layer's forward reshapes x again: equal views of one node), anything
     else by itself."""
     if _packet(v) in _VIEWS:
-        return (v.target, _freeze(v.args), _freeze(v.kwargs))
+        key = (v.target, _freeze(v.args), _freeze(v.kwargs))
+        try:
+            hash(key)
+        except TypeError:            # a symbolic size held as a value: not shared
+            return v
+        return key
     return v
 
 

@@ -204,21 +204,24 @@ def test_importing_sparseforge_torch_installs_the_pass():
     subprocess.run([sys.executable, "-c", code], check=True)
 
 
-def test_inductor_runs_the_pass_and_lowers_the_transpose(cpu_ops):
+@pytest.mark.parametrize("dynamic", [False, True])
+def test_inductor_runs_the_pass_and_lowers_the_transpose(cpu_ops, dynamic):
     """torch.compile's default backend with the pass installed (Inductor on
-    the CPU): one transpose of X for the three layers, one of each Y (a
-    norm reads their sum), the result unchanged."""
+    the CPU), static shapes or dynamic: one transpose of X for the three
+    layers, one of each Y (a norm reads their sum), the result unchanged,
+    for each token count."""
     from torch._inductor import config
     model = Layers(norm=True, norm_after=True)
-    x = torch.randn(N, K)
     with torch.no_grad(), config.patch(post_grad_custom_post_pass=_passes.PASS):
-        want = model(x)
         torch._dynamo.reset()
-        compiled = torch.compile(model, fullgraph=True, dynamic=False)
-        cpu_ops.update(transpose=0, linear_fm=0)
-        y = compiled(x)
-    assert cpu_ops == {"transpose": 4, "linear_fm": 3}   # X^T once, each Y once
-    torch.testing.assert_close(y, want, rtol=1e-4, atol=1e-4)
+        compiled = torch.compile(model, fullgraph=True, dynamic=dynamic)
+        for n in ((N, 24, 5) if dynamic else (N,)):
+            x = torch.randn(2, n, K)
+            want = model(x)
+            cpu_ops.update(transpose=0, linear_fm=0)
+            y = compiled(x)
+            assert cpu_ops == {"transpose": 4, "linear_fm": 3}, n   # X^T once, each Y once
+            torch.testing.assert_close(y, want, rtol=1e-4, atol=1e-4)
 
 
 def test_reductions_by_name_where_ops_carry_no_reduction_tag(monkeypatch):
