@@ -12,17 +12,15 @@ nothing else in sparseforge imports torch).
 - sparsify, load_state_dict, Report (convert.py): converting a model,
   loading a sparsified model's state into the dense one.
 - _passes.py: the graph pass torch.compile's Inductor runs after its own
-  (set on import where torch._inductor.config.post_grad_custom_post_pass
-  is empty; `combine` joins it to a model's own pass): a norm's output
-  read feature-major is transposed by one kernel of sparseforge's.
+  (set when a layer with a feature-major kernel is loaded on a GPU, where
+  torch._inductor.config.post_grad_custom_post_pass is empty;
+  `combine_pass` joins it to a model's own pass): a norm's output read
+  feature-major is transposed by one kernel of sparseforge's.
 """
 from ..tuner.resolve import MissingLayersError
 from .convert import DEFAULT_N, LayerReport, Report, load_state_dict, sparsify
 from .linear import SparseLinear
 from ._passes import combine as combine_pass
-from ._passes import install as _install_pass
-
-_install_pass()
 
 __all__ = ["SparseLinear", "sparsify", "load_state_dict", "Report", "LayerReport",
            "MissingLayersError", "DEFAULT_N", "combine_pass"]

@@ -36,8 +36,9 @@ transposes that SparseLinear.forward leaves in the graph: Inductor
 writes X^T from the op that produces x (a norm, a gate) and reads Y^T in
 the op that consumes y, with no launch of their own.  A norm's
 reduction would store X^T column by column (bench/RESULTS.md): where x
-comes from one, the graph pass of _passes.py gives the layers that read
-it `transpose(x, layer)` instead (templates/transpose.cu, with the
+comes from one, the graph pass of _passes.py (set by `load` for a layer
+with a feature-major kernel) gives the layers that read it
+`transpose(x, layer)` instead (templates/transpose.cu, with the
 layer's transpose kernel), one for all of them.
 
 The C runtime's context for a GPU is the device's primary context
@@ -206,6 +207,11 @@ def load(device: int, name: str, rows: int, cols: int, elem_size: int, variants:
             for layer, _ in parts.values():
                 layer.close()
             raise
+    if transpose is not None:
+        # under torch.compile its feature-major kernel's transposes around a
+        # norm are the graph pass's (_passes.py)
+        from . import _passes
+        _passes.install()
     buckets = [(int(v["n_bucket"]), v.get("layout", "tm")) for v in variants]
     entry = LoadedLayer(next(_keys), device, name, parts, buckets, fn)
     with _lock:

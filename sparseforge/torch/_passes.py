@@ -26,9 +26,11 @@ inside the reduction, and splits it in three kernels), Y comes from
 `transpose(Y^T)`.
 
 `install()` puts the pass in torch._inductor.config.post_grad_custom_post_pass
-where that slot is empty (sparseforge.torch does it on import); a slot
-holding another pass is left alone, and `combine(pass)` gives one that
-runs both.  The pass only rewrites graphs that call sparseforge::linear_fm.
+where that slot is empty: _op.load does it when it loads a layer that has
+a feature-major kernel on a GPU (importing Inductor takes a second or
+more, which a model that never runs one need not pay); a slot holding
+another pass is left alone, and `combine(pass)` gives one that runs both.
+The pass only rewrites graphs that call sparseforge::linear_fm.
 """
 from __future__ import annotations
 
@@ -39,11 +41,6 @@ from typing import Optional
 import torch
 
 _MAX_WALK = 64     # nodes visited looking up from v for a reduction
-
-try:                                  # torch >= 2.6: a pass with a uuid keeps the FX cache
-    from torch._inductor.custom_graph_pass import CustomGraphPass as _Base
-except ImportError:                   # pragma: no cover - older torch: a plain callable
-    _Base = object
 
 _VIEWS = {"view", "reshape", "_unsafe_view", "unsqueeze", "squeeze", "expand", "permute",
           "slice", "select", "alias"}
@@ -193,50 +190,80 @@ def _y_side(graph: torch.fx.Graph, fm, transpose) -> int:
     return 0
 
 
-class XtPass(_Base):
-    """rewrite() as an Inductor custom graph pass."""
-
-    def __call__(self, graph: torch.fx.Graph) -> None:
-        rewrite(graph)
-
-    def uuid(self) -> Optional[bytes]:
-        return hashlib.sha256(Path(__file__).read_bytes()).digest()
-
-
-class _Both(_Base):
-    """Two passes run in turn (combine)."""
-
-    def __init__(self, first, second):
-        self.first, self.second = first, second
-
-    def __call__(self, graph: torch.fx.Graph) -> None:
-        self.first(graph)
-        self.second(graph)
-
-    def uuid(self) -> Optional[bytes]:
-        ids = []
-        for p in (self.first, self.second):
-            u = p.uuid() if hasattr(p, "uuid") else None
-            if u is None:
-                return None        # one without a uuid: Inductor bypasses its cache
-            ids.append(repr(u).encode())
-        return hashlib.sha256(b"|".join(ids)).digest()
+def _base() -> type:
+    """Inductor's CustomGraphPass (torch >= 2.6: a pass with a uuid keeps
+    the FX graph cache), else object (a plain callable); imported when a
+    pass is first made."""
+    try:
+        from torch._inductor.custom_graph_pass import CustomGraphPass
+        return CustomGraphPass
+    except ImportError:               # pragma: no cover - older torch
+        return object
 
 
-PASS = XtPass()
+def _uuid() -> bytes:
+    return hashlib.sha256(Path(__file__).read_bytes()).digest()
 
 
-def combine(other) -> _Both:
+_classes: dict = {}
+
+
+def _pass_classes() -> tuple[type, type]:
+    """(XtPass, Both), made once on first use."""
+    if not _classes:
+        base = _base()
+
+        class XtPass(base):
+            """rewrite() as an Inductor custom graph pass."""
+
+            def __call__(self, graph: torch.fx.Graph) -> None:
+                rewrite(graph)
+
+            def uuid(self) -> Optional[bytes]:
+                return _uuid()
+
+        class Both(base):
+            """Two passes run in turn (combine)."""
+
+            def __init__(self, first, second):
+                self.first, self.second = first, second
+
+            def __call__(self, graph: torch.fx.Graph) -> None:
+                self.first(graph)
+                self.second(graph)
+
+            def uuid(self) -> Optional[bytes]:
+                ids = []
+                for p in (self.first, self.second):
+                    u = p.uuid() if hasattr(p, "uuid") else None
+                    if u is None:
+                        return None    # one without a uuid: Inductor bypasses its cache
+                    ids.append(repr(u).encode())
+                return hashlib.sha256(b"|".join(ids)).digest()
+
+        _classes.update(xt=XtPass, both=Both, pass_=XtPass())
+    return _classes["xt"], _classes["both"]
+
+
+def the_pass():
+    """sparseforge's pass (one instance)."""
+    _pass_classes()
+    return _classes["pass_"]
+
+
+def combine(other):
     """A pass that runs `other`, then sparseforge's: for a model that
     sets its own post_grad_custom_post_pass."""
-    return _Both(other, PASS)
+    return _pass_classes()[1](other, the_pass())
 
 
 def installed() -> bool:
     """Whether Inductor's post-grad custom pass runs sparseforge's."""
     from torch._inductor import config
     p = getattr(config, "post_grad_custom_post_pass", None)
-    return p is PASS or (isinstance(p, _Both) and p.second is PASS)
+    if p is None or not _classes:
+        return False
+    return p is the_pass() or (isinstance(p, _classes["both"]) and p.second is the_pass())
 
 
 def install() -> bool:
@@ -248,5 +275,5 @@ def install() -> bool:
     if not hasattr(config, "post_grad_custom_post_pass"):
         return False                   # pragma: no cover - torch too old for the slot
     if config.post_grad_custom_post_pass is None:
-        config.post_grad_custom_post_pass = PASS
+        config.post_grad_custom_post_pass = the_pass()
     return installed()
