@@ -343,11 +343,10 @@ def _transpose_cuda(x: torch.Tensor, layer: int) -> torch.Tensor:
     layer `layer` (one with a feature-major variant)."""
     entry = _loaded.get(layer)
     if entry is None or entry.transpose_fn is None:
-        raise RuntimeError(f"{OP.split('::')[0]}::transpose: layer {layer} is not loaded or "
-                           "has no feature-major kernel")
+        raise RuntimeError(f"sparseforge::transpose: layer {layer} is not loaded or has no "
+                           "feature-major kernel")
     if x.dim() != 2:
-        raise RuntimeError(f"{OP.split('::')[0]}::transpose takes a matrix, got shape "
-                           f"{tuple(x.shape)}")
+        raise RuntimeError(f"sparseforge::transpose takes a matrix, got shape {tuple(x.shape)}")
     x = x.contiguous()
     out = torch.empty((x.shape[1], x.shape[0]), dtype=x.dtype, device=x.device)
     if x.numel():

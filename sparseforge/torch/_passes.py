@@ -201,16 +201,13 @@ def _base() -> type:
         return object
 
 
-def _uuid() -> bytes:
-    return hashlib.sha256(Path(__file__).read_bytes()).digest()
+_made: dict = {}   # "pass": sparseforge's pass (one instance), "both": combine's class
 
 
-_classes: dict = {}
-
-
-def _pass_classes() -> tuple[type, type]:
-    """(XtPass, Both), made once on first use."""
-    if not _classes:
+def _make() -> dict:
+    """The pass and combine's class, made on first use (their base is
+    Inductor's, imported then)."""
+    if not _made:
         base = _base()
 
         class XtPass(base):
@@ -220,7 +217,7 @@ def _pass_classes() -> tuple[type, type]:
                 rewrite(graph)
 
             def uuid(self) -> Optional[bytes]:
-                return _uuid()
+                return hashlib.sha256(Path(__file__).read_bytes()).digest()
 
         class Both(base):
             """Two passes run in turn (combine)."""
@@ -241,29 +238,28 @@ def _pass_classes() -> tuple[type, type]:
                     ids.append(repr(u).encode())
                 return hashlib.sha256(b"|".join(ids)).digest()
 
-        _classes.update(xt=XtPass, both=Both, pass_=XtPass())
-    return _classes["xt"], _classes["both"]
+        _made.update({"pass": XtPass(), "both": Both})
+    return _made
 
 
 def the_pass():
     """sparseforge's pass (one instance)."""
-    _pass_classes()
-    return _classes["pass_"]
+    return _make()["pass"]
 
 
 def combine(other):
     """A pass that runs `other`, then sparseforge's: for a model that
     sets its own post_grad_custom_post_pass."""
-    return _pass_classes()[1](other, the_pass())
+    return _make()["both"](other, the_pass())
 
 
 def installed() -> bool:
     """Whether Inductor's post-grad custom pass runs sparseforge's."""
     from torch._inductor import config
     p = getattr(config, "post_grad_custom_post_pass", None)
-    if p is None or not _classes:
+    if p is None or not _made:
         return False
-    return p is the_pass() or (isinstance(p, _classes["both"]) and p.second is the_pass())
+    return p is the_pass() or (isinstance(p, _made["both"]) and p.second is the_pass())
 
 
 def install() -> bool:
