@@ -63,3 +63,117 @@ extern "C" __global__ void __launch_bounds__(32 * SF_ROWS)
     sf_transpose_4(const unsigned int *in, unsigned int *out, int rows, int cols) {
   sf_transpose(in, out, rows, cols);
 }
+
+// ---- RMSNorm writing X^T (sm_90: a cluster of 8 blocks) ------------------
+// xt (k x n) = norm(x)^T for the graph pass (_passes.py), where a norm's
+// output is read only by feature-major layers: x (n x k, token-major) is
+// a, or a + yt^T (the residual sum with a feature-major layer's Y^T, k x
+// n, rounded to the element type as the model's sum is; written to h, n x
+// k, where h is given).  norm(x) = round(round(x r) w) (FLAG_ROUND_FIRST:
+// `(x.float() * r).to(dtype) * w`) or round(x r w), r = rsqrt(mean(x^2) +
+// eps) a token, in fp32.  A cluster takes 16 tokens; each of its 8 blocks
+// a slice of the features (k <= 8 * SF_NORM_SLICE), sums their squares,
+// and reads the others' sums through distributed shared memory.
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+#define SF_NORM_CTAS 8
+#define SF_NORM_T 16
+#define SF_NORM_SLICE 1024
+#define SF_NORM_THREADS 256
+#define SF_NORM_BF16 1
+#define SF_NORM_ROUND_FIRST 2
+
+__device__ __forceinline__ float sf_to_f(unsigned short v, bool bf) {
+  float f;
+  if (bf) {
+    f = __int_as_float(static_cast<int>(v) << 16);
+  } else {
+    asm("cvt.f32.f16 %0, %1;\n" : "=f"(f) : "h"(v));
+  }
+  return f;
+}
+
+__device__ __forceinline__ unsigned short sf_from_f(float f, bool bf) {
+  unsigned short v;
+  if (bf) {
+    asm("cvt.rn.bf16.f32 %0, %1;\n" : "=h"(v) : "f"(f));
+  } else {
+    asm("cvt.rn.f16.f32 %0, %1;\n" : "=h"(v) : "f"(f));
+  }
+  return v;
+}
+
+__device__ __forceinline__ void sf_cluster_sync() {
+  asm volatile("barrier.cluster.arrive.release.aligned;\n"
+               "barrier.cluster.wait.acquire.aligned;\n" ::: "memory");
+}
+
+// part[i] of block `rank` of the cluster
+__device__ __forceinline__ float sf_remote(const float *part, int rank) {
+  unsigned local = static_cast<unsigned>(__cvta_generic_to_shared(part)), remote;
+  float v;
+  asm volatile("mapa.shared::cluster.u32 %0, %1, %2;\n" : "=r"(remote) : "r"(local), "r"(rank));
+  asm volatile("ld.shared::cluster.f32 %0, [%1];\n" : "=f"(v) : "r"(remote) : "memory");
+  return v;
+}
+
+extern "C" __global__ void __cluster_dims__(SF_NORM_CTAS, 1, 1) __launch_bounds__(SF_NORM_THREADS)
+    sf_rmsnorm_t_2(const unsigned short *__restrict__ a, const unsigned short *__restrict__ yt,
+                   const unsigned short *__restrict__ w, unsigned short *__restrict__ h,
+                   unsigned short *__restrict__ xt, int n, int k, float eps, int flags) {
+  // the block's tokens by features, rows an odd number of words apart
+  __shared__ unsigned short hs[SF_NORM_T][SF_NORM_SLICE + 2];
+  __shared__ float part[SF_NORM_T], rstd[SF_NORM_T];
+  const bool bf = flags & SF_NORM_BF16;
+  const int slice = ((k + SF_NORM_CTAS - 1) / SF_NORM_CTAS + 7) & ~7;
+  const int f0 = blockIdx.x * slice, nf = max(0, min(k, f0 + slice) - f0);
+  const int t0 = blockIdx.y * SF_NORM_T, nt = min(SF_NORM_T, n - t0);
+  const int tid = threadIdx.x;
+  SF_GRIDDEP_WAIT();
+  for (int i = tid; i < nt * nf; i += SF_NORM_THREADS) {   // along features
+    const int t = i / nf, f = i - t * nf;
+    hs[t][f] = a[(size_t)(t0 + t) * k + f0 + f];
+  }
+  __syncthreads();
+  if (yt != nullptr) {
+    for (int i = tid; i < nt * nf; i += SF_NORM_THREADS) {   // along tokens
+      const int f = i / nt, t = i - f * nt;
+      hs[t][f] = sf_from_f(sf_to_f(hs[t][f], bf) + sf_to_f(yt[(size_t)(f0 + f) * n + t0 + t], bf),
+                           bf);
+    }
+    __syncthreads();
+  }
+  SF_GRIDDEP_LAUNCH();
+  {  // the slice's sums of squares: 16 lanes a token
+    const int t = tid >> 4, l = tid & 15;
+    float s = 0.0f;
+    if (t < nt)
+      for (int f = l; f < nf; f += 16) {
+        const float v = sf_to_f(hs[t][f], bf);
+        s = fmaf(v, v, s);
+      }
+#pragma unroll
+    for (int o = 8; o; o >>= 1) s += __shfl_xor_sync(0xffffffffu, s, o);
+    if (l == 0) part[t] = s;
+  }
+  sf_cluster_sync();  // every block's sums are written
+  if (tid < SF_NORM_T) {
+    float s = 0.0f;
+#pragma unroll
+    for (int r = 0; r < SF_NORM_CTAS; ++r) s += sf_remote(&part[tid], r);
+    rstd[tid] = rsqrtf(s / static_cast<float>(k) + eps);
+  }
+  sf_cluster_sync();  // no block leaves while another reads its sums; rstd is seen
+  const bool round_first = flags & SF_NORM_ROUND_FIRST;
+  for (int i = tid; i < nt * nf; i += SF_NORM_THREADS) {   // along tokens
+    const int f = i / nt, t = i - f * nt;
+    const float v = sf_to_f(hs[t][f], bf) * rstd[t], wf = sf_to_f(w[f0 + f], bf);
+    const float o = round_first ? sf_to_f(sf_from_f(v, bf), bf) * wf : v * wf;
+    xt[(size_t)(f0 + f) * n + t0 + t] = sf_from_f(o, bf);
+  }
+  if (h != nullptr)
+    for (int i = tid; i < nt * nf; i += SF_NORM_THREADS) {   // along features
+      const int t = i / nf, f = i - t * nf;
+      h[(size_t)(t0 + t) * k + f0 + f] = hs[t][f];
+    }
+}
+#endif

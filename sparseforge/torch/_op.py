@@ -4,6 +4,7 @@
     torch.ops.sparseforge.linear(x, packed, layer, out_features) -> y
     torch.ops.sparseforge.linear_fm(xt, packed, layer, out_features) -> yt
     torch.ops.sparseforge.transpose(x, layer) -> x^T
+    torch.ops.sparseforge.rms_norm_t(x, yt, w, eps, round_first, layer) -> (h, xt)
 
 `x` is (..., K), token-major; `packed` holds one uint8 tensor per variant
 of the layer (its packed weights, tables and bias: the module's buffers);
@@ -39,7 +40,10 @@ reduction would store X^T column by column (bench/RESULTS.md): where x
 comes from one, the graph pass of _passes.py (set by `load` for a layer
 with a feature-major kernel) gives the layers that read it
 `transpose(x, layer)` instead (templates/transpose.cu, with the
-layer's transpose kernel), one for all of them.
+layer's transpose kernel), one for all of them; where x is an RMSNorm's
+output read by those layers alone, `rms_norm_t` computes the norm and
+writes X^T in one kernel (sm_90), with the residual sum before it where
+that sum adds a feature-major layer's Y^T.
 
 The C runtime's context for a GPU is the device's primary context
 (cuDevicePrimaryCtxRetain), the one the CUDA runtime under PyTorch uses:
@@ -64,6 +68,8 @@ _LIB = torch.library.Library("sparseforge", "FRAGMENT")
 _LIB.define("linear(Tensor x, Tensor[] packed, int layer, int out_features) -> Tensor")
 _LIB.define("linear_fm(Tensor xt, Tensor[] packed, int layer, int out_features) -> Tensor")
 _LIB.define("transpose(Tensor x, int layer) -> Tensor")
+_LIB.define("rms_norm_t(Tensor x, Tensor? yt, Tensor w, float eps, bool round_first, int layer) "
+            "-> (Tensor, Tensor)")
 
 _lock = threading.Lock()
 _contexts: dict = {}          # device ordinal -> (native.Context, lock)
@@ -98,6 +104,7 @@ class LoadedLayer:
         self.buckets = buckets        # [(n_bucket, layout)], in the variants' order
         self.n_variants = len(buckets)
         self.transpose_fn = transpose  # (native.Module, its KernelFn) where a bucket is fm
+        self._norm_fn = None          # the module's sf_rmsnorm_t_2 (sm_90), found on first use
         self.ctx, self.lock = context(device)
         self._arrays: dict = {}       # layout -> (packed addresses, their ctypes array)
 
@@ -127,6 +134,22 @@ class LoadedLayer:
         with self.lock:
             self.ctx.launch(fn, ((cols + 63) // 64, (rows + 63) // 64, 1), (32, 16, 1),
                             (src, dst, rows, cols), sig="PPii", stream=stream)
+
+    def rms_norm_t(self, x: int, yt: int, w: int, h: int, xt: int, n: int, k: int, eps: float,
+                   flags: int, stream: int) -> None:
+        """xt (k x n) = RMSNorm(x [+ yt^T])^T, h = x + yt^T where yt and h
+        are given (addresses; 0: none): templates/transpose.cu's
+        sf_rmsnorm_t_2, 8-block clusters of 16 tokens."""
+        with self.lock:
+            if self._norm_fn is None:
+                try:
+                    self._norm_fn = self.transpose_fn[0].kernel("sf_rmsnorm_t_2")
+                except native.NotFoundError as e:
+                    raise RuntimeError("sparseforge::rms_norm_t needs an sm_90 GPU (its "
+                                       f"kernel runs 8-block clusters): {e}") from None
+            self.ctx.launch(self._norm_fn, (NORM_CTAS, (n + NORM_TOKENS - 1) // NORM_TOKENS, 1),
+                            (256, 1, 1), (x, yt, w, h, xt, n, k, eps, flags), sig="PPPPPiifi",
+                            stream=stream)
 
     def close(self) -> None:
         for layer, _ in self.parts.values():
@@ -360,11 +383,87 @@ def _transpose_fake(x: torch.Tensor, layer: int) -> torch.Tensor:
     return x.new_empty((x.shape[1], x.shape[0]))
 
 
+# sf_rmsnorm_t_2 (templates/transpose.cu): a cluster of NORM_CTAS blocks
+# takes NORM_TOKENS tokens, a block at most NORM_SLICE features
+NORM_CTAS, NORM_TOKENS, NORM_SLICE = 8, 16, 1024
+NORM_MAX_K = NORM_CTAS * NORM_SLICE
+
+
+def norm_fusable(x, w) -> bool:
+    """Whether rms_norm_t takes x (rows x k) and weight w (tensors or fake
+    tensors): 16-bit, w of x's dtype, k at most NORM_MAX_K, on an sm_90 GPU."""
+    if x.dtype not in (torch.float16, torch.bfloat16) or w.dtype != x.dtype or w.dim() != 1:
+        return False
+    if x.dim() < 1 or x.shape[-1] != w.shape[0] or not 0 < x.shape[-1] <= NORM_MAX_K:
+        return False
+    dev = x.device
+    if dev.type != "cuda":
+        return False
+    try:
+        return torch.cuda.get_device_capability(dev)[0] >= 9
+    except (RuntimeError, AssertionError):          # no GPU here
+        return False
+
+
+def _rms_norm_t_check(x, yt, w) -> None:
+    if x.dim() != 2 or w.dim() != 1 or w.shape[0] != x.shape[1] or w.dtype != x.dtype:
+        raise RuntimeError("sparseforge::rms_norm_t: x is n x k and w (k,) of x's dtype, got "
+                           f"{tuple(x.shape)} {x.dtype} and {tuple(w.shape)} {w.dtype}")
+    if x.dtype not in (torch.float16, torch.bfloat16) or not 0 < x.shape[1] <= NORM_MAX_K:
+        raise RuntimeError(f"sparseforge::rms_norm_t: fp16 or bf16 with 1 to {NORM_MAX_K} "
+                           f"features, got {x.dtype} and {x.shape[1]}")
+    if yt is not None and (tuple(yt.shape) != (x.shape[1], x.shape[0]) or yt.dtype != x.dtype):
+        raise RuntimeError(f"sparseforge::rms_norm_t: yt is k x n ({x.shape[1]} x "
+                           f"{x.shape[0]}) of x's dtype, got {tuple(yt.shape)} {yt.dtype}")
+
+
+def _rms_norm_t_cuda(x: torch.Tensor, yt: Optional[torch.Tensor], w: torch.Tensor, eps: float,
+                     round_first: bool, layer: int):
+    """(h, xt): h = x + yt^T (x's shape; empty without yt), xt = RMSNorm(h)^T
+    (k x n), by the kernel in loaded layer `layer`'s transpose module."""
+    entry = _loaded.get(layer)
+    if entry is None or entry.transpose_fn is None:
+        raise RuntimeError(f"sparseforge::rms_norm_t: layer {layer} is not loaded or has no "
+                           "feature-major kernel")
+    _rms_norm_t_check(x, yt, w)
+    x, w = x.contiguous(), w.contiguous()
+    yt = None if yt is None else yt.contiguous()
+    n, k = x.shape
+    h = torch.empty_like(x) if yt is not None else x.new_empty((0,))
+    xt = x.new_empty((k, n))
+    if n:
+        flags = (1 if x.dtype == torch.bfloat16 else 0) | (2 if round_first else 0)
+        with torch.cuda.device(x.device):
+            entry.rms_norm_t(x.data_ptr(), 0 if yt is None else yt.data_ptr(), w.data_ptr(),
+                             h.data_ptr() if yt is not None else 0, xt.data_ptr(), n, k,
+                             float(eps), flags, _stream(entry.device))
+    return h, xt
+
+
+def rms_norm_t_reference(x: torch.Tensor, yt: Optional[torch.Tensor], w: torch.Tensor,
+                         eps: float, round_first: bool):
+    """rms_norm_t computed by torch ops (any device): what the kernel
+    computes, the model's own rounding (the sum and, round_first, the
+    normalized x rounded to x's dtype)."""
+    h = x if yt is None else (x + yt.t())
+    hf = h.float()
+    v = hf * torch.rsqrt(hf.pow(2).mean(-1, keepdim=True) + eps)
+    out = (v.to(x.dtype) * w) if round_first else (v * w.float()).to(x.dtype)
+    return (h.contiguous() if yt is not None else x.new_empty((0,))), out.t().contiguous()
+
+
+def _rms_norm_t_fake(x, yt, w, eps, round_first, layer):
+    return (x.new_empty(x.shape) if yt is not None else x.new_empty((0,)),
+            x.new_empty((x.shape[1], x.shape[0])))
+
+
 _LIB.impl("linear", _linear_cuda, "CUDA")
 _LIB.impl("linear_fm", _linear_fm_cuda, "CUDA")
 _LIB.impl("transpose", _transpose_cuda, "CUDA")
+_LIB.impl("rms_norm_t", _rms_norm_t_cuda, "CUDA")
 for _name, _fake in ((OP, _linear_fake), (OP + "_fm", _linear_fm_fake),
-                     ("sparseforge::transpose", _transpose_fake)):
+                     ("sparseforge::transpose", _transpose_fake),
+                     ("sparseforge::rms_norm_t", _rms_norm_t_fake)):
     if hasattr(torch.library, "register_fake"):            # torch >= 2.4
         torch.library.register_fake(_name, _fake, lib=_LIB)
     else:                                                   # torch 2.3

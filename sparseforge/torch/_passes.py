@@ -142,8 +142,189 @@ def rewrite(graph: torch.fx.Graph) -> int:
             continue
         moved += _x_side(graph, node, transpose, shared) + _y_side(graph, node, transpose)
     if moved:
+        fuse_norms(graph)
         graph.lint()
     return moved
+
+
+# ---- RMSNorm and X^T in one kernel (sm_90) ----------------------------------------------
+
+def _only_user(node, user) -> bool:
+    return list(node.users) == [user]
+
+
+def _is(node, name: str) -> bool:
+    return getattr(node, "op", None) == "call_function" and _packet(node) == name
+
+
+def _strip_views(node, user=None):
+    """(the node under a chain of single-user views, the views top down)."""
+    views = []
+    while _packet(node) in ("view", "reshape", "_unsafe_view") and getattr(node, "op", None) == \
+            "call_function" and (user is None or _only_user(node, user)):
+        views.append(node)
+        user, node = node, node.args[0]
+    return node, views
+
+
+def _val(node):
+    return node.meta.get("val") if hasattr(node, "meta") else None
+
+
+def _to_dtype(node):
+    """(input, dtype) of a dtype conversion node, else None."""
+    if _is(node, "convert_element_type") and len(node.args) >= 2:
+        return node.args[0], node.args[1]
+    return None
+
+
+def _pair(node, name: str, test_a, test_b):
+    """(a, b) of binary op `name` whose arguments pass test_a and test_b in
+    either order, else None."""
+    if not _is(node, name) or len(node.args) != 2 or node.kwargs:
+        return None
+    for a, b in (node.args, node.args[::-1]):
+        if test_a(a) and test_b(b):
+            return a, b
+    return None
+
+
+def match_rms_norm(v) -> Optional[dict]:
+    """The RMSNorm that computes v, as written by models in 16 bits:
+    `(xf * rsqrt(mean(xf ** 2, -1, keepdim) + eps)).to(dtype) * w` (round
+    first) or `(xf * rsqrt(...) * w.float()).to(dtype)`, xf = x.float();
+    dict(x, w, eps, round_first, nodes: the chain from v down, each read
+    only inside it), else None."""
+    is_node = lambda n: hasattr(n, "op")
+    out = {}
+    rsqrt_of = {}
+
+    def normed(m):            # m = xf * r: records xf and r
+        ab = _pair(m, "mul", lambda a: _to_dtype(a) is not None and
+                   _to_dtype(a)[1] == torch.float32, lambda b: _is(b, "rsqrt"))
+        if ab is None:
+            return False
+        rsqrt_of["xf"], rsqrt_of["r"] = ab
+        return True
+
+    # round first: v = c1 * w, c1 = (xf * r).to(dtype)
+    ab = _pair(v, "mul", lambda a: _to_dtype(a) is not None and normed(_to_dtype(a)[0]),
+               lambda b: is_node(b))
+    if ab is not None:
+        c1, w = ab
+        out.update(round_first=True, w=w, nodes=[v, c1, _to_dtype(c1)[0]])
+    else:             # v = (m * wf).to(dtype)
+        cv = _to_dtype(v)
+        if cv is None:
+            return None
+        ab = _pair(cv[0], "mul", lambda a: normed(a), lambda b: _to_dtype(b) is not None)
+        if ab is None:
+            return None
+        m, wf = ab
+        out.update(round_first=False, w=_to_dtype(wf)[0], nodes=[v, cv[0], m, wf])
+        if _to_dtype(wf)[1] != torch.float32:
+            return None
+    xf, r = rsqrt_of["xf"], rsqrt_of["r"]
+    add = r.args[0] if r.args else None
+    if not _is(add, "add") or len(add.args) != 2 or not isinstance(add.args[1], float):
+        return None
+    mean = add.args[0]
+    if not _is(mean, "mean") or len(mean.args) < 3 or mean.args[2] is not True:
+        return None
+    sq = mean.args[0]
+    if not ((_is(sq, "pow") and sq.args[0] is xf and sq.args[1] in (2, 2.0)) or
+            (_is(sq, "mul") and list(sq.args) == [xf, xf])):
+        return None
+    x = _to_dtype(xf)[0]
+    xv = _val(x)
+    if xv is None or list(mean.args[1]) not in ([-1], [xv.dim() - 1]):
+        return None
+    out.update(x=x, eps=add.args[1], nodes=out["nodes"] + [r, add, mean, sq, xf])
+    chain = set(out["nodes"])
+    # every node of the chain is read inside it only (v: by its transpose's views)
+    for n in out["nodes"][1:]:
+        if any(u not in chain for u in n.users):
+            return None
+    return out
+
+
+def _device_ok(x, w) -> bool:
+    from ._op import norm_fusable
+    return norm_fusable(x, w)
+
+
+def fuse_norms(graph: torch.fx.Graph) -> int:
+    """Where sparseforge::transpose(v) reads an RMSNorm's v (match_rms_norm)
+    that nothing else reads, the norm and the transpose become one
+    sparseforge::rms_norm_t; where the norm's x is a residual sum with a
+    transpose of a feature-major layer's Y^T (the pass's Y side), the sum
+    moves in too.  16-bit x, static shapes, an sm_90 GPU; returns how many
+    norms it fused."""
+    import operator
+    norm_op = getattr(getattr(torch.ops, "sparseforge", None), "rms_norm_t", None)
+    if norm_op is None:
+        return 0
+    norm_op, transpose = norm_op.default, torch.ops.sparseforge.transpose.default
+    fused = 0
+    for t in [n for n in graph.nodes if n.op == "call_function" and n.target is transpose]:
+        v, views = _strip_views(t.args[0], t)
+        if views and not _only_user(views[0], t) or not _only_user(v, views[-1] if views else t):
+            continue
+        m = match_rms_norm(v)
+        if m is None:
+            continue
+        x, w = m["x"], m["w"]
+        xv, wv = _val(x), _val(w)
+        if xv is None or wv is None or not _device_ok(xv, wv):
+            continue
+        if not all(isinstance(d, int) for d in xv.shape):
+            continue                  # (dynamic shapes: not fused)
+        k = int(xv.shape[-1])
+        fake = torch._guards.detect_fake_mode([xv])
+        # the residual sum: x = a + view(transpose(Y^T)), the transpose read by it alone
+        a, yt, ynodes = x, None, []
+        if _is(x, "add") and len(x.args) == 2 and not x.kwargs:
+            for p, q in (x.args, x.args[::-1]):
+                base, qviews = _strip_views(q, x) if hasattr(q, "op") else (q, [])
+                if (getattr(base, "op", None) == "call_function" and base.target is transpose and
+                        _only_user(base, qviews[-1] if qviews else x) and hasattr(p, "op") and
+                        _val(p) is not None and tuple(_val(p).shape) == tuple(xv.shape) and
+                        _val(p).dtype == xv.dtype and _val(p).is_contiguous()):
+                    a, yt, ynodes = p, base.args[0], qviews + [base]
+                    break
+        if not _val(a).is_contiguous():
+            continue
+        # after x and the op's inputs, before any reader of x or of X^T
+        order = {n: i for i, n in enumerate(graph.nodes)}
+        at = max((n for n in (x, a, yt, w) if n is not None), key=order.__getitem__)
+        with graph.inserting_before(at.next):     # (in order, unlike inserting_after)
+            a2 = graph.call_function(torch.ops.aten.view.default, (a, [-1, k]))
+            node = graph.call_function(norm_op, (a2, yt, w, m["eps"], m["round_first"],
+                                                 t.args[1]))
+            h2 = graph.call_function(operator.getitem, (node, 0))
+            xt = graph.call_function(operator.getitem, (node, 1))
+        if fake is not None:
+            with fake:
+                av = _val(a).view(-1, k)
+                a2.meta["val"] = av
+                node.meta["val"] = (av.new_empty(av.shape) if yt is not None else
+                                    av.new_empty((0,)), av.new_empty((k, av.shape[0])))
+                h2.meta["val"], xt.meta["val"] = node.meta["val"]
+        t.replace_all_uses_with(xt)
+        dead = [t] + views + m["nodes"]
+        if yt is not None:
+            with graph.inserting_after(xt):
+                h = graph.call_function(torch.ops.aten.view.default, (h2, list(xv.shape)))
+            if fake is not None:
+                with fake:
+                    h.meta["val"] = h2.meta["val"].view(*xv.shape)
+            x.replace_all_uses_with(h)
+            dead += [x] + ynodes
+        for n in dead:
+            if not n.users:
+                graph.erase_node(n)
+        fused += 1
+    return fused
 
 
 def _x_side(graph: torch.fx.Graph, fm, transpose, shared: dict) -> int:

@@ -49,14 +49,14 @@ def make_model(dtype=torch.float16) -> nn.Module:
     return model
 
 
-def family_layer(spec: str, dtype: str, density: float, seed: int, name: str, db):
+def family_layer(spec: str, dtype: str, density: float, seed: int, name: str, db, m: int = 200):
     """(a SparseLinear on the GPU with kernels for N = 8 and 128, its pruned
-    weight, its bias): a 200 x 136 weight of the family's pattern (groups
-    and blocks cut at the edges), seeded."""
+    weight, its bias): an m x 136 weight (200 x 136: groups and blocks cut
+    at the edges) of the family's pattern, seeded."""
     fam, params = family_of(spec)
     tdt = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}[dtype]
     rng = np.random.default_rng(seed)
-    m, k = 200, 136
+    k = 136
     mask, _ = fam.synth(params, m, k, density, rng)
     w = torch.from_numpy(rng.standard_normal((m, k)).astype(np.float32) * mask).to(tdt)
     bias = torch.randn(m).to(tdt)
@@ -380,3 +380,107 @@ def test_under_torch_compile_a_norms_readers_share_one_transpose_kernel(db, monk
             want = 3 * F.linear(h, wc, bc) + F.linear(F.gelu(x).float(), wc, bc)
             want = want * torch.rsqrt(want.pow(2).mean(-1, keepdim=True) + 1e-6)
             assert relative_error(y, want) <= 1e-2, lead
+
+
+def _fm_decode_layer(db, monkeypatch, name: str, m: int = 200):
+    """A shflbw layer whose decode bucket (8) keeps its feature-major kernel
+    for torch.compile (forced, as above)."""
+    from sparseforge.torch import convert
+    monkeypatch.setattr(convert, "_time_routes", lambda *a, **kw: (1.0, 2.0))
+    monkeypatch.setattr(convert, "FM_KEEP_BELOW", float("inf"))
+    monkeypatch.setattr(convert, "FM_TRY_BELOW", 0.0)
+    return family_layer("shflbw:64", "fp16", 0.3, 6, name, db, m=m)
+
+
+def _needs_sm90():
+    if torch.cuda.get_device_capability()[0] < 9:
+        pytest.skip("sparseforge::rms_norm_t runs 8-block clusters: it needs an sm_90 GPU")
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_rms_norm_t_matches_torch(dtype, db, monkeypatch):
+    """rms_norm_t against its torch reference: the residual sum h bit for
+    bit, X^T within 16-bit rounding, for 1 to 40 tokens (a cluster takes
+    16), features from 64 to the 8192 a cluster holds (1000: slices cut at
+    the edge), with and without the sum, both roundings; beyond 8192
+    features, or in fp32, a clear error."""
+    from sparseforge.torch import _op
+    _needs_sm90()
+    layer, _, _ = _fm_decode_layer(db, monkeypatch, "norm.op")
+    key = layer._layer_key
+    gen = torch.Generator(device="cuda").manual_seed(3)
+    for k in (64, 1000, 4096, 8192):
+        w = (torch.rand(k, device="cuda", generator=gen) + 0.5).to(dtype)
+        for n in (1, 16, 17, 40):
+            x = torch.randn(n, k, device="cuda", generator=gen).to(dtype)
+            yt = torch.randn(k, n, device="cuda", generator=gen).to(dtype)
+            for use_yt in (False, True):
+                for round_first in (True, False):
+                    got = torch.ops.sparseforge.rms_norm_t(x, yt if use_yt else None, w, 1e-5,
+                                                           round_first, key)
+                    want = _op.rms_norm_t_reference(x, yt if use_yt else None, w, 1e-5,
+                                                    round_first)
+                    assert got[1].shape == (k, n) and got[0].shape == want[0].shape
+                    assert torch.equal(got[0], want[0]), (k, n)
+                    torch.testing.assert_close(got[1].float(), want[1].float(), rtol=1e-2,
+                                               atol=1e-2, msg=lambda m: f"{k} {n}: {m}")
+    with pytest.raises(RuntimeError, match="1 to 8192 features"):
+        torch.ops.sparseforge.rms_norm_t(torch.randn(4, 8200, device="cuda").to(dtype), None,
+                                         torch.ones(8200, device="cuda").to(dtype), 1e-5, True,
+                                         key)
+    with pytest.raises(RuntimeError, match="fp16 or bf16"):
+        torch.ops.sparseforge.rms_norm_t(torch.randn(4, 64, device="cuda"), None,
+                                         torch.ones(64, device="cuda"), 1e-5, True, key)
+
+
+def test_under_torch_compile_rms_norms_and_their_transposes_are_one_kernel(db, monkeypatch):
+    """The graph pass fuses a decoder block's two RMSNorms (the second
+    after the residual sum with the layer's Y^T) with their X^T: under
+    torch.compile the block launches rms_norm_t twice and no transpose,
+    and matches the block in eager."""
+    from sparseforge.torch import _op, _passes
+    _needs_sm90()
+    layer, w, bias = _fm_decode_layer(db, monkeypatch, "norm.block", m=136)
+    assert _passes.installed()
+    k = w.shape[1]
+
+    class Norm(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.weight = nn.Parameter(torch.rand(k) + 0.5)
+
+        def forward(self, x):
+            xf = x.float()
+            return (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + 1e-6)).to(x.dtype) * \
+                self.weight
+
+    class Block(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.n1, self.n2, self.layer = Norm(), Norm(), layer
+
+        def forward(self, x):
+            x = x + self.layer(self.n1(x))
+            return x + self.layer(self.n2(x))
+
+    block = Block().cuda()
+    block.n1.half(), block.n2.half()
+    launched = {"rms_norm_t": 0, "transpose": 0}
+    for name in launched:
+        real = getattr(_op.LoadedLayer, name)
+
+        def spy(self, *args, _name=name, _real=real, **kw):
+            launched[_name] += 1
+            return _real(self, *args, **kw)
+
+        monkeypatch.setattr(_op.LoadedLayer, name, spy)
+    compiled = torch.compile(block, fullgraph=True, dynamic=False)
+    with torch.no_grad():
+        for lead in ((8,), (2, 4)):
+            x = torch.randn((*lead, k), device="cuda").to(w.dtype)
+            for key in launched:
+                launched[key] = 0
+            y = compiled(x)
+            torch.cuda.synchronize()
+            assert launched == {"rms_norm_t": 2, "transpose": 0}, (lead, launched)
+            assert relative_error(y, block(x)) <= 1e-2, lead

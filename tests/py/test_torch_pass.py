@@ -23,6 +23,7 @@ WEIGHTS = {}            # layer key -> its weight, for the CPU stand-ins of the 
 def cpu_ops():
     """CPU implementations of linear_fm and transpose, removed afterwards;
     the transposes they run, counted."""
+    from sparseforge.torch import _op
     calls = {"transpose": 0, "linear_fm": 0}
 
     def linear_fm(xt, packed, layer, out_features):
@@ -33,9 +34,14 @@ def cpu_ops():
         calls["transpose"] += 1
         return x.t().contiguous()
 
+    def rms_norm_t(x, yt, w, eps, round_first, layer):
+        calls["rms_norm_t"] = calls.get("rms_norm_t", 0) + 1
+        return _op.rms_norm_t_reference(x, yt, w, eps, round_first)
+
     lib = torch.library.Library("sparseforge", "IMPL")
     lib.impl("linear_fm", linear_fm, "CPU")
     lib.impl("transpose", transpose, "CPU")
+    lib.impl("rms_norm_t", rms_norm_t, "CPU")
     yield calls
     lib._destroy()
 
@@ -236,3 +242,153 @@ def test_reductions_by_name_where_ops_carry_no_reduction_tag(monkeypatch):
     monkeypatch.setattr(_passes, "_REDUCTION_TAG", None)
     assert _passes.reduction_fed(mul) and _passes.reduction_read(a)
     assert not _passes.reduction_read(mul)
+
+
+# ---- RMSNorm and X^T in one op ------------------------------------------------------------
+
+class RMSNorm(nn.Module):
+    """A 16-bit model's RMSNorm, either way it is commonly written."""
+
+    def __init__(self, round_first: bool, eps: float):
+        super().__init__()
+        self.weight = nn.Parameter(torch.rand(K) + 0.5)
+        self.round_first, self.eps = round_first, eps
+
+    def forward(self, x):
+        xf = x.float()
+        r = torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps)
+        if self.round_first:
+            return (xf * r).to(x.dtype) * self.weight
+        return (xf * r * self.weight.float()).to(x.dtype)
+
+
+class Decoder(nn.Module):
+    """x -> norm1 -> two feature-major layers (keys 1, 2) -> residual sum
+    with layer 1 -> norm2 -> layer 3 -> residual; `extra`: norm1's output
+    also read by a pointwise op."""
+
+    def __init__(self, round_first: bool, extra: bool = False):
+        super().__init__()
+        torch.manual_seed(1)
+        for key in (1, 2, 3):
+            WEIGHTS[key] = torch.randn(K, K) / 8
+        self.n1, self.n2 = RMSNorm(round_first, 1e-6), RMSNorm(round_first, 1e-5)
+        self.extra = extra
+
+    @staticmethod
+    def fm(h, key):
+        xt = h.reshape(-1, K).t().contiguous()
+        yt = torch.ops.sparseforge.linear_fm(xt, [torch.zeros(4, dtype=torch.uint8)], key, K)
+        return yt.t().contiguous().reshape(h.shape)
+
+    def forward(self, x):
+        h = self.n1(x)
+        x = x + self.fm(h, 1)
+        g = self.fm(h, 2)
+        if self.extra:
+            g = g + torch.tanh(h)
+        x = x + self.fm(self.n2(x), 3)
+        return x + g
+
+
+@pytest.fixture
+def norm_device(monkeypatch):
+    """rms_norm_t's device test passed on the CPU (its kernel needs sm_90)."""
+    monkeypatch.setattr(_passes, "_device_ok",
+                        lambda x, w: x.dtype in (torch.float16, torch.bfloat16) and
+                        w.dtype == x.dtype)
+
+
+@pytest.mark.parametrize("round_first", [True, False])
+def test_rms_norms_and_their_transposes_become_one_op(cpu_ops, norm_device, round_first):
+    """Each RMSNorm read only by feature-major layers becomes rms_norm_t
+    (its eps and rounding kept); the second, whose x is the residual sum
+    with layer 1's Y, takes that Y^T and returns the sum for the later
+    residual; no transpose is left; the result is unchanged."""
+    model = Decoder(round_first).half()
+    x = torch.randn(2, N // 2, K).half()
+    with torch.no_grad():
+        want = model(x)
+    cpu_ops.update(transpose=0, linear_fm=0)
+    y, moved, graph = run_rewritten(model, x)
+    norms = targets(graph, "rms_norm_t")
+    assert len(norms) == 2 and not targets(graph, "transpose")
+    assert [n.args[3] for n in norms] == [1e-6, 1e-5]
+    assert all(n.args[4] is round_first for n in norms)
+    assert norms[0].args[1] is None
+    assert _passes._packet(norms[1].args[1]) == "linear_fm" and norms[1].args[1].args[2] == 1
+    assert cpu_ops == {"transpose": 0, "linear_fm": 3, "rms_norm_t": 2}
+    torch.testing.assert_close(y, want, rtol=0, atol=0)
+
+
+def test_a_norm_read_elsewhere_or_in_32_bits_keeps_the_transpose(cpu_ops, norm_device):
+    """norm1's output read by a pointwise op too, or x in fp32: no fusion
+    there (the transpose of the pass as before)."""
+    model = Decoder(True, extra=True).half()
+    x = torch.randn(N, K).half()
+    with torch.no_grad():
+        want = model(x)
+    y, moved, graph = run_rewritten(model, x)
+    norms = targets(graph, "rms_norm_t")
+    assert len(norms) == 1 and norms[0].args[1] is not None     # norm2 only
+    assert len(targets(graph, "transpose")) == 1                  # norm1's X^T
+    torch.testing.assert_close(y, want, rtol=0, atol=0)
+    y, moved, graph = run_rewritten(Decoder(True).float(), torch.randn(N, K))
+    assert not targets(graph, "rms_norm_t") and targets(graph, "transpose")
+
+
+def test_without_an_sm90_gpu_norms_stay_unfused(cpu_ops):
+    """On a device rms_norm_t's kernel cannot run (here the CPU), the pass
+    leaves the norms to Inductor and their X^T to the transpose op."""
+    y, moved, graph = run_rewritten(Decoder(True).half(), torch.randn(N, K).half())
+    assert not targets(graph, "rms_norm_t") and len(targets(graph, "transpose")) == 3
+
+
+def test_match_rms_norm_takes_rms_norms_only():
+    """A LayerNorm-like mean-centred norm, or a norm without a weight, is
+    not matched."""
+    from torch._inductor.decomposition import select_decomp_table
+    from torch.fx.experimental.proxy_tensor import make_fx
+
+    def out_node(fn):
+        """The node of fn's result in its graph with Inductor's decompositions."""
+        gm = make_fx(fn, decomposition_table=select_decomp_table())(
+            torch.randn(4, K, dtype=torch.float16), torch.rand(K, dtype=torch.float16))
+        out = next(n for n in gm.graph.nodes if n.op == "output").args[0]
+        return out[0] if isinstance(out, (tuple, list)) else out
+
+    def rms(x, w):
+        xf = x.float()
+        return (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + 1e-6)).to(x.dtype) * w
+
+    def centred(x, w):
+        xf = x.float() - x.float().mean(-1, keepdim=True)
+        return (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + 1e-6)).to(x.dtype) * w
+
+    def no_weight(x, w):
+        xf = x.float()
+        return (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + 1e-6)).to(x.dtype) * 2
+
+    m = _passes.match_rms_norm(out_node(rms))
+    assert m is not None and m["round_first"] and m["eps"] == 1e-6
+    assert m["x"].op == "placeholder" and m["w"].op == "placeholder"
+    assert _passes.match_rms_norm(out_node(centred)) is None
+    assert _passes.match_rms_norm(out_node(no_weight)) is None
+
+
+def test_inductor_lowers_the_fused_norm(cpu_ops, norm_device):
+    """torch.compile's default backend with the pass (Inductor on the
+    CPU): the two norms run as rms_norm_t, nothing else transposes, the
+    result within fp16 rounding of eager (Inductor keeps the residual sum
+    in fp32 where eager rounds it)."""
+    from torch._inductor import config
+    model = Decoder(True).half()
+    with torch.no_grad(), config.patch(post_grad_custom_post_pass=_passes.the_pass()):
+        torch._dynamo.reset()
+        compiled = torch.compile(model, fullgraph=True, dynamic=False)
+        x = torch.randn(N, K).half()
+        want = model(x)
+        cpu_ops.update(transpose=0, linear_fm=0)
+        y = compiled(x)
+    assert cpu_ops == {"transpose": 0, "linear_fm": 3, "rms_norm_t": 2}
+    torch.testing.assert_close(y.float(), want.float(), rtol=1e-2, atol=1e-2)
