@@ -71,12 +71,12 @@ extern "C" __global__ void __launch_bounds__(32 * SF_ROWS)
 // n, rounded to the element type as the model's sum is; written to h, n x
 // k, where h is given).  norm(x) = round(round(x r) w) (FLAG_ROUND_FIRST:
 // `(x.float() * r).to(dtype) * w`) or round(x r w), r = rsqrt(mean(x^2) +
-// eps) a token, in fp32.  A cluster takes 16 tokens; each of its 8 blocks
+// eps) a token, in fp32.  A cluster takes 8 tokens; each of its 8 blocks
 // a slice of the features (k <= 8 * SF_NORM_SLICE), sums their squares,
 // and reads the others' sums through distributed shared memory.
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
 #define SF_NORM_CTAS 8
-#define SF_NORM_T 16
+#define SF_NORM_T 8
 #define SF_NORM_SLICE 1024
 #define SF_NORM_THREADS 256
 #define SF_NORM_BF16 1
@@ -116,62 +116,81 @@ __device__ __forceinline__ float sf_remote(const float *part, int rank) {
   return v;
 }
 
+// A thread's share of a block's elements, loaded all at once before any
+// is used (the loads of one thread overlap: a loop that used each load
+// before the next waited a round trip to memory an element).
+#define SF_NORM_PER (SF_NORM_T * SF_NORM_SLICE / SF_NORM_THREADS)
+
 extern "C" __global__ void __cluster_dims__(SF_NORM_CTAS, 1, 1) __launch_bounds__(SF_NORM_THREADS)
     sf_rmsnorm_t_2(const unsigned short *__restrict__ a, const unsigned short *__restrict__ yt,
                    const unsigned short *__restrict__ w, unsigned short *__restrict__ h,
                    unsigned short *__restrict__ xt, int n, int k, float eps, int flags) {
   // the block's tokens by features, rows an odd number of words apart
   __shared__ unsigned short hs[SF_NORM_T][SF_NORM_SLICE + 2];
+  __shared__ unsigned short ws[SF_NORM_SLICE];
   __shared__ float part[SF_NORM_T], rstd[SF_NORM_T];
   const bool bf = flags & SF_NORM_BF16;
   const int slice = ((k + SF_NORM_CTAS - 1) / SF_NORM_CTAS + 7) & ~7;
   const int f0 = blockIdx.x * slice, nf = max(0, min(k, f0 + slice) - f0);
   const int t0 = blockIdx.y * SF_NORM_T, nt = min(SF_NORM_T, n - t0);
-  const int tid = threadIdx.x;
+  const int tid = threadIdx.x, total = nt * nf;
+  unsigned short r[SF_NORM_PER];
+  for (int f = tid; f < nf; f += SF_NORM_THREADS) ws[f] = w[f0 + f];   // (a constant operand)
   SF_GRIDDEP_WAIT();
-  for (int i = tid; i < nt * nf; i += SF_NORM_THREADS) {   // along features
-    const int t = i / nf, f = i - t * nf;
-    hs[t][f] = a[(size_t)(t0 + t) * k + f0 + f];
+#pragma unroll
+  for (int j = 0; j < SF_NORM_PER; ++j) {   // x, along features
+    const int i = tid + j * SF_NORM_THREADS, t = i / max(nf, 1), f = i - t * nf;
+    if (i < total) r[j] = a[(size_t)(t0 + t) * k + f0 + f];
+  }
+#pragma unroll
+  for (int j = 0; j < SF_NORM_PER; ++j) {
+    const int i = tid + j * SF_NORM_THREADS, t = i / max(nf, 1), f = i - t * nf;
+    if (i < total) hs[t][f] = r[j];
   }
   __syncthreads();
-  if (yt != nullptr) {
-    for (int i = tid; i < nt * nf; i += SF_NORM_THREADS) {   // along tokens
-      const int f = i / nt, t = i - f * nt;
-      hs[t][f] = sf_from_f(sf_to_f(hs[t][f], bf) + sf_to_f(yt[(size_t)(f0 + f) * n + t0 + t], bf),
-                           bf);
+  if (yt != nullptr) {   // + Y^T, along tokens
+#pragma unroll
+    for (int j = 0; j < SF_NORM_PER; ++j) {
+      const int i = tid + j * SF_NORM_THREADS, f = i / max(nt, 1), t = i - f * nt;
+      if (i < total) r[j] = yt[(size_t)(f0 + f) * n + t0 + t];
+    }
+#pragma unroll
+    for (int j = 0; j < SF_NORM_PER; ++j) {
+      const int i = tid + j * SF_NORM_THREADS, f = i / max(nt, 1), t = i - f * nt;
+      if (i < total) hs[t][f] = sf_from_f(sf_to_f(hs[t][f], bf) + sf_to_f(r[j], bf), bf);
     }
     __syncthreads();
   }
   SF_GRIDDEP_LAUNCH();
-  {  // the slice's sums of squares: 16 lanes a token
-    const int t = tid >> 4, l = tid & 15;
+  {  // the slice's sums of squares: 32 lanes (a warp) a token
+    const int t = tid >> 5, l = tid & 31;
     float s = 0.0f;
     if (t < nt)
-      for (int f = l; f < nf; f += 16) {
+      for (int f = l; f < nf; f += 32) {
         const float v = sf_to_f(hs[t][f], bf);
         s = fmaf(v, v, s);
       }
 #pragma unroll
-    for (int o = 8; o; o >>= 1) s += __shfl_xor_sync(0xffffffffu, s, o);
+    for (int o = 16; o; o >>= 1) s += __shfl_xor_sync(0xffffffffu, s, o);
     if (l == 0) part[t] = s;
   }
   sf_cluster_sync();  // every block's sums are written
   if (tid < SF_NORM_T) {
     float s = 0.0f;
 #pragma unroll
-    for (int r = 0; r < SF_NORM_CTAS; ++r) s += sf_remote(&part[tid], r);
+    for (int q = 0; q < SF_NORM_CTAS; ++q) s += sf_remote(&part[tid], q);
     rstd[tid] = rsqrtf(s / static_cast<float>(k) + eps);
   }
   sf_cluster_sync();  // no block leaves while another reads its sums; rstd is seen
   const bool round_first = flags & SF_NORM_ROUND_FIRST;
-  for (int i = tid; i < nt * nf; i += SF_NORM_THREADS) {   // along tokens
+  for (int i = tid; i < total; i += SF_NORM_THREADS) {   // X^T, along tokens
     const int f = i / nt, t = i - f * nt;
-    const float v = sf_to_f(hs[t][f], bf) * rstd[t], wf = sf_to_f(w[f0 + f], bf);
+    const float v = sf_to_f(hs[t][f], bf) * rstd[t], wf = sf_to_f(ws[f], bf);
     const float o = round_first ? sf_to_f(sf_from_f(v, bf), bf) * wf : v * wf;
     xt[(size_t)(f0 + f) * n + t0 + t] = sf_from_f(o, bf);
   }
   if (h != nullptr)
-    for (int i = tid; i < nt * nf; i += SF_NORM_THREADS) {   // along features
+    for (int i = tid; i < total; i += SF_NORM_THREADS) {   // the sum, along features
       const int t = i / nf, f = i - t * nf;
       h[(size_t)(t0 + t) * k + f0 + f] = hs[t][f];
     }

@@ -139,7 +139,7 @@ class LoadedLayer:
                    flags: int, stream: int) -> None:
         """xt (k x n) = RMSNorm(x [+ yt^T])^T, h = x + yt^T where yt and h
         are given (addresses; 0: none): templates/transpose.cu's
-        sf_rmsnorm_t_2, 8-block clusters of 16 tokens."""
+        sf_rmsnorm_t_2, 8-block clusters of 8 tokens."""
         with self.lock:
             if self._norm_fn is None:
                 try:
@@ -385,7 +385,7 @@ def _transpose_fake(x: torch.Tensor, layer: int) -> torch.Tensor:
 
 # sf_rmsnorm_t_2 (templates/transpose.cu): a cluster of NORM_CTAS blocks
 # takes NORM_TOKENS tokens, a block at most NORM_SLICE features
-NORM_CTAS, NORM_TOKENS, NORM_SLICE = 8, 16, 1024
+NORM_CTAS, NORM_TOKENS, NORM_SLICE = 8, 8, 1024
 NORM_MAX_K = NORM_CTAS * NORM_SLICE
 
 
