@@ -116,83 +116,141 @@ __device__ __forceinline__ float sf_remote(const float *part, int rank) {
   return v;
 }
 
-// A thread's share of a block's elements, loaded all at once before any
-// is used (the loads of one thread overlap: a loop that used each load
-// before the next waited a round trip to memory an element).
-#define SF_NORM_PER (SF_NORM_T * SF_NORM_SLICE / SF_NORM_THREADS)
+// x and h move as 16-byte pieces of a token's features (k % 8 == 0); Y^T
+// and X^T as 16-byte pieces of a feature's 8 tokens where n % 8 == 0
+// (SF_NORM_YVEC), else an element at a time.  A thread's loads are issued
+// together before any is used (one round trip to memory).
+#define SF_NORM_YVEC 4
+#define SF_NORM_Q (SF_NORM_SLICE / SF_NORM_THREADS)          // features a thread
+#define SF_NORM_V (SF_NORM_T * SF_NORM_SLICE / 8 / SF_NORM_THREADS)  // 16-byte pieces of x a thread
 
 extern "C" __global__ void __cluster_dims__(SF_NORM_CTAS, 1, 1) __launch_bounds__(SF_NORM_THREADS)
     sf_rmsnorm_t_2(const unsigned short *__restrict__ a, const unsigned short *__restrict__ yt,
                    const unsigned short *__restrict__ w, unsigned short *__restrict__ h,
                    unsigned short *__restrict__ xt, int n, int k, float eps, int flags) {
-  // the block's tokens by features, rows an odd number of words apart
-  __shared__ unsigned short hs[SF_NORM_T][SF_NORM_SLICE + 2];
-  __shared__ unsigned short ws[SF_NORM_SLICE];
-  __shared__ float part[SF_NORM_T], rstd[SF_NORM_T];
-  const bool bf = flags & SF_NORM_BF16;
+  // x (then h) of the block's tokens by features; Y^T's 8 tokens a feature
+  __shared__ __align__(16) unsigned short hs[SF_NORM_T][SF_NORM_SLICE + 8];
+  __shared__ __align__(16) unsigned short ys[SF_NORM_SLICE][SF_NORM_T];
+  __shared__ float wsum[SF_NORM_T][SF_NORM_THREADS / 32], part[SF_NORM_T], rstd[SF_NORM_T];
+  const bool bf = flags & SF_NORM_BF16, yvec = flags & SF_NORM_YVEC;
   const int slice = ((k + SF_NORM_CTAS - 1) / SF_NORM_CTAS + 7) & ~7;
-  const int f0 = blockIdx.x * slice, nf = max(0, min(k, f0 + slice) - f0);
+  const int f0 = blockIdx.x * slice, nf = max(0, min(k, f0 + slice) - f0), nv = nf / 8;
   const int t0 = blockIdx.y * SF_NORM_T, nt = min(SF_NORM_T, n - t0);
-  const int tid = threadIdx.x, total = nt * nf;
-  unsigned short r[SF_NORM_PER];
-  for (int f = tid; f < nf; f += SF_NORM_THREADS) ws[f] = w[f0 + f];   // (a constant operand)
-  SF_GRIDDEP_WAIT();
+  const int tid = threadIdx.x;
+  unsigned short wr[SF_NORM_Q];
 #pragma unroll
-  for (int j = 0; j < SF_NORM_PER; ++j) {   // x, along features
-    const int i = tid + j * SF_NORM_THREADS, t = i / max(nf, 1), f = i - t * nf;
-    if (i < total) r[j] = a[(size_t)(t0 + t) * k + f0 + f];
+  for (int q = 0; q < SF_NORM_Q; ++q) {   // the weights: a constant operand
+    const int f = tid + q * SF_NORM_THREADS;
+    wr[q] = f < nf ? w[f0 + f] : 0;
+  }
+  SF_GRIDDEP_WAIT();
+  uint4 xv[SF_NORM_V], yv[SF_NORM_Q];
+#pragma unroll
+  for (int j = 0; j < SF_NORM_V; ++j) {   // x: 16-byte pieces along a token's features
+    const int v = tid + j * SF_NORM_THREADS, t = v / max(nv, 1), c = v - t * nv;
+    if (t < nt)
+      xv[j] = *reinterpret_cast<const uint4 *>(a + (size_t)(t0 + t) * k + f0 + 8 * c);
+  }
+  if (yt != nullptr) {
+#pragma unroll
+    for (int q = 0; q < SF_NORM_Q; ++q) {   // Y^T: a feature's 8 tokens
+      const int f = tid + q * SF_NORM_THREADS;
+      if (f >= nf) continue;
+      const unsigned short *row = yt + (size_t)(f0 + f) * n + t0;
+      if (yvec) {
+        yv[q] = *reinterpret_cast<const uint4 *>(row);
+      } else {
+        unsigned short e[SF_NORM_T];
+#pragma unroll
+        for (int t = 0; t < SF_NORM_T; ++t) e[t] = t < nt ? row[t] : 0;
+        yv[q] = make_uint4(e[0] | (e[1] << 16), e[2] | (e[3] << 16), e[4] | (e[5] << 16),
+                           e[6] | (e[7] << 16));
+      }
+    }
   }
 #pragma unroll
-  for (int j = 0; j < SF_NORM_PER; ++j) {
-    const int i = tid + j * SF_NORM_THREADS, t = i / max(nf, 1), f = i - t * nf;
-    if (i < total) hs[t][f] = r[j];
+  for (int j = 0; j < SF_NORM_V; ++j) {
+    const int v = tid + j * SF_NORM_THREADS, t = v / max(nv, 1), c = v - t * nv;
+    if (t < nt) *reinterpret_cast<uint4 *>(&hs[t][8 * c]) = xv[j];
+  }
+  if (yt != nullptr)
+#pragma unroll
+    for (int q = 0; q < SF_NORM_Q; ++q) {
+      const int f = tid + q * SF_NORM_THREADS;
+      if (f < nf) *reinterpret_cast<uint4 *>(&ys[f][0]) = yv[q];
+    }
+  __syncthreads();
+  SF_GRIDDEP_LAUNCH();
+  // h = x + Y (rounded, as the model's sum) and the slice's sums of squares
+  float s[SF_NORM_T];
+#pragma unroll
+  for (int t = 0; t < SF_NORM_T; ++t) s[t] = 0.0f;
+#pragma unroll
+  for (int q = 0; q < SF_NORM_Q; ++q) {
+    const int f = tid + q * SF_NORM_THREADS;
+    if (f >= nf) continue;
+#pragma unroll
+    for (int t = 0; t < SF_NORM_T; ++t) {
+      if (t >= nt) continue;
+      float v = sf_to_f(hs[t][f], bf);
+      if (yt != nullptr) {
+        const unsigned short x16 = sf_from_f(v + sf_to_f(ys[f][t], bf), bf);
+        hs[t][f] = x16;
+        v = sf_to_f(x16, bf);
+      }
+      s[t] = fmaf(v, v, s[t]);
+    }
+  }
+#pragma unroll
+  for (int t = 0; t < SF_NORM_T; ++t) {
+#pragma unroll
+    for (int o = 16; o; o >>= 1) s[t] += __shfl_xor_sync(0xffffffffu, s[t], o);
+    if ((tid & 31) == 0) wsum[t][tid >> 5] = s[t];
   }
   __syncthreads();
-  if (yt != nullptr) {   // + Y^T, along tokens
-#pragma unroll
-    for (int j = 0; j < SF_NORM_PER; ++j) {
-      const int i = tid + j * SF_NORM_THREADS, f = i / max(nt, 1), t = i - f * nt;
-      if (i < total) r[j] = yt[(size_t)(f0 + f) * n + t0 + t];
-    }
-#pragma unroll
-    for (int j = 0; j < SF_NORM_PER; ++j) {
-      const int i = tid + j * SF_NORM_THREADS, f = i / max(nt, 1), t = i - f * nt;
-      if (i < total) hs[t][f] = sf_from_f(sf_to_f(hs[t][f], bf) + sf_to_f(r[j], bf), bf);
-    }
-    __syncthreads();
-  }
-  SF_GRIDDEP_LAUNCH();
-  {  // the slice's sums of squares: 32 lanes (a warp) a token
-    const int t = tid >> 5, l = tid & 31;
-    float s = 0.0f;
-    if (t < nt)
-      for (int f = l; f < nf; f += 32) {
-        const float v = sf_to_f(hs[t][f], bf);
-        s = fmaf(v, v, s);
-      }
-#pragma unroll
-    for (int o = 16; o; o >>= 1) s += __shfl_xor_sync(0xffffffffu, s, o);
-    if (l == 0) part[t] = s;
-  }
-  sf_cluster_sync();  // every block's sums are written
   if (tid < SF_NORM_T) {
-    float s = 0.0f;
+    float sum = 0.0f;
 #pragma unroll
-    for (int q = 0; q < SF_NORM_CTAS; ++q) s += sf_remote(&part[tid], q);
-    rstd[tid] = rsqrtf(s / static_cast<float>(k) + eps);
+    for (int q = 0; q < SF_NORM_THREADS / 32; ++q) sum += wsum[tid][q];
+    part[tid] = sum;
+  }
+  sf_cluster_sync();  // every block's sums are written (and the block's h)
+  if (tid < SF_NORM_T) {
+    float sum = 0.0f;
+#pragma unroll
+    for (int q = 0; q < SF_NORM_CTAS; ++q) sum += sf_remote(&part[tid], q);
+    rstd[tid] = rsqrtf(sum / static_cast<float>(k) + eps);
   }
   sf_cluster_sync();  // no block leaves while another reads its sums; rstd is seen
   const bool round_first = flags & SF_NORM_ROUND_FIRST;
-  for (int i = tid; i < total; i += SF_NORM_THREADS) {   // X^T, along tokens
-    const int f = i / nt, t = i - f * nt;
-    const float v = sf_to_f(hs[t][f], bf) * rstd[t], wf = sf_to_f(ws[f], bf);
-    const float o = round_first ? sf_to_f(sf_from_f(v, bf), bf) * wf : v * wf;
-    xt[(size_t)(f0 + f) * n + t0 + t] = sf_from_f(o, bf);
+#pragma unroll
+  for (int q = 0; q < SF_NORM_Q; ++q) {   // X^T: a feature's 8 tokens
+    const int f = tid + q * SF_NORM_THREADS;
+    if (f >= nf) continue;
+    const float wf = sf_to_f(wr[q], bf);
+    unsigned short e[SF_NORM_T];
+#pragma unroll
+    for (int t = 0; t < SF_NORM_T; ++t) {
+      const float v = sf_to_f(hs[t][f], bf) * rstd[t];
+      e[t] = sf_from_f(round_first ? sf_to_f(sf_from_f(v, bf), bf) * wf : v * wf, bf);
+    }
+    unsigned short *row = xt + (size_t)(f0 + f) * n + t0;
+    if (yvec) {
+      *reinterpret_cast<uint4 *>(row) = make_uint4(e[0] | (e[1] << 16), e[2] | (e[3] << 16),
+                                                   e[4] | (e[5] << 16), e[6] | (e[7] << 16));
+    } else {
+#pragma unroll
+      for (int t = 0; t < SF_NORM_T; ++t)
+        if (t < nt) row[t] = e[t];
+    }
   }
   if (h != nullptr)
-    for (int i = tid; i < total; i += SF_NORM_THREADS) {   // the sum, along features
-      const int t = i / nf, f = i - t * nf;
-      h[(size_t)(t0 + t) * k + f0 + f] = hs[t][f];
+#pragma unroll
+    for (int j = 0; j < SF_NORM_V; ++j) {   // h: 16-byte pieces along a token's features
+      const int v = tid + j * SF_NORM_THREADS, t = v / max(nv, 1), c = v - t * nv;
+      if (t < nt)
+        *reinterpret_cast<uint4 *>(h + (size_t)(t0 + t) * k + f0 + 8 * c) =
+            *reinterpret_cast<const uint4 *>(&hs[t][8 * c]);
     }
 }
 #endif

@@ -391,10 +391,12 @@ NORM_MAX_K = NORM_CTAS * NORM_SLICE
 
 def norm_fusable(x, w) -> bool:
     """Whether rms_norm_t takes x (rows x k) and weight w (tensors or fake
-    tensors): 16-bit, w of x's dtype, k at most NORM_MAX_K, on an sm_90 GPU."""
+    tensors): 16-bit, w of x's dtype, k a multiple of 8 up to NORM_MAX_K,
+    on an sm_90 GPU."""
     if x.dtype not in (torch.float16, torch.bfloat16) or w.dtype != x.dtype or w.dim() != 1:
         return False
-    if x.dim() < 1 or x.shape[-1] != w.shape[0] or not 0 < x.shape[-1] <= NORM_MAX_K:
+    if x.dim() < 1 or x.shape[-1] != w.shape[0] or not 0 < x.shape[-1] <= NORM_MAX_K or \
+            x.shape[-1] % 8:
         return False
     dev = x.device
     if dev.type != "cuda":
@@ -409,9 +411,10 @@ def _rms_norm_t_check(x, yt, w) -> None:
     if x.dim() != 2 or w.dim() != 1 or w.shape[0] != x.shape[1] or w.dtype != x.dtype:
         raise RuntimeError("sparseforge::rms_norm_t: x is n x k and w (k,) of x's dtype, got "
                            f"{tuple(x.shape)} {x.dtype} and {tuple(w.shape)} {w.dtype}")
-    if x.dtype not in (torch.float16, torch.bfloat16) or not 0 < x.shape[1] <= NORM_MAX_K:
-        raise RuntimeError(f"sparseforge::rms_norm_t: fp16 or bf16 with 1 to {NORM_MAX_K} "
-                           f"features, got {x.dtype} and {x.shape[1]}")
+    if x.dtype not in (torch.float16, torch.bfloat16) or not 0 < x.shape[1] <= NORM_MAX_K or \
+            x.shape[1] % 8:
+        raise RuntimeError(f"sparseforge::rms_norm_t: fp16 or bf16 with 8 to {NORM_MAX_K} "
+                           f"features, a multiple of 8, got {x.dtype} and {x.shape[1]}")
     if yt is not None and (tuple(yt.shape) != (x.shape[1], x.shape[0]) or yt.dtype != x.dtype):
         raise RuntimeError(f"sparseforge::rms_norm_t: yt is k x n ({x.shape[1]} x "
                            f"{x.shape[0]}) of x's dtype, got {tuple(yt.shape)} {yt.dtype}")
@@ -426,13 +429,15 @@ def _rms_norm_t_cuda(x: torch.Tensor, yt: Optional[torch.Tensor], w: torch.Tenso
         raise RuntimeError(f"sparseforge::rms_norm_t: layer {layer} is not loaded or has no "
                            "feature-major kernel")
     _rms_norm_t_check(x, yt, w)
-    x, w = x.contiguous(), w.contiguous()
-    yt = None if yt is None else yt.contiguous()
+    x, w = _aligned(x), w.contiguous()
+    yt = None if yt is None else _aligned(yt)
     n, k = x.shape
     h = torch.empty_like(x) if yt is not None else x.new_empty((0,))
     xt = x.new_empty((k, n))
     if n:
-        flags = (1 if x.dtype == torch.bfloat16 else 0) | (2 if round_first else 0)
+        # (bit 4: Y^T and X^T rows of n tokens in 16-byte pieces)
+        flags = (1 if x.dtype == torch.bfloat16 else 0) | (2 if round_first else 0) | \
+            (4 if n % 8 == 0 else 0)
         with torch.cuda.device(x.device):
             entry.rms_norm_t(x.data_ptr(), 0 if yt is None else yt.data_ptr(), w.data_ptr(),
                              h.data_ptr() if yt is not None else 0, xt.data_ptr(), n, k,

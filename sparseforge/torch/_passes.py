@@ -25,6 +25,15 @@ residual sum a norm reads: Inductor would read Y^T across its columns
 inside the reduction, and splits it in three kernels), Y comes from
 `transpose(Y^T)`.
 
+Where the norm is an RMSNorm (match_rms_norm: as 16-bit models write
+it) whose output only those layers read, on an sm_90 GPU, the norm and
+its transpose become one op, `sparseforge::rms_norm_t` (fuse_norms),
+which writes X^T from the norm's own kernel; where the norm's input is
+the residual sum with a layer's Y that the pass's Y side transposed, the
+op takes that Y^T and returns the sum too (for the residual after it).
+One kernel then stands for three (the Y transpose, the sum and norm, the
+X transpose).
+
 `install()` puts the pass in torch._inductor.config.post_grad_custom_post_pass
 where that slot is empty: _op.load does it when it loads a layer that has
 a feature-major kernel on a GPU (importing Inductor takes a second or

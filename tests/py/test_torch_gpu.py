@@ -403,7 +403,7 @@ def test_rms_norm_t_matches_torch(dtype, db, monkeypatch):
     bit, X^T within 16-bit rounding, for 1 to 40 tokens (a cluster takes
     16), features from 64 to the 8192 a cluster holds (1000: slices cut at
     the edge), with and without the sum, both roundings; beyond 8192
-    features, or in fp32, a clear error."""
+    features, features not a multiple of 8, or fp32: a clear error."""
     from sparseforge.torch import _op
     _needs_sm90()
     layer, _, _ = _fm_decode_layer(db, monkeypatch, "norm.op")
@@ -424,7 +424,11 @@ def test_rms_norm_t_matches_torch(dtype, db, monkeypatch):
                     assert torch.equal(got[0], want[0]), (k, n)
                     torch.testing.assert_close(got[1].float(), want[1].float(), rtol=1e-2,
                                                atol=1e-2, msg=lambda m: f"{k} {n}: {m}")
-    with pytest.raises(RuntimeError, match="1 to 8192 features"):
+    with pytest.raises(RuntimeError, match="a multiple of 8"):
+        torch.ops.sparseforge.rms_norm_t(torch.randn(4, 100, device="cuda").to(dtype), None,
+                                         torch.ones(100, device="cuda").to(dtype), 1e-5, True,
+                                         key)
+    with pytest.raises(RuntimeError, match="8 to 8192 features"):
         torch.ops.sparseforge.rms_norm_t(torch.randn(4, 8200, device="cuda").to(dtype), None,
                                          torch.ones(8200, device="cuda").to(dtype), 1e-5, True,
                                          key)
