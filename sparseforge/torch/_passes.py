@@ -201,7 +201,8 @@ def _pair(node, name: str, test_a, test_b):
 def match_rms_norm(v) -> Optional[dict]:
     """The RMSNorm that computes v, as written by models in 16 bits:
     `(xf * rsqrt(mean(xf ** 2, -1, keepdim) + eps)).to(dtype) * w` (round
-    first) or `(xf * rsqrt(...) * w.float()).to(dtype)`, xf = x.float();
+    first; Hugging Face's LlamaRMSNorm) or `(xf * rsqrt(...) *
+    w.float()).to(dtype)` (torch.nn.RMSNorm: w promoted), xf = x.float();
     dict(x, w, eps, round_first, nodes: the chain from v down, each read
     only inside it), else None."""
     is_node = lambda n: hasattr(n, "op")
@@ -222,17 +223,20 @@ def match_rms_norm(v) -> Optional[dict]:
     if ab is not None:
         c1, w = ab
         out.update(round_first=True, w=w, nodes=[v, c1, _to_dtype(c1)[0]])
-    else:             # v = (m * wf).to(dtype)
+    else:             # v = (m * wf).to(dtype), wf = w.float() or w (promoted)
         cv = _to_dtype(v)
         if cv is None:
             return None
-        ab = _pair(cv[0], "mul", lambda a: normed(a), lambda b: _to_dtype(b) is not None)
+        ab = _pair(cv[0], "mul", lambda a: normed(a), lambda b: is_node(b))
         if ab is None:
             return None
         m, wf = ab
-        out.update(round_first=False, w=_to_dtype(wf)[0], nodes=[v, cv[0], m, wf])
-        if _to_dtype(wf)[1] != torch.float32:
-            return None
+        if _to_dtype(wf) is not None:
+            if _to_dtype(wf)[1] != torch.float32:
+                return None
+            out.update(round_first=False, w=_to_dtype(wf)[0], nodes=[v, cv[0], m, wf])
+        else:         # (torch.nn.RMSNorm: the 16-bit weight times fp32, promoted)
+            out.update(round_first=False, w=wf, nodes=[v, cv[0], m])
     xf, r = rsqrt_of["xf"], rsqrt_of["r"]
     add = r.args[0] if r.args else None
     if not _is(add, "add") or len(add.args) != 2 or not isinstance(add.args[1], float):

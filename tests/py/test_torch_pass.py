@@ -345,8 +345,9 @@ def test_without_an_sm90_gpu_norms_stay_unfused(cpu_ops):
 
 
 def test_match_rms_norm_takes_rms_norms_only():
-    """A LayerNorm-like mean-centred norm, or a norm without a weight, is
-    not matched."""
+    """The RMSNorm as written here and as Hugging Face's LlamaRMSNorm
+    writes it are matched; a LayerNorm-like mean-centred norm, or a norm
+    without a weight, is not."""
     from torch._inductor.decomposition import select_decomp_table
     from torch.fx.experimental.proxy_tensor import make_fx
 
@@ -369,9 +370,15 @@ def test_match_rms_norm_takes_rms_norms_only():
         xf = x.float()
         return (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + 1e-6)).to(x.dtype) * 2
 
-    m = _passes.match_rms_norm(out_node(rms))
-    assert m is not None and m["round_first"] and m["eps"] == 1e-6
-    assert m["x"].op == "placeholder" and m["w"].op == "placeholder"
+    def hf(x, w):              # Hugging Face's LlamaRMSNorm
+        hs = x.to(torch.float32)
+        hs = hs * torch.rsqrt(hs.pow(2).mean(-1, keepdim=True) + 1e-6)
+        return w * hs.to(x.dtype)
+
+    for fn in (rms, hf):
+        m = _passes.match_rms_norm(out_node(fn))
+        assert m is not None and m["round_first"] and m["eps"] == 1e-6, fn
+        assert m["x"].op == "placeholder" and m["w"].op == "placeholder"
     assert _passes.match_rms_norm(out_node(centred)) is None
     assert _passes.match_rms_norm(out_node(no_weight)) is None
 
@@ -392,3 +399,26 @@ def test_inductor_lowers_the_fused_norm(cpu_ops, norm_device):
         y = compiled(x)
     assert cpu_ops == {"transpose": 0, "linear_fm": 3, "rms_norm_t": 2}
     torch.testing.assert_close(y.float(), want.float(), rtol=1e-2, atol=1e-2)
+
+
+@pytest.mark.skipif(not hasattr(torch.nn, "RMSNorm"), reason="this torch has no nn.RMSNorm")
+def test_torchs_own_rms_norm_fuses_too(cpu_ops, norm_device):
+    """torch.nn.RMSNorm in a 16-bit model (its weight promoted, not cast):
+    one rms_norm_t, the result unchanged."""
+    class Model(nn.Module):
+        def __init__(self):
+            super().__init__()
+            WEIGHTS[1] = torch.randn(K, K) / 8
+            self.norm = nn.RMSNorm(K, eps=1e-6)
+
+        def forward(self, x):
+            return Decoder.fm(self.norm(x), 1)
+
+    model = Model().half()
+    x = torch.randn(N, K).half()
+    with torch.no_grad():
+        want = model(x)
+    y, moved, graph = run_rewritten(model, x)
+    (norm,) = targets(graph, "rms_norm_t")
+    assert norm.args[4] is False and not targets(graph, "transpose")
+    torch.testing.assert_close(y, want, rtol=0, atol=0)
