@@ -12,7 +12,8 @@
 # `csr` runs the unstructured family's GPU tests and bench/csr.py
 # (CSR_ARGS, e.g. --suites decode --densities 0.1 --no-bf16: the whole
 # decode suite takes longer than one 10-minute call); `torch` runs
-# sparseforge.torch's GPU tests and bench/torch_models.py from an empty
+# sparseforge.torch's GPU tests, its own kernels under compute-sanitizer
+# (bench/sanitize_torch_ops.py) and bench/torch_models.py from an empty
 # database (TORCH_ARGS; by default the fused Llama-style stack's decode,
 # 2 layers, shflbw:64 at 75%, eager and compiled: about 4 minutes).
 # The GPU machine lacks sqlite3.h: carry
@@ -85,6 +86,10 @@ case " $STAGES " in *" csr "*)
 case " $STAGES " in *" torch "*)
   step torch_tests python3 -m pytest -q -rs -p no:cacheprovider -m gpu tests/py/test_torch_gpu.py ${TORCH_TEST_ARGS:-}
   grep -E "passed|failed" "$OUT/torch_tests.log" | tail -1
+  # the module's own kernels (transposes, rms_norm_t) under the sanitizers
+  step torch_memcheck compute-sanitizer --tool memcheck --report-api-errors no --error-exitcode 9 python3 bench/sanitize_torch_ops.py
+  step torch_racecheck compute-sanitizer --tool racecheck --error-exitcode 9 python3 bench/sanitize_torch_ops.py
+  grep -E "ERROR SUMMARY|RACECHECK SUMMARY| wrong" "$OUT/torch_memcheck.log" "$OUT/torch_racecheck.log"
   rm -f /tmp/sf-torch.db
   step torch_models python3 bench/torch_models.py --db /tmp/sf-torch.db --quiet \
     ${TORCH_ARGS:---model llama-fused --layers 2 --patterns shflbw:64@0.75 --phases decode --compile --budget 4 --quick} \
