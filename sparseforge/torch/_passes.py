@@ -250,7 +250,9 @@ def match_rms_norm(v) -> Optional[dict]:
         return None
     x = _to_dtype(xf)[0]
     xv = _val(x)
-    if xv is None or list(mean.args[1]) not in ([-1], [xv.dim() - 1]):
+    dims = mean.args[1]
+    if xv is None or not isinstance(dims, (list, tuple)) or list(dims) not in ([-1],
+                                                                              [xv.dim() - 1]):
         return None
     out.update(x=x, eps=add.args[1], nodes=out["nodes"] + [r, add, mean, sq, xf])
     chain = set(out["nodes"])

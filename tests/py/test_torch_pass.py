@@ -422,3 +422,19 @@ def test_torchs_own_rms_norm_fuses_too(cpu_ops, norm_device):
     (norm,) = targets(graph, "rms_norm_t")
     assert norm.args[4] is False and not targets(graph, "transpose")
     torch.testing.assert_close(y, want, rtol=0, atol=0)
+
+
+def test_a_mean_over_every_dim_is_not_an_rms_norm():
+    """mean(x ** 2) over all of x (dim None) is not a norm a token: not
+    matched, and nothing raises."""
+    from torch._inductor.decomposition import select_decomp_table
+    from torch.fx.experimental.proxy_tensor import make_fx
+
+    def whole(x, w):
+        xf = x.float()
+        return (xf * torch.rsqrt(xf.pow(2).mean(None, keepdim=True) + 1e-6)).to(x.dtype) * w
+
+    gm = make_fx(whole, decomposition_table=select_decomp_table())(
+        torch.randn(4, K, dtype=torch.float16), torch.rand(K, dtype=torch.float16))
+    out = next(n for n in gm.graph.nodes if n.op == "output").args[0]
+    assert _passes.match_rms_norm(out[0] if isinstance(out, (tuple, list)) else out) is None
