@@ -301,10 +301,14 @@ def fuse_norms(graph: torch.fx.Graph) -> int:
         if _is(x, "add") and len(x.args) == 2 and not x.kwargs:
             for p, q in (x.args, x.args[::-1]):
                 base, qviews = _strip_views(q, x) if hasattr(q, "op") else (q, [])
-                if (getattr(base, "op", None) == "call_function" and base.target is transpose and
-                        _only_user(base, qviews[-1] if qviews else x) and hasattr(p, "op") and
-                        _val(p) is not None and tuple(_val(p).shape) == tuple(xv.shape) and
-                        _val(p).dtype == xv.dtype and _val(p).is_contiguous()):
+                pv = _val(p) if hasattr(p, "op") else None
+                # (Y^T of a feature-major layer, k x n, as the pass's Y side transposed it)
+                if (pv is not None and tuple(pv.shape) == tuple(xv.shape) and
+                        pv.dtype == xv.dtype and pv.is_contiguous() and
+                        getattr(base, "op", None) == "call_function" and base.target is transpose and
+                        _only_user(base, qviews[-1] if qviews else x) and
+                        _is(base.args[0], "linear_fm") and _val(base.args[0]) is not None and
+                        tuple(_val(base.args[0]).shape) == (k, pv.numel() // k)):
                     a, yt, ynodes = p, base.args[0], qviews + [base]
                     break
         if not _val(a).is_contiguous():
