@@ -222,7 +222,7 @@ def match_rms_norm(v) -> Optional[dict]:
                lambda b: is_node(b))
     if ab is not None:
         c1, w = ab
-        out.update(round_first=True, w=w, nodes=[v, c1, _to_dtype(c1)[0]])
+        out.update(round_first=True, w=w, nodes=[v, c1, _to_dtype(c1)[0]], cast=_to_dtype(c1)[1])
     else:             # v = (m * wf).to(dtype), wf = w.float() or w (promoted)
         cv = _to_dtype(v)
         if cv is None:
@@ -231,6 +231,7 @@ def match_rms_norm(v) -> Optional[dict]:
         if ab is None:
             return None
         m, wf = ab
+        out["cast"] = cv[1]
         if _to_dtype(wf) is not None:
             if _to_dtype(wf)[1] != torch.float32:
                 return None
@@ -253,6 +254,8 @@ def match_rms_norm(v) -> Optional[dict]:
     dims = mean.args[1]
     if xv is None or not isinstance(dims, (list, tuple)) or list(dims) not in ([-1],
                                                                               [xv.dim() - 1]):
+        return None
+    if out.pop("cast") != xv.dtype:   # (the norm rounds to x's own dtype)
         return None
     out.update(x=x, eps=add.args[1], nodes=out["nodes"] + [r, add, mean, sq, xf])
     chain = set(out["nodes"])

@@ -438,3 +438,19 @@ def test_a_mean_over_every_dim_is_not_an_rms_norm():
         torch.randn(4, K, dtype=torch.float16), torch.rand(K, dtype=torch.float16))
     out = next(n for n in gm.graph.nodes if n.op == "output").args[0]
     assert _passes.match_rms_norm(out[0] if isinstance(out, (tuple, list)) else out) is None
+
+
+def test_a_norm_cast_to_another_dtype_is_not_matched():
+    """fp16 x normalized and cast to bf16: the op rounds to x's dtype, so
+    it is not matched."""
+    from torch._inductor.decomposition import select_decomp_table
+    from torch.fx.experimental.proxy_tensor import make_fx
+
+    def other(x, w):
+        xf = x.float()
+        return (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + 1e-6)).to(torch.bfloat16) * w
+
+    gm = make_fx(other, decomposition_table=select_decomp_table())(
+        torch.randn(4, K, dtype=torch.float16), torch.rand(K, dtype=torch.bfloat16))
+    out = next(n for n in gm.graph.nodes if n.op == "output").args[0]
+    assert _passes.match_rms_norm(out[0] if isinstance(out, (tuple, list)) else out) is None
