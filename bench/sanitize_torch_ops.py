@@ -13,15 +13,13 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import torch  # noqa: E402
 
-from sparseforge.generator.kernel import TEMPLATE_DIR  # noqa: E402
+from sparseforge import native  # noqa: E402
 from sparseforge.torch import _op  # noqa: E402
 
 
 def main() -> int:
     ctx, _ = _op.context(0)
-    arch = ctx.device_info()["arch"]
-    mod = ctx.load(ctx.compile((TEMPLATE_DIR / "transpose.cu").read_text(), "transpose.cu",
-                               arch=arch))
+    mod = ctx.load(native.Binary.from_bytes(_op.transpose_cubin(ctx.device_info()["arch"])))
     stream = torch.cuda.current_stream().cuda_stream
     bad = 0
     # the transposes: 2- and 4-byte elements, tiles cut at both edges
@@ -30,8 +28,7 @@ def main() -> int:
         for rows, cols in ((1, 1), (16, 4096), (77, 130), (300, 64)):
             x = torch.randn(rows, cols, device="cuda").to(dt)
             out = x.new_empty((cols, rows))
-            ctx.launch(fn, ((cols + 63) // 64, (rows + 63) // 64, 1), (32, 16, 1),
-                       (x.data_ptr(), out.data_ptr(), rows, cols), sig="PPii", stream=stream)
+            _op.launch_transpose(ctx, fn, x.data_ptr(), out.data_ptr(), rows, cols, stream)
             ok = torch.equal(out, x.t())
             bad += not ok
             print(f"transpose {dt} {rows} x {cols}: {'ok' if ok else 'WRONG'}", flush=True)
@@ -47,12 +44,10 @@ def main() -> int:
                 for use_yt in (False, True):
                     h = torch.empty_like(x) if use_yt else None
                     xt = x.new_empty((k, n))
-                    flags = (1 if dt == torch.bfloat16 else 0) | 2 | (4 if n % 8 == 0 else 0)
-                    ctx.launch(fn, (_op.NORM_CTAS, (n + _op.NORM_TOKENS - 1) // _op.NORM_TOKENS, 1),
-                               (256, 1, 1),
-                               (x.data_ptr(), yt.data_ptr() if use_yt else 0, w.data_ptr(),
-                                h.data_ptr() if use_yt else 0, xt.data_ptr(), n, k, 1e-6, flags),
-                               sig="PPPPPiifi", stream=stream)
+                    _op.launch_rms_norm_t(ctx, fn, x.data_ptr(), yt.data_ptr() if use_yt else 0,
+                                          w.data_ptr(), h.data_ptr() if use_yt else 0,
+                                          xt.data_ptr(), n, k, 1e-6,
+                                          _op.norm_flags(dt, True, n), stream)
                     rh, rxt = _op.rms_norm_t_reference(x, yt if use_yt else None, w, 1e-6, True)
                     ok = torch.allclose(xt.float(), rxt.float(), rtol=1e-2, atol=1e-2) and \
                         (not use_yt or torch.equal(h, rh))

@@ -10,12 +10,14 @@
 // the layers' kernels do): a block waits for the stream's previous work
 // before it reads or writes anything, and lets the next kernel (the
 // feature-major layer, whose weights do not depend on this one) start once
-// its tile is read.
+// its tile is read.  (Compiled amalgamated: generator/kernel.py, amalgamate.)
+
+#include "sf/tma_sm90.cuh"
 
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-extern "C" __device__ const int sf_pdl = 1;
-#define SF_GRIDDEP_WAIT() asm volatile("griddepcontrol.wait;\n" ::: "memory")
-#define SF_GRIDDEP_LAUNCH() asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory")
+SF_DECLARE_PDL();
+#define SF_GRIDDEP_WAIT() sf::sm90::griddep_wait()
+#define SF_GRIDDEP_LAUNCH() sf::sm90::griddep_launch_dependents()
 #else
 #define SF_GRIDDEP_WAIT()
 #define SF_GRIDDEP_LAUNCH()
@@ -100,11 +102,6 @@ __device__ __forceinline__ unsigned short sf_from_f(float f, bool bf) {
     asm("cvt.rn.f16.f32 %0, %1;\n" : "=h"(v) : "f"(f));
   }
   return v;
-}
-
-__device__ __forceinline__ void sf_cluster_sync() {
-  asm volatile("barrier.cluster.arrive.release.aligned;\n"
-               "barrier.cluster.wait.acquire.aligned;\n" ::: "memory");
 }
 
 // part[i] of block `rank` of the cluster
@@ -214,14 +211,14 @@ extern "C" __global__ void __cluster_dims__(SF_NORM_CTAS, 1, 1) __launch_bounds_
     for (int q = 0; q < SF_NORM_THREADS / 32; ++q) sum += wsum[tid][q];
     part[tid] = sum;
   }
-  sf_cluster_sync();  // every block's sums are written (and the block's h)
+  sf::sm90::cluster_sync();  // every block's sums are written (and the block's h)
   if (tid < SF_NORM_T) {
     float sum = 0.0f;
 #pragma unroll
     for (int q = 0; q < SF_NORM_CTAS; ++q) sum += sf_remote(&part[tid], q);
     rstd[tid] = rsqrtf(sum / static_cast<float>(k) + eps);
   }
-  sf_cluster_sync();  // no block leaves while another reads its sums; rstd is seen
+  sf::sm90::cluster_sync();  // no block leaves while another reads its sums; rstd is seen
   const bool round_first = flags & SF_NORM_ROUND_FIRST;
 #pragma unroll
   for (int q = 0; q < SF_NORM_Q; ++q) {   // X^T: a feature's 8 tokens

@@ -130,10 +130,8 @@ class LoadedLayer:
 
     def transpose(self, src: int, dst: int, rows: int, cols: int, stream: int) -> None:
         """dst (cols x rows) = src (rows x cols)^T on `stream`."""
-        _, fn = self.transpose_fn
         with self.lock:
-            self.ctx.launch(fn, ((cols + 63) // 64, (rows + 63) // 64, 1), (32, 16, 1),
-                            (src, dst, rows, cols), sig="PPii", stream=stream)
+            launch_transpose(self.ctx, self.transpose_fn[1], src, dst, rows, cols, stream)
 
     def rms_norm_t(self, x: int, yt: int, w: int, h: int, xt: int, n: int, k: int, eps: float,
                    flags: int, stream: int) -> None:
@@ -147,9 +145,8 @@ class LoadedLayer:
                 except native.NotFoundError as e:
                     raise RuntimeError("sparseforge::rms_norm_t needs an sm_90 GPU (its "
                                        f"kernel runs 8-block clusters): {e}") from None
-            self.ctx.launch(self._norm_fn, (NORM_CTAS, (n + NORM_TOKENS - 1) // NORM_TOKENS, 1),
-                            (256, 1, 1), (x, yt, w, h, xt, n, k, eps, flags), sig="PPPPPiifi",
-                            stream=stream)
+            launch_rms_norm_t(self.ctx, self._norm_fn, x, yt, w, h, xt, n, k, eps, flags,
+                              stream)
 
     def close(self) -> None:
         for layer, _ in self.parts.values():
@@ -192,8 +189,8 @@ def transpose_cubin(arch: str) -> bytes:
     ctx, lock = context(0)
     with lock:
         if arch not in _TRANSPOSE_CUBINS:
-            from ..generator.kernel import TEMPLATE_DIR
-            src = (TEMPLATE_DIR / "transpose.cu").read_text()
+            from ..generator.kernel import TEMPLATE_DIR, amalgamate
+            src = amalgamate((TEMPLATE_DIR / "transpose.cu").read_text())
             _TRANSPOSE_CUBINS[arch] = ctx.compile(src, "transpose.cu", arch=arch).data
         return _TRANSPOSE_CUBINS[arch]
 
@@ -361,13 +358,20 @@ def _linear_fm_fake(xt: torch.Tensor, packed: list, layer: int,
     return xt.new_empty((out_features, xt.shape[1]))
 
 
+def _transpose_entry(op: str, layer: int) -> LoadedLayer:
+    """Loaded layer `layer`, which must hold the transpose module (a
+    feature-major variant): the kernels of `transpose` and `rms_norm_t`."""
+    entry = _loaded.get(layer)
+    if entry is None or entry.transpose_fn is None:
+        raise RuntimeError(f"sparseforge::{op}: layer {layer} is not loaded or has no "
+                           "feature-major kernel")
+    return entry
+
+
 def _transpose_cuda(x: torch.Tensor, layer: int) -> torch.Tensor:
     """x^T (contiguous) of a matrix x, by the transpose kernel of loaded
     layer `layer` (one with a feature-major variant)."""
-    entry = _loaded.get(layer)
-    if entry is None or entry.transpose_fn is None:
-        raise RuntimeError(f"sparseforge::transpose: layer {layer} is not loaded or has no "
-                           "feature-major kernel")
+    entry = _transpose_entry("transpose", layer)
     if x.dim() != 2:
         raise RuntimeError(f"sparseforge::transpose takes a matrix, got shape {tuple(x.shape)}")
     x = x.contiguous()
@@ -383,38 +387,62 @@ def _transpose_fake(x: torch.Tensor, layer: int) -> torch.Tensor:
     return x.new_empty((x.shape[1], x.shape[0]))
 
 
+def launch_transpose(ctx, fn, src: int, dst: int, rows: int, cols: int, stream: int) -> None:
+    """dst (cols x rows) = src (rows x cols)^T by templates/transpose.cu's
+    kernel `fn` (sf_transpose_2 or _4), 64 x 64 tiles."""
+    ctx.launch(fn, ((cols + 63) // 64, (rows + 63) // 64, 1), (32, 16, 1),
+               (src, dst, rows, cols), sig="PPii", stream=stream)
+
+
 # sf_rmsnorm_t_2 (templates/transpose.cu): a cluster of NORM_CTAS blocks
 # takes NORM_TOKENS tokens, a block at most NORM_SLICE features
 NORM_CTAS, NORM_TOKENS, NORM_SLICE = 8, 8, 1024
 NORM_MAX_K = NORM_CTAS * NORM_SLICE
 
 
+def norm_flags(dtype, round_first: bool, n: int) -> int:
+    """sf_rmsnorm_t_2's flags: bf16 (1), round first (2), Y^T and X^T rows
+    of n tokens in 16-byte pieces (4: n % 8 == 0)."""
+    return (1 if dtype == torch.bfloat16 else 0) | (2 if round_first else 0) | \
+        (4 if n % 8 == 0 else 0)
+
+
+def launch_rms_norm_t(ctx, fn, x: int, yt: int, w: int, h: int, xt: int, n: int, k: int,
+                      eps: float, flags: int, stream: int) -> None:
+    """sf_rmsnorm_t_2 (`fn`) on addresses (yt, h: 0 for none)."""
+    ctx.launch(fn, (NORM_CTAS, (n + NORM_TOKENS - 1) // NORM_TOKENS, 1), (256, 1, 1),
+               (x, yt, w, h, xt, n, k, eps, flags), sig="PPPPPiifi", stream=stream)
+
+
+def _norm_problem(x, w) -> Optional[str]:
+    """Why rms_norm_t cannot take x (..., k) with weight w (tensors or fake
+    tensors), or None: it takes 16-bit x, w (k,) of x's dtype, k a
+    multiple of 8 up to NORM_MAX_K."""
+    if x.dim() < 1 or w.dim() != 1 or w.shape[0] != x.shape[-1] or w.dtype != x.dtype:
+        return (f"x is n x k and w (k,) of x's dtype, got {tuple(x.shape)} {x.dtype} and "
+                f"{tuple(w.shape)} {w.dtype}")
+    if x.dtype not in (torch.float16, torch.bfloat16) or not 0 < x.shape[-1] <= NORM_MAX_K or \
+            x.shape[-1] % 8:
+        return (f"fp16 or bf16 with 8 to {NORM_MAX_K} features, a multiple of 8, got "
+                f"{x.dtype} and {x.shape[-1]}")
+    return None
+
+
 def norm_fusable(x, w) -> bool:
     """Whether rms_norm_t takes x (rows x k) and weight w (tensors or fake
-    tensors): 16-bit, w of x's dtype, k a multiple of 8 up to NORM_MAX_K,
-    on an sm_90 GPU."""
-    if x.dtype not in (torch.float16, torch.bfloat16) or w.dtype != x.dtype or w.dim() != 1:
-        return False
-    if x.dim() < 1 or x.shape[-1] != w.shape[0] or not 0 < x.shape[-1] <= NORM_MAX_K or \
-            x.shape[-1] % 8:
-        return False
-    dev = x.device
-    if dev.type != "cuda":
+    tensors, _norm_problem) on the device of x: an sm_90 GPU."""
+    if _norm_problem(x, w) is not None or x.device.type != "cuda":
         return False
     try:
-        return torch.cuda.get_device_capability(dev)[0] >= 9
+        return torch.cuda.get_device_capability(x.device)[0] >= 9
     except (RuntimeError, AssertionError):          # no GPU here
         return False
 
 
 def _rms_norm_t_check(x, yt, w) -> None:
-    if x.dim() != 2 or w.dim() != 1 or w.shape[0] != x.shape[1] or w.dtype != x.dtype:
-        raise RuntimeError("sparseforge::rms_norm_t: x is n x k and w (k,) of x's dtype, got "
-                           f"{tuple(x.shape)} {x.dtype} and {tuple(w.shape)} {w.dtype}")
-    if x.dtype not in (torch.float16, torch.bfloat16) or not 0 < x.shape[1] <= NORM_MAX_K or \
-            x.shape[1] % 8:
-        raise RuntimeError(f"sparseforge::rms_norm_t: fp16 or bf16 with 8 to {NORM_MAX_K} "
-                           f"features, a multiple of 8, got {x.dtype} and {x.shape[1]}")
+    problem = "x is a matrix n x k" if x.dim() != 2 else _norm_problem(x, w)
+    if problem is not None:
+        raise RuntimeError(f"sparseforge::rms_norm_t: {problem}")
     if yt is not None and (tuple(yt.shape) != (x.shape[1], x.shape[0]) or yt.dtype != x.dtype):
         raise RuntimeError(f"sparseforge::rms_norm_t: yt is k x n ({x.shape[1]} x "
                            f"{x.shape[0]}) of x's dtype, got {tuple(yt.shape)} {yt.dtype}")
@@ -424,10 +452,7 @@ def _rms_norm_t_cuda(x: torch.Tensor, yt: Optional[torch.Tensor], w: torch.Tenso
                      round_first: bool, layer: int):
     """(h, xt): h = x + yt^T (x's shape; empty without yt), xt = RMSNorm(h)^T
     (k x n), by the kernel in loaded layer `layer`'s transpose module."""
-    entry = _loaded.get(layer)
-    if entry is None or entry.transpose_fn is None:
-        raise RuntimeError(f"sparseforge::rms_norm_t: layer {layer} is not loaded or has no "
-                           "feature-major kernel")
+    entry = _transpose_entry("rms_norm_t", layer)
     _rms_norm_t_check(x, yt, w)
     x, w = _aligned(x), w.contiguous()
     yt = None if yt is None else _aligned(yt)
@@ -435,13 +460,11 @@ def _rms_norm_t_cuda(x: torch.Tensor, yt: Optional[torch.Tensor], w: torch.Tenso
     h = torch.empty_like(x) if yt is not None else x.new_empty((0,))
     xt = x.new_empty((k, n))
     if n:
-        # (bit 4: Y^T and X^T rows of n tokens in 16-byte pieces)
-        flags = (1 if x.dtype == torch.bfloat16 else 0) | (2 if round_first else 0) | \
-            (4 if n % 8 == 0 else 0)
         with torch.cuda.device(x.device):
             entry.rms_norm_t(x.data_ptr(), 0 if yt is None else yt.data_ptr(), w.data_ptr(),
                              h.data_ptr() if yt is not None else 0, xt.data_ptr(), n, k,
-                             float(eps), flags, _stream(entry.device))
+                             float(eps), norm_flags(x.dtype, round_first, n),
+                             _stream(entry.device))
     return h, xt
 
 

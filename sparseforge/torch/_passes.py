@@ -285,8 +285,8 @@ def fuse_norms(graph: torch.fx.Graph) -> int:
     norm_op, transpose = norm_op.default, torch.ops.sparseforge.transpose.default
     fused = 0
     for t in [n for n in graph.nodes if n.op == "call_function" and n.target is transpose]:
-        v, views = _strip_views(t.args[0], t)
-        if views and not _only_user(views[0], t) or not _only_user(v, views[-1] if views else t):
+        v, views = _strip_views(t.args[0], t)     # (each view read by the next alone)
+        if not _only_user(v, views[-1] if views else t):
             continue
         m = match_rms_norm(v)
         if m is None:
@@ -326,11 +326,11 @@ def fuse_norms(graph: torch.fx.Graph) -> int:
             h2 = graph.call_function(operator.getitem, (node, 0))
             xt = graph.call_function(operator.getitem, (node, 1))
         if fake is not None:
+            from ._op import _rms_norm_t_fake
             with fake:
-                av = _val(a).view(-1, k)
-                a2.meta["val"] = av
-                node.meta["val"] = (av.new_empty(av.shape) if yt is not None else
-                                    av.new_empty((0,)), av.new_empty((k, av.shape[0])))
+                a2.meta["val"] = _val(a).view(-1, k)
+                node.meta["val"] = _rms_norm_t_fake(a2.meta["val"], _val(yt) if yt is not None else None,
+                                                    wv, m["eps"], m["round_first"], t.args[1])
                 h2.meta["val"], xt.meta["val"] = node.meta["val"]
         t.replace_all_uses_with(xt)
         dead = [t] + views + m["nodes"]

@@ -337,12 +337,9 @@ def test_under_torch_compile_a_norms_readers_share_one_transpose_kernel(db, monk
     for them), and after a GELU from Inductor's fused transpose (no launch
     of its own); each Y that a norm reads comes back by the transpose
     kernel; the result matches F.linear."""
-    from sparseforge.torch import _op, _passes, convert
+    from sparseforge.torch import _op, _passes
 
-    monkeypatch.setattr(convert, "_time_routes", lambda *a, **kw: (1.0, 2.0))
-    monkeypatch.setattr(convert, "FM_KEEP_BELOW", float("inf"))
-    monkeypatch.setattr(convert, "FM_TRY_BELOW", 0.0)
-    layer, w, bias = family_layer("shflbw:64", "fp16", 0.3, 6, "pass.norm", db)
+    layer, w, bias = _fm_decode_layer(db, monkeypatch, "pass.norm")
     m, k = w.shape
     assert _passes.installed()
 
@@ -384,7 +381,8 @@ def test_under_torch_compile_a_norms_readers_share_one_transpose_kernel(db, monk
 
 def _fm_decode_layer(db, monkeypatch, name: str, m: int = 200):
     """A shflbw layer whose decode bucket (8) keeps its feature-major kernel
-    for torch.compile (forced, as above)."""
+    for torch.compile (forced: the route reported slower in eager, the
+    kernel kept whatever its time, and the decode bucket alone trying it)."""
     from sparseforge.torch import convert
     monkeypatch.setattr(convert, "_time_routes", lambda *a, **kw: (1.0, 2.0))
     monkeypatch.setattr(convert, "FM_KEEP_BELOW", float("inf"))

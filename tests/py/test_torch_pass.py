@@ -344,19 +344,21 @@ def test_without_an_sm90_gpu_norms_stay_unfused(cpu_ops):
     assert not targets(graph, "rms_norm_t") and len(targets(graph, "transpose")) == 3
 
 
+def out_node(fn, w_dtype=torch.float16):
+    """The node of fn(x, w)'s result (x fp16 4 x K, w (K,)) in its graph
+    with Inductor's decompositions."""
+    from torch._inductor.decomposition import select_decomp_table
+    from torch.fx.experimental.proxy_tensor import make_fx
+    gm = make_fx(fn, decomposition_table=select_decomp_table())(
+        torch.randn(4, K, dtype=torch.float16), torch.rand(K, dtype=w_dtype))
+    out = next(n for n in gm.graph.nodes if n.op == "output").args[0]
+    return out[0] if isinstance(out, (tuple, list)) else out
+
+
 def test_match_rms_norm_takes_rms_norms_only():
     """The RMSNorm as written here and as Hugging Face's LlamaRMSNorm
     writes it are matched; a LayerNorm-like mean-centred norm, or a norm
     without a weight, is not."""
-    from torch._inductor.decomposition import select_decomp_table
-    from torch.fx.experimental.proxy_tensor import make_fx
-
-    def out_node(fn):
-        """The node of fn's result in its graph with Inductor's decompositions."""
-        gm = make_fx(fn, decomposition_table=select_decomp_table())(
-            torch.randn(4, K, dtype=torch.float16), torch.rand(K, dtype=torch.float16))
-        out = next(n for n in gm.graph.nodes if n.op == "output").args[0]
-        return out[0] if isinstance(out, (tuple, list)) else out
 
     def rms(x, w):
         xf = x.float()
@@ -427,30 +429,18 @@ def test_torchs_own_rms_norm_fuses_too(cpu_ops, norm_device):
 def test_a_mean_over_every_dim_is_not_an_rms_norm():
     """mean(x ** 2) over all of x (dim None) is not a norm a token: not
     matched, and nothing raises."""
-    from torch._inductor.decomposition import select_decomp_table
-    from torch.fx.experimental.proxy_tensor import make_fx
-
     def whole(x, w):
         xf = x.float()
         return (xf * torch.rsqrt(xf.pow(2).mean(None, keepdim=True) + 1e-6)).to(x.dtype) * w
 
-    gm = make_fx(whole, decomposition_table=select_decomp_table())(
-        torch.randn(4, K, dtype=torch.float16), torch.rand(K, dtype=torch.float16))
-    out = next(n for n in gm.graph.nodes if n.op == "output").args[0]
-    assert _passes.match_rms_norm(out[0] if isinstance(out, (tuple, list)) else out) is None
+    assert _passes.match_rms_norm(out_node(whole)) is None
 
 
 def test_a_norm_cast_to_another_dtype_is_not_matched():
     """fp16 x normalized and cast to bf16: the op rounds to x's dtype, so
     it is not matched."""
-    from torch._inductor.decomposition import select_decomp_table
-    from torch.fx.experimental.proxy_tensor import make_fx
-
     def other(x, w):
         xf = x.float()
         return (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + 1e-6)).to(torch.bfloat16) * w
 
-    gm = make_fx(other, decomposition_table=select_decomp_table())(
-        torch.randn(4, K, dtype=torch.float16), torch.rand(K, dtype=torch.bfloat16))
-    out = next(n for n in gm.graph.nodes if n.op == "output").args[0]
-    assert _passes.match_rms_norm(out[0] if isinstance(out, (tuple, list)) else out) is None
+    assert _passes.match_rms_norm(out_node(other, torch.bfloat16)) is None
