@@ -15,7 +15,8 @@
 # sparseforge.torch's GPU tests, its own kernels under compute-sanitizer
 # (bench/sanitize_torch_ops.py) and bench/torch_models.py from an empty
 # database (TORCH_ARGS; by default the fused Llama-style stack's decode,
-# 2 layers, shflbw:64 at 75%, eager and compiled: about 4 minutes).
+# 2 layers, shflbw:64 at 75%, eager and compiled, the compiled kernels
+# split by torch.profiler: about 4 minutes).
 # The GPU machine lacks sqlite3.h: carry
 # .gpu/ (holding it) along.
 #   bash bench/gpu_check.sh tests tune
@@ -92,7 +93,7 @@ case " $STAGES " in *" torch "*)
   grep -E "ERROR SUMMARY|RACECHECK SUMMARY| wrong" "$OUT/torch_memcheck.log" "$OUT/torch_racecheck.log"
   rm -f /tmp/sf-torch.db
   step torch_models python3 bench/torch_models.py --db /tmp/sf-torch.db --quiet \
-    ${TORCH_ARGS:---model llama-fused --layers 2 --patterns shflbw:64@0.75 --phases decode --compile --budget 4 --quick} \
+    ${TORCH_ARGS:---model llama-fused --layers 2 --patterns shflbw:64@0.75 --phases decode --compile --kernels --budget 4 --quick} \
     --results "$OUT/TORCH.md"
   cat "$OUT/TORCH.md" 2>/dev/null ;; esac
 case " $STAGES " in *" sanitize "*)

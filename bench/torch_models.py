@@ -40,7 +40,10 @@ kernels leave the Linear layers a larger share), dense and sparse (median of
 (sparsify's wall time against --db: empty, a first run; the pruning is
 not in it), and how many layers run the phase's tokens on the
 feature-major route (X and Y transposed around the feature-major kernel,
-where sparsify found it faster than the token-major kernel).
+where sparsify found it faster than the token-major kernel).  With
+--compile --kernels, the compiled forwards' kernel time split by
+torch.profiler between the Linear layers' ops and everything else (where
+the sparse model's transposes and its fused norms are).
 
     python3 bench/torch_models.py --model bert --results bench/RESULTS.md    # on a GPU
     python3 bench/torch_models.py --dry-run --model bert --layers 1
@@ -314,7 +317,54 @@ def graph_time(fn, reps: int) -> float:
     return sorted(times)[len(times) // 2]
 
 
-def measure(model, x, past, reps: int, compiled=None, per_shape: bool = False) -> dict:
+# the ops whose kernels are a Linear layer's: a dense layer under torch.compile is
+# an mm (or addmm) of its 2-D view; a converted one is the custom op, eager or
+# feature-major
+LINEAR_OPS = frozenset({"aten::mm", "aten::addmm", "aten::linear",
+                        "sparseforge::linear", "sparseforge::linear_fm"})
+
+
+def kernel_split(fn, runs: int = 5) -> dict:
+    """Device time of `fn`'s kernels a call (us), by torch.profiler over
+    `runs` calls (after a warm-up): "linear_us", the kernels launched
+    under one of LINEAR_OPS (the innermost op of a launch, or one around
+    it), and "other_us", every other kernel.  Kernel durations alone: the
+    gaps between kernels are not in either."""
+    from torch.profiler import ProfilerActivity, profile, record_function
+    with torch.no_grad():
+        fn()
+        torch.cuda.synchronize()
+        with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+            for _ in range(runs):
+                with record_function("sparseforge_bench_forward"):
+                    fn()
+            torch.cuda.synchronize()
+    from torch.autograd import DeviceType
+    events = prof.events()
+    linear = other = 0.0
+    total = sum(e.time_range.elapsed_us() for e in events if e.device_type == DeviceType.CUDA)
+    for e in events:
+        if e.device_type != DeviceType.CPU or not e.kernels:
+            continue
+        up, is_linear = e, False
+        while up is not None and not is_linear:
+            is_linear = up.name in LINEAR_OPS
+            up = up.cpu_parent
+        t = sum(k.duration for k in e.kernels)
+        if is_linear:
+            linear += t
+        else:
+            other += t
+    if total == 0:
+        raise RuntimeError("the profiler saw no kernels")
+    if linear + other < 0.99 * total:     # kernels the profiler tied to no op
+        print(f"torch_models: {total - linear - other:.1f} of {total:.1f} us of kernels "
+              "belong to no op; counted with the others", file=sys.stderr)
+    return {"linear_us": linear / runs, "other_us": (total - linear) / runs}
+
+
+def measure(model, x, past, reps: int, compiled=None, per_shape: bool = False,
+            kernels: bool = False) -> dict:
     """Linear and forward times of `model`; `compiled`: the model under
     torch.compile, whose forward is timed too (compiled on the warm-up);
     `per_shape`: also each weight shape's Linear calls alone, in a graph
@@ -329,6 +379,8 @@ def measure(model, x, past, reps: int, compiled=None, per_shape: bool = False) -
            "forward_ms": graph_time(lambda: model(x, past), reps), "linears": len(calls)}
     if compiled is not None:
         out["compiled_ms"] = graph_time(lambda: compiled(x, past), reps)
+        if kernels:
+            out["compiled_kernels"] = kernel_split(lambda: compiled(x, past))
     if per_shape:
         groups: dict = {}
         for m, xi in calls:
@@ -402,12 +454,14 @@ def run(args, name: str, c: Config, spec: str) -> list:
                                                        compiled[dense](x, past))
             row["compile_s"] = time.perf_counter() - t0
         if not args.dry_run:
-            d, s = (measure(m, x, past, args.reps, compiled.get(m), args.per_shape)
-                    for m in (dense, sparse))
+            d, s = (measure(m, x, past, args.reps, compiled.get(m), args.per_shape,
+                            args.kernels) for m in (dense, sparse))
             row.update(dense_linear_ms=d["linear_ms"], sparse_linear_ms=s["linear_ms"],
                        dense_forward_ms=d["forward_ms"], sparse_forward_ms=s["forward_ms"])
             if compiled:
                 row.update(dense_compiled_ms=d["compiled_ms"], sparse_compiled_ms=s["compiled_ms"])
+                if args.kernels:
+                    row["kernels"] = (d["compiled_kernels"], s["compiled_kernels"])
             if args.per_shape:
                 row["per_shape"] = {k: (n, ms, s["per_shape"][k][1])
                                     for k, (n, ms) in d["per_shape"].items()}
@@ -477,6 +531,27 @@ def table(rows: list, gpu: str, commit: str, args) -> str:
             for (o, i), (n, d, s) in r["per_shape"].items():
                 lines.append(f"| {r['model']} | {r['phase']} | {r['pattern']} | {o} x {i} | {n} "
                              f"| {d:.3f} | {s:.3f} | {d / s:.2f}x |")
+    profiled = [r for r in rows if r.get("kernels")]
+    if profiled:
+        lines += ["", "The compiled forward's kernels (--kernels; torch.profiler over 5 "
+                  "forwards, not in a graph, us a forward): Linear, the kernels launched "
+                  "by a Linear layer's op (an mm of the dense model, the custom op of the "
+                  "sparse one); other, every other kernel, where the sparse model's "
+                  "transposes are (fused into the ops around the layers, or kernels of "
+                  "their own). Kernel durations only: the gaps between kernels, which the "
+                  "graph times above include, are in neither.", "",
+                  "| model | phase | pattern | Linear dense us | Linear sparse us "
+                  "| Linear speedup | other dense us | other sparse us | all dense us "
+                  "| all sparse us | all speedup |",
+                  "| --- | --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"]
+        for r in profiled:
+            d, s = r["kernels"]
+            ad, as_ = d["linear_us"] + d["other_us"], s["linear_us"] + s["other_us"]
+            lines.append(f"| {r['model']} | {r['phase']} | {r['pattern']} | "
+                         f"{d['linear_us']:.1f} | {s['linear_us']:.1f} | "
+                         f"{_f(d['linear_us'] / s['linear_us'] if s['linear_us'] else math.nan, '.2f', 'x')} | "
+                         f"{d['other_us']:.1f} | {s['other_us']:.1f} | {ad:.1f} | {as_:.1f} | "
+                         f"{ad / as_:.2f}x |")
     return "\n".join(lines) + "\n"
 
 
@@ -505,6 +580,9 @@ def main(argv=None) -> int:
     ap.add_argument("--compile", action="store_true",
                     help="also time both forwards under torch.compile(fullgraph=True) (the "
                          "sparse one through the custom op), captured like the others")
+    ap.add_argument("--kernels", action="store_true",
+                    help="with --compile: also split the compiled forwards' kernel time "
+                         "between the Linear layers and the rest (torch.profiler)")
     ap.add_argument("--per-shape", action="store_true",
                     help="also time each weight shape's Linear calls alone, in a graph")
     ap.add_argument("--dry-run", action="store_true",
@@ -515,6 +593,8 @@ def main(argv=None) -> int:
     args = ap.parse_args(argv)
     if args.dry_run and args.compile:
         ap.error("--compile times the compiled forwards on a GPU; --dry-run has none")
+    if args.kernels and not args.compile:
+        ap.error("--kernels profiles the compiled forwards: it needs --compile")
     if args.dry_run:
         args.budget = args.budget or "1"
     else:

@@ -160,3 +160,24 @@ def test_a_dry_run_of_the_fused_llama_stack_converts_its_four_layers_a_block(tmp
     with um.patch.dict(torch_models.MODELS, {"llama-fused": small}):
         assert torch_models.main(argv) == 0
     assert "| llama-fused | decode 16 | nm24 | fp16 | 4/4 |" in capsys.readouterr().out
+
+
+def test_the_compiled_kernels_table_splits_linear_layers_from_the_rest(capsys):
+    """--kernels: the compiled forwards' kernel time, Linear layers against
+    the rest, as a second table; it needs --compile."""
+    args = argparse.Namespace(reps=5, db_note="an empty database", quick=True, budget="4",
+                              no_route=False, compile=True)
+    row = {"model": "llama", "phase": "decode 16", "pattern": "shflbw:64@0.75",
+           "dtype": "fp16", "converted": 8, "linears": 8, "fm_route": 2, "fm_compiled": 8,
+           "error": 0.0, "tune_s": 10.0, "dense_compiled_ms": 0.5, "sparse_compiled_ms": 0.25,
+           "compiled_error": 0.0, "prune_s": 66.3,
+           "kernels": ({"linear_us": 300.0, "other_us": 100.0},
+                       {"linear_us": 120.0, "other_us": 130.0})}
+    out = torch_models.table([row], "GPU", "abc", args)
+    assert ("| llama | decode 16 | shflbw:64@0.75 | 300.0 | 120.0 | 2.50x | 100.0 | 130.0 "
+            "| 400.0 | 250.0 | 1.60x |") in out
+    del row["kernels"]
+    assert "--kernels" not in torch_models.table([row], "GPU", "abc", args)
+    with pytest.raises(SystemExit):
+        torch_models.main(["--kernels", "--model", "llama"])
+    assert "needs --compile" in capsys.readouterr().err
