@@ -324,6 +324,9 @@ LINEAR_OPS = frozenset({"aten::mm", "aten::addmm", "aten::linear",
                         "sparseforge::linear", "sparseforge::linear_fm"})
 
 
+MARK = "sparseforge_bench_forward"
+
+
 def kernel_split(fn, runs: int = 5) -> dict:
     """Device time of `fn`'s kernels a call (us), by torch.profiler over
     `runs` calls (after a warm-up): "linear_us", the kernels launched
@@ -336,13 +339,17 @@ def kernel_split(fn, runs: int = 5) -> dict:
         torch.cuda.synchronize()
         with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
             for _ in range(runs):
-                with record_function("sparseforge_bench_forward"):
+                with record_function(MARK):
                     fn()
             torch.cuda.synchronize()
     from torch.autograd import DeviceType
     events = prof.events()
     linear = other = 0.0
-    total = sum(e.time_range.elapsed_us() for e in events if e.device_type == DeviceType.CUDA)
+    # the device's events: kernels, copies and sets, not the annotations that
+    # span a record_function's range on the GPU's timeline
+    total = sum(e.time_range.elapsed_us() for e in events
+                if e.device_type == DeviceType.CUDA and not getattr(e, "is_user_annotation", False)
+                and e.name != MARK)
     for e in events:
         if e.device_type != DeviceType.CPU or not e.kernels:
             continue

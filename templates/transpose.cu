@@ -75,7 +75,8 @@ extern "C" __global__ void __launch_bounds__(32 * SF_ROWS)
 // `(x.float() * r).to(dtype) * w`) or round(x r w), r = rsqrt(mean(x^2) +
 // eps) a token, in fp32.  A cluster takes 8 tokens; each of its 8 blocks
 // a slice of the features (k <= 8 * SF_NORM_SLICE), sums their squares,
-// and reads the others' sums through distributed shared memory.
+// and pushes its sums into every block's shared memory (distributed
+// shared memory): one cluster barrier after them, no remote read.
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
 #define SF_NORM_CTAS 8
 #define SF_NORM_T 8
@@ -104,13 +105,11 @@ __device__ __forceinline__ unsigned short sf_from_f(float f, bool bf) {
   return v;
 }
 
-// part[i] of block `rank` of the cluster
-__device__ __forceinline__ float sf_remote(const float *part, int rank) {
-  unsigned local = static_cast<unsigned>(__cvta_generic_to_shared(part)), remote;
-  float v;
+// *slot of block `rank` of the cluster = v
+__device__ __forceinline__ void sf_push(float *slot, int rank, float v) {
+  unsigned local = static_cast<unsigned>(__cvta_generic_to_shared(slot)), remote;
   asm volatile("mapa.shared::cluster.u32 %0, %1, %2;\n" : "=r"(remote) : "r"(local), "r"(rank));
-  asm volatile("ld.shared::cluster.f32 %0, [%1];\n" : "=f"(v) : "r"(remote) : "memory");
-  return v;
+  asm volatile("st.shared::cluster.f32 [%0], %1;\n" ::"r"(remote), "f"(v) : "memory");
 }
 
 // x and h move as 16-byte pieces of a token's features (k % 8 == 0); Y^T
@@ -128,12 +127,16 @@ extern "C" __global__ void __cluster_dims__(SF_NORM_CTAS, 1, 1) __launch_bounds_
   // x (then h) of the block's tokens by features; Y^T's 8 tokens a feature
   __shared__ __align__(16) unsigned short hs[SF_NORM_T][SF_NORM_SLICE + 8];
   __shared__ __align__(16) unsigned short ys[SF_NORM_SLICE][SF_NORM_T];
-  __shared__ float wsum[SF_NORM_T][SF_NORM_THREADS / 32], part[SF_NORM_T], rstd[SF_NORM_T];
+  __shared__ float wsum[SF_NORM_T][SF_NORM_THREADS / 32], part[SF_NORM_CTAS][SF_NORM_T],
+      rstd[SF_NORM_T];
   const bool bf = flags & SF_NORM_BF16, yvec = flags & SF_NORM_YVEC;
   const int slice = ((k + SF_NORM_CTAS - 1) / SF_NORM_CTAS + 7) & ~7;
   const int f0 = blockIdx.x * slice, nf = max(0, min(k, f0 + slice) - f0), nv = nf / 8;
   const int t0 = blockIdx.y * SF_NORM_T, nt = min(SF_NORM_T, n - t0);
   const int tid = threadIdx.x;
+  // every block of the cluster has started before any writes into another's
+  // shared memory: arrive now, wait just before the sums are pushed
+  sf::sm90::cluster_arrive_relaxed();
   unsigned short wr[SF_NORM_Q];
 #pragma unroll
   for (int q = 0; q < SF_NORM_Q; ++q) {   // the weights: a constant operand
@@ -205,20 +208,22 @@ extern "C" __global__ void __cluster_dims__(SF_NORM_CTAS, 1, 1) __launch_bounds_
     if ((tid & 31) == 0) wsum[t][tid >> 5] = s[t];
   }
   __syncthreads();
-  if (tid < SF_NORM_T) {
+  sf::sm90::cluster_wait();  // (the arrival at the start: every block has started)
+  if (tid < SF_NORM_T) {   // the block's sums pushed into every block's part[rank]
     float sum = 0.0f;
 #pragma unroll
     for (int q = 0; q < SF_NORM_THREADS / 32; ++q) sum += wsum[tid][q];
-    part[tid] = sum;
+#pragma unroll
+    for (int q = 0; q < SF_NORM_CTAS; ++q) sf_push(&part[blockIdx.x][tid], q, sum);
   }
-  sf::sm90::cluster_sync();  // every block's sums are written (and the block's h)
+  sf::sm90::cluster_sync();  // every block's sums are in every block (no remote access after it)
   if (tid < SF_NORM_T) {
     float sum = 0.0f;
 #pragma unroll
-    for (int q = 0; q < SF_NORM_CTAS; ++q) sum += sf_remote(&part[tid], q);
+    for (int q = 0; q < SF_NORM_CTAS; ++q) sum += part[q][tid];
     rstd[tid] = rsqrtf(sum / static_cast<float>(k) + eps);
   }
-  sf::sm90::cluster_sync();  // no block leaves while another reads its sums; rstd is seen
+  __syncthreads();
   const bool round_first = flags & SF_NORM_ROUND_FIRST;
 #pragma unroll
   for (int q = 0; q < SF_NORM_Q; ++q) {   // X^T: a feature's 8 tokens
