@@ -16,8 +16,8 @@ families' token-major kernels are far slower than their feature-major ones
 csr reads X across rows).  On a GPU, each N bucket whose token-major
 kernel lost to cuBLAS when tuned also gets the layer's feature-major
 kernel for that N (tuned under the layer's name + "#fm"), and both routes
-are timed through the op, each as a CUDA graph of a few calls on the same
-input (as a model runs them): the token-major kernel, against X
+are timed through the op, each as a CUDA graph of a few calls with the
+layer's weights out of the L2 (as a model runs them): the token-major kernel, against X
 transposed (templates/transpose.cu), the feature-major kernel and Y
 transposed back.  The faster serves the bucket (`layout` in the report
 and the module's kernels).
@@ -267,10 +267,14 @@ def _time_routes(mods: tuple, code, variant, n: int, device: int, rounds: int = 
     """(the bucket's ms, `variant`'s ms) at n tokens on GPU `device`: the
     two modules `mods` (copies of one layer) take the layer's kernels, the
     second with `variant` (the feature-major route's kernel) for the
-    bucket n; each is captured as a
-    CUDA graph of `reps` calls (as a model runs them: the launches' CPU
-    cost out of the time), and the graphs are replayed in alternating
-    rounds (CUDA events; the best round of each)."""
+    bucket n.  Each is captured as a CUDA graph of `reps` calls (as a
+    model runs them: the launches' CPU cost out of the time), each call
+    after a read of twice the L2, so that the layer's weights come from
+    device memory as in a model's forward, where the other layers'
+    weights pass through the L2 between two calls of one layer; a graph
+    of the reads alone is timed too and taken off.  The graphs are
+    replayed in alternating rounds (CUDA events; the best round of
+    each)."""
     import torch
 
     from ..tuner.resolve import ArchCode, LayerCode
@@ -278,22 +282,28 @@ def _time_routes(mods: tuple, code, variant, n: int, device: int, rounds: int = 
     swapped = [variant if v.n_bucket == n else v for v in ac.variants]
     for mod, variants in zip(mods, (ac.variants, swapped)):
         mod.attach(LayerCode(code.entry, {ac.arch: ArchCode(ac.arch, ac.gpu_name, variants)}))
-    best = [math.inf, math.inf]
+    best = [math.inf, math.inf, math.inf]
     with torch.no_grad(), torch.cuda.device(device):
-        x = torch.randn(n, mods[0].in_features, device=f"cuda:{device}").to(
-            mods[0].weight_values.dtype)
+        dev = f"cuda:{device}"
+        x = torch.randn(n, mods[0].in_features, device=dev).to(mods[0].weight_values.dtype)
+        l2 = getattr(torch.cuda.get_device_properties(device), "L2_cache_size", 0) or 50 << 20
+        flush = torch.ones(2 * l2 // 4, dtype=torch.float32, device=dev)
+        sink = torch.empty((), dtype=torch.float32, device=dev)
+        calls = [lambda: None] + [lambda mod=mod: mod(x) for mod in mods]
         side = torch.cuda.Stream()
         side.wait_stream(torch.cuda.current_stream())
         with torch.cuda.stream(side):
-            for mod in mods:
-                mod(x)                             # first calls outside the capture
+            torch.sum(flush, out=sink)
+            for call in calls:
+                call()                             # first calls outside the capture
         torch.cuda.current_stream().wait_stream(side)
         graphs = []
-        for mod in mods:
+        for call in calls:
             graph = torch.cuda.CUDAGraph()
             with torch.cuda.graph(graph):
                 for _ in range(reps):
-                    mod(x)
+                    torch.sum(flush, out=sink)
+                    call()
             graphs.append(graph)
         for _ in range(rounds):
             for r, graph in enumerate(graphs):
@@ -303,9 +313,10 @@ def _time_routes(mods: tuple, code, variant, n: int, device: int, rounds: int = 
                 graph.replay()
                 end.record()
                 end.synchronize()
-                best[r] = min(best[r], start.elapsed_time(end) / reps)
-        del graphs
-    return best[0], best[1]
+                best[r] = min(best[r], start.elapsed_time(end))
+        del graphs, flush
+    floor = 1e-4        # 0.1 us: the difference of two graphs never reads as no time
+    return (max(floor, (best[1] - best[0]) / reps), max(floor, (best[2] - best[0]) / reps))
 
 
 def _route(layers: list, codes: list, cache, tune: bool, make_tuner, info: dict, device: int,
