@@ -293,7 +293,7 @@ def _time_routes(mods: tuple, code, variant, n: int, device: int, rounds: int = 
         side = torch.cuda.Stream()
         side.wait_stream(torch.cuda.current_stream())
         with torch.cuda.stream(side):
-            torch.sum(flush, out=sink)
+            torch.sum(flush, dim=0, out=sink)
             for call in calls:
                 call()                             # first calls outside the capture
         torch.cuda.current_stream().wait_stream(side)
@@ -302,7 +302,7 @@ def _time_routes(mods: tuple, code, variant, n: int, device: int, rounds: int = 
             graph = torch.cuda.CUDAGraph()
             with torch.cuda.graph(graph):
                 for _ in range(reps):
-                    torch.sum(flush, out=sink)
+                    torch.sum(flush, dim=0, out=sink)
                     call()
             graphs.append(graph)
         for _ in range(rounds):
