@@ -17,9 +17,9 @@ csr reads X across rows).  On a GPU, each N bucket whose token-major
 kernel lost to cuBLAS when tuned also gets the layer's feature-major
 kernel for that N (tuned under the layer's name + "#fm"), and both routes
 are timed through the op, each as a CUDA graph of a few calls with the
-layer's weights out of the L2 (as a model runs them): the token-major kernel, against X
-transposed (templates/transpose.cu), the feature-major kernel and Y
-transposed back.  The faster serves the bucket (`layout` in the report
+layer's weights out of the L2 (as a model runs them): the token-major
+kernel, against X transposed (templates/transpose.cu), the
+feature-major kernel and Y transposed back.  The faster serves the bucket (`layout` in the report
 and the module's kernels).
 
 Decode buckets (at most FM_DECODE_N tokens) try the feature-major
