@@ -325,14 +325,16 @@ LINEAR_OPS = frozenset({"aten::mm", "aten::addmm", "aten::linear",
 
 
 MARK = "sparseforge_bench_forward"
+TOP_OTHERS = 10
 
 
 def kernel_split(fn, runs: int = 5) -> dict:
     """Device time of `fn`'s kernels a call (us), by torch.profiler over
     `runs` calls (after a warm-up): "linear_us", the kernels launched
     under one of LINEAR_OPS (the innermost op of a launch, or one around
-    it), and "other_us", every other kernel.  Kernel durations alone: the
-    gaps between kernels are not in either."""
+    it), and "other_us", every other kernel; "others": the other kernels
+    by name, (calls, us) a call of `fn`.  Kernel durations alone: the gaps
+    between kernels are not in either."""
     from torch.profiler import ProfilerActivity, profile, record_function
     with torch.no_grad():
         fn()
@@ -345,6 +347,7 @@ def kernel_split(fn, runs: int = 5) -> dict:
     from torch.autograd import DeviceType
     events = prof.events()
     linear = other = 0.0
+    by_name: dict = {}
     # the device's events: kernels, copies and sets, not the annotations that
     # span a record_function's range on the GPU's timeline
     total = sum(e.time_range.elapsed_us() for e in events
@@ -362,12 +365,16 @@ def kernel_split(fn, runs: int = 5) -> dict:
             linear += t
         else:
             other += t
+            for k in e.kernels:
+                c, us = by_name.get(k.name, (0, 0.0))
+                by_name[k.name] = (c + 1, us + k.duration)
     if total == 0:
         raise RuntimeError("the profiler saw no kernels")
     if linear + other < 0.99 * total:     # kernels the profiler tied to no op
         print(f"torch_models: {total - linear - other:.1f} of {total:.1f} us of kernels "
               "belong to no op; counted with the others", file=sys.stderr)
-    return {"linear_us": linear / runs, "other_us": (total - linear) / runs}
+    return {"linear_us": linear / runs, "other_us": (total - linear) / runs,
+            "others": {name: (c / runs, us / runs) for name, (c, us) in by_name.items()}}
 
 
 def measure(model, x, past, reps: int, compiled=None, per_shape: bool = False,
@@ -559,6 +566,16 @@ def table(rows: list, gpu: str, commit: str, args) -> str:
                          f"{_f(d['linear_us'] / s['linear_us'] if s['linear_us'] else math.nan, '.2f', 'x')} | "
                          f"{d['other_us']:.1f} | {s['other_us']:.1f} | {ad:.1f} | {as_:.1f} | "
                          f"{ad / as_:.2f}x |")
+        lines += ["", f"The other kernels of each compiled forward, the {TOP_OTHERS} longest "
+                  "(us a forward, names cut at 70 characters):", "",
+                  "| model | phase | pattern | model's | kernel | calls | us |",
+                  "| --- | --- | --- | --- | --- | ---: | ---: |"]
+        for r in profiled:
+            for which, k in zip(("dense", "sparse"), r["kernels"]):
+                top = sorted(k.get("others", {}).items(), key=lambda kv: -kv[1][1])[:TOP_OTHERS]
+                for name, (calls, us) in top:
+                    lines.append(f"| {r['model']} | {r['phase']} | {r['pattern']} | {which} | "
+                                 f"`{name[:70].replace('|', '/')}` | {calls:g} | {us:.1f} |")
     return "\n".join(lines) + "\n"
 
 

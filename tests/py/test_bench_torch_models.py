@@ -171,11 +171,17 @@ def test_the_compiled_kernels_table_splits_linear_layers_from_the_rest(capsys):
            "dtype": "fp16", "converted": 8, "linears": 8, "fm_route": 2, "fm_compiled": 8,
            "error": 0.0, "tune_s": 10.0, "dense_compiled_ms": 0.5, "sparse_compiled_ms": 0.25,
            "compiled_error": 0.0, "prune_s": 66.3,
-           "kernels": ({"linear_us": 300.0, "other_us": 100.0},
-                       {"linear_us": 120.0, "other_us": 130.0})}
+           "kernels": ({"linear_us": 300.0, "other_us": 100.0,
+                        "others": {"sdpa": (1.0, 60.0), "norm|a": (2.0, 3.5)}},
+                       {"linear_us": 120.0, "other_us": 130.0,
+                        "others": {"sf_rmsnorm_t_2": (2.0, 7.8)}})}
     out = torch_models.table([row], "GPU", "abc", args)
     assert ("| llama | decode 16 | shflbw:64@0.75 | 300.0 | 120.0 | 2.50x | 100.0 | 130.0 "
             "| 400.0 | 250.0 | 1.60x |") in out
+    # the other kernels by name, longest first, a table's bar not taken for a column
+    assert ("| dense | `sdpa` | 1 | 60.0 |\n| llama | decode 16 | shflbw:64@0.75 | dense "
+            "| `norm/a` | 2 | 3.5 |") in out
+    assert "| sparse | `sf_rmsnorm_t_2` | 2 | 7.8 |" in out
     del row["kernels"]
     assert "--kernels" not in torch_models.table([row], "GPU", "abc", args)
     with pytest.raises(SystemExit):
