@@ -553,7 +553,9 @@ def table(rows: list, gpu: str, commit: str, args) -> str:
                   "sparse one); other, every other kernel, where the sparse model's "
                   "transposes are (fused into the ops around the layers, or kernels of "
                   "their own). Kernel durations only: the gaps between kernels, which the "
-                  "graph times above include, are in neither.", "",
+                  "graph times above include, are in neither; a kernel launched as a "
+                  "programmatic dependent (sparseforge's, on sm_90) starts before the kernel "
+                  "before it ends, and its duration counts that overlap.", "",
                   "| model | phase | pattern | Linear dense us | Linear sparse us "
                   "| Linear speedup | other dense us | other sparse us | all dense us "
                   "| all sparse us | all speedup |",
