@@ -58,14 +58,19 @@ SHORT_N = 256
 SHORT_GRAPH = 16
 
 
+def past_l2_bytes(device: dict) -> int:
+    """Bytes that pass a device's L2 (its sf_device_info dict) through:
+    twice its size (50 MB taken where the runtime could not say)."""
+    return 2 * (int(device.get("l2_bytes") or 0) or (50 << 20))
+
+
 def timing_for(timing: dict, n: int, device: Optional[dict]) -> dict:
     """The protocol of `timing` for N columns: short kernels rotate their
     operands through twice the device's L2 inside graphs of launches."""
     if n > SHORT_N or not device or timing.get("rotate_bytes") == 0:
         return dict(timing)
-    l2 = int(device.get("l2_bytes") or 0) or (50 << 20)
-    return dict(timing, rotate_bytes=2 * l2, graph_batch=max(SHORT_GRAPH, timing.get("graph_batch", 0)),
-                flush_l2=False)
+    return dict(timing, rotate_bytes=past_l2_bytes(device),
+                graph_batch=max(SHORT_GRAPH, timing.get("graph_batch", 0)), flush_l2=False)
 
 
 # Configurations compiled per layer and architecture where no GPU can

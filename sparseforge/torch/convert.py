@@ -19,8 +19,8 @@ kernel for that N (tuned under the layer's name + "#fm"), and both routes
 are timed through the op, each as a CUDA graph of a few calls with the
 layer's weights out of the L2 (as a model runs them): the token-major
 kernel, against X transposed (templates/transpose.cu), the
-feature-major kernel and Y transposed back.  The faster serves the bucket (`layout` in the report
-and the module's kernels).
+feature-major kernel and Y transposed back.  The faster serves the
+bucket (`layout` in the report and the module's kernels).
 
 Decode buckets (at most FM_DECODE_N tokens) try the feature-major
 kernel too: there a family whose token-major kernel gathers X element by
@@ -262,14 +262,14 @@ def _fm_candidates(codes: list, arch: str) -> list:
     return out
 
 
-def _time_routes(mods: tuple, code, variant, n: int, device: int, rounds: int = 5,
-                 reps: int = 5) -> tuple[float, float]:
+def _time_routes(mods: tuple, code, variant, n: int, device: int, flush_bytes: int,
+                 rounds: int = 5, reps: int = 5) -> tuple[float, float]:
     """(the bucket's ms, `variant`'s ms) at n tokens on GPU `device`: the
     two modules `mods` (copies of one layer) take the layer's kernels, the
     second with `variant` (the feature-major route's kernel) for the
     bucket n.  Each is captured as a CUDA graph of `reps` calls (as a
     model runs them: the launches' CPU cost out of the time), each call
-    after a read of twice the L2, so that the layer's weights come from
+    after a read of `flush_bytes` (twice the L2), so that the layer's weights come from
     device memory as in a model's forward, where the other layers'
     weights pass through the L2 between two calls of one layer; a graph
     of the reads alone is timed too and taken off.  The graphs are
@@ -286,8 +286,7 @@ def _time_routes(mods: tuple, code, variant, n: int, device: int, rounds: int = 
     with torch.no_grad(), torch.cuda.device(device):
         dev = f"cuda:{device}"
         x = torch.randn(n, mods[0].in_features, device=dev).to(mods[0].weight_values.dtype)
-        l2 = getattr(torch.cuda.get_device_properties(device), "L2_cache_size", 0) or 50 << 20
-        flush = torch.ones(2 * l2 // 4, dtype=torch.float32, device=dev)
+        flush = torch.ones(flush_bytes // 4, dtype=torch.float32, device=dev)
         sink = torch.empty((), dtype=torch.float32, device=dev)
         calls = [lambda: None] + [lambda mod=mod: mod(x) for mod in mods]
         side = torch.cuda.Stream()
@@ -331,6 +330,7 @@ def _route(layers: list, codes: list, cache, tune: bool, make_tuner, info: dict,
 
     import torch
 
+    from ..tuner.driver import past_l2_bytes
     from ..tuner.resolve import MissingLayersError, resolve
     arch = info["arch"]
     groups: dict = {}                              # one resolve (one tuner) per set of buckets
@@ -359,7 +359,8 @@ def _route(layers: list, codes: list, cache, tune: bool, make_tuner, info: dict,
             if fv.n_bucket not in ns:
                 continue
             try:
-                t_tm, t_fm = _time_routes(mods, codes[i], fv, fv.n_bucket, device)
+                t_tm, t_fm = _time_routes(mods, codes[i], fv, fv.n_bucket, device,
+                                          past_l2_bytes(info))
             except torch.cuda.OutOfMemoryError as e:   # the two copies and their graphs
                 print(f"{layer.name}: N = {fv.n_bucket}: the routes could not be timed "
                       f"({str(e).splitlines()[0]}); it stays token-major", file=log)
