@@ -131,6 +131,9 @@ class BertLayer(nn.Module):
         self.intermediate = nn.Linear(c.hidden, c.ffn)
         self.output = nn.Linear(c.ffn, c.hidden)
         self.ln2 = nn.LayerNorm(c.hidden)
+        # the dense peer --dense-gelu-epilogue times: the GELU in cuBLASLt's
+        # epilogue (torch._addmm_activation; its tanh form)
+        self.lt_gelu = False
 
     def forward(self, x):
         if hasattr(self, "qkv"):
@@ -139,7 +142,13 @@ class BertLayer(nn.Module):
             q, k, v = self.query(x), self.key(x), self.value(x)
         a = attention(q, k, v, self.heads, causal=False)
         x = self.ln1(x + self.attn_out(a))
-        return self.ln2(x + self.output(F.gelu(self.intermediate(x))))
+        if self.lt_gelu:
+            i = self.intermediate
+            h = torch._addmm_activation(i.bias, x.reshape(-1, x.shape[-1]), i.weight.t(),
+                                        use_gelu=True).view(*x.shape[:-1], -1)
+        else:
+            h = F.gelu(self.intermediate(x))
+        return self.ln2(x + self.output(h))
 
 
 class Bert(nn.Module):
@@ -438,7 +447,8 @@ def run(args, name: str, c: Config, spec: str) -> list:
     report = sparsify(sparse, db=args.db, pattern=pattern,
                       n=tokens,
                       budget=args.budget, quick=args.quick, archs=args.arch,
-                      feature_major=not args.no_route, progress=not args.quiet)
+                      feature_major=not args.no_route, progress=not args.quiet,
+                      approximate_gelu=getattr(args, "approximate_gelu", False))
     tune_s = time.perf_counter() - t0
     print(report, file=sys.stderr)
     device = "cpu" if args.dry_run else "cuda"
@@ -447,6 +457,14 @@ def run(args, name: str, c: Config, spec: str) -> list:
     compiled = {}
     if args.compile:      # static shapes: each phase compiles its own graph
         compiled = {m: torch.compile(m, fullgraph=True, dynamic=False) for m in (dense, sparse)}
+    lt = None             # the dense peer with the GELU in cuBLASLt's epilogue, compiled
+    if getattr(args, "dense_gelu_epilogue", False) and args.compile and any(
+            isinstance(m, BertLayer) for m in dense.modules()):
+        peer = copy.deepcopy(dense)
+        for m in peer.modules():
+            if isinstance(m, BertLayer):
+                m.lt_gelu = True
+        lt = torch.compile(peer, fullgraph=True, dynamic=False)
     for phase_name, phase in phases.items():
         if args.dry_run:      # a few tokens, the past shortened alike
             phase = (1, args.dry_tokens, min(phase[2], args.dry_tokens))
@@ -467,6 +485,11 @@ def run(args, name: str, c: Config, spec: str) -> list:
                 row["compiled_error"] = relative_error(compiled[sparse](x, past),
                                                        compiled[dense](x, past))
             row["compile_s"] = time.perf_counter() - t0
+        if lt is not None:
+            with torch.no_grad():
+                row["lt_error"] = relative_error(lt(x, past), dense(x, past))
+            if not args.dry_run:
+                row["dense_lt_compiled_ms"] = graph_time(lambda: lt(x, past), args.reps)
         if not args.dry_run:
             d, s = (measure(m, x, past, args.reps, compiled.get(m), args.per_shape,
                             args.kernels) for m in (dense, sparse))
@@ -481,7 +504,7 @@ def run(args, name: str, c: Config, spec: str) -> list:
                                     for k, (n, ms) in d["per_shape"].items()}
         rows.append(row)
         print(row, file=sys.stderr)
-    del dense, sparse
+    del dense, sparse, lt
     if device == "cuda":
         torch.cuda.empty_cache()
     return rows
@@ -504,7 +527,10 @@ def table(rows: list, gpu: str, commit: str, args) -> str:
              "Compiled: the forward under torch.compile(fullgraph=True, dynamic=False), "
              "dense and sparse alike, then captured the same way" +
              ("; its error: the compiled sparse model against the compiled dense one."
-              if args.compile else ": not run (--compile)."), "",
+              if args.compile else ": not run (--compile).") +
+             (" An exact GELU that alone reads a sparse layer's output runs in that layer's "
+              "kernels as GELU's tanh form (--approximate-gelu; sparsify's approximate_gelu)."
+              if getattr(args, "approximate_gelu", False) else ""), "",
              "Feature-major route: the converted layers whose bucket for the phase's tokens "
              "runs the feature-major kernel between two transposes (sparseforge/torch/"
              "convert.py)" + (": not tried (--no-route)." if args.no_route else
@@ -536,6 +562,19 @@ def table(rows: list, gpu: str, commit: str, args) -> str:
             f"{_f(r.get('sparse_compiled_ms'), '.3f')} | {_f(cs, '.2f', 'x')} | "
             f"{r['error']:.2e} | {_f(r.get('compiled_error'), '.2e')} | {r['tune_s']:.0f} | "
             f"{_f(r.get('prune_s'), '.0f')} |")
+    peered = [r for r in rows if r.get("dense_lt_compiled_ms")]
+    if peered:
+        lines += ["", "A dense peer (--dense-gelu-epilogue): the dense model with its FFN's "
+                  "GELU in cuBLASLt's epilogue (torch._addmm_activation, GELU's tanh form), "
+                  "compiled and captured as above; its error against the dense model, and the "
+                  "compiled sparse model's speedup over it:", "",
+                  "| model | phase | pattern | compiled dense, GELU in the epilogue, ms "
+                  "| its error | compiled sparse ms | compiled speedup over it |",
+                  "| --- | --- | --- | ---: | ---: | ---: | ---: |"]
+        for r in peered:
+            lt, sp = r["dense_lt_compiled_ms"], r.get("sparse_compiled_ms", math.nan)
+            lines.append(f"| {r['model']} | {r['phase']} | {r['pattern']} | {lt:.3f} | "
+                         f"{r['lt_error']:.2e} | {_f(sp, '.3f')} | {_f(lt / sp, '.2f', 'x')} |")
     shaped = [r for r in rows if r.get("per_shape")]
     if shaped:
         lines += ["", "Each weight shape's Linear calls alone, in a graph (--per-shape):", "",
@@ -606,6 +645,13 @@ def main(argv=None) -> int:
     ap.add_argument("--compile", action="store_true",
                     help="also time both forwards under torch.compile(fullgraph=True) (the "
                          "sparse one through the custom op), captured like the others")
+    ap.add_argument("--approximate-gelu", action="store_true",
+                    help="sparsify(..., approximate_gelu=True): under --compile, an exact GELU "
+                         "that alone reads a sparse layer's output runs in its kernels as "
+                         "GELU's tanh form")
+    ap.add_argument("--dense-gelu-epilogue", action="store_true",
+                    help="with --compile, also time a dense peer whose FFN GELU is in "
+                         "cuBLASLt's epilogue (torch._addmm_activation; BERT)")
     ap.add_argument("--kernels", action="store_true",
                     help="with --compile: also split the compiled forwards' kernel time "
                          "between the Linear layers and the rest (torch.profiler)")

@@ -2,6 +2,7 @@
 `sparseforge::linear` and the layers it runs.
 
     torch.ops.sparseforge.linear(x, packed, layer, out_features) -> y
+    torch.ops.sparseforge.linear_act(x, packed, layer, out_features, act) -> act(y)
     torch.ops.sparseforge.linear_fm(xt, packed, layer, out_features) -> yt
     torch.ops.sparseforge.transpose(x, layer) -> x^T
     torch.ops.sparseforge.rms_norm_t(x, yt, w, eps, round_first, layer) -> (h, xt)
@@ -45,6 +46,18 @@ output read by those layers alone, `rms_norm_t` computes the norm and
 writes X^T in one kernel (sm_90), with the residual sum before it where
 that sum adds a feature-major layer's Y^T.
 
+`linear_act` is `linear` followed by an activation ("gelu": GELU's tanh
+form; "gelu_erf": an exact GELU computed as the tanh form, where the
+layer's module allows it; "relu") in the kernels' epilogue, as a fused
+layer: the
+same tuned configurations and packed tensors, rebuilt with the
+activation (SparseLinear builds them, at most once a layer and
+activation, and registers itself as the layer's `fuser`).  Under
+torch.compile the graph pass of _passes.py puts it where a layer's only
+reader is that activation, and builds the fused layer then; the op
+builds it at its first call where it was not (a graph from Inductor's
+cache, whose pass ran in another process), outside CUDA graph capture.
+
 The C runtime's context for a GPU is the device's primary context
 (cuDevicePrimaryCtxRetain), the one the CUDA runtime under PyTorch uses:
 the kernels read and write torch's memory directly.  A loaded layer holds
@@ -66,6 +79,7 @@ from .. import native
 OP = "sparseforge::linear"
 _LIB = torch.library.Library("sparseforge", "FRAGMENT")
 _LIB.define("linear(Tensor x, Tensor[] packed, int layer, int out_features) -> Tensor")
+_LIB.define("linear_act(Tensor x, Tensor[] packed, int layer, int out_features, str act) -> Tensor")
 _LIB.define("linear_fm(Tensor xt, Tensor[] packed, int layer, int out_features) -> Tensor")
 _LIB.define("transpose(Tensor x, int layer) -> Tensor")
 _LIB.define("rms_norm_t(Tensor x, Tensor? yt, Tensor w, float eps, bool round_first, int layer) "
@@ -76,6 +90,10 @@ _contexts: dict = {}          # device ordinal -> (native.Context, lock)
 _loaded: dict = {}            # layer key -> LoadedLayer
 _released: list = []         # LoadedLayers to close
 _keys = itertools.count(1)
+_fusers: dict = {}            # layer key -> weakref to its SparseLinear (builds fused layers)
+_fused: dict = {}             # (layer key, activation) -> key of the fused layer
+FUSED_ACTS = {"gelu": "gelu", "gelu_erf": "gelu", "relu": "relu"}  # the op's act -> the kernels'
+
 
 
 def context(device: int):
@@ -227,11 +245,11 @@ def load(device: int, name: str, rows: int, cols: int, elem_size: int, variants:
             for layer, _ in parts.values():
                 layer.close()
             raise
-    if transpose is not None:
-        # under torch.compile its feature-major kernel's transposes around a
-        # norm are the graph pass's (_passes.py)
-        from . import _passes
-        _passes.install()
+    # under torch.compile the graph pass (_passes.py) fuses an activation
+    # that reads the layer's output into its kernels, and moves a
+    # feature-major kernel's transposes around a norm
+    from . import _passes
+    _passes.install()
     buckets = [(int(v["n_bucket"]), v.get("layout", "tm")) for v in variants]
     entry = LoadedLayer(next(_keys), device, name, parts, buckets, fn)
     with _lock:
@@ -246,6 +264,73 @@ def release(key: int) -> None:
         entry = _loaded.pop(key, None)
         if entry is not None:
             _released.append(entry)
+        _fusers.pop(key, None)
+        for k in [k for k in _fused if k[0] == key]:
+            fused = _loaded.pop(_fused.pop(k), None)
+            if fused is not None:
+                _released.append(fused)
+
+
+def register_fuser(key: int, module) -> None:
+    """`module` (a SparseLinear, held weakly) builds layer `key`'s fused
+    layers: module._build_fused(act) -> the fused layer's key."""
+    import weakref
+    with _lock:
+        _fusers[key] = weakref.ref(module)
+
+
+def fused_act(act: str, approximate: str = "none") -> Optional[str]:
+    """The op's act for a torch activation: "relu"; GELU as "gelu"
+    (approximate="tanh", the kernels' form) or "gelu_erf" ("none")."""
+    if act == "gelu":
+        return {"tanh": "gelu", "none": "gelu_erf"}.get(approximate)
+    return act if act in FUSED_ACTS else None
+
+
+def fusable(key: int, act: str) -> bool:
+    """Whether layer `key` can take the activation `act` (the op's word,
+    fused_act) into its kernels: "gelu_erf" only where its module allows
+    the tanh form for an exact GELU (SparseLinear.approximate_gelu)."""
+    with _lock:
+        ref = _fusers.get(key)
+    module = ref() if ref is not None else None
+    if module is None or act not in FUSED_ACTS:
+        return False
+    return act != "gelu_erf" or bool(module.approximate_gelu)
+
+
+def fused_layer(key: int, act: str) -> int:
+    """The key of layer `key` with `act` in its epilogue, built (compiled
+    and loaded) at the first request."""
+    with _lock:
+        fused = _fused.get((key, act))
+        ref = _fusers.get(key)
+    if fused is not None:
+        return fused
+    module = ref() if ref is not None else None
+    if module is None:
+        raise RuntimeError(f"{OP}_act: layer {key} is not loaded or cannot be rebuilt with "
+                           f"an activation; call the module, not the op")
+    if act not in FUSED_ACTS:
+        raise RuntimeError(f"{OP}_act: no fused activation {act!r} (one of "
+                           f"{', '.join(FUSED_ACTS)})")
+    if not fusable(key, act):
+        raise RuntimeError(f"{OP}_act: {module._where()} does not allow an exact GELU computed "
+                           "as its tanh form (approximate_gelu is False); this graph came "
+                           "from a compile where it did: clear Inductor's cache")
+    if torch.cuda.is_available() and torch.cuda.is_current_stream_capturing():
+        raise RuntimeError(f"{OP}_act: {module._where()} with {act} is not built yet, and a "
+                           "CUDA graph is being captured: run the compiled model once before "
+                           "capturing it")
+    new = module._build_fused(FUSED_ACTS[act])
+    with _lock:
+        if (key, act) in _fused:            # built meanwhile by another thread
+            dup = _loaded.pop(new, None)
+            if dup is not None:
+                _released.append(dup)
+            return _fused[(key, act)]
+        _fused[(key, act)] = new
+        return new
 
 
 def loaded(key: int) -> Optional[LoadedLayer]:
@@ -329,6 +414,17 @@ def _run(entry: LoadedLayer, x: torch.Tensor, y: torch.Tensor, n: int, ptrs: lis
 
 
 def _linear_fake(x: torch.Tensor, packed: list, layer: int, out_features: int) -> torch.Tensor:
+    return x.new_empty((*x.shape[:-1], out_features))
+
+
+def _linear_act_cuda(x: torch.Tensor, packed: list, layer: int, out_features: int,
+                     act: str) -> torch.Tensor:
+    """act(linear(x)): the fused layer of `layer` (fused_layer)."""
+    return _linear_cuda(x, packed, fused_layer(layer, act), out_features)
+
+
+def _linear_act_fake(x: torch.Tensor, packed: list, layer: int, out_features: int,
+                     act: str) -> torch.Tensor:
     return x.new_empty((*x.shape[:-1], out_features))
 
 
@@ -486,10 +582,12 @@ def _rms_norm_t_fake(x, yt, w, eps, round_first, layer):
 
 
 _LIB.impl("linear", _linear_cuda, "CUDA")
+_LIB.impl("linear_act", _linear_act_cuda, "CUDA")
 _LIB.impl("linear_fm", _linear_fm_cuda, "CUDA")
 _LIB.impl("transpose", _transpose_cuda, "CUDA")
 _LIB.impl("rms_norm_t", _rms_norm_t_cuda, "CUDA")
-for _name, _fake in ((OP, _linear_fake), (OP + "_fm", _linear_fm_fake),
+for _name, _fake in ((OP, _linear_fake), (OP + "_act", _linear_act_fake),
+                     (OP + "_fm", _linear_fm_fake),
                      ("sparseforge::transpose", _transpose_fake),
                      ("sparseforge::rms_norm_t", _rms_norm_t_fake)):
     if hasattr(torch.library, "register_fake"):            # torch >= 2.4

@@ -34,12 +34,24 @@ op takes that Y^T and returns the sum too (for the residual after it).
 One kernel then stands for three (the Y transpose, the sum and norm, the
 X transpose).
 
+Activations (fuse_activations): where a token-major layer's output
+(`sparseforge::linear`, through views) is read by a GELU or ReLU alone,
+the two become `sparseforge::linear_act`, the layer with the activation
+in its kernels' epilogue (built here, _op.fused_layer).  Inductor would
+run the activation as a kernel of its own that reads and writes the
+whole output (BERT-base's FFN, 4096 x 3072 fp16: 23 us on an H100,
+against 2 us more in the fused epilogue; bench/RESULTS.md 2026-11-27).
+The kernels compute the tanh form of GELU: a GELU with
+approximate="tanh" is fused, an exact (erf) one only where the layer's
+module allows it (SparseLinear.approximate_gelu; sparsify's argument of
+that name): the two differ by at most 4.7e-4.
+
 `install()` puts the pass in torch._inductor.config.post_grad_custom_post_pass
-where that slot is empty: _op.load does it when it loads a layer that has
-a feature-major kernel on a GPU (importing Inductor takes a second or
-more, which a model that never runs one need not pay); a slot holding
-another pass is left alone, and `combine(pass)` gives one that runs both.
-The pass only rewrites graphs that call sparseforge::linear_fm.
+where that slot is empty: _op.load does it when it loads a layer on a GPU
+(importing Inductor takes a second or more, which a model that never
+loads one need not pay); a slot holding another pass is left alone, and
+`combine(pass)` gives one that runs both.  The pass only rewrites graphs
+that call sparseforge's ops.
 """
 from __future__ import annotations
 
@@ -154,6 +166,154 @@ def rewrite(graph: torch.fx.Graph) -> int:
         fuse_norms(graph)
         graph.lint()
     return moved
+
+
+# ---- an activation in the layer's epilogue ----------------------------------------------
+# Inductor's decompositions have taken GELU apart by the post-grad graph
+# (0.5 x (1 + tanh(...)) or 0.5 x (1 + erf(x / sqrt 2)), with casts in
+# 16-bit models), so an activation is found by what it computes: the
+# pointwise nodes above the layer's output that read nothing else, with
+# one node read outside them, evaluated (in float64) on a probe of values.
+
+_PROBE_N = 193
+_IDENTITY = {"convert_element_type", "clone", "alias"}   # the math of a cast or copy: x
+
+
+def _pointwise(node) -> bool:
+    tag = getattr(torch.Tag, "pointwise", None)
+    return node.op == "call_function" and (
+        (tag is not None and tag in _tags(node)) or _packet(node) in _IDENTITY)
+
+
+def _activation_of(x) -> Optional[tuple]:
+    """(act, approximate, out, nodes) where `nodes` (in graph order), the
+    pointwise nodes that read `x` and each other alone, compute act(x)
+    ("gelu" with "tanh" or "none", or "relu") and `out`, one of them, is
+    the only one read outside them; else None."""
+    inside, order, todo = {x}, [], list(x.users)
+    while todo and len(order) < _MAX_WALK:
+        n = todo.pop(0)
+        if n in inside or not _pointwise(n):
+            continue
+        if not all(a in inside for a in n.all_input_nodes):
+            continue
+        inside.add(n)
+        order.append(n)
+        todo.extend(n.users)
+    outs = [n for n in order if any(u not in inside for u in n.users)]
+    if len(outs) != 1 or any(u not in inside for u in x.users) or not order:
+        return None
+    out = outs[0]
+    if _val_dtype(out) != _val_dtype(x) or _val_shape(out) != _val_shape(x):
+        return None
+    with _real_tensors():          # the pass runs under Inductor's fake tensor mode
+        return _evaluated(x, order, out)
+
+
+def _real_tensors():
+    try:
+        from torch._subclasses.fake_tensor import unset_fake_temporarily
+        return unset_fake_temporarily()
+    except ImportError:               # pragma: no cover - older torch
+        import contextlib
+        return contextlib.nullcontext()
+
+
+def _evaluated(x, order: list, out) -> Optional[tuple]:
+    """_activation_of's answer for the nodes `order` above x: what they
+    compute on the probe, in float64 (casts and copies as the identity)."""
+    probe = torch.linspace(-6.0, 6.0, _PROBE_N, dtype=torch.float64)
+    vals = {x: probe}
+    try:
+        for n in order:
+            if _packet(n) in _IDENTITY:
+                vals[n] = vals[n.args[0]]
+                continue
+            args = [vals[a] if isinstance(a, torch.fx.Node) else a for a in n.args]
+            vals[n] = n.target(*args, **n.kwargs).to(torch.float64)
+    except Exception:  # noqa: BLE001 - not something this pass evaluates
+        return None
+    got = vals[out]
+    if tuple(got.shape) != tuple(probe.shape):
+        return None
+    f = torch.nn.functional
+    for act, approximate, want in (("gelu", "tanh", f.gelu(probe, approximate="tanh")),
+                                   ("gelu", "none", f.gelu(probe)),
+                                   ("relu", "none", torch.relu(probe))):
+        if torch.allclose(got, want, rtol=1e-9, atol=1e-12):
+            return act, approximate, out, order
+    return None
+
+
+def _val_dtype(node):
+    v = _val(node)
+    return getattr(v, "dtype", None)
+
+
+def _val_shape(node):
+    v = _val(node)
+    return tuple(v.shape) if hasattr(v, "shape") else None
+
+
+def fuse_activations(graph: torch.fx.Graph, fuse=None) -> int:
+    """`linear` whose output (through single-user views) only a GELU or
+    ReLU reads becomes `linear_act` (in place); returns how many.
+    `fuse(key, act) -> bool` (act: the op's word, _op.fused_act) builds
+    the fused layer and says whether it may be used (default: _op's
+    fusable, then fused_layer; a layer that cannot be rebuilt stays as it
+    was, with a warning)."""
+    ops = getattr(torch.ops, "sparseforge", None)
+    if ops is None or not hasattr(ops, "linear_act"):
+        return 0
+    linear, linear_act = ops.linear.default, ops.linear_act.default
+    fuse = fuse or _fuse
+    done = 0
+    for node in list(graph.nodes):
+        if node.op != "call_function" or node.target is not linear:
+            continue
+        top = node
+        while len(top.users) == 1:
+            (user,) = top.users
+            if _packet(user) not in ("view", "reshape", "_unsafe_view") or user.args[0] is not top:
+                break
+            top = user
+        found = _activation_of(top)
+        if found is None:
+            continue
+        act, approximate, out, nodes = found
+        word = _op_act(act, approximate)
+        if word is None or not fuse(node.args[2], word):
+            continue
+        with graph.inserting_before(node):
+            fused = graph.call_function(linear_act, (*node.args, word))
+        fused.meta = dict(node.meta)
+        node.replace_all_uses_with(fused)
+        out.replace_all_uses_with(fused if top is node else top)
+        for n in reversed(nodes):       # the activation's nodes, read by nothing now
+            graph.erase_node(n)
+        graph.erase_node(node)
+        done += 1
+    if done:
+        graph.lint()
+    return done
+
+
+def _op_act(act: str, approximate: str) -> Optional[str]:
+    from . import _op
+    return _op.fused_act(act, approximate)
+
+
+def _fuse(key: int, act: str) -> bool:
+    from . import _op
+    if not _op.fusable(key, act):
+        return False
+    try:
+        _op.fused_layer(key, act)
+    except Exception as e:  # noqa: BLE001 - the layer runs unfused
+        import warnings
+        warnings.warn(f"sparseforge: layer {key} runs without its {act} fused: {e}")
+        return False
+    return True
 
 
 # ---- RMSNorm and X^T in one kernel (sm_90) ----------------------------------------------
@@ -418,6 +578,7 @@ def _make() -> dict:
 
             def __call__(self, graph: torch.fx.Graph) -> None:
                 rewrite(graph)
+                fuse_activations(graph)
 
             def uuid(self) -> Optional[bytes]:
                 return hashlib.sha256(Path(__file__).read_bytes()).digest()

@@ -139,7 +139,7 @@ def _unsupported(pattern: str, dtype: str) -> str:
 def sparsify(model: nn.Module, db=None, pattern: str = "auto", n=DEFAULT_N, tune: bool = True,
              progress: bool = True, *, budget: Optional[str] = None, strategy: str = "auto",
              quick: bool = False, device: Optional[int] = None, archs=None,
-             log=None, feature_major: bool = True) -> Report:
+             log=None, feature_major: bool = True, approximate_gelu: bool = False) -> Report:
     """Replaces, in place, each nn.Linear of `model` whose weight is sparse
     enough (density below 0.75) by a SparseLinear, and returns the Report.
 
@@ -156,7 +156,11 @@ def sparsify(model: nn.Module, db=None, pattern: str = "auto", n=DEFAULT_N, tune
     model's, else 0).  `feature_major`: try the feature-major route for
     buckets whose token-major kernel loses to cuBLAS and for the decode
     buckets, and keep the feature-major kernel for torch.compile where it
-    is the faster (the module note).
+    is the faster (the module note).  `approximate_gelu`: under
+    torch.compile an exact (erf) GELU that alone reads a converted layer's
+    output runs in the layer's kernels as their tanh form (at most 4.7e-4
+    from erf); a tanh GELU or a ReLU there is fused either way
+    (SparseLinear.approximate_gelu, _passes.py).
     Progress and the tuning lines go to stderr unless `progress` is
     False."""
     t0 = time.perf_counter()
@@ -200,6 +204,7 @@ def sparsify(model: nn.Module, db=None, pattern: str = "auto", n=DEFAULT_N, tune
                                     strategy=strategy, quick=quick, device=device, archs=archs,
                                     log=log, feature_major=feature_major)
     for (name, mod, pat, m), layer, code in zip(todo, layers, codes):
+        layer.approximate_gelu = approximate_gelu
         parent, _, child = name.rpartition(".")
         setattr(model.get_submodule(parent), child, layer)
         rows.append(_row(name, m, pat, code))

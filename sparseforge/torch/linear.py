@@ -85,6 +85,9 @@ class SparseLinear(nn.Module):
         self._buckets: tuple = ()     # (n_bucket, layout) of the loaded variants
         self._loaded_on: Optional[int] = None
         self._finalizer = None
+        # under torch.compile, an exact (erf) GELU that reads this layer's
+        # output may be fused into its kernels as their tanh form (_passes.py)
+        self.approximate_gelu = False
 
     # ---- building ------------------------------------------------------------
     @classmethod
@@ -281,9 +284,59 @@ class SparseLinear(nn.Module):
         key = _op.load(target, self._where(), self.out_features, self.in_features, elem,
                        variants, transpose)
         self._layer_key, self._loaded_on = key, target
+        _op.register_fuser(key, self)
         self._variant_blobs = tuple(v["blob"] for v in k["variants"])
         self._buckets = tuple((v["n_bucket"], v["layout"]) for v in variants)
         self._finalizer = weakref.finalize(self, _op.release, key)
+
+    def _build_fused(self, act: str) -> int:
+        """Loads this layer with `act` ("gelu", "relu") in its kernels'
+        epilogue on its GPU: each variant's configuration generated again
+        with the activation and compiled (NVRTC, the variants at once), the
+        same packed tensors; returns the loaded layer's key (_op.fused_layer
+        calls it once a layer and activation)."""
+        import threading
+        from concurrent.futures import ThreadPoolExecutor
+        from .. import native
+        from ..generator.families import family_of
+        from ..generator.kernel import Epilogue, Operation
+        dev = self.weight_values.device
+        if dev.type != "cuda" or not self._layer_key:
+            raise RuntimeError(f"{self._where()}: its kernels are not loaded on a GPU")
+        arch = _op.device_info(dev.index)["arch"]
+        k = self._kernels[arch]
+        fam, params = family_of(self.pattern)
+        matrix, bias = self.matrix(), self.bias_array()
+        kernels = []
+        for v in k["variants"]:
+            op = Operation(self.dtype_name, v.get("layout", "tm"),
+                           Epilogue(bias=bias is not None, activation=act))
+            kern = fam.generate(matrix, op, params, v["config"], bias=bias)
+            packed = getattr(self, f"packed_{v['blob']}")
+            if len(kern.packed) != packed.numel() or \
+                    kern.packed != packed.cpu().numpy().tobytes():
+                raise RuntimeError(f"{self._where()}: configuration {v['config']} packs "
+                                   f"differently with {act}; it cannot share the layer's "
+                                   "packed tensors")
+            kernels.append(kern)
+        local = threading.local()
+
+        def build(kern):     # a context a thread, as the tuner's compiler
+            ctx = getattr(local, "ctx", None)
+            if ctx is None:
+                ctx = local.ctx = native.Context(dev.index)
+            return ctx.compile(kern.source, name=kern.name + ".cu", arch=arch,
+                               options=kern.options).data
+
+        with ThreadPoolExecutor(max_workers=min(8, len(kernels)) or 1) as pool:
+            cubins = list(pool.map(build, kernels))
+        variants = [{"n_bucket": v["n_bucket"], "kernel_name": kern.name, "launch": kern.launch,
+                     "binary": cubin, "layout": v.get("layout", "tm")}
+                    for v, kern, cubin in zip(k["variants"], kernels, cubins)]
+        elem = torch.empty(0, dtype=TORCH_DTYPES[self.dtype_name]).element_size()
+        transpose = self._cubins[k["transpose"]] if "transpose" in k else None
+        return _op.load(dev.index, f"{self._where()} + {act}", self.out_features,
+                        self.in_features, elem, variants, transpose)
 
     def _unload(self) -> None:
         if self._finalizer is not None:

@@ -123,6 +123,41 @@ def test_the_table_counts_the_feature_major_layers_eager_and_compiled():
     assert "| 14/14 | 2 |" in torch_models.table([row], "GPU", "abc", args)
 
 
+def test_the_dense_peer_with_gelu_in_the_epilogue_and_its_table(monkeypatch):
+    """--dense-gelu-epilogue's peer: a BERT layer with its GELU in the
+    matrix product's epilogue (torch._addmm_activation; on a GPU, cuBLASLt
+    and GELU's tanh form) computes the layer; the table gives its time and
+    the compiled sparse model's speedup over it."""
+    import torch
+    torch.manual_seed(0)
+    c = torch_models.Config(1, 64, 4, 256, {"prefill": (2, 8, 0)})
+    layer = torch_models.BertLayer(c).eval()
+    x = torch.randn(2, 8, 64)
+    calls = []
+    real = torch._addmm_activation
+
+    def spy(*a, **kw):
+        calls.append(kw.get("use_gelu"))
+        return real(*a, **kw)
+
+    monkeypatch.setattr(torch, "_addmm_activation", spy)
+    with torch.no_grad():
+        want = layer(x)
+        layer.lt_gelu = True
+        got = layer(x)
+    assert calls == [True]
+    torch.testing.assert_close(got, want, rtol=0, atol=2e-3)
+    args = argparse.Namespace(reps=5, db_note="an empty database", quick=True, budget="4",
+                              no_route=False, compile=True, approximate_gelu=True)
+    row = {"model": "bert", "phase": "prefill 8x512", "pattern": "bsr:64x64@0.75",
+           "dtype": "fp16", "converted": 48, "linears": 48, "fm_route": 0, "fm_compiled": 0,
+           "error": 0.0, "tune_s": 10.0, "dense_compiled_ms": 1.8, "sparse_compiled_ms": 1.2,
+           "compiled_error": 4e-4, "dense_lt_compiled_ms": 1.5, "lt_error": 5e-4}
+    out = torch_models.table([row], "GPU", "abc", args)
+    assert "| bert | prefill 8x512 | bsr:64x64@0.75 | 1.500 | 5.00e-04 | 1.200 | 1.25x |" in out
+    assert "--approximate-gelu" in out and "torch._addmm_activation" in out
+
+
 @pytest.mark.parametrize("name", ["bert", "llama"])
 def test_the_fused_layout_computes_the_separate_layout(name):
     """bert-fused and llama-fused hold the projections that read one input

@@ -486,3 +486,50 @@ def test_under_torch_compile_rms_norms_and_their_transposes_are_one_kernel(db, m
             torch.cuda.synchronize()
             assert launched == {"rms_norm_t": 2, "transpose": 0}, (lead, launched)
             assert relative_error(y, block(x)) <= 1e-2, lead
+
+
+@pytest.mark.parametrize("act, approximate, allow", [("gelu", "tanh", False),
+                                                     ("gelu", "none", False),
+                                                     ("gelu", "none", True),
+                                                     ("relu", None, False)])
+def test_under_torch_compile_an_activation_joins_the_layers_kernels(db, act, approximate, allow):
+    """The graph pass (_passes.py) puts a GELU or ReLU that alone reads a
+    token-major layer's output into the layer's kernels: a fused layer
+    built when the graph is compiled (the same configurations and packed
+    tensors, compiled with the activation); an exact GELU only where
+    approximate_gelu allows its tanh form.  The result matches the dense
+    pruned model, called and inside a captured CUDA graph."""
+    from sparseforge.torch import _op
+    layer, w, bias = family_layer("bsr:64x64", "fp16", 0.3, 11,
+                                  f"act.{act}.{approximate}.{allow}", db)
+    layer.approximate_gelu = allow
+    m, k = w.shape
+    wc, bc = w.cuda().float(), bias.cuda().float()
+    module = nn.GELU(approximate=approximate) if act == "gelu" else nn.ReLU()
+
+    def want(x):
+        y = F.linear(x.float(), wc, bc)
+        return F.gelu(y, approximate=approximate) if act == "gelu" else F.relu(y)
+
+    compiled = torch.compile(nn.Sequential(layer, module), fullgraph=True, dynamic=False)
+    word = _op.fused_act(act, approximate or "none")
+    fused = act == "relu" or approximate == "tanh" or allow
+    with torch.no_grad():
+        for lead in ((37,), (2, 5)):                 # the N = 128 and N = 8 buckets
+            x = torch.randn((*lead, k), device="cuda").half()
+            y = compiled(x)
+            assert y.shape == (*lead, m) and relative_error(y, want(x)) <= 5e-3, lead
+        assert ((layer._layer_key, word) in _op._fused) == fused
+        static = torch.randn(37, k, device="cuda").half()
+        s = torch.cuda.Stream()
+        s.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(s):
+            compiled(static)
+        torch.cuda.current_stream().wait_stream(s)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            out = compiled(static)
+        static.copy_(torch.randn_like(static))
+        graph.replay()
+        torch.cuda.synchronize()
+        assert relative_error(out, want(static)) <= 5e-3

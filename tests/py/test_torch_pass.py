@@ -74,17 +74,18 @@ class Layers(nn.Module):
         return out
 
 
-def run_rewritten(model, x):
+def run_pass(model, x, graph_pass):
     """model(x) compiled through AOT autograd with Inductor's
-    decompositions (the post-grad graph's ops), the pass applied to the
-    graph; returns (the result, rewrite's count, the graph)."""
+    decompositions (the post-grad graph's ops), `graph_pass(graph)`
+    applied to the graph; returns (the result, the pass's answer, the
+    graph)."""
     from torch._functorch.aot_autograd import aot_module_simplified
     from torch._inductor.decomposition import select_decomp_table
 
     got = {}
 
     def compiler(gm, example_inputs):
-        got["moved"] = _passes.rewrite(gm.graph)
+        got["answer"] = graph_pass(gm.graph)
         gm.recompile()
         got["graph"] = gm.graph
         return gm
@@ -96,7 +97,12 @@ def run_rewritten(model, x):
     torch._dynamo.reset()
     with torch.no_grad():
         y = torch.compile(model, backend=backend, fullgraph=True, dynamic=False)(x)
-    return y, got["moved"], got["graph"]
+    return y, got["answer"], got["graph"]
+
+
+def run_rewritten(model, x):
+    """run_pass with rewrite: (the result, rewrite's count, the graph)."""
+    return run_pass(model, x, _passes.rewrite)
 
 
 def _packet_of_input(node) -> str:
@@ -444,3 +450,140 @@ def test_a_norm_cast_to_another_dtype_is_not_matched():
         return (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + 1e-6)).to(torch.bfloat16) * w
 
     assert _passes.match_rms_norm(out_node(other, torch.bfloat16)) is None
+
+
+# ---- an activation in the layer's epilogue (fuse_activations) --------------------------
+
+ACT_KEY = 7
+
+
+@pytest.fixture
+def act_ops():
+    """CPU stand-ins of linear and linear_act (the activation applied as
+    the kernels do: GELU's tanh form), removed afterwards; the calls,
+    counted by op and activation."""
+    calls = []
+
+    def linear(x, packed, layer, out_features):
+        calls.append(("linear",))
+        return x @ WEIGHTS[layer].to(x.dtype).t()
+
+    def linear_act(x, packed, layer, out_features, act):
+        calls.append(("linear_act", act))
+        y = x @ WEIGHTS[layer].to(x.dtype).t()
+        return torch.relu(y) if act == "relu" else torch.nn.functional.gelu(y, approximate="tanh")
+
+    lib = torch.library.Library("sparseforge", "IMPL")
+    lib.impl("linear", linear, "CPU")
+    lib.impl("linear_act", linear_act, "CPU")
+    yield calls
+    lib._destroy()
+
+
+class ActModel(nn.Module):
+    """linear (key ACT_KEY) -> [a view] -> an activation [-> + the layer's
+    output: a second reader]."""
+
+    def __init__(self, act: str, approximate: str = "tanh", view: bool = False,
+                 shared: bool = False):
+        super().__init__()
+        self.act, self.approximate, self.view, self.shared = act, approximate, view, shared
+        torch.manual_seed(1)
+        WEIGHTS[ACT_KEY] = torch.randn(32, K)
+
+    def forward(self, x):
+        y = torch.ops.sparseforge.linear(x, [torch.zeros(4, dtype=torch.uint8)], ACT_KEY, 32)
+        v = y.reshape(-1, 32) if self.view else y
+        if self.act == "gelu":
+            z = torch.nn.functional.gelu(v, approximate=self.approximate)
+        elif self.act == "relu":
+            z = torch.relu(v)
+        else:
+            z = torch.sigmoid(v)
+        return z + v if self.shared else z
+
+
+def run_fused(model, x, allow=True):
+    """run_pass with fuse_activations, its fuse callback recording what it
+    was asked and answering `allow`; (result, fused count, the asks,
+    graph)."""
+    asked = []
+
+    def fuse(key, act):
+        asked.append((key, act))
+        return allow
+
+    y, fused, graph = run_pass(model, x, lambda g: _passes.fuse_activations(g, fuse=fuse))
+    return y, fused, asked, graph
+
+
+@pytest.mark.parametrize("act, approximate, view, dtype", [
+    ("gelu", "tanh", False, torch.float32), ("gelu", "tanh", True, torch.float16),
+    ("gelu", "none", False, torch.float16), ("gelu", "none", True, torch.bfloat16),
+    ("relu", "none", True, torch.float32)])
+def test_an_activation_reading_a_layer_alone_joins_its_kernels(act_ops, act, approximate, view,
+                                                               dtype):
+    """Found in the post-grad graph, where Inductor's decompositions have
+    taken GELU apart (with casts around it in 16-bit models)."""
+    model = ActModel(act, approximate, view)
+    x = torch.randn(2, N // 2, K).to(dtype)
+    with torch.no_grad():
+        want = model(x)
+    act_ops.clear()
+    y, fused, asked, graph = run_fused(model, x)
+    word = "gelu_erf" if (act, approximate) == ("gelu", "none") else act
+    assert fused == 1 and asked == [(ACT_KEY, word)]
+    (node,) = targets(graph, "linear_act")
+    assert node.args[2] == ACT_KEY and node.args[4] == word
+    assert not targets(graph, "linear") and not targets(graph, "tanh") and \
+        not targets(graph, "erf") and not targets(graph, "relu")
+    assert act_ops == [("linear_act", word)]
+    # the stand-in computes GELU's tanh form: an erf GELU differs by at most 4.7e-4
+    tol = {torch.float32: 1e-4, torch.float16: 2e-2, torch.bfloat16: 1e-1}[dtype]
+    torch.testing.assert_close(y.reshape(want.shape).float(), want.float(), rtol=tol,
+                               atol=tol if approximate == "tanh" else tol + 5e-4)
+
+
+def test_a_refused_or_shared_or_other_activation_stays_unfused(act_ops):
+    x = torch.randn(N, K)
+    for model, allow, asks in ((ActModel("gelu", "none"), False, 1),   # the layer said no
+                               (ActModel("gelu", shared=True), True, 0),  # two readers
+                               (ActModel("sigmoid"), True, 0)):          # not in the kernels
+        with torch.no_grad():
+            want = model(x)
+        act_ops.clear()
+        y, fused, asked, graph = run_fused(model, x, allow)
+        assert fused == 0 and len(asked) == asks and not targets(graph, "linear_act")
+        assert act_ops == [("linear",)]
+        torch.testing.assert_close(y, want, rtol=1e-4, atol=1e-4)
+
+
+def test_fusable_follows_the_module_and_its_release():
+    """_op's registry: a layer's fuser is held weakly; GELU's tanh form and
+    ReLU are fusable, erf only where the module allows it; nothing once
+    the layer is released or its module gone."""
+    from sparseforge.torch import _op
+
+    class Module:
+        approximate_gelu = False
+
+        def _where(self):
+            return "SparseLinear 'w'"
+
+    assert _op.fused_act("gelu", "tanh") == "gelu" and _op.fused_act("gelu") == "gelu_erf"
+    assert _op.fused_act("relu") == "relu" and _op.fused_act("silu") is None
+    m = Module()
+    _op.register_fuser(991, m)
+    assert _op.fusable(991, "gelu") and _op.fusable(991, "relu")
+    assert not _op.fusable(991, "gelu_erf") and not _op.fusable(991, "silu")
+    with pytest.raises(RuntimeError, match="does not allow an exact GELU"):
+        _op.fused_layer(991, "gelu_erf")      # a cached graph that fused one: refused
+    m.approximate_gelu = True
+    assert _op.fusable(991, "gelu_erf")
+    _op.release(991)
+    assert not _op.fusable(991, "gelu")
+    _op.register_fuser(992, Module())           # its module is gone at once
+    assert not _op.fusable(992, "relu")
+    with pytest.raises(RuntimeError, match="not loaded or cannot be rebuilt"):
+        _op.fused_layer(992, "relu")
+    _op.release(992)
