@@ -504,7 +504,8 @@ def run(args, name: str, c: Config, spec: str) -> list:
                                     for k, (n, ms) in d["per_shape"].items()}
         rows.append(row)
         print(row, file=sys.stderr)
-    del dense, sparse, lt
+    del dense, sparse
+    lt = None             # noqa: F841 - its compiled graphs go with it
     if device == "cuda":
         torch.cuda.empty_cache()
     return rows
