@@ -287,6 +287,9 @@ def fuse_activations(graph: torch.fx.Graph, fuse=None) -> int:
         with graph.inserting_before(node):
             fused = graph.call_function(linear_act, (*node.args, word))
         fused.meta = dict(node.meta)
+        if "eager_input_vals" in node.meta:   # what Inductor lowers the op's arguments by
+            args, kwargs = node.meta["eager_input_vals"]
+            fused.meta["eager_input_vals"] = ((*args, word), kwargs)
         node.replace_all_uses_with(fused)
         out.replace_all_uses_with(fused if top is node else top)
         for n in reversed(nodes):       # the activation's nodes, read by nothing now

@@ -26,6 +26,13 @@ custom op sparseforge::linear (_op.py) under torch.compile, and the op's
 implementation called directly otherwise (the same launch, without the
 dispatcher's host time); it never compiles or loads.
 
+Under torch.compile, a GELU or ReLU that alone reads the layer's output
+runs in its kernels' epilogue (the graph pass of _passes.py): the module
+builds the fused layer then, from its own configurations and packed
+tensors (`_build_fused`).  The kernels compute GELU's tanh form; an exact
+(erf) GELU is fused only where `approximate_gelu` is True (sparsify's
+argument of that name; not kept in the state).
+
 Inference only: a forward whose input requires grad raises.
 """
 from __future__ import annotations

@@ -6,7 +6,8 @@ non-default stream; the C runtime shares PyTorch's primary context; moving
 a module or loading its state compiles nothing; a GPU the module has no
 kernels for is named; a bucket on the feature-major route (transposes
 around the feature-major kernel) matches F.linear, in a graph and after
-a state_dict round trip.  Skipped without a GPU, or without torch (with
+a state_dict round trip; under torch.compile a GELU or ReLU after a layer
+runs in its kernels.  Skipped without a GPU, or without torch (with
 CUDA)."""
 from __future__ import annotations
 

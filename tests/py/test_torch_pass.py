@@ -587,3 +587,28 @@ def test_fusable_follows_the_module_and_its_release():
     with pytest.raises(RuntimeError, match="not loaded or cannot be rebuilt"):
         _op.fused_layer(992, "relu")
     _op.release(992)
+
+
+def test_inductor_lowers_the_fused_op(act_ops):
+    """The pass as Inductor's post-grad pass, on the CPU: Inductor lowers
+    the op it puts in (its arguments as the graph's metadata gives them)
+    and the compiled model computes the layer and its GELU."""
+    from torch._inductor import config
+
+    class Fusing(_passes._base()):
+        def __call__(self, graph):
+            _passes.fuse_activations(graph, fuse=lambda key, act: True)
+
+        def uuid(self):
+            return None              # no FX graph cache: the pass runs every time
+
+    model = ActModel("gelu", "tanh")
+    x = torch.randn(N, K)
+    with torch.no_grad():
+        want = model(x)
+    act_ops.clear()
+    torch._dynamo.reset()
+    with config.patch(post_grad_custom_post_pass=Fusing()), torch.no_grad():
+        y = torch.compile(model, fullgraph=True, dynamic=False)(x)
+    assert act_ops == [("linear_act", "gelu")]
+    torch.testing.assert_close(y, want, rtol=1e-4, atol=1e-4)
