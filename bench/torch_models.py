@@ -329,8 +329,9 @@ def graph_time(fn, reps: int) -> float:
 # the ops whose kernels are a Linear layer's: a dense layer under torch.compile is
 # an mm (or addmm) of its 2-D view; a converted one is the custom op, eager or
 # feature-major
-LINEAR_OPS = frozenset({"aten::mm", "aten::addmm", "aten::linear",
-                        "sparseforge::linear", "sparseforge::linear_fm"})
+LINEAR_OPS = frozenset({"aten::mm", "aten::addmm", "aten::linear", "aten::_addmm_activation",
+                        "sparseforge::linear", "sparseforge::linear_act",
+                        "sparseforge::linear_fm"})
 
 
 MARK = "sparseforge_bench_forward"
@@ -590,7 +591,8 @@ def table(rows: list, gpu: str, commit: str, args) -> str:
         lines += ["", "The compiled forward's kernels (--kernels; torch.profiler over 5 "
                   "forwards, not in a graph, us a forward): Linear, the kernels launched "
                   "by a Linear layer's op (an mm of the dense model, the custom op of the "
-                  "sparse one); other, every other kernel, where the sparse model's "
+                  "sparse one, with the activation where the op holds it: "
+                  "sparseforge::linear_act); other, every other kernel, where the sparse model's "
                   "transposes are (fused into the ops around the layers, or kernels of "
                   "their own). Kernel durations only: the gaps between kernels, which the "
                   "graph times above include, are in neither; a kernel launched as a "

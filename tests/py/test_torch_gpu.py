@@ -501,6 +501,7 @@ def test_under_torch_compile_an_activation_joins_the_layers_kernels(db, act, app
     approximate_gelu allows its tanh form.  The result matches the dense
     pruned model, called and inside a captured CUDA graph."""
     from sparseforge.torch import _op
+    torch._dynamo.reset()        # nn.Sequential's code object: recompiled per instance and shape
     layer, w, bias = family_layer("bsr:64x64", "fp16", 0.3, 11,
                                   f"act.{act}.{approximate}.{allow}", db)
     layer.approximate_gelu = allow
