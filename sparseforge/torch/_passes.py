@@ -186,8 +186,8 @@ def _pointwise(node) -> bool:
 
 
 def _activation_of(x) -> Optional[tuple]:
-    """(act, approximate, out, nodes) where `nodes` (in graph order), the
-    pointwise nodes that read `x` and each other alone, compute act(x)
+    """(act, approximate, out, nodes) where `nodes` (each after its
+    inputs), the pointwise nodes that read `x` and each other alone, compute act(x)
     ("gelu" with "tanh" or "none", or "relu") and `out`, one of them, is
     the only one read outside them; else None."""
     inside, order, todo = {x}, [], list(x.users)
