@@ -44,7 +44,10 @@ case " $STAGES " in *" tests "*)
   step ctest ctest --test-dir build/gpu --output-on-failure
   [ -d .gpu/dlmc ] && export SPARSEFORGE_DLMC=$PWD/.gpu/dlmc
   step pytest_gpu python3 -m pytest -q -rs -m gpu tests/py -p no:cacheprovider --durations=8 -n 8
-  grep -E "passed|failed" "$OUT/pytest_gpu.log" | tail -1 ;; esac
+  grep -E "passed|failed" "$OUT/pytest_gpu.log" | tail -1
+  # every configuration of every space through NVRTC's front end (CI checks a sample a day)
+  step space env SF_FULL_SPACE=1 python3 -m pytest -q tests/py/test_space.py -p no:cacheprovider
+  grep -E "passed|failed" "$OUT/space.log" | tail -1 ;; esac
 case " $STAGES " in *" tune "*)
   export XDG_CACHE_HOME=/tmp/sf-xdg; rm -rf "$XDG_CACHE_HOME"
   step tune_first sparseforge tune examples/llama_block.toml --profile

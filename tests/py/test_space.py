@@ -3,11 +3,19 @@ search space filters with the table and the generated source asserts it.
 These tests hold the two against each other through NVRTC's front end:
 every configuration a family's space emits compiles, and a configuration
 that breaks a constraint is refused by the compiler with that constraint's
-message."""
+message.
+
+On CI (the environment variable CI set, a machine of two cores) each space
+is checked on a sample of at most SAMPLE configurations, a different one
+each day (SF_SPACE_SEED repeats one; the failure names it); elsewhere,
+and with SF_FULL_SPACE=1, on every configuration (bench/gpu_check.sh's
+tests stage runs them all)."""
 from __future__ import annotations
 
+import datetime
 import itertools
 import os
+import random
 from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
@@ -51,16 +59,49 @@ def _front_end_all(sources, arch):
         return list(pool.map(lambda s: nvrtc_front.front_end(s, arch), sources))
 
 
+SAMPLE = 240
+
+
+def _sampled(configs: list) -> tuple[list, str]:
+    """The configurations to check, and how they were chosen (the module
+    note): all of them, or on CI a seeded sample of SAMPLE."""
+    if os.environ.get("SF_FULL_SPACE") == "1" or not os.environ.get("CI") or \
+            len(configs) <= SAMPLE:
+        return configs, f"all {len(configs)}"
+    seed = int(os.environ.get("SF_SPACE_SEED") or datetime.date.today().toordinal())
+    picked = sorted(random.Random(seed).sample(range(len(configs)), SAMPLE))
+    return [configs[i] for i in picked], (f"{SAMPLE} of {len(configs)} (SF_SPACE_SEED={seed}; "
+                                          "SF_FULL_SPACE=1 checks all)")
+
+
 @pytest.mark.parametrize("case", CASES, ids=lambda c: f"{c[0]}-{c[4]}-{c[5]}")
 def test_every_configuration_of_the_space_compiles(case):
     pattern, m, k, dtype, layout, arch = case
     fam, params, mat, op, bias = _problem(pattern, m, k, dtype, layout)
     configs = fam.search_space(mat, op, params, {"arch": arch})
     assert configs, f"{pattern}: empty space"
+    configs, chosen = _sampled(configs)
     sources = [fam.generate(mat, op, params, c, bias=bias).source for c in configs]
     results = _front_end_all(sources, arch)
     bad = [(c, log[:400]) for c, (ok, log) in zip(configs, results) if not ok]
-    assert not bad, f"{len(bad)} of {len(configs)} configurations do not compile: {bad[:3]}"
+    assert not bad, f"{len(bad)} of {chosen} configurations do not compile: {bad[:3]}"
+
+
+def test_a_sample_on_ci_is_seeded_and_spans_the_space(monkeypatch):
+    configs = [{"i": i} for i in range(1000)]
+    monkeypatch.delenv("SF_FULL_SPACE", raising=False)
+    monkeypatch.setenv("CI", "true")
+    monkeypatch.setenv("SF_SPACE_SEED", "7")
+    a, how = _sampled(configs)
+    assert len(a) == SAMPLE and "SF_SPACE_SEED=7" in how and a == _sampled(configs)[0]
+    assert a[0]["i"] < 50 and a[-1]["i"] > 950          # from across the space
+    monkeypatch.setenv("SF_SPACE_SEED", "8")
+    assert _sampled(configs)[0] != a
+    monkeypatch.setenv("SF_FULL_SPACE", "1")
+    assert _sampled(configs) == (configs, "all 1000")
+    monkeypatch.delenv("SF_FULL_SPACE")
+    monkeypatch.delenv("CI")
+    assert _sampled(configs)[0] == configs
 
 
 def _rules(fam, dtype="fp16") -> set:
