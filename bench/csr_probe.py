@@ -42,17 +42,6 @@ from sparseforge.tuner.driver import QUICK_TIMING, Tuner, timing_for  # noqa: E4
 from sparseforge.tuner.worker import PeerJob  # noqa: E402
 
 
-def epilogue_of(text: str, ap) -> Epilogue:
-    """--epilogue's Epilogue: "plain", or "bias" and/or one activation
-    joined by '_' (an Epilogue's tag without a scale)."""
-    parts = [] if text == "plain" else text.split("_")
-    acts = [p for p in parts if p in ACTIVATIONS and p != "none"]
-    if any(p != "bias" and p not in acts for p in parts) or len(acts) > 1 or parts.count("bias") > 1:
-        ap.error(f"--epilogue {text!r}: plain, or bias and/or one of "
-                 f"{', '.join(a for a in ACTIVATIONS if a != 'none')} joined by '_'")
-    return Epilogue(bias="bias" in parts, activation=acts[0] if acts else "none")
-
-
 def main(argv=None, worker=None) -> int:
     """`worker`: the tuner's (tests pass a replaying one); default the GPU's."""
     ap = argparse.ArgumentParser(description=__doc__,
@@ -67,9 +56,9 @@ def main(argv=None, worker=None) -> int:
     ap.add_argument("--densities", default="0.5,0.1")
     ap.add_argument("--layout", default="tm", choices=["fm", "tm"])
     ap.add_argument("--dtype", default="fp16", choices=["fp16", "bf16", "fp32"])
-    ap.add_argument("--epilogue", default="plain",
-                    help="the fused epilogue: plain, or bias and/or an activation joined by "
-                         "'_' (bias, relu, gelu, bias_gelu, ...)")
+    ap.add_argument("--bias", action="store_true", help="fuse a bias (seeded values)")
+    ap.add_argument("--activation", choices=ACTIVATIONS, default="none",
+                    help="fuse an activation into the epilogue")
     ap.add_argument("--matrix", help="a weights file holding one M x K matrix (e.g. a DLMC "
                                      ".smtx) instead of pruned normal weights")
     ap.add_argument("--rounds", type=int, default=5)
@@ -81,7 +70,7 @@ def main(argv=None, worker=None) -> int:
     cfgs = json.loads(text)
     if not isinstance(cfgs, list) or not cfgs:
         ap.error("--configs: a non-empty JSON list of configurations")
-    op = Operation(args.dtype, args.layout, epilogue_of(args.epilogue, ap))
+    op = Operation(args.dtype, args.layout, Epilogue(args.bias, args.activation))
     fam, params = family_of(args.pattern)
     fixed = None
     if args.matrix:
@@ -105,7 +94,7 @@ def main(argv=None, worker=None) -> int:
                 status, infos = tuner.measure_rounds(mat, fam.name, params, op, args.n, cfgs,
                                                      args.rounds, bias)
                 head = (f"{args.pattern} {args.m}x{args.k} N={args.n} {args.layout} {args.dtype} "
-                        + ("" if args.epilogue == "plain" else f"{args.epilogue} ")
+                        + ("" if op.epilogue.tag == "plain" else f"{op.epilogue.tag} ")
                         + f"d={d:.3g}" + (f" {Path(args.matrix).name}" if fixed is not None else ""))
                 if status != "ok":
                     print(f"{head}: {status} {str(infos)[:600]}", flush=True)

@@ -70,6 +70,7 @@ import ctypes
 import itertools
 import math
 import threading
+import weakref
 from typing import Optional
 
 import torch
@@ -93,7 +94,6 @@ _keys = itertools.count(1)
 _fusers: dict = {}            # layer key -> weakref to its SparseLinear (builds fused layers)
 _fused: dict = {}             # (layer key, activation) -> key of the fused layer
 FUSED_ACTS = {"gelu": "gelu", "gelu_erf": "gelu", "relu": "relu"}  # the op's act -> the kernels'
-
 
 
 def context(device: int):
@@ -274,7 +274,6 @@ def release(key: int) -> None:
 def register_fuser(key: int, module) -> None:
     """`module` (a SparseLinear, held weakly) builds layer `key`'s fused
     layers: module._build_fused(act) -> the fused layer's key."""
-    import weakref
     with _lock:
         _fusers[key] = weakref.ref(module)
 

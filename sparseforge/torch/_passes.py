@@ -62,6 +62,7 @@ from typing import Optional
 import torch
 
 _MAX_WALK = 64     # nodes visited looking up from v for a reduction
+_RESHAPES = ("view", "reshape", "_unsafe_view")   # a tensor's elements in another shape
 
 _VIEWS = {"view", "reshape", "_unsafe_view", "unsqueeze", "squeeze", "expand", "permute",
           "slice", "select", "alias"}
@@ -262,6 +263,7 @@ def fuse_activations(graph: torch.fx.Graph, fuse=None) -> int:
     the fused layer and says whether it may be used (default: _op's
     fusable, then fused_layer; a layer that cannot be rebuilt stays as it
     was, with a warning)."""
+    from . import _op
     ops = getattr(torch.ops, "sparseforge", None)
     if ops is None or not hasattr(ops, "linear_act"):
         return 0
@@ -274,14 +276,14 @@ def fuse_activations(graph: torch.fx.Graph, fuse=None) -> int:
         top = node
         while len(top.users) == 1:
             (user,) = top.users
-            if _packet(user) not in ("view", "reshape", "_unsafe_view") or user.args[0] is not top:
+            if _packet(user) not in _RESHAPES or user.args[0] is not top:
                 break
             top = user
         found = _activation_of(top)
         if found is None:
             continue
         act, approximate, out, nodes = found
-        word = _op_act(act, approximate)
+        word = _op.fused_act(act, approximate)
         if word is None or not fuse(node.args[2], word):
             continue
         with graph.inserting_before(node):
@@ -299,11 +301,6 @@ def fuse_activations(graph: torch.fx.Graph, fuse=None) -> int:
     if done:
         graph.lint()
     return done
-
-
-def _op_act(act: str, approximate: str) -> Optional[str]:
-    from . import _op
-    return _op.fused_act(act, approximate)
 
 
 def _fuse(key: int, act: str) -> bool:
@@ -332,7 +329,7 @@ def _is(node, name: str) -> bool:
 def _strip_views(node, user=None):
     """(the node under a chain of single-user views, the views top down)."""
     views = []
-    while _packet(node) in ("view", "reshape", "_unsafe_view") and getattr(node, "op", None) == \
+    while _packet(node) in _RESHAPES and getattr(node, "op", None) == \
             "call_function" and (user is None or _only_user(node, user)):
         views.append(node)
         user, node = node, node.args[0]

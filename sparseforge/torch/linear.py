@@ -283,30 +283,37 @@ class SparseLinear(nn.Module):
                 f"{self._where()}: no kernels for {arch} ({info['name']}); it holds "
                 f"{have or 'none'}: run sparseforge.torch.sparsify(model, db) or "
                 ".load_kernels(db) with this GPU present to tune them")
-        variants = [{"n_bucket": v["n_bucket"], "kernel_name": v["kernel"],
-                     "launch": v["launch"], "binary": self._cubins[v["cubin"]],
-                     "layout": v.get("layout", "tm")} for v in k["variants"]]
-        elem = torch.empty(0, dtype=TORCH_DTYPES[self.dtype_name]).element_size()
-        transpose = self._cubins[k["transpose"]] if "transpose" in k else None
-        key = _op.load(target, self._where(), self.out_features, self.in_features, elem,
-                       variants, transpose)
+        key = self._load(target, k, self._where(), [v["kernel"] for v in k["variants"]],
+                         [self._cubins[v["cubin"]] for v in k["variants"]])
         self._layer_key, self._loaded_on = key, target
         _op.register_fuser(key, self)
         self._variant_blobs = tuple(v["blob"] for v in k["variants"])
-        self._buckets = tuple((v["n_bucket"], v["layout"]) for v in variants)
+        self._buckets = tuple((v["n_bucket"], v.get("layout", "tm")) for v in k["variants"])
         self._finalizer = weakref.finalize(self, _op.release, key)
+
+    def _load(self, device: int, k: dict, name: str, kernel_names: list, cubins: list) -> int:
+        """_op.load of the architecture record `k`'s variants on GPU
+        `device`, with these kernel names and cubins (one a variant)."""
+        variants = [{"n_bucket": v["n_bucket"], "kernel_name": kname, "launch": v["launch"],
+                     "binary": cubin, "layout": v.get("layout", "tm")}
+                    for v, kname, cubin in zip(k["variants"], kernel_names, cubins)]
+        elem = torch.empty(0, dtype=TORCH_DTYPES[self.dtype_name]).element_size()
+        transpose = self._cubins[k["transpose"]] if "transpose" in k else None
+        return _op.load(device, name, self.out_features, self.in_features, elem, variants,
+                        transpose)
 
     def _build_fused(self, act: str) -> int:
         """Loads this layer with `act` ("gelu", "relu") in its kernels'
         epilogue on its GPU: each variant's configuration generated again
         with the activation and compiled (NVRTC, the variants at once), the
-        same packed tensors; returns the loaded layer's key (_op.fused_layer
-        calls it once a layer and activation)."""
+        same packed tensors (and launch records); returns the loaded
+        layer's key (_op.fused_layer calls it once a layer and activation)."""
         import threading
         from concurrent.futures import ThreadPoolExecutor
         from .. import native
         from ..generator.families import family_of
         from ..generator.kernel import Epilogue, Operation
+        from ..tuner.compiler import nvrtc_compile
         dev = self.weight_values.device
         if dev.type != "cuda" or not self._layer_key:
             raise RuntimeError(f"{self._where()}: its kernels are not loaded on a GPU")
@@ -314,36 +321,34 @@ class SparseLinear(nn.Module):
         k = self._kernels[arch]
         fam, params = family_of(self.pattern)
         matrix, bias = self.matrix(), self.bias_array()
+        blobs: dict = {}                 # blob index -> its bytes (variants may share one)
         kernels = []
         for v in k["variants"]:
             op = Operation(self.dtype_name, v.get("layout", "tm"),
                            Epilogue(bias=bias is not None, activation=act))
             kern = fam.generate(matrix, op, params, v["config"], bias=bias)
-            packed = getattr(self, f"packed_{v['blob']}")
-            if len(kern.packed) != packed.numel() or \
-                    kern.packed != packed.cpu().numpy().tobytes():
-                raise RuntimeError(f"{self._where()}: configuration {v['config']} packs "
-                                   f"differently with {act}; it cannot share the layer's "
-                                   "packed tensors")
+            if v["blob"] not in blobs:
+                blobs[v["blob"]] = getattr(self, f"packed_{v['blob']}").cpu().numpy().tobytes()
+            if kern.packed != blobs[v["blob"]] or _record(kern.launch) != _record(v["launch"]):
+                raise RuntimeError(f"{self._where()}: configuration {v['config']} packs or "
+                                   f"launches differently with {act}; it cannot share the "
+                                   "layer's packed tensors")
             kernels.append(kern)
         local = threading.local()
 
         def build(kern):     # a context a thread, as the tuner's compiler
-            ctx = getattr(local, "ctx", None)
-            if ctx is None:
-                ctx = local.ctx = native.Context(dev.index)
-            return ctx.compile(kern.source, name=kern.name + ".cu", arch=arch,
-                               options=kern.options).data
+            if getattr(local, "ctx", None) is None:
+                local.ctx = native.Context(dev.index)
+            cubin, err = nvrtc_compile(kern.source, kern.name + ".cu", arch, tuple(kern.options),
+                                       ctx=local.ctx)
+            if cubin is None:
+                raise RuntimeError(f"{self._where()}: {kern.name} with {act}: {err}")
+            return cubin
 
         with ThreadPoolExecutor(max_workers=min(8, len(kernels)) or 1) as pool:
             cubins = list(pool.map(build, kernels))
-        variants = [{"n_bucket": v["n_bucket"], "kernel_name": kern.name, "launch": kern.launch,
-                     "binary": cubin, "layout": v.get("layout", "tm")}
-                    for v, kern, cubin in zip(k["variants"], kernels, cubins)]
-        elem = torch.empty(0, dtype=TORCH_DTYPES[self.dtype_name]).element_size()
-        transpose = self._cubins[k["transpose"]] if "transpose" in k else None
-        return _op.load(dev.index, f"{self._where()} + {act}", self.out_features,
-                        self.in_features, elem, variants, transpose)
+        return self._load(dev.index, k, f"{self._where()} + {act}",
+                          [kern.name for kern in kernels], cubins)
 
     def _unload(self) -> None:
         if self._finalizer is not None:
@@ -466,6 +471,12 @@ def _time(ms: float) -> Optional[float]:
     """A time measured when tuning, None where nothing was (NaN would not
     compare equal to itself after a round trip)."""
     return ms if ms == ms else None
+
+
+def _record(launch: dict) -> dict:
+    """A launch record with its sequences as tuples (a record read from
+    the database or a state holds lists where a generated one holds tuples)."""
+    return {k: tuple(v) if isinstance(v, (list, tuple)) else v for k, v in launch.items()}
 
 
 def _copy(kernels: dict) -> dict:
