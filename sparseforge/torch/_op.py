@@ -424,7 +424,7 @@ def _linear_act_cuda(x: torch.Tensor, packed: list, layer: int, out_features: in
 
 def _linear_act_fake(x: torch.Tensor, packed: list, layer: int, out_features: int,
                      act: str) -> torch.Tensor:
-    return x.new_empty((*x.shape[:-1], out_features))
+    return _linear_fake(x, packed, layer, out_features)   # (an activation keeps the shape)
 
 
 def _linear_fm_cuda(xt: torch.Tensor, packed: list, layer: int,
