@@ -449,7 +449,8 @@ def run(args, name: str, c: Config, spec: str) -> list:
                       n=tokens,
                       budget=args.budget, quick=args.quick, archs=args.arch,
                       feature_major=not args.no_route, progress=not args.quiet,
-                      approximate_gelu=getattr(args, "approximate_gelu", False))
+                      approximate_gelu=getattr(args, "approximate_gelu", False),
+                      **min_speedup_arg(args))
     tune_s = time.perf_counter() - t0
     print(report, file=sys.stderr)
     device = "cpu" if args.dry_run else "cuda"
@@ -479,6 +480,8 @@ def run(args, name: str, c: Config, spec: str) -> list:
                                   or "compiled" in r.buckets.get(n, {}) for r in report.converted),
                "fm_route": sum(r.buckets.get(n, {}).get("layout") == "fm"
                                for r in report.converted),
+               "cublas": sum(r.buckets.get(n, {}).get("layout") == "dense"
+                             for r in report.converted),
                "error": err, "tune_s": tune_s, "prune_s": prune_s}
         if compiled:
             t0 = time.perf_counter()
@@ -512,6 +515,14 @@ def run(args, name: str, c: Config, spec: str) -> list:
     return rows
 
 
+def min_speedup_arg(args) -> dict:
+    """sparsify's min_speedup from --min-speedup (its default where not given)."""
+    v = getattr(args, "min_speedup", None)
+    if v is None:
+        return {}
+    return {"min_speedup": None if v.lower() == "none" else float(v)}
+
+
 def _f(v, spec: str, unit: str = "") -> str:
     return format(v, spec) + unit if isinstance(v, float) and math.isfinite(v) else "-"
 
@@ -538,6 +549,11 @@ def table(rows: list, gpu: str, commit: str, args) -> str:
              "convert.py)" + (": not tried (--no-route)." if args.no_route else
                               "; with --compile, eager / under torch.compile (where the "
                               "transposes are Inductor's)." if args.compile else "."), "",
+             "Converted: the Linear layers sparsify replaced; \"k on cuBLAS\": those whose "
+             "bucket for the phase's tokens runs cuBLAS, its kernels having lost to it when "
+             "tuned (sparsify's min_speedup" +
+             (f" = {args.min_speedup}" if getattr(args, "min_speedup", None) else ", 1.0") +
+             "; a layer that lost at every N stays an nn.Linear).", "",
              "| model | phase | pattern | dtype | converted | feature-major route "
              "| Linear dense ms | Linear sparse ms "
              "| Linear speedup | forward dense ms | forward sparse ms | forward speedup "
@@ -555,7 +571,8 @@ def table(rows: list, gpu: str, commit: str, args) -> str:
         cs = r.get("dense_compiled_ms", math.nan) / r.get("sparse_compiled_ms", math.nan)
         lines.append(
             f"| {r['model']} | {r['phase']} | {r['pattern']} | {r['dtype']} | "
-            f"{r['converted']}/{r['linears']} | {r['fm_route']}"
+            f"{r['converted']}/{r['linears']}"
+            f"{', %d on cuBLAS' % r['cublas'] if r.get('cublas') else ''} | {r['fm_route']}"
             f"{' / %d' % r.get('fm_compiled', 0) if args.compile else ''} | "
             f"{_f(r.get('dense_linear_ms'), '.3f')} | "
             f"{_f(r.get('sparse_linear_ms'), '.3f')} | {_f(ls, '.2f', 'x')} | "
@@ -642,6 +659,11 @@ def main(argv=None) -> int:
     ap.add_argument("--no-route", action="store_true",
                     help="keep every bucket token-major: no feature-major route is tuned or "
                          "timed (sparsify(..., feature_major=False))")
+    ap.add_argument("--min-speedup", default=None,
+                    help="sparsify's min_speedup: a bucket whose kernels ran below this "
+                         "speedup over cuBLAS when tuned runs cuBLAS, and a layer where that "
+                         "is every bucket stays dense (default: sparsify's, 1.0; 'none': the "
+                         "sparse kernels everywhere)")
     ap.add_argument("--phases", type=lambda v: [p.strip() for p in v.split(",") if p.strip()],
                     help="only the phases whose names contain one of these (comma-separated: "
                          "prefill, decode); tuning covers their tokens alone")

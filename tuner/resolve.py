@@ -54,6 +54,9 @@ class VariantCode:
     median_ms: float = math.nan
     peer_ms: float = math.nan
     layout: str = "fm"           # X and Y as the kernel takes them: the entry's operation's
+                                 # ("dense": no kernel, cuBLAS serves the bucket; see
+                                 # sparseforge/torch/convert.py)
+    sparse_ms: float = math.nan  # "dense": the time of the sparse kernel that lost
 
     @property
     def speedup(self) -> float:

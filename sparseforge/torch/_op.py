@@ -30,6 +30,12 @@ bucket nearest to n (the C runtime's rule: nearest in ratio, the first on
 ties) names the layout, and that layout's C layer, choosing among its own
 buckets, picks the same one.
 
+A "dense" variant (a bucket whose kernels lost to cuBLAS when the
+layer was converted, convert.py) has no kernel: its packed tensor is the
+weight made dense, M x K values then the M of the bias where the layer
+has one, and the op runs F.linear on them (a fused layer's activation
+applied by torch after it).
+
 Under torch.compile, a bucket with a feature-major variant (its route,
 or the second variant of its bucket: the kernel faster than the
 token-major one while the two transposes launched around it are not
@@ -94,6 +100,7 @@ _keys = itertools.count(1)
 _fusers: dict = {}            # layer key -> weakref to its SparseLinear (builds fused layers)
 _fused: dict = {}             # (layer key, activation) -> key of the fused layer
 FUSED_ACTS = {"gelu": "gelu", "gelu_erf": "gelu", "relu": "relu"}  # the op's act -> the kernels'
+DENSE = "dense"               # the layout of a bucket cuBLAS serves (convert.py)
 
 
 def context(device: int):
@@ -116,10 +123,12 @@ class LoadedLayer:
     tensors hold them): one C layer per layout of its variants."""
 
     def __init__(self, key: int, device: int, name: str, parts: dict, buckets: list,
-                 transpose=None):
+                 transpose=None, act: Optional[str] = None, shape: tuple = (0, 0)):
         self.key, self.device, self.name = key, device, name
+        self.rows, self.cols = shape  # the weight's M x K
         self.parts = parts            # layout -> (native.Layer, indices of its variants)
         self.buckets = buckets        # [(n_bucket, layout)], in the variants' order
+        self.act = act                # the kernels' epilogue activation (a fused layer)
         self.n_variants = len(buckets)
         self.transpose_fn = transpose  # (native.Module, its KernelFn) where a bucket is fm
         self._norm_fn = None          # the module's sf_rmsnorm_t_2 (sm_90), found on first use
@@ -129,6 +138,18 @@ class LoadedLayer:
     def layout_for(self, n: int) -> str:
         """The layout of the variant that runs n tokens."""
         return route(self.buckets, n)
+
+    def dense(self, x: torch.Tensor, n: int, packed: list) -> Optional[torch.Tensor]:
+        """y = act(x W^T + b) by torch (cuBLAS) where n tokens fall in a
+        "dense" bucket (its packed tensor: W dense, then b); else None."""
+        i = _nearest(self.buckets, n)
+        if self.buckets[i][1] != DENSE:
+            return None
+        w, b = dense_parts(packed[i], self.rows, self.cols)
+        y = torch.nn.functional.linear(x, w, b)
+        if self.act == "gelu":
+            return torch.nn.functional.gelu(y, approximate="tanh")
+        return torch.relu(y) if self.act == "relu" else y
 
     def fm_for(self, n: int) -> bool:
         """Whether the bucket that runs n tokens has a feature-major variant
@@ -173,6 +194,13 @@ class LoadedLayer:
             self.transpose_fn[0].unload()
 
 
+def dense_parts(flat: torch.Tensor, rows: int, cols: int) -> tuple:
+    """(W, b or None) of a "dense" variant's packed tensor: rows x cols
+    values of W, then the rows of b where the layer has a bias."""
+    w = flat[:rows * cols].view(rows, cols)
+    return w, (flat[rows * cols:] if flat.numel() > rows * cols else None)
+
+
 def _nearest(buckets: list, n: int) -> int:
     """The index of the bucket nearest to n in ratio (the first on ties;
     the first for n < 1), as sf_layer_run chooses its variant: `buckets`
@@ -214,12 +242,14 @@ def transpose_cubin(arch: str) -> bytes:
 
 
 def load(device: int, name: str, rows: int, cols: int, elem_size: int, variants: list,
-         transpose: Optional[bytes] = None) -> int:
+         transpose: Optional[bytes] = None, act: Optional[str] = None) -> int:
     """Loads a layer on GPU `device` from its variants (dicts with
-    n_bucket, kernel_name, launch, binary and layout, "tm" or "fm"; no
-    packed bytes) and, where a variant is feature-major, the cubin of
-    transpose_cubin; returns its key for the op.  Closes the layers
-    released before, when the GPU is not capturing a graph."""
+    n_bucket, kernel_name, launch, binary and layout, "tm", "fm" or
+    "dense" (no kernel); no packed bytes) and, where a variant is
+    feature-major, the cubin of transpose_cubin; `act`: the activation
+    in the kernels' epilogue (a fused layer: "gelu", "relu").  Returns
+    its key for the op.  Closes the layers released before, when the GPU
+    is not capturing a graph."""
     _close_released()
     ctx, lock = context(device)
     if any(v.get("layout", "tm") == "fm" for v in variants) and transpose is None:
@@ -228,7 +258,8 @@ def load(device: int, name: str, rows: int, cols: int, elem_size: int, variants:
     fn = None
     by_layout: dict = {}
     for i, v in enumerate(variants):
-        by_layout.setdefault(v.get("layout", "tm"), []).append(i)
+        if v.get("layout", "tm") != DENSE:
+            by_layout.setdefault(v.get("layout", "tm"), []).append(i)
     with lock:
         try:
             for layout, idx in by_layout.items():
@@ -251,7 +282,7 @@ def load(device: int, name: str, rows: int, cols: int, elem_size: int, variants:
     from . import _passes
     _passes.install()
     buckets = [(int(v["n_bucket"]), v.get("layout", "tm")) for v in variants]
-    entry = LoadedLayer(next(_keys), device, name, parts, buckets, fn)
+    entry = LoadedLayer(next(_keys), device, name, parts, buckets, fn, act, (rows, cols))
     with _lock:
         _loaded[entry.key] = entry
     return entry.key
@@ -375,6 +406,11 @@ def _linear_cuda(x: torch.Tensor, packed: list, layer: int, out_features: int) -
     """The op's CUDA implementation; SparseLinear.forward calls it directly
     outside torch.compile (the dispatcher's host time saved)."""
     entry = _checked_entry(x, packed, layer)
+    n = x.numel() // x.shape[-1] if x.shape[-1] else 0
+    if n and any(layout == DENSE for _, layout in entry.buckets):
+        y = entry.dense(x, n, packed)
+        if y is not None:
+            return y
     x = _aligned(x)
     y = torch.empty((*x.shape[:-1], out_features), dtype=x.dtype, device=x.device)
     n = x.numel() // x.shape[-1] if x.shape[-1] else 0

@@ -30,6 +30,18 @@ transposes' launches) but the feature-major kernel alone is faster than
 the token-major one (their tuned times), it is kept second in its
 bucket: under torch.compile the transposes are Inductor's to fuse into
 the ops around the layer (_op.py), and that kernel serves the bucket.
+
+cuBLAS where the kernels lose (`min_speedup`, default 1.0): after the
+routes, each bucket whose best time measured on this GPU (its kernel,
+route or compiled variant) is below min_speedup x cuBLAS's is served
+by cuBLAS instead (a "dense" variant: F.linear with the weight made
+dense on the GPU when the layer is loaded there).  A layer whose every
+measured bucket is served so stays an nn.Linear (sparsify leaves it in
+the model, with the reason in the report), so that sparsify makes no
+layer slower than the dense model at the N it tuned.  A layer with some
+dense buckets keeps a dense copy of its weight on the GPU beside the
+packed one: speed over memory.  `min_speedup=None` keeps every bucket on
+the sparse kernels (as for a model sparsified to save memory).
 """
 from __future__ import annotations
 
@@ -46,7 +58,7 @@ from torch import nn
 from ..generator.families import family_of
 from ..generator.kernel import Epilogue, Operation
 from ..tuner.model import SPARSE_DENSITY_LIMIT, Entry, plan_model
-from .linear import DTYPES, FORMAT, TORCH_DTYPES, SparseLinear, matrix_of
+from .linear import DTYPES, READ_FORMATS, TORCH_DTYPES, SparseLinear, matrix_of
 
 DEFAULT_N = (16, 256, 4096)
 LAYOUT = "tm"     # a Linear's activations: tokens x features
@@ -56,6 +68,9 @@ FM_TRY_BELOW = 1.0  # a bucket whose token-major kernel is below this speedup ov
 FM_DECODE_N = 64  # buckets of at most this many tokens try the feature-major kernel
 FM_KEEP_BELOW = 1.0  # ... and keep it for torch.compile where its tuned time is below
                      # this fraction of the token-major kernel's
+MIN_SPEEDUP = 1.0    # a bucket whose best measured speedup over cuBLAS is below this
+                     # runs cuBLAS (module note); None: never
+DENSE = "dense"      # the layout of a bucket cuBLAS serves
 
 
 @dataclass
@@ -106,6 +121,8 @@ class Report:
                     cfg = ",".join(f"{k}={v}" for k, v in sorted(e["config"].items()))
                     if e.get("layout") == "fm":
                         cfg = ("fm: " if label else "fm route: ") + cfg
+                    elif e.get("layout") == DENSE:
+                        cfg = f"cuBLAS (the kernel: {_x(e['sparse_speedup']).strip()})"
                     out.append(f"{r.name[:36]:36s} {r.pattern:12s} {n:6d} "
                                f"{(label + cfg)[:40]:40s} {_ms(e['median_ms'])} "
                                f"{_ms(e['peer_ms'])} {_x(e['speedup'])}")
@@ -139,7 +156,8 @@ def _unsupported(pattern: str, dtype: str) -> str:
 def sparsify(model: nn.Module, db=None, pattern: str = "auto", n=DEFAULT_N, tune: bool = True,
              progress: bool = True, *, budget: Optional[str] = None, strategy: str = "auto",
              quick: bool = False, device: Optional[int] = None, archs=None,
-             log=None, feature_major: bool = True, approximate_gelu: bool = False) -> Report:
+             log=None, feature_major: bool = True, approximate_gelu: bool = False,
+             min_speedup: Optional[float] = MIN_SPEEDUP) -> Report:
     """Replaces, in place, each nn.Linear of `model` whose weight is sparse
     enough (density below 0.75) by a SparseLinear, and returns the Report.
 
@@ -160,7 +178,11 @@ def sparsify(model: nn.Module, db=None, pattern: str = "auto", n=DEFAULT_N, tune
     torch.compile an exact (erf) GELU that alone reads a converted layer's
     output runs in the layer's kernels as their tanh form (at most 4.7e-4
     from erf); a tanh GELU or a ReLU there is fused either way
-    (SparseLinear.approximate_gelu, _passes.py).
+    (SparseLinear.approximate_gelu, _passes.py).  `min_speedup`: a bucket
+    whose kernels, measured on this GPU, run below this speedup over
+    cuBLAS is served by cuBLAS, and a layer where that is every bucket
+    stays an nn.Linear (the module note); None: the sparse kernels serve
+    every bucket.
     Progress and the tuning lines go to stderr unless `progress` is
     False."""
     t0 = time.perf_counter()
@@ -202,8 +224,13 @@ def sparsify(model: nn.Module, db=None, pattern: str = "auto", n=DEFAULT_N, tune
         device = next((p.device.index for p in model.parameters() if p.device.type == "cuda"), 0)
     codes, where, gpu = kernels_for(layers, db, n, tune, progress, budget=budget,
                                     strategy=strategy, quick=quick, device=device, archs=archs,
-                                    log=log, feature_major=feature_major)
+                                    log=log, feature_major=feature_major,
+                                    min_speedup=min_speedup)
     for (name, mod, pat, m), layer, code in zip(todo, layers, codes):
+        why = _slower_everywhere(code)
+        if why:
+            rows.append(LayerReport(name, m.shape, m.density, pat, dense=why))
+            continue
         layer.approximate_gelu = approximate_gelu
         parent, _, child = name.rpartition(".")
         setattr(model.get_submodule(parent), child, layer)
@@ -221,12 +248,56 @@ def _row(name: str, m, pattern: str, code) -> LayerReport:
     for v in ac.variants:   # a bucket's first variant; a second: its kernel under torch.compile
         b = {"config": v.config, "median_ms": v.median_ms, "peer_ms": v.peer_ms,
              "speedup": v.speedup, "layout": v.layout}
+        if v.layout == DENSE:
+            b["sparse_speedup"] = v.peer_ms / v.sparse_ms if v.sparse_ms > 0 else math.nan
         if v.n_bucket in buckets:
             buckets[v.n_bucket]["compiled"] = b
         else:
             buckets[v.n_bucket] = b
     return LayerReport(name, m.shape, m.density, pattern, gpu=ac.gpu_name, buckets=buckets,
                        tuned_now=code.tuned_now)
+
+
+def _dense_buckets(codes: list, arch: str, min_speedup: Optional[float]) -> None:
+    """Gives cuBLAS each bucket (of the layers' records tuned on this GPU,
+    `arch`) whose best measured variant runs below min_speedup x cuBLAS:
+    its variants become one "dense" variant, with cuBLAS's time and the
+    time of the kernel that lost (module note).  Buckets measured
+    nowhere keep their kernels."""
+    if min_speedup is None:
+        return
+    import dataclasses
+    for code in codes:
+        ac = code.archs.get(arch)
+        if ac is None or not ac.tuned:
+            continue
+        by_n: dict = {}
+        for v in ac.variants:
+            by_n.setdefault(v.n_bucket, []).append(v)
+        out = []
+        for n, vs in by_n.items():
+            best = max(vs, key=lambda v: v.speedup if math.isfinite(v.speedup) else -math.inf)
+            if math.isfinite(best.speedup) and best.speedup < min_speedup:
+                out.append(dataclasses.replace(
+                    vs[0], kernel_name="", launch={}, config={}, packed=b"", cubin=b"",
+                    median_ms=best.peer_ms, peer_ms=best.peer_ms, layout=DENSE,
+                    sparse_ms=best.median_ms))
+            else:
+                out += vs
+        ac.variants[:] = out
+
+
+def _slower_everywhere(code) -> str:
+    """Why a converted layer should stay an nn.Linear: every bucket of its
+    record tuned on this GPU is served by cuBLAS ("" otherwise, and for a
+    record without a GPU's measurements)."""
+    ac = next(iter(code.archs.values()), None)
+    if ac is None or not ac.tuned or not ac.variants or \
+            any(v.layout != DENSE for v in ac.variants):
+        return ""
+    best = max(ac.variants, key=lambda v: v.peer_ms / v.sparse_ms)
+    return (f"its kernels lose to cuBLAS at every N (best {best.peer_ms / best.sparse_ms:.2f}x, "
+            f"N = {best.n_bucket}; min_speedup=None converts it)")
 
 
 def _entry(index: int, layer: SparseLinear) -> Entry:
@@ -390,7 +461,8 @@ def _route(layers: list, codes: list, cache, tune: bool, make_tuner, info: dict,
 
 def kernels_for(layers: list, db=None, n=DEFAULT_N, tune: bool = True, progress: bool = False,
                 *, budget: Optional[str] = None, strategy: str = "auto", quick: bool = False,
-                device: int = 0, archs=None, log=None, feature_major: bool = True):
+                device: int = 0, archs=None, log=None, feature_major: bool = True,
+                min_speedup: Optional[float] = MIN_SPEEDUP):
     """Gives each SparseLinear of `layers` its kernels from the database
     (tuning what it lacks: see sparsify) and loads them where the layer is
     on a GPU.  Returns (the tuner/resolve.py LayerCodes, the database's
@@ -424,6 +496,8 @@ def kernels_for(layers: list, db=None, n=DEFAULT_N, tune: bool = True, progress:
                         log=log)
         if ok and feature_major:
             _route(layers, codes, cache, tune, make_tuner, info, device, log)
+        if ok:
+            _dense_buckets(codes, info["arch"], min_speedup)
     for layer, code in zip(layers, codes):
         layer.attach(code)
     gpu = info["name"] if info else f"none (kernels for {', '.join(archs or NO_GPU_ARCHS)})"
@@ -439,7 +513,7 @@ def load_state_dict(model: nn.Module, state_dict: dict, strict: bool = True):
     suffix = "._extra_state"
     for key, state in state_dict.items():
         if not (key.endswith(suffix) and isinstance(state, dict) and "cubins" in state
-                and state.get("format") == FORMAT):
+                and state.get("format") in READ_FORMATS):
             continue
         path = key[:-len(suffix)]
         mod = model.get_submodule(path)

@@ -14,7 +14,10 @@ What the module holds (all of it in state_dict()):
   its name, launch record, configuration, packed buffer, cubin and layout
   ("tm"; "fm" where the bucket runs the feature-major kernel between two
   transposes, see _op.py; a bucket's second variant, "fm", serves it under
-  torch.compile alone), and where a bucket has an "fm" one the
+  torch.compile alone; "dense" where cuBLAS serves the bucket, its
+  kernels having lost to it: no kernel, F.linear with the weight made
+  dense from the CSR buffers when the layer is loaded on a GPU, not
+  kept in the state), and where a bucket has an "fm" one the
   transposes' cubin.
 
 So a state_dict is what a user ships: the weights and, for each GPU
@@ -47,7 +50,9 @@ from torch import nn
 
 from . import _op
 
-FORMAT = 1
+FORMAT = 1            # the state's format; 2 where a bucket is "dense" (older
+READ_FORMATS = (1, 2)  # versions refuse those); the formats this version reads
+DENSE = "dense"        # the layout of a bucket cuBLAS serves (convert.py)
 DTYPES = {torch.float32: "fp32", torch.float16: "fp16", torch.bfloat16: "bf16"}
 TORCH_DTYPES = {v: k for k, v in DTYPES.items()}
 
@@ -90,6 +95,8 @@ class SparseLinear(nn.Module):
         self._layer_key = 0           # the loaded layer (the op's `layer`); 0: none
         self._variant_blobs: tuple = ()
         self._buckets: tuple = ()     # (n_bucket, layout) of the loaded variants
+        self._dense: Optional[torch.Tensor] = None  # on a GPU, for "dense" buckets: the
+                                                     # weight made dense (not in the state)
         self._loaded_on: Optional[int] = None
         self._finalizer = None
         # under torch.compile, an exact (erf) GELU that reads this layer's
@@ -172,12 +179,16 @@ class SparseLinear(nn.Module):
             table.append(data)
             return len(table) - 1
 
+        def variant(v) -> dict:
+            d = {"n_bucket": v.n_bucket, "kernel": v.kernel_name, "launch": dict(v.launch),
+                 "config": dict(v.config), "median_ms": _time(v.median_ms),
+                 "peer_ms": _time(v.peer_ms), "layout": v.layout}
+            if v.layout == DENSE:      # no kernel: cuBLAS (the kernel that lost: sparse_ms)
+                return dict(d, blob=-1, cubin=-1, sparse_ms=_time(v.sparse_ms))
+            return dict(d, blob=index(blobs, v.packed), cubin=index(cubins, v.cubin))
+
         for arch, ac in sorted(code.archs.items()):
-            kernels[arch] = {"gpu": ac.gpu_name, "variants": [
-                {"n_bucket": v.n_bucket, "kernel": v.kernel_name, "launch": dict(v.launch),
-                 "config": dict(v.config), "blob": index(blobs, v.packed),
-                 "cubin": index(cubins, v.cubin), "median_ms": _time(v.median_ms),
-                 "peer_ms": _time(v.peer_ms), "layout": v.layout} for v in ac.variants]}
+            kernels[arch] = {"gpu": ac.gpu_name, "variants": [variant(v) for v in ac.variants]}
             if any(v.layout == "fm" for v in ac.variants):
                 kernels[arch]["transpose"] = index(cubins, _op.transpose_cubin(arch))
         self._unload()
@@ -194,7 +205,9 @@ class SparseLinear(nn.Module):
 
     # ---- state ---------------------------------------------------------------
     def get_extra_state(self) -> dict:
-        return {"format": FORMAT, "name": self.name, "pattern": self.pattern,
+        dense = any(v.get("layout") == DENSE for k in self._kernels.values()
+                    for v in k["variants"])
+        return {"format": 2 if dense else FORMAT, "name": self.name, "pattern": self.pattern,
                 "dtype": self.dtype_name, "in_features": self.in_features,
                 "out_features": self.out_features, "bias": self.bias is not None,
                 "blobs": self._n_blobs, "kernels": _copy(self._kernels),
@@ -251,7 +264,8 @@ class SparseLinear(nn.Module):
 
     def __getstate__(self):
         d = dict(self.__dict__)
-        d.update(_layer_key=0, _variant_blobs=(), _buckets=(), _loaded_on=None, _finalizer=None)
+        d.update(_layer_key=0, _variant_blobs=(), _buckets=(), _loaded_on=None, _finalizer=None,
+                 _dense=None)
         return d
 
     def __setstate__(self, d):
@@ -284,23 +298,30 @@ class SparseLinear(nn.Module):
                 f"{have or 'none'}: run sparseforge.torch.sparsify(model, db) or "
                 ".load_kernels(db) with this GPU present to tune them")
         key = self._load(target, k, self._where(), [v["kernel"] for v in k["variants"]],
-                         [self._cubins[v["cubin"]] for v in k["variants"]])
+                         [self._cubins[v["cubin"]] if v["cubin"] >= 0 else None
+                          for v in k["variants"]])
         self._layer_key, self._loaded_on = key, target
         _op.register_fuser(key, self)
         self._variant_blobs = tuple(v["blob"] for v in k["variants"])
         self._buckets = tuple((v["n_bucket"], v.get("layout", "tm")) for v in k["variants"])
+        if any(layout == DENSE for _, layout in self._buckets):
+            with torch.no_grad():      # W dense, then the bias (_op.dense_parts)
+                parts = [self.dense_weight().reshape(-1)]
+                self._dense = torch.cat(parts + ([self.bias] if self.bias is not None else []))
         self._finalizer = weakref.finalize(self, _op.release, key)
 
-    def _load(self, device: int, k: dict, name: str, kernel_names: list, cubins: list) -> int:
+    def _load(self, device: int, k: dict, name: str, kernel_names: list, cubins: list,
+              act: Optional[str] = None) -> int:
         """_op.load of the architecture record `k`'s variants on GPU
-        `device`, with these kernel names and cubins (one a variant)."""
+        `device`, with these kernel names and cubins (one a variant; None
+        for a "dense" one), and `act` in their epilogue."""
         variants = [{"n_bucket": v["n_bucket"], "kernel_name": kname, "launch": v["launch"],
                      "binary": cubin, "layout": v.get("layout", "tm")}
                     for v, kname, cubin in zip(k["variants"], kernel_names, cubins)]
         elem = torch.empty(0, dtype=TORCH_DTYPES[self.dtype_name]).element_size()
         transpose = self._cubins[k["transpose"]] if "transpose" in k else None
         return _op.load(device, name, self.out_features, self.in_features, elem, variants,
-                        transpose)
+                        transpose, act)
 
     def _build_fused(self, act: str) -> int:
         """Loads this layer with `act` ("gelu", "relu") in its kernels'
@@ -324,6 +345,9 @@ class SparseLinear(nn.Module):
         blobs: dict = {}                 # blob index -> its bytes (variants may share one)
         kernels = []
         for v in k["variants"]:
+            if v.get("layout") == DENSE:      # cuBLAS: the op applies the activation after it
+                kernels.append(None)
+                continue
             op = Operation(self.dtype_name, v.get("layout", "tm"),
                            Epilogue(bias=bias is not None, activation=act))
             kern = fam.generate(matrix, op, params, v["config"], bias=bias)
@@ -346,15 +370,15 @@ class SparseLinear(nn.Module):
             return cubin
 
         with ThreadPoolExecutor(max_workers=min(8, len(kernels)) or 1) as pool:
-            cubins = list(pool.map(build, kernels))
+            cubins = list(pool.map(lambda kern: kern and build(kern), kernels))
         return self._load(dev.index, k, f"{self._where()} + {act}",
-                          [kern.name for kern in kernels], cubins)
+                          [kern.name if kern else "" for kern in kernels], cubins, act)
 
     def _unload(self) -> None:
         if self._finalizer is not None:
             self._finalizer()
         self._layer_key, self._loaded_on, self._variant_blobs, self._finalizer = 0, None, (), None
-        self._buckets = ()
+        self._buckets, self._dense = (), None
 
     # ---- running ---------------------------------------------------------------
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -379,12 +403,18 @@ class SparseLinear(nn.Module):
             raise TypeError(f"{self._where()}: its kernels compute {self.dtype_name}, its "
                             f"weights were converted to {dtype}; sparsify the model in "
                             f"{dtype} instead")
-        packed = [getattr(self, f"packed_{i}") for i in self._variant_blobs]
+        # a "dense" variant's packed tensor is the dense weight (_sync_device)
+        packed = [getattr(self, f"packed_{i}") if i >= 0 else self._dense
+                  for i in self._variant_blobs]
         if type(x) is torch.Tensor and not _compiling():
             # eager or under CUDA graph capture: the op's own implementation,
             # without the dispatcher's host time
             return _op._linear_cuda(x, packed, self._layer_key, self.out_features)
         n = x.numel() // self.in_features if self.in_features else 0
+        if isinstance(n, int) and _op.route(self._buckets, n) == DENSE:
+            # cuBLAS's bucket, as torch ops the compiler sees
+            w, _ = _op.dense_parts(self._dense, self.out_features, self.in_features)
+            return F.linear(x, w, self.bias)
         if isinstance(n, int) and _op.route_fm(self._buckets, n):
             # the bucket's feature-major kernel between transposes that
             # Inductor fuses into the ops around it (_op's module note)
@@ -460,9 +490,9 @@ def _check_state(state, where: str) -> None:
         got = sorted(state) if isinstance(state, dict) else type(state).__name__
         raise ValueError(f"{where}: not a SparseLinear state (expected the keys "
                          f"{', '.join(_STATE_KEYS)}; got {got})")
-    if state["format"] != FORMAT:
+    if state["format"] not in READ_FORMATS:
         raise ValueError(f"{where}: the state is of format {state['format']}, this "
-                         f"sparseforge reads format {FORMAT}")
+                         f"sparseforge reads formats {', '.join(map(str, READ_FORMATS))}")
     if state["dtype"] not in TORCH_DTYPES:
         raise ValueError(f"{where}: unknown dtype {state['dtype']!r} in the state")
 

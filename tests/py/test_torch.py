@@ -323,6 +323,18 @@ def test_buckets_losing_to_cublas_and_decode_buckets_try_the_feature_major_route
     assert _fm_candidates(codes, "sm_80") == []
 
 
+def untuned_layer(pattern: str, name: str, db, archs: str):
+    """(a 64 x 48 fp16 SparseLinear with a bias, given untuned kernels for
+    N = 8 and 512 in `db` for `archs`, its pruned weight, its bias, its
+    tuner Entry)."""
+    from sparseforge.torch.convert import _entry
+    w = pruned_weight(pattern, torch.float16, 64, 48)
+    bias = torch.randn(64).half()
+    layer = SparseLinear.from_dense(w, bias, pattern=pattern, name=name)
+    layer.load_kernels(db, n=(8, 512), archs=archs)
+    return layer, w, bias, _entry(0, layer)
+
+
 def test_a_feature_major_bucket_carries_its_transposes_through_the_state(tmp_path):
     """A bucket given the feature-major kernel (as sparsify's route does on
     a GPU) keeps its layout, and its architecture the transposes' cubin,
@@ -330,16 +342,12 @@ def test_a_feature_major_bucket_carries_its_transposes_through_the_state(tmp_pat
     architecture carries no transpose cubin; on CPU the layer is still
     F.linear."""
     from sparseforge.cache import Cache
-    from sparseforge.torch.convert import _entry, _fm_entry
+    from sparseforge.torch.convert import _fm_entry
     from sparseforge.tuner.driver import QUICK_TIMING, Tuner
     from sparseforge.tuner.resolve import ArchCode, LayerCode, resolve
-    w = pruned_weight("shflbw:16", torch.float16, 64, 48)
-    bias = torch.randn(64).half()
-    layer = SparseLinear.from_dense(w, bias, pattern="shflbw:16", name="route.weight")
     db = tmp_path / "fm.db"
-    layer.load_kernels(db, n=(8, 512), archs="sm_80,sm_90a")
+    layer, w, bias, entry = untuned_layer("shflbw:16", "route.weight", db, "sm_80,sm_90a")
     assert all("transpose" not in k for k in layer.kernels.values())
-    entry = _entry(0, layer)
     with Cache(db) as cache:
         (tm,) = resolve(cache, [entry], [8, 512], False, archs=["sm_80", "sm_90a"])
         (fm,) = resolve(cache, [_fm_entry(entry)], [512], True, archs=["sm_90a"],
@@ -363,6 +371,141 @@ def test_a_feature_major_bucket_carries_its_transposes_through_the_state(tmp_pat
     assert cubin[:4] == b"\x7fELF"
     x = torch.randn(5, 48).half()
     assert torch.equal(fresh(x), F.linear(x, w, bias))
+
+
+def measured_code(pattern, times, gpu="NVIDIA H100", dtype="fp16"):
+    """A LayerCode of a 64 x 64 layer as if tuned on `gpu` (sm_90a): one
+    variant a bucket per entry of `times`, n -> (ours ms, cuBLAS ms) or a
+    list of (ours, cuBLAS, layout) variants."""
+    from sparseforge.generator.kernel import Epilogue, Operation
+    from sparseforge.torch.linear import matrix_of
+    from sparseforge.tuner.model import Entry
+    from sparseforge.tuner.resolve import ArchCode, LayerCode, VariantCode
+    w = pruned_weight(pattern, torch.float16 if dtype == "fp16" else torch.float32, 64, 64)
+    entry = Entry(0, f"l.{pattern}", matrix_of(w), pattern=pattern,
+                  op=Operation(dtype, "tm", Epilogue(bias=True)))
+    variants = []
+    for n, t in times.items():
+        for ours, peer, layout in (t if isinstance(t, list) else [(*t, "tm")]):
+            variants.append(VariantCode(n, f"k{n}{layout}", {"n": n}, {"bn": 16}, b"p", b"c",
+                                        ours, peer, layout))
+    return LayerCode(entry, {"sm_90a": ArchCode("sm_90a", gpu, variants)})
+
+
+def test_buckets_whose_kernels_lose_to_cublas_run_cublas():
+    """_dense_buckets: a bucket whose best variant measured on this GPU
+    (its kernel, route or compiled variant) is below min_speedup x
+    cuBLAS becomes one "dense" variant (cuBLAS's time, the kernel's kept
+    as sparse_ms); buckets that win, buckets measured nowhere, untuned
+    records and other architectures keep their kernels; None changes
+    nothing.  A layer all of whose buckets went dense is named by
+    _slower_everywhere with its best speedup."""
+    import math
+
+    from sparseforge.torch.convert import _dense_buckets, _slower_everywhere
+    times = {16: (0.01, 0.02), 256: [(0.04, 0.03, "tm"), (0.02, 0.03, "fm")],
+             4096: (0.5, 0.2)}
+    codes = [measured_code("shflbw:64", times),
+             measured_code("shflbw:64", {16: (math.nan, 0.02), 4096: (0.3, math.nan)}),
+             measured_code("shflbw:64", times, gpu="untuned (sm_90a)"),
+             measured_code("csr", {16: (0.03, 0.02), 4096: (0.6, 0.3)})]
+    before = [[(v.n_bucket, v.layout) for v in c.archs["sm_90a"].variants] for c in codes]
+    _dense_buckets(codes, "sm_90a", None)
+    _dense_buckets(codes, "sm_80", 1.0)
+    assert [[(v.n_bucket, v.layout) for v in c.archs["sm_90a"].variants]
+            for c in codes] == before
+    _dense_buckets(codes, "sm_90a", 1.0)
+    got = [[(v.n_bucket, v.layout) for v in c.archs["sm_90a"].variants] for c in codes]
+    assert got == [[(16, "tm"), (256, "tm"), (256, "fm"), (4096, "dense")],
+                   before[1], before[2], [(16, "dense"), (4096, "dense")]]
+    d = codes[0].archs["sm_90a"].variants[-1]
+    assert (d.median_ms, d.peer_ms, d.sparse_ms, d.speedup) == (0.2, 0.2, 0.5, 1.0)
+    assert (d.kernel_name, d.packed, d.cubin, d.config) == ("", b"", b"", {})
+    assert [_slower_everywhere(c) for c in codes[:3]] == ["", "", ""]
+    assert _slower_everywhere(codes[3]) == (
+        "its kernels lose to cuBLAS at every N (best 0.67x, N = 16; min_speedup=None "
+        "converts it)")
+
+
+def test_a_dense_bucket_goes_through_the_state_without_a_kernel(tmp_path):
+    """A bucket cuBLAS serves has no kernel, cubin or packed buffer; it
+    keeps its times through state_dict (format 2, where a state without
+    one stays format 1) into an empty layer; on CPU the layer is still
+    F.linear."""
+    import dataclasses
+
+    from sparseforge.cache import Cache
+    from sparseforge.torch.convert import _dense_buckets
+    from sparseforge.tuner.resolve import LayerCode, resolve
+    db = tmp_path / "d.db"
+    layer, w, bias, entry = untuned_layer("bsr:16x16", "dense.weight", db, "sm_90a")
+    assert layer.get_extra_state()["format"] == 1
+    with Cache(db) as cache:
+        (code,) = resolve(cache, [entry], [8, 512], False, archs=["sm_90a"])
+    ac = code.archs["sm_90a"]
+    ac.gpu_name = "NVIDIA H100"                    # as if measured there: 512 loses
+    ac.variants = [dataclasses.replace(v, median_ms=0.01 if v.n_bucket == 8 else 0.4,
+                                       peer_ms=0.02 if v.n_bucket == 8 else 0.2)
+                   for v in ac.variants]
+    _dense_buckets([code], "sm_90a", 1.0)
+    layer.attach(LayerCode(entry, {"sm_90a": ac}))
+    k = layer.kernels["sm_90a"]["variants"]
+    assert [(v["n_bucket"], v["layout"], v["blob"], v["cubin"]) for v in k] == \
+        [(8, "tm", 0, 0), (512, "dense", -1, -1)]
+    assert (k[1]["median_ms"], k[1]["peer_ms"], k[1]["sparse_ms"], k[1]["kernel"]) == \
+        (0.2, 0.2, 0.4, "")
+    state = layer.state_dict()
+    assert state["_extra_state"]["format"] == 2 and len(state["_extra_state"]["cubins"]) == 1
+    assert [key for key in state if key.startswith("packed_")] == ["packed_0"]
+    buf = io.BytesIO()
+    torch.save(state, buf)
+    buf.seek(0)
+    fresh = SparseLinear(48, 64, dtype=torch.float16)
+    fresh.load_state_dict(torch.load(buf, weights_only=True))
+    assert fresh.kernels == layer.kernels
+    x = torch.randn(5, 48).half()
+    assert torch.equal(fresh(x), F.linear(x, w, bias))
+
+
+def test_sparsify_keeps_a_layer_whose_kernels_lose_everywhere(tmp_path, monkeypatch):
+    """A layer every measured bucket of which went to cuBLAS stays an
+    nn.Linear, named in the report with its best speedup; a layer with
+    one such bucket is converted, and the report shows cuBLAS in that
+    bucket with the kernel's speedup."""
+    import dataclasses
+
+    from sparseforge.torch import convert
+    real = convert.kernels_for
+
+    def measured(layers, *args, min_speedup=convert.MIN_SPEEDUP, **kw):
+        codes, where, _ = real(layers, *args, min_speedup=min_speedup, **kw)
+        for i, code in enumerate(codes):    # as if tuned on a GPU: layer 0 loses everywhere
+            ac = code.archs["sm_90a"]
+            ac.gpu_name = "NVIDIA H100"
+            ac.variants = [dataclasses.replace(v, median_ms=0.3 if i == 0 or v.n_bucket == 256
+                                               else 0.1, peer_ms=0.2) for v in ac.variants]
+        convert._dense_buckets(codes, "sm_90a", min_speedup)
+        for layer, code in zip(layers, codes):
+            layer.attach(code)
+        return codes, where, "NVIDIA H100"
+
+    monkeypatch.setattr(convert, "kernels_for", measured)
+    model = small_model()
+    report = sparsify(model, db=tmp_path / "m.db", n=(16, 256), budget="1", archs="sm_90a",
+                      progress=False)
+    assert [type(m).__name__ for m in model] == ["Linear", "ReLU", "SparseLinear", "Linear"]
+    assert [(r.name, r.pattern, r.dense) for r in report.layers] == [
+        ("0", "nm24", "its kernels lose to cuBLAS at every N (best 0.67x, N = 16; "
+                      "min_speedup=None converts it)"),
+        ("2", "bsr:16x16", ""), ("3", "", "density 1.00")]
+    assert [v["layout"] for v in model[2].kernels["sm_90a"]["variants"]] == ["tm", "dense"]
+    table = str(report)
+    assert "cuBLAS (the kernel: 0.67x)" in table and "1 of 3 Linear layers converted" in table
+    again = small_model()
+    sparsify(again, db=tmp_path / "m.db", n=(16, 256), archs="sm_90a", progress=False,
+             min_speedup=None)
+    assert [type(m).__name__ for m in again] == ["SparseLinear", "ReLU", "SparseLinear",
+                                                 "Linear"]
 
 
 def test_forward_takes_the_op_only_when_compiling():

@@ -7,8 +7,10 @@ a module or loading its state compiles nothing; a GPU the module has no
 kernels for is named; a bucket on the feature-major route (transposes
 around the feature-major kernel) matches F.linear, in a graph and after
 a state_dict round trip; under torch.compile a GELU or ReLU after a layer
-runs in its kernels.  Skipped without a GPU, or without torch (with
-CUDA)."""
+runs in its kernels; a bucket whose kernels lose to cuBLAS runs cuBLAS
+(eager, compiled, fused, in a graph, through the state), and sparsify
+leaves a layer that loses everywhere an nn.Linear.  Skipped without a
+GPU, or without torch (with CUDA)."""
 from __future__ import annotations
 
 import ctypes
@@ -30,7 +32,9 @@ pytestmark = [pytest.mark.gpu,
               pytest.mark.skipif(not torch.cuda.is_available(),
                                  reason="torch was built without CUDA or sees no GPU")]
 
-TUNING = {"budget": "3", "quick": True, "progress": False}
+# min_speedup None: these tests run the sparse kernels whatever cuBLAS does
+# on their small layers (the tests of "dense" buckets set it themselves)
+TUNING = {"budget": "3", "quick": True, "progress": False, "min_speedup": None}
 
 
 def relative_error(y: torch.Tensor, ref: torch.Tensor) -> float:
@@ -541,3 +545,85 @@ def test_under_torch_compile_an_activation_joins_the_layers_kernels(db, spec, dt
         graph.replay()
         torch.cuda.synchronize()
         assert relative_error(out, want(static)) <= tol
+
+
+def test_a_bucket_cublas_serves_matches_f_linear(db, monkeypatch):
+    """min_speedup: the N = 128 bucket made to lose to cuBLAS (its measured
+    time doubled past cuBLAS's) is served by F.linear on the weight made
+    dense when the layer is loaded; the N = 8 bucket keeps its kernel.
+    Both compute F.linear eager, inside a captured CUDA graph, after a
+    state_dict round trip and under torch.compile(fullgraph=True), where
+    the dense bucket is torch's own linear (no C layer runs) and a GELU
+    after it is torch's too, while the kernel bucket takes the GELU into
+    its kernels."""
+    import dataclasses
+
+    from sparseforge.torch import _op, convert
+    real = convert._dense_buckets
+
+    def only_128(codes, arch, min_speedup):
+        for code in codes:
+            ac = code.archs[arch]
+            ac.variants = [dataclasses.replace(v, median_ms=2 * v.peer_ms) if v.n_bucket == 128
+                           else v for v in ac.variants]
+        real(codes, arch, min_speedup)
+
+    monkeypatch.setattr(convert, "_dense_buckets", only_128)
+    torch._dynamo.reset()
+    rng = np.random.default_rng(12)
+    fam, params = family_of("bsr:16x16")
+    mask, _ = fam.synth(params, 200, 136, 0.3, rng)
+    w = torch.from_numpy(rng.standard_normal((200, 136)).astype(np.float32) * mask).half()
+    bias = torch.randn(200).half()
+    layer = SparseLinear.from_dense(w, bias, pattern="bsr:16x16", name="dense-bucket")
+    layer.load_kernels(db, n=(8, 128), **dict(TUNING, min_speedup=1.0)).cuda()
+    arch = native.Context(0).device_info()["arch"]
+    variants = layer.kernels[arch]["variants"]
+    assert [(v["n_bucket"], v["layout"]) for v in variants] == [(8, "tm"), (128, "dense")]
+    assert variants[1]["sparse_ms"] == 2 * variants[1]["peer_ms"]
+    check_f_linear(layer, w, bias, ((5,), (2, 4), (200,)))
+    fresh = check_graph_and_state(layer, 150)
+    assert fresh.kernels == layer.kernels
+    ran = []
+    real_run = _op.LoadedLayer.run
+
+    def spy(self, layout, *args, **kw):
+        ran.append(layout)
+        return real_run(self, layout, *args, **kw)
+
+    monkeypatch.setattr(_op.LoadedLayer, "run", spy)
+    wc, bc = w.cuda().float(), bias.cuda().float()
+    compiled = torch.compile(nn.Sequential(layer, nn.GELU(approximate="tanh")), fullgraph=True,
+                             dynamic=False)
+    with torch.no_grad():
+        for lead, layouts in (((7,), ["tm"]), ((130,), []), ((2, 70), [])):
+            x = torch.randn((*lead, 136), device="cuda").half()
+            del ran[:]
+            y = compiled(x)
+            assert ran == layouts, (lead, ran)
+            want = F.gelu(F.linear(x.float(), wc, bc), approximate="tanh")
+            assert y.shape == (*lead, 200) and relative_error(y, want) <= 1e-2, lead
+    assert (layer._layer_key, "gelu") in _op._fused
+    # the fused layer's dense bucket applies the GELU itself (the op called
+    # outside the compiler, as a graph from Inductor's cache would)
+    fused = _op.fused_layer(layer._layer_key, "gelu")
+    packed = [getattr(layer, f"packed_{i}") if i >= 0 else layer._dense
+              for i in layer._variant_blobs]
+    x = torch.randn(130, 136, device="cuda").half()
+    y = _op._linear_cuda(x, packed, fused, 200)
+    assert relative_error(y, F.gelu(F.linear(x.float(), wc, bc), approximate="tanh")) <= 1e-2
+
+
+def test_sparsify_leaves_a_layer_that_loses_everywhere_dense(db):
+    """With min_speedup above every measured speedup, sparsify converts
+    nothing: each sparse layer stays the model's own nn.Linear, and the
+    report says its kernels lost to cuBLAS at every N (their best
+    speedup, measured)."""
+    model = make_model()
+    linears = [m for m in model if type(m) is nn.Linear]
+    report = sparsify(model, db=db, n=(16, 256), **dict(TUNING, min_speedup=float("inf")))
+    assert [m for m in model if type(m) is nn.Linear] == linears
+    assert report.converted == []
+    why = [r.dense for r in report.layers]
+    assert [w.startswith("its kernels lose to cuBLAS at every N (best ") for w in why] == \
+        [True, True, False], why
