@@ -86,6 +86,7 @@ class LayerReport:
     gpu: str = ""                 # what the kernels were tuned on, or "untuned (sm_90a)"
     buckets: dict = field(default_factory=dict)   # N -> {config, median_ms, peer_ms, speedup}
     tuned_now: bool = False
+    cublas_bytes: int = 0         # the dense copy that its cuBLAS buckets keep on the GPU
 
     @property
     def converted(self) -> bool:
@@ -129,6 +130,13 @@ class Report:
         n_conv = len(self.converted)
         out.append(f"{n_conv} of {len(self.layers)} Linear layers converted in "
                    f"{self.seconds:.1f} s")
+        copies = [r for r in self.converted if r.cublas_bytes]
+        if copies:
+            b = sum(r.cublas_bytes for r in copies)
+            size = f"{b / 2**20:.1f} MiB" if b >= 2**20 else f"{b / 2**10:.0f} KiB"
+            out.append(f"{len(copies)} of them run cuBLAS at some N: their dense weights "
+                       f"take {size} more on the GPU (min_speedup=None: none)")
+        return "\n".join(out)
         return "\n".join(out)
 
     __str__ = table
@@ -254,8 +262,12 @@ def _row(name: str, m, pattern: str, code) -> LayerReport:
             buckets[v.n_bucket]["compiled"] = b
         else:
             buckets[v.n_bucket] = b
+    elem = 4 if m.dtype == "fp32" else 2
+    rows, cols = m.shape
+    copy = (rows * cols + (rows if code.entry.bias is not None else 0)) * elem \
+        if any(v.layout == DENSE for v in ac.variants) else 0
     return LayerReport(name, m.shape, m.density, pattern, gpu=ac.gpu_name, buckets=buckets,
-                       tuned_now=code.tuned_now)
+                       tuned_now=code.tuned_now, cublas_bytes=copy)
 
 
 def _dense_buckets(codes: list, arch: str, min_speedup: Optional[float]) -> None:

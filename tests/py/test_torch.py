@@ -501,6 +501,8 @@ def test_sparsify_keeps_a_layer_whose_kernels_lose_everywhere(tmp_path, monkeypa
     assert [v["layout"] for v in model[2].kernels["sm_90a"]["variants"]] == ["tm", "dense"]
     table = str(report)
     assert "cuBLAS (the kernel: 0.67x)" in table and "1 of 3 Linear layers converted" in table
+    assert report.layers[1].cublas_bytes == 128 * 64 * 2          # bsr:16x16 128 x 64, no bias
+    assert "1 of them run cuBLAS at some N: their dense weights take 16 KiB more" in table
     again = small_model()
     sparsify(again, db=tmp_path / "m.db", n=(16, 256), archs="sm_90a", progress=False,
              min_speedup=None)
