@@ -6,33 +6,24 @@ For each shape, an nn.Linear with a magnitude-pruned weight (density
 is cuBLAS (tuned with min_speedup=inf), and F.linear on a plain copy of the
 weight.  Each is a CUDA graph of --calls calls on its own inputs, the graphs
 replayed in alternating rounds (so that clocks and temperature drift alike),
-medians of the per-round times.  Prints a markdown table (us a call).
+medians of the rounds (bench/torch_models.py's
+alternating_medians).  Prints a markdown table (us a call).
 
     python3 bench/dense_bucket_probe.py --shapes 4096x4096,11008x4096 --n 2048
 """
 from __future__ import annotations
 
 import argparse
-import statistics
 import sys
 import tempfile
+from pathlib import Path
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-
-def graph(fn):
-    s = torch.cuda.Stream()
-    s.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(s), torch.no_grad():
-        for _ in range(2):
-            fn()
-    torch.cuda.current_stream().wait_stream(s)
-    g = torch.cuda.CUDAGraph()
-    with torch.no_grad(), torch.cuda.graph(g):
-        fn()
-    return g
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from torch_models import alternating_medians, capture  # noqa: E402
 
 
 def main(argv=None) -> int:
@@ -65,20 +56,12 @@ def main(argv=None) -> int:
         xs = [torch.randn(1, args.n, k, device="cuda").half() for _ in range(args.calls)]
         with torch.no_grad():
             err = float((sl(xs[0]).float() - lin(xs[0]).float()).abs().max())
-        graphs = {"nn.Linear": graph(lambda: [lin(x) for x in xs]),
-                  "SparseLinear, cuBLAS bucket": graph(lambda: [sl(x) for x in xs]),
-                  "F.linear, plain weight": graph(lambda: [F.linear(x, plain) for x in xs])}
-        times = {name: [] for name in graphs}
-        for _ in range(args.rounds):
-            for name, g in graphs.items():
-                a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-                a.record()
-                g.replay()
-                b.record()
-                b.synchronize()
-                times[name].append(a.elapsed_time(b) * 1e3 / args.calls)
-        rows.append((spec, err, {n: statistics.median(t) for n, t in times.items()}))
-        del graphs, sl, lin
+        graphs = {"nn.Linear": capture(lambda: [lin(x) for x in xs]),
+                  "SparseLinear, cuBLAS bucket": capture(lambda: [sl(x) for x in xs]),
+                  "F.linear, plain weight": capture(lambda: [F.linear(x, plain) for x in xs])}
+        ms = alternating_medians(graphs, args.rounds)
+        rows.append((spec, err, {n: t * 1e3 / args.calls for n, t in ms.items()}))
+        graphs.clear()
         torch.cuda.empty_cache()
     names = list(rows[0][2])
     print(f"| M x K (N = {args.n}) | " + " | ".join(names) + " | max |difference| |")

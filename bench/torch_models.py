@@ -35,7 +35,9 @@ graph of the model's Linear calls, in order, on inputs of their shapes)
 and of the whole forward (a CUDA graph of it; with --compile also of the
 forward under torch.compile(fullgraph=True), whose fused elementwise
 kernels leave the Linear layers a larger share), dense and sparse (median of
---reps replays, CUDA events), the speedups, the output's relative error
+--reps rounds, CUDA events, each round replaying every one of the two
+models' graphs in turn, so that clock and temperature drift fall on
+both alike), the speedups, the output's relative error
 (Frobenius) against the dense pruned model, the tuning time
 (sparsify's wall time against --db: empty, a first run; the pruning is
 not in it), and how many layers run the phase's tokens on the
@@ -300,9 +302,8 @@ def linear_calls(model: nn.Module, x, past) -> list:
     return calls
 
 
-def graph_time(fn, reps: int) -> float:
-    """Median ms of `fn` replayed as a CUDA graph (captured after a warm-up
-    on a side stream), each replay between two events."""
+def capture(fn):
+    """`fn` captured as a CUDA graph, after a warm-up on a side stream."""
     s = torch.cuda.Stream()
     s.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(s), torch.no_grad():
@@ -312,18 +313,34 @@ def graph_time(fn, reps: int) -> float:
     g = torch.cuda.CUDAGraph()
     with torch.no_grad(), torch.cuda.graph(g):
         fn()
-    for _ in range(3):
-        g.replay()
-    times = []
+    return g
+
+
+def alternating_medians(graphs: dict, reps: int) -> dict:
+    """Median ms of each graph (key -> graph): 3 warm-up replays each, then
+    `reps` rounds, each replaying every graph once in turn between two
+    events."""
+    for g in graphs.values():
+        for _ in range(3):
+            g.replay()
+    times: dict = {k: [] for k in graphs}
     for _ in range(reps):
-        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        a.record()
-        g.replay()
-        b.record()
-        b.synchronize()
-        times.append(a.elapsed_time(b))
+        for k, g in graphs.items():
+            a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            a.record()
+            g.replay()
+            b.record()
+            b.synchronize()
+            times[k].append(a.elapsed_time(b))
+    return {k: sorted(t)[len(t) // 2] for k, t in times.items()}
+
+
+def graph_time(fn, reps: int) -> float:
+    """Median ms of `fn` replayed as a CUDA graph (alternating_medians of it alone)."""
+    g = capture(fn)
+    ms = alternating_medians({0: g}, reps)[0]
     del g
-    return sorted(times)[len(times) // 2]
+    return ms
 
 
 # the ops whose kernels are a Linear layer's: a dense layer under torch.compile is
@@ -387,32 +404,43 @@ def kernel_split(fn, runs: int = 5) -> dict:
             "others": {name: (c / runs, us / runs) for name, (c, us) in by_name.items()}}
 
 
-def measure(model, x, past, reps: int, compiled=None, per_shape: bool = False,
+def measure(models: dict, x, past, reps: int, compiled: dict, per_shape: bool = False,
             kernels: bool = False) -> dict:
-    """Linear and forward times of `model`; `compiled`: the model under
-    torch.compile, whose forward is timed too (compiled on the warm-up);
-    `per_shape`: also each weight shape's Linear calls alone, in a graph
-    ("per_shape": (out, in) -> (calls, ms))."""
-    calls = linear_calls(model, x, past)
-
-    def linears():
-        for m, xi in calls:
-            m(xi)
-
-    out = {"linear_ms": graph_time(linears, reps),
-           "forward_ms": graph_time(lambda: model(x, past), reps), "linears": len(calls)}
-    if compiled is not None:
-        out["compiled_ms"] = graph_time(lambda: compiled(x, past), reps)
-        if kernels:
-            out["compiled_kernels"] = kernel_split(lambda: compiled(x, past))
-    if per_shape:
-        groups: dict = {}
-        for m, xi in calls:
-            groups.setdefault((m.out_features, m.in_features), []).append((m, xi))
-        out["per_shape"] = {
-            s: (len(g), graph_time(lambda g=g: [m(xi) for m, xi in g], reps))
-            for s, g in groups.items()}
-    del calls
+    """Linear and forward times of each model of `models` (name -> model),
+    its graphs replayed in rounds that take every model's in turn (so that
+    clocks and temperature drift alike for all: medians of `reps` rounds);
+    `compiled`: model -> the model under torch.compile, whose forward is
+    timed too (compiled on the warm-up); `per_shape`: also each weight
+    shape's Linear calls alone, in a graph ("per_shape": (out, in) ->
+    (calls, ms)).  Returns name -> times."""
+    graphs, keep, out = {}, [], {}
+    for name, model in models.items():
+        calls = linear_calls(model, x, past)
+        keep.append(calls)                         # the graphs read these inputs
+        out[name] = {"linears": len(calls)}
+        graphs[(name, "linear_ms")] = capture(lambda calls=calls: [m(xi) for m, xi in calls])
+        graphs[(name, "forward_ms")] = capture(lambda model=model: model(x, past))
+        c = compiled.get(model)
+        if c is not None:
+            graphs[(name, "compiled_ms")] = capture(lambda c=c: c(x, past))
+        if per_shape:
+            groups: dict = {}
+            for m, xi in calls:
+                groups.setdefault((m.out_features, m.in_features), []).append((m, xi))
+            out[name]["per_shape"] = {s: [len(g), math.nan] for s, g in groups.items()}
+            for s, g in groups.items():
+                graphs[(name, s)] = capture(lambda g=g: [m(xi) for m, xi in g])
+    for (name, key), ms in alternating_medians(graphs, reps).items():
+        if isinstance(key, tuple):
+            out[name]["per_shape"][key][1] = ms
+        else:
+            out[name][key] = ms
+    del graphs, keep
+    for name, model in models.items():
+        if per_shape:
+            out[name]["per_shape"] = {s: tuple(v) for s, v in out[name]["per_shape"].items()}
+        if kernels and compiled.get(model) is not None:
+            out[name]["compiled_kernels"] = kernel_split(lambda c=compiled[model]: c(x, past))
     torch.cuda.empty_cache()
     return out
 
@@ -495,8 +523,9 @@ def run(args, name: str, c: Config, spec: str) -> list:
             if not args.dry_run:
                 row["dense_lt_compiled_ms"] = graph_time(lambda: lt(x, past), args.reps)
         if not args.dry_run:
-            d, s = (measure(m, x, past, args.reps, compiled.get(m), args.per_shape,
-                            args.kernels) for m in (dense, sparse))
+            both = measure({"dense": dense, "sparse": sparse}, x, past, args.reps, compiled,
+                           args.per_shape, args.kernels)
+            d, s = both["dense"], both["sparse"]
             row.update(dense_linear_ms=d["linear_ms"], sparse_linear_ms=s["linear_ms"],
                        dense_forward_ms=d["forward_ms"], sparse_forward_ms=s["forward_ms"])
             if compiled:
@@ -531,7 +560,8 @@ def table(rows: list, gpu: str, commit: str, args) -> str:
     tuning = "quick" if args.quick else "default"
     lines = [f"## PyTorch models through sparseforge.torch: {datetime.date.today()}, {gpu}, "
              f"commit {commit}", "",
-             f"Every forward a CUDA graph; medians of {args.reps} replays.  Linear: the "
+             f"Every forward a CUDA graph; medians of {args.reps} rounds, each replaying "
+             "the dense and the sparse model's graphs in turn.  Linear: the "
              "model's Linear calls alone, in a graph.  Error: relative (Frobenius) against "
              f"the dense pruned model.  Tuning: sparsify from {args.db_note} "
              f"({tuning} timing{', budget ' + args.budget if args.budget else ''}).  "
