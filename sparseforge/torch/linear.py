@@ -158,8 +158,9 @@ class SparseLinear(nn.Module):
         """Gives the layer kernels from the database `db` (default: the
         user's), tuning the N buckets `n` it lacks unless `tune` is False
         (then a layer it lacks raises MissingLayersError), as sparsify does
-        for a whole model; loads them when the layer is on a GPU.
-        Returns the layer."""
+        for a whole model (`tuning`: its keywords, min_speedup among them:
+        a bucket whose kernels lose to cuBLAS runs cuBLAS); loads them when
+        the layer is on a GPU.  Returns the layer."""
         from .convert import DEFAULT_N, kernels_for
         kernels_for([self], db, DEFAULT_N if n is None else n, tune, progress, **tuning)
         return self
@@ -450,7 +451,8 @@ class SparseLinear(nn.Module):
         blob, cubin, layout, and median_ms and peer_ms: the kernel's and
         cuBLAS's times when it was tuned, None where nothing was measured;
         for a feature-major bucket, median_ms is the whole route's, the
-        transposes included)}."""
+        transposes included; for a "dense" one, cuBLAS's, the kernel
+        that lost to it in sparse_ms)}."""
         return _copy(self._kernels)
 
     def _where(self) -> str:
