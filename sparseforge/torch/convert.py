@@ -274,8 +274,11 @@ def _dense_buckets(codes: list, arch: str, min_speedup: Optional[float]) -> None
     """Gives cuBLAS each bucket (of the layers' records tuned on this GPU,
     `arch`) whose best measured variant runs below min_speedup x cuBLAS:
     its variants become one "dense" variant, with cuBLAS's time and the
-    time of the kernel that lost (module note).  Buckets measured
-    nowhere keep their kernels."""
+    time of the kernel that lost (module note).  Where only the bucket's
+    first variant (the one eager runs) loses and a second one (its
+    feature-major kernel, kept for torch.compile) wins, the first alone
+    becomes "dense": eager runs cuBLAS, torch.compile that kernel.
+    Buckets measured nowhere keep their kernels."""
     if min_speedup is None:
         return
     import dataclasses
@@ -286,14 +289,21 @@ def _dense_buckets(codes: list, arch: str, min_speedup: Optional[float]) -> None
         by_n: dict = {}
         for v in ac.variants:
             by_n.setdefault(v.n_bucket, []).append(v)
+        def loses(v) -> bool:
+            return math.isfinite(v.speedup) and v.speedup < min_speedup
+
+        def dense(v):
+            return dataclasses.replace(v, kernel_name="", launch={}, config={}, packed=b"",
+                                       cubin=b"", median_ms=v.peer_ms, layout=DENSE,
+                                       sparse_ms=v.median_ms)
+
         out = []
         for n, vs in by_n.items():
             best = max(vs, key=lambda v: v.speedup if math.isfinite(v.speedup) else -math.inf)
-            if math.isfinite(best.speedup) and best.speedup < min_speedup:
-                out.append(dataclasses.replace(
-                    vs[0], kernel_name="", launch={}, config={}, packed=b"", cubin=b"",
-                    median_ms=best.peer_ms, peer_ms=best.peer_ms, layout=DENSE,
-                    sparse_ms=best.median_ms))
+            if loses(best):
+                out.append(dense(best))
+            elif loses(vs[0]):
+                out += [dense(vs[0])] + vs[1:]
             else:
                 out += vs
         ac.variants[:] = out

@@ -412,7 +412,8 @@ class SparseLinear(nn.Module):
             # without the dispatcher's host time
             return _op._linear_cuda(x, packed, self._layer_key, self.out_features)
         n = x.numel() // self.in_features if self.in_features else 0
-        if isinstance(n, int) and _op.route(self._buckets, n) == DENSE:
+        if isinstance(n, int) and not _op.route_fm(self._buckets, n) and \
+                _op.route(self._buckets, n) == DENSE:
             # cuBLAS's bucket, as torch ops the compiler sees
             w, _ = _op.dense_parts(self._dense, self.out_features, self.in_features)
             return F.linear(x, w, self.bias)

@@ -396,7 +396,9 @@ def test_buckets_whose_kernels_lose_to_cublas_run_cublas():
     """_dense_buckets: a bucket whose best variant measured on this GPU
     (its kernel, route or compiled variant) is below min_speedup x
     cuBLAS becomes one "dense" variant (cuBLAS's time, the kernel's kept
-    as sparse_ms); buckets that win, buckets measured nowhere, untuned
+    as sparse_ms); where only its first (eager) variant loses, that one
+    alone becomes "dense" and the winning variant for torch.compile
+    stays second; buckets that win, buckets measured nowhere, untuned
     records and other architectures keep their kernels; None changes
     nothing.  A layer all of whose buckets went dense is named by
     _slower_everywhere with its best speedup."""
@@ -416,11 +418,13 @@ def test_buckets_whose_kernels_lose_to_cublas_run_cublas():
             for c in codes] == before
     _dense_buckets(codes, "sm_90a", 1.0)
     got = [[(v.n_bucket, v.layout) for v in c.archs["sm_90a"].variants] for c in codes]
-    assert got == [[(16, "tm"), (256, "tm"), (256, "fm"), (4096, "dense")],
+    assert got == [[(16, "tm"), (256, "dense"), (256, "fm"), (4096, "dense")],
                    before[1], before[2], [(16, "dense"), (4096, "dense")]]
-    d = codes[0].archs["sm_90a"].variants[-1]
-    assert (d.median_ms, d.peer_ms, d.sparse_ms, d.speedup) == (0.2, 0.2, 0.5, 1.0)
-    assert (d.kernel_name, d.packed, d.cubin, d.config) == ("", b"", b"", {})
+    v = codes[0].archs["sm_90a"].variants
+    assert (v[3].median_ms, v[3].peer_ms, v[3].sparse_ms, v[3].speedup) == (0.2, 0.2, 0.5, 1.0)
+    assert (v[3].kernel_name, v[3].packed, v[3].cubin, v[3].config) == ("", b"", b"", {})
+    assert (v[1].median_ms, v[1].sparse_ms, v[2].median_ms, v[2].kernel_name) == \
+        (0.03, 0.04, 0.02, "k256fm")
     assert [_slower_everywhere(c) for c in codes[:3]] == ["", "", ""]
     assert _slower_everywhere(codes[3]) == (
         "its kernels lose to cuBLAS at every N (best 0.67x, N = 16; min_speedup=None "

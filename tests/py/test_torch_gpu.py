@@ -54,10 +54,12 @@ def make_model(dtype=torch.float16) -> nn.Module:
     return model
 
 
-def family_layer(spec: str, dtype: str, density: float, seed: int, name: str, db, m: int = 200):
+def family_layer(spec: str, dtype: str, density: float, seed: int, name: str, db, m: int = 200,
+                 **tuning):
     """(a SparseLinear on the GPU with kernels for N = 8 and 128, its pruned
     weight, its bias): an m x 136 weight (200 x 136: groups and blocks cut
-    at the edges) of the family's pattern, seeded."""
+    at the edges) of the family's pattern, seeded; `tuning`: load_kernels'
+    keywords over TUNING's."""
     fam, params = family_of(spec)
     tdt = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}[dtype]
     rng = np.random.default_rng(seed)
@@ -66,8 +68,23 @@ def family_layer(spec: str, dtype: str, density: float, seed: int, name: str, db
     w = torch.from_numpy(rng.standard_normal((m, k)).astype(np.float32) * mask).to(tdt)
     bias = torch.randn(m).to(tdt)
     layer = SparseLinear.from_dense(w, bias, pattern=spec, name=name)
-    layer.load_kernels(db, n=(8, 128), **TUNING).cuda()
+    layer.load_kernels(db, n=(8, 128), **dict(TUNING, **tuning)).cuda()
     return layer, w, bias
+
+
+@pytest.fixture
+def runs(monkeypatch):
+    """The layout of each C layer run from here on (LoadedLayer.run spied)."""
+    from sparseforge.torch import _op
+    ran = []
+    real = _op.LoadedLayer.run
+
+    def spy(self, layout, *args, **kw):
+        ran.append(layout)
+        return real(self, layout, *args, **kw)
+
+    monkeypatch.setattr(_op.LoadedLayer, "run", spy)
+    return ran
 
 
 def check_f_linear(layer, w: torch.Tensor, bias: torch.Tensor, leads) -> None:
@@ -547,7 +564,7 @@ def test_under_torch_compile_an_activation_joins_the_layers_kernels(db, spec, dt
         assert relative_error(out, want(static)) <= tol
 
 
-def test_a_bucket_cublas_serves_matches_f_linear(db, monkeypatch):
+def test_a_bucket_cublas_serves_matches_f_linear(db, monkeypatch, runs):
     """min_speedup: the N = 128 bucket made to lose to cuBLAS (its measured
     time doubled past cuBLAS's) is served by F.linear on the weight made
     dense when the layer is loaded; the N = 8 bucket keeps its kernel.
@@ -570,14 +587,9 @@ def test_a_bucket_cublas_serves_matches_f_linear(db, monkeypatch):
 
     monkeypatch.setattr(convert, "_dense_buckets", only_128)
     torch._dynamo.reset()
-    rng = np.random.default_rng(12)
-    fam, params = family_of("bsr:16x16")
-    mask, _ = fam.synth(params, 200, 136, 0.3, rng)
-    w = torch.from_numpy(rng.standard_normal((200, 136)).astype(np.float32) * mask).half()
-    bias = torch.randn(200).half()
-    layer = SparseLinear.from_dense(w, bias, pattern="bsr:16x16", name="dense-bucket")
-    layer.load_kernels(db, n=(8, 128), feature_major=False,     # N = 8: the token-major kernel
-                       **dict(TUNING, min_speedup=1.0)).cuda()
+    layer, w, bias = family_layer("bsr:16x16", "fp16", 0.3, 12, "dense-bucket", db,
+                                  feature_major=False,    # N = 8: the token-major kernel
+                                  min_speedup=1.0)
     arch = native.Context(0).device_info()["arch"]
     variants = layer.kernels[arch]["variants"]
     assert [(v["n_bucket"], v["layout"]) for v in variants] == [(8, "tm"), (128, "dense")]
@@ -585,14 +597,7 @@ def test_a_bucket_cublas_serves_matches_f_linear(db, monkeypatch):
     check_f_linear(layer, w, bias, ((5,), (2, 4), (200,)))
     fresh = check_graph_and_state(layer, 150)
     assert fresh.kernels == layer.kernels
-    ran = []
-    real_run = _op.LoadedLayer.run
-
-    def spy(self, layout, *args, **kw):
-        ran.append(layout)
-        return real_run(self, layout, *args, **kw)
-
-    monkeypatch.setattr(_op.LoadedLayer, "run", spy)
+    ran = runs
     wc, bc = w.cuda().float(), bias.cuda().float()
     compiled = torch.compile(nn.Sequential(layer, nn.GELU(approximate="tanh")), fullgraph=True,
                              dynamic=False)
@@ -628,3 +633,52 @@ def test_sparsify_leaves_a_layer_that_loses_everywhere_dense(db):
     why = [r.dense for r in report.layers]
     assert [w.startswith("its kernels lose to cuBLAS at every N (best ") for w in why] == \
         [True, True, False], why
+
+
+def test_an_eager_bucket_on_cublas_keeps_its_kernel_for_torch_compile(db, monkeypatch, runs):
+    """A decode bucket whose token-major kernel loses to cuBLAS while its
+    feature-major kernel, kept for torch.compile, wins: eager runs cuBLAS
+    (no C layer), torch.compile(fullgraph=True) the feature-major kernel,
+    the prefill bucket its token-major one; all compute F.linear, in a
+    captured graph and through the state.  The times are forced (the
+    routes' and the tuned ones) so that the test does not depend on which
+    is faster here."""
+    import dataclasses
+
+    from sparseforge.torch import convert
+    real_dense = convert._dense_buckets
+
+    def forced(codes, arch, min_speedup):
+        for code in codes:        # N = 8: token-major loses, feature-major wins; 128 wins
+            ac = code.archs[arch]
+            ac.variants = [dataclasses.replace(
+                v, median_ms=2 * v.peer_ms if (v.n_bucket, v.layout) == (8, "tm")
+                else v.peer_ms / 2) for v in ac.variants]
+        real_dense(codes, arch, min_speedup)
+
+    real_routes = convert._time_routes
+    monkeypatch.setattr(convert, "_time_routes", lambda *a, **kw: (real_routes(*a, **kw), (1.0, 2.0))[1])
+    monkeypatch.setattr(convert, "_dense_buckets", forced)
+    monkeypatch.setattr(convert, "FM_KEEP_BELOW", float("inf"))
+    monkeypatch.setattr(convert, "FM_TRY_BELOW", 0.0)      # the decode bucket alone tries it
+    torch._dynamo.reset()
+    layer, w, bias = family_layer("shflbw:64", "fp16", 0.3, 13, "eager-cublas", db,
+                                  min_speedup=1.0)
+    arch = native.Context(0).device_info()["arch"]
+    layouts = [(v["n_bucket"], v["layout"]) for v in layer.kernels[arch]["variants"]]
+    assert layouts == [(8, "dense"), (8, "fm"), (128, "tm")]
+    ran = runs
+    check_f_linear(layer, w, bias, ((5,), (2, 4), (200,)))
+    wc, bc = w.cuda().float(), bias.cuda().float()
+    compiled = torch.compile(nn.Sequential(nn.Identity(), layer), fullgraph=True, dynamic=False)
+    with torch.no_grad():
+        for lead, eager_runs, compiled_runs in (((8,), [], ["fm"]), ((130,), ["tm"], ["tm"])):
+            x = torch.randn((*lead, 136), device="cuda").half()
+            want = F.linear(x.float(), wc, bc)
+            for fn, runs in ((layer, eager_runs), (compiled, compiled_runs)):
+                del ran[:]
+                y = fn(x)
+                assert ran == runs, (lead, fn is layer, ran)
+                assert relative_error(y, want) <= 1e-2, lead
+    fresh = check_graph_and_state(layer, 7)
+    assert [(v["n_bucket"], v["layout"]) for v in fresh.kernels[arch]["variants"]] == layouts
