@@ -49,6 +49,15 @@ MAX_WG_N = 64
 # (4096 x 4096, N = 16, feature-major); at 0.2 2-5x slower on every row: a
 # tuner offered it there would spend half its hints on losing kernels.
 MAX_RESIDUAL = 0.02
+# Small matrices (at most this many entries) at any N: the decode-shaped
+# TMA tile without split K, 64 rows by 32 or 16 columns of N a CTA: enough
+# CTAs to fill the GPU where M is small.  H100, DLMC rn50 0.95
+# bottleneck_1 (64 x 256, 819 nonzeros), token-major fp16 (bench/RESULTS.md,
+# 2026-11-27): N = 3136 6.3 us against 8.8 for the suite's winner (split
+# K over 2; cuBLAS 6.9), N = 25088 11.5 against 14.6 (cuBLAS 12.0).
+SMALL_ENTRIES = 1 << 22
+SMALL_TILES = tuple(dict(bm=64, bn=bn, bk=128, wm=1, wn=1, mw=1, stages=4, wg=1, tma=1, cm=1,
+                         ks=1, mt=1, ra=0) for bn in (32, 16))
 
 _NM24 = Nm24Family()   # the 2:4 kernels' planner (not registered twice: a private instance)
 
@@ -136,14 +145,16 @@ def check(config: dict, matrix: SparseMatrix, op: Operation,
 
 def candidates(matrix: SparseMatrix, op: Operation, device: Optional[dict],
                n: Optional[int] = None) -> list[dict]:
-    """The 2:4 family's TMA hints for this shape (N known: its regime's
-    first), each as a split 2:4 configuration, those the device takes."""
+    """For a small matrix SMALL_TILES, then the 2:4 family's TMA hints for
+    this shape (N known: its regime's first), each as a split 2:4
+    configuration, those the device takes."""
     if device and device.get("arch") not in (None, "sm_90a"):
         return []
     if residual_fraction(matrix) > MAX_RESIDUAL:
         return []
     out = []
-    for c in _NM24.hint_configs(matrix, op, {}, device, n):
+    small = list(SMALL_TILES) if matrix.rows * matrix.cols <= SMALL_ENTRIES else []
+    for c in small + _NM24.hint_configs(matrix, op, {}, device, n):
         if not is_tma(c):
             continue
         c = dict(c, **{KEY: 1})
