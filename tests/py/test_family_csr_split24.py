@@ -170,6 +170,23 @@ def test_hints_where_the_residual_is_short():
     assert not any(h.get("s24") for h in FAM.hint_configs(mats[0], op, {}, A100, 16))
 
 
+def test_small_matrices_first_try_the_tiles_without_split_k():
+    """A matrix of at most SMALL_ENTRIES entries gets SMALL_TILES (64 rows,
+    32 then 16 columns of N, K not split) as its first split 2:4 hints at
+    every N, all in the search space; a larger one starts with the 2:4
+    family's own hints."""
+    op = Operation("fp16", "tm")
+    small = random_matrix(64, 256, 0.05, seed=6)
+    large = random_matrix(2048, 2056, 0.05, seed=6)
+    assert small.rows * small.cols <= split24.SMALL_ENTRIES < large.rows * large.cols
+    want = [dict(t, s24=1) for t in split24.SMALL_TILES]
+    space = FAM.search_space(small, op, {}, H100)
+    for n in (16, 3136, None):
+        got = split24.candidates(small, op, H100, n)
+        assert got[:2] == want and all(c in space for c in got)
+        assert [c for c in split24.candidates(large, op, H100, n) if c in want] == []
+
+
 @pytest.mark.parametrize("layout", ["fm", "tm"])
 def test_hints_compile_without_spills(layout, assert_no_spills):
     mat = random_matrix(300, 520, 0.1, seed=13)
@@ -200,6 +217,9 @@ GPU_CASES = [
     ((200, 3000), 0.15, "fp16", "tm", Epilogue(), dict(ks=4, bk=64, cm=1), (16, 20)),
     ((200, 3000), 0.15, "bf16", "fm", Epilogue(activation="relu"),
      dict(bm=128, bn=32, wm=2, ks=1, stages=6), (31, 32, 33)),
+    ((64, 256), 0.05, "fp16", "tm", Epilogue(bias=True, activation="gelu"),
+     dict(bn=32, ks=1, stages=4), (1, 32, 3136)),          # split24.SMALL_TILES
+    ((130, 1152), 0.1, "bf16", "fm", Epilogue(), dict(bn=16, ks=1, stages=4), (7, 16, 784)),
     ((64, 64), 0.0, "fp16", "tm", Epilogue(bias=True), {}, (1, 16)),
     ((128, 128), 1.0, "fp16", "fm", Epilogue(), dict(bn=64, stages=8), (16, 64)),
 ]
