@@ -104,6 +104,21 @@ __device__ __forceinline__ void sts128(unsigned addr, unsigned a, unsigned b, un
                "r"(d));
 }
 
+// Eight 16-bit values of row r of a rows x cols row-major matrix from column
+// c, zero past its edges, packed in four words: the element path of a
+// 16-byte copy of X (feature-major: K x N; token-major: N x K) where a
+// vector load cannot be used.
+__device__ __forceinline__ void load8_bounded(const unsigned short *A, int r, int c, int rows,
+                                              int cols, unsigned (&w)[4]) {
+#pragma unroll
+  for (int j = 0; j < 4; ++j) {
+    const int x = c + 2 * j;
+    const unsigned lo = (r < rows && x < cols) ? A[(size_t)r * cols + x] : 0u;
+    const unsigned hi = (r < rows && x + 1 < cols) ? A[(size_t)r * cols + x + 1] : 0u;
+    w[j] = lo | (hi << 16);
+  }
+}
+
 // D += A(2:4, 16x32) * B(32x8); SEL picks the thread pair holding metadata.
 template <typename T, int SEL>
 __device__ __forceinline__ void mma_sp(float (&d)[4], const unsigned (&a)[4],
@@ -230,13 +245,7 @@ __device__ __forceinline__ void load_b_fm(unsigned sB, const unsigned short *X, 
       const int row = i / CPR, c = i % CPR;
       const int gk = k0 + row, gn = n0 + c * 8;
       unsigned w[4];
-#pragma unroll
-      for (int j = 0; j < 4; ++j) {
-        const int n = gn + 2 * j;
-        const unsigned lo = (gk < P::K && n < N) ? X[(size_t)gk * N + n] : 0u;
-        const unsigned hi = (gk < P::K && n + 1 < N) ? X[(size_t)gk * N + n + 1] : 0u;
-        w[j] = lo | (hi << 16);
-      }
+      load8_bounded(X, gk, gn, P::K, N, w);
       sts128(sB + b_chunk<CPR>(row, c) * 16, w[0], w[1], w[2], w[3]);
     }
   }
@@ -268,13 +277,7 @@ __device__ __forceinline__ void load_b_tm(unsigned sB, const unsigned short *X, 
       const int row = i / CPR, c = i % CPR;
       const int gn = n0 + row, gk = k0 + c * 8;
       unsigned w[4];
-#pragma unroll
-      for (int j = 0; j < 4; ++j) {
-        const int k = gk + 2 * j;
-        const unsigned lo = (gn < N && k < P::K) ? X[(size_t)gn * P::K + k] : 0u;
-        const unsigned hi = (gn < N && k + 1 < P::K) ? X[(size_t)gn * P::K + k + 1] : 0u;
-        w[j] = lo | (hi << 16);
-      }
+      load8_bounded(X, gn, gk, N, P::K, w);
       sts128(sB + b_chunk<CPR>(row, c) * 16, w[0], w[1], w[2], w[3]);
     }
   }

@@ -124,13 +124,7 @@ __device__ __forceinline__ void wg_load_b_fm(unsigned sB, const unsigned short *
       sm80::cp_async_16(dst, ok ? X + (size_t)gk * N + gn : X, ok);
     } else {
       unsigned w[4];
-#pragma unroll
-      for (int j = 0; j < 4; ++j) {
-        const int n = gn + 2 * j;
-        const unsigned lo = (gk < P::K && n < N) ? X[(size_t)gk * N + n] : 0u;
-        const unsigned hi = (gk < P::K && n + 1 < N) ? X[(size_t)gk * N + n + 1] : 0u;
-        w[j] = lo | (hi << 16);
-      }
+      load8_bounded(X, gk, gn, P::K, N, w);
       sts128(dst, w[0], w[1], w[2], w[3]);
     }
   }
@@ -159,13 +153,7 @@ __device__ __forceinline__ void wg_load_b_tm(unsigned sB, const unsigned short *
       sm80::cp_async_16(dst, ok ? X + (size_t)gn * P::K + gk : X, ok);
     } else {
       unsigned w[4];
-#pragma unroll
-      for (int j = 0; j < 4; ++j) {
-        const int k = gk + 2 * j;
-        const unsigned lo = (gn < N && k < P::K) ? X[(size_t)gn * P::K + k] : 0u;
-        const unsigned hi = (gn < N && k + 1 < P::K) ? X[(size_t)gn * P::K + k + 1] : 0u;
-        w[j] = lo | (hi << 16);
-      }
+      load8_bounded(X, gn, gk, N, P::K, w);
       sts128(dst, w[0], w[1], w[2], w[3]);
     }
   }

@@ -174,13 +174,7 @@ __device__ __forceinline__ void tma_fallback_b_fm(unsigned sB, const unsigned sh
     const int row = i / CPR, c = i % CPR;
     const int gk = k0 + row, gn = n0 + c * 8;
     unsigned w[4];
-#pragma unroll
-    for (int j = 0; j < 4; ++j) {
-      const int n = gn + 2 * j;
-      const unsigned lo = (gk < P::K && n < N) ? X[(size_t)gk * N + n] : 0u;
-      const unsigned hi = (gk < P::K && n + 1 < N) ? X[(size_t)gk * N + n + 1] : 0u;
-      w[j] = lo | (hi << 16);
-    }
+    load8_bounded(X, gk, gn, P::K, N, w);
     sts128(sB + fm_chunk<C>(row, c) * 16, w[0], w[1], w[2], w[3]);
   }
 }
