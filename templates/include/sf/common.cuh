@@ -125,4 +125,19 @@ __device__ __forceinline__ const T *section(const unsigned char *packed,
 
 __device__ __forceinline__ int ceil_div(int a, int b) { return (a + b - 1) / b; }
 
+// Eight 16-bit values of row r of a rows x cols row-major matrix from column
+// c, zero past its edges, packed in four words: the element path of a
+// 16-byte copy of X (feature-major: K x N; token-major: N x K) where a
+// vector load cannot be used (the 2:4 and csr tile loaders).
+__device__ __forceinline__ void load8_bounded(const unsigned short *A, int r, int c, int rows,
+                                              int cols, unsigned (&w)[4]) {
+#pragma unroll
+  for (int j = 0; j < 4; ++j) {
+    const int x = c + 2 * j;
+    const unsigned lo = (r < rows && x < cols) ? A[(size_t)r * cols + x] : 0u;
+    const unsigned hi = (r < rows && x + 1 < cols) ? A[(size_t)r * cols + x + 1] : 0u;
+    w[j] = lo | (hi << 16);
+  }
+}
+
 }  // namespace sf

@@ -980,13 +980,7 @@ __device__ __forceinline__ void tma_produce(const unsigned char *__restrict__ pa
         for (int i = lane; i < C::BK * CPR; i += 32) {
           const int row = i / CPR, ch = i % CPR, gk = k0 + row;
           unsigned w[4];
-#pragma unroll
-          for (int e = 0; e < 4; ++e) {
-            const int n = n0 + 8 * ch + 2 * e;
-            const unsigned lo = gk < P::K && n < n_len ? x[(size_t)gk * n_len + n] : 0u;
-            const unsigned hi = gk < P::K && n + 1 < n_len ? x[(size_t)gk * n_len + n + 1] : 0u;
-            w[e] = lo | (hi << 16);
-          }
+          load8_bounded(x, gk, n0 + 8 * ch, P::K, n_len, w);
           sm80::st_shared_16(st + 16u * x_chunk<C>(row, ch), w);
         }
         sm90::fence_proxy_async();  // the stores -> the wgmma's proxy
