@@ -413,7 +413,6 @@ def _linear_cuda(x: torch.Tensor, packed: list, layer: int, out_features: int) -
             return y
     x = _aligned(x)
     y = torch.empty((*x.shape[:-1], out_features), dtype=x.dtype, device=x.device)
-    n = x.numel() // x.shape[-1] if x.shape[-1] else 0
     if n == 0 or out_features == 0:
         return y
     ptrs = [p.data_ptr() for p in packed]

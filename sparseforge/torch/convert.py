@@ -58,6 +58,7 @@ from torch import nn
 from ..generator.families import family_of
 from ..generator.kernel import Epilogue, Operation
 from ..tuner.model import SPARSE_DENSITY_LIMIT, Entry, plan_model
+from ._op import DENSE
 from .linear import DTYPES, READ_FORMATS, TORCH_DTYPES, SparseLinear, matrix_of
 
 DEFAULT_N = (16, 256, 4096)
@@ -70,7 +71,6 @@ FM_KEEP_BELOW = 1.0  # ... and keep it for torch.compile where its tuned time is
                      # this fraction of the token-major kernel's
 MIN_SPEEDUP = 1.0    # a bucket whose best measured speedup over cuBLAS is below this
                      # runs cuBLAS (module note); None: never
-DENSE = "dense"      # the layout of a bucket cuBLAS serves
 
 
 @dataclass
@@ -136,7 +136,6 @@ class Report:
             size = f"{b / 2**20:.1f} MiB" if b >= 2**20 else f"{b / 2**10:.0f} KiB"
             out.append(f"{len(copies)} of them run cuBLAS at some N: their dense weights "
                        f"take {size} more on the GPU (min_speedup=None: none)")
-        return "\n".join(out)
         return "\n".join(out)
 
     __str__ = table
@@ -282,6 +281,15 @@ def _dense_buckets(codes: list, arch: str, min_speedup: Optional[float]) -> None
     if min_speedup is None:
         return
     import dataclasses
+
+    def loses(v) -> bool:
+        return math.isfinite(v.speedup) and v.speedup < min_speedup
+
+    def dense(v):
+        return dataclasses.replace(v, kernel_name="", launch={}, config={}, packed=b"",
+                                   cubin=b"", median_ms=v.peer_ms, layout=DENSE,
+                                   sparse_ms=v.median_ms)
+
     for code in codes:
         ac = code.archs.get(arch)
         if ac is None or not ac.tuned:
@@ -289,14 +297,6 @@ def _dense_buckets(codes: list, arch: str, min_speedup: Optional[float]) -> None
         by_n: dict = {}
         for v in ac.variants:
             by_n.setdefault(v.n_bucket, []).append(v)
-        def loses(v) -> bool:
-            return math.isfinite(v.speedup) and v.speedup < min_speedup
-
-        def dense(v):
-            return dataclasses.replace(v, kernel_name="", launch={}, config={}, packed=b"",
-                                       cubin=b"", median_ms=v.peer_ms, layout=DENSE,
-                                       sparse_ms=v.median_ms)
-
         out = []
         for n, vs in by_n.items():
             best = max(vs, key=lambda v: v.speedup if math.isfinite(v.speedup) else -math.inf)

@@ -49,10 +49,10 @@ import torch.nn.functional as F
 from torch import nn
 
 from . import _op
+from ._op import DENSE  # the layout of a bucket cuBLAS serves (convert.py)
 
 FORMAT = 1            # the state's format; 2 where a bucket is "dense" (older
 READ_FORMATS = (1, 2)  # versions refuse those); the formats this version reads
-DENSE = "dense"        # the layout of a bucket cuBLAS serves (convert.py)
 DTYPES = {torch.float32: "fp32", torch.float16: "fp16", torch.bfloat16: "bf16"}
 TORCH_DTYPES = {v: k for k, v in DTYPES.items()}
 
@@ -307,8 +307,8 @@ class SparseLinear(nn.Module):
         self._buckets = tuple((v["n_bucket"], v.get("layout", "tm")) for v in k["variants"])
         if any(layout == DENSE for _, layout in self._buckets):
             with torch.no_grad():      # W dense, then the bias (_op.dense_parts)
-                parts = [self.dense_weight().reshape(-1)]
-                self._dense = torch.cat(parts + ([self.bias] if self.bias is not None else []))
+                w = self.dense_weight().reshape(-1)
+                self._dense = w if self.bias is None else torch.cat([w, self.bias])
         self._finalizer = weakref.finalize(self, _op.release, key)
 
     def _load(self, device: int, k: dict, name: str, kernel_names: list, cubins: list,
@@ -412,17 +412,16 @@ class SparseLinear(nn.Module):
             # without the dispatcher's host time
             return _op._linear_cuda(x, packed, self._layer_key, self.out_features)
         n = x.numel() // self.in_features if self.in_features else 0
-        if isinstance(n, int) and not _op.route_fm(self._buckets, n) and \
-                _op.route(self._buckets, n) == DENSE:
-            # cuBLAS's bucket, as torch ops the compiler sees
-            w, _ = _op.dense_parts(self._dense, self.out_features, self.in_features)
-            return F.linear(x, w, self.bias)
         if isinstance(n, int) and _op.route_fm(self._buckets, n):
             # the bucket's feature-major kernel between transposes that
             # Inductor fuses into the ops around it (_op's module note)
             xt = x.reshape(n, self.in_features).t().contiguous()
             yt = torch.ops.sparseforge.linear_fm(xt, packed, self._layer_key, self.out_features)
             return yt.t().contiguous().reshape(*x.shape[:-1], self.out_features)
+        if isinstance(n, int) and _op.route(self._buckets, n) == DENSE:
+            # cuBLAS's bucket, as torch ops the compiler sees
+            w, _ = _op.dense_parts(self._dense, self.out_features, self.in_features)
+            return F.linear(x, w, self.bias)
         return torch.ops.sparseforge.linear(x, packed, self._layer_key, self.out_features)
 
     def dense_weight(self) -> torch.Tensor:
