@@ -140,7 +140,10 @@ def test_fp32_hints_are_the_measured_winners_in_the_space():
             assert len({str(sorted(h.items())) for h in hints}) == len(hints)
     small, large = (FAM.hint_configs(m, FM, {}, None, n)[0] for n in (784, 2048))
     assert (small["rows"], small["split"], small["vec"]) == (2, 2, 4)
-    assert (large["rows"], large["split"], large["vec"]) == (4, 1, 4)
+    assert (large["rows"], large["split"], large["vec"]) == (16, 1, 4)
+    # blocks of many rows only where the matrix holds at least 8 of them
+    assert not [c for c in FAM.search_space(random_matrix(100, 400, 0.1, seed=12), FM, {})
+                if c["rows"] > 8]
     assert FAM.hint_configs(m, FM, {}, None, None)[:2] == [small, large]
     assert FAM.default_config(m, FM, {}) == small
     assert all(h["vec"] in (1, 2) for h in FAM.hint_configs(m, TM, {}))
@@ -364,6 +367,13 @@ def test_gpu_large_n_and_long_rows(layout):
               cfg("global", 8 if layout == "fm" else 2, 2, 4, 2)] + staged:
         for n in (4096, 4093):
             _verify(m, op, c, n)
+    if layout == "fm":
+        # blocks of 16 and 32 rows (the feature-major space's larger shapes;
+        # 300 rows: the last block partly empty), 8 columns a thread at 512
+        for c in (cfg("global", 4, 16, 8), cfg("global", 4, 16, 8, split=2),
+                  cfg("global", 2, 32, 8), cfg("global", 8, 8, 8, split=2)):
+            for n in (4093, 520, 3):
+                _verify(m, op, c, n)
     # straight-line code with a long row (imm allows up to 8192 nonzeros)
     d = random_matrix(40, 700, 0.15, seed=6).to_dense()
     d[3] = np.random.default_rng(2).standard_normal(700)

@@ -78,6 +78,12 @@ SPACE = {
 # per lane (one sector a token per nonzero).
 STAGED_RB = (4, 16)
 ROWS_SPLIT = ((4, 1), (2, 2), (4, 2), (1, 4), (2, 4), (1, 8))
+# Feature-major also in blocks of 8 to 32 rows: the block's warps read
+# overlapping rows of X, which L1 then serves (H100, DLMC at 90%: 16 rows
+# a block 15-17% faster on ResNet-50 bottleneck_2 at N = 6272 and the
+# Transformer's ffn conv2 at N = 2048, level to 5% faster elsewhere;
+# bench/RESULTS.md, 2026-11-28).
+FM_ROWS_SPLIT = ROWS_SPLIT + ((8, 1), (16, 1), (32, 1), (8, 2), (16, 2), (8, 4))
 CONST_UNROLL = (8,)
 IMM_ROWS_SPLIT = ((4, 1), (1, 4))
 IMM_VEC = (1, 2)
@@ -87,12 +93,15 @@ TABLE_SOURCE = "generator/families/csr/__init__.py"
 # fp32 hints: the tuned winners of the DLMC subset (H100; feature-major at
 # 60d7b4f, bench/RESULTS.md 2026-11-26; token-major at ac96371, 2026-11-24),
 # most frequent first.  Feature-major: up to about a thousand columns of N,
-# two rows of two warps a block (parallelism along the rows); above, four
-# rows of one warp and float4 loads.  (Global tables: the others are the
-# search's to find where they fit.)
+# two rows of two warps a block (parallelism along the rows), then blocks
+# of 8 rows; above, 16 rows of one warp (probes of 2026-11-28), then four
+# rows, float4 loads.  (Global tables: the others are the search's to find
+# where they fit.)
 FP32_SMALL_MAX_N = 1024
-FP32_FM_SMALL_N = ((2, 2, 8, 4), (2, 2, 8, 2), (4, 2, 8, 2), (2, 2, 8, 1))   # rows, split, unroll, vec
-FP32_FM_LARGE_N = ((4, 1, 8, 4), (4, 2, 8, 4), (4, 1, 8, 2), (4, 1, 8, 8))
+FP32_FM_SMALL_N = ((2, 2, 8, 4), (8, 2, 8, 4), (2, 2, 8, 2), (8, 4, 8, 4), (4, 2, 8, 2),
+                   (2, 2, 8, 1))   # rows, split, unroll, vec
+FP32_FM_LARGE_N = ((16, 1, 8, 4), (4, 2, 8, 4), (16, 2, 8, 4), (4, 1, 8, 4), (4, 1, 8, 2),
+                   (4, 1, 8, 8))
 FP32_TM = ((2, 4, 4, 1), (2, 4, 4, 2), (1, 4, 4, 1), (2, 2, 8, 1))
 # token-major with X staged (H100, e178a5a: it won 32 of the DLMC subset's
 # 36 token-major rows, bench/RESULTS.md 2026-11-26): rows, split, unroll, vec, rb
@@ -117,6 +126,9 @@ TABLE = Space(
                    "rows and split are >= 1 with at most 32 warps a block"),
         Constraint("threads <= max_threads", "the block fits the GPU's thread limit",
                    device=True),
+        Constraint("vec < 8 or threads <= 512",
+                   "8 columns a thread take about 100 registers: at most 512 threads a block "
+                   "(with 1024 they spill)"),
         Constraint("unroll == 1", "straight-line code is fully unrolled", when="tables == tables_imm"),
         Constraint(f"vec in {IMM_VEC}", "wider loads spill in straight-line code",
                    when="tables == tables_imm"),
@@ -351,6 +363,10 @@ class CsrFamily(Family):
         candidates = []
         for tables in self.tables_allowed(matrix):
             shapes = IMM_ROWS_SPLIT if tables == "imm" else ROWS_SPLIT
+            if op.layout == "fm" and tables == "global":
+                # (blocks of many rows where the matrix has at least 8 of them)
+                shapes += tuple(rs for rs in FM_ROWS_SPLIT[len(ROWS_SPLIT):]
+                                if 8 * rs[0] <= matrix.rows)
             unrolls = {"imm": (1,), "const": CONST_UNROLL}.get(tables, space["unroll"])
             for vec in (IMM_VEC if tables == "imm" else space["vec"]):
                 for rows, split in shapes:
