@@ -187,6 +187,21 @@ def test_small_matrices_first_try_the_tiles_without_split_k():
         assert [c for c in split24.candidates(large, op, H100, n) if c in want] == []
 
 
+def test_split_k_decode_tiles_are_followed_by_their_4_stage_form():
+    """Each split 2:4 tile that splits K in deep stages is followed by the
+    same tile in 4 stages (at N = 64 the first two split 2:4 hints), and
+    both are in the search space."""
+    op = Operation("fp16", "tm")
+    mat = random_matrix(2048, 2056, 0.05, seed=7)
+    space = FAM.search_space(mat, op, {}, H100)
+    got = split24.candidates(mat, op, H100, 64)
+    assert got[0]["ks"] > 1 and got[0]["stages"] > 4 and got[1] == dict(got[0], stages=4)
+    for i, c in enumerate(got):
+        if c.get("ks", 1) > 1 and c["stages"] > 4:
+            assert dict(c, stages=4) in got[i + 1:]
+    assert all(c in space for c in got)
+
+
 @pytest.mark.parametrize("layout", ["fm", "tm"])
 def test_hints_compile_without_spills(layout, assert_no_spills):
     mat = random_matrix(300, 520, 0.1, seed=13)
