@@ -161,8 +161,8 @@ def candidates(matrix: SparseMatrix, op: Operation, device: Optional[dict],
         # density 0.1, 64-row tiles, K over 2: 4096 x 4096 12.2 us against
         # 14.0 with 8 stages; 4096 x 11008 29.6 against 27.6;
         # bench/RESULTS.md, 2026-11-28)
-        shallow = hint.get("ks", 1) > 1 and hint["stages"] > 4
-        for c in [hint] + [dict(hint, stages=4)] * shallow:
+        deep_split = hint.get("ks", 1) > 1 and hint["stages"] > 4
+        for c in [hint, dict(hint, stages=4)] if deep_split else [hint]:
             c = dict(c, **{KEY: 1})
             try:
                 check(c, matrix, op, device)
