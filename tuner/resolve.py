@@ -62,6 +62,11 @@ class VariantCode:
     def speedup(self) -> float:
         return self.peer_ms / self.median_ms if self.median_ms > 0 else math.nan
 
+    @property
+    def sparse_speedup(self) -> float:
+        """A "dense" variant's: the speedup of the kernel that lost."""
+        return self.peer_ms / self.sparse_ms if self.sparse_ms > 0 else math.nan
+
 
 @dataclass
 class ArchCode:

@@ -128,6 +128,7 @@ class LoadedLayer:
         self.rows, self.cols = shape  # the weight's M x K
         self.parts = parts            # layout -> (native.Layer, indices of its variants)
         self.buckets = buckets        # [(n_bucket, layout)], in the variants' order
+        self.has_dense = any(layout == DENSE for _, layout in buckets)
         self.act = act                # the kernels' epilogue activation (a fused layer)
         self.n_variants = len(buckets)
         self.transpose_fn = transpose  # (native.Module, its KernelFn) where a bucket is fm
@@ -407,7 +408,7 @@ def _linear_cuda(x: torch.Tensor, packed: list, layer: int, out_features: int) -
     outside torch.compile (the dispatcher's host time saved)."""
     entry = _checked_entry(x, packed, layer)
     n = x.numel() // x.shape[-1] if x.shape[-1] else 0
-    if n and any(layout == DENSE for _, layout in entry.buckets):
+    if n and entry.has_dense:
         y = entry.dense(x, n, packed)
         if y is not None:
             return y

@@ -51,8 +51,9 @@ from torch import nn
 from . import _op
 from ._op import DENSE  # the layout of a bucket cuBLAS serves (convert.py)
 
-FORMAT = 1            # the state's format; 2 where a bucket is "dense" (older
-READ_FORMATS = (1, 2)  # versions refuse those); the formats this version reads
+FORMAT = 1            # the state's format
+DENSE_FORMAT = 2      # ... where a bucket is "dense" (older versions refuse those)
+READ_FORMATS = (FORMAT, DENSE_FORMAT)   # the formats this version reads
 DTYPES = {torch.float32: "fp32", torch.float16: "fp16", torch.bfloat16: "bf16"}
 TORCH_DTYPES = {v: k for k, v in DTYPES.items()}
 
@@ -208,7 +209,7 @@ class SparseLinear(nn.Module):
     def get_extra_state(self) -> dict:
         dense = any(v.get("layout") == DENSE for k in self._kernels.values()
                     for v in k["variants"])
-        return {"format": 2 if dense else FORMAT, "name": self.name, "pattern": self.pattern,
+        return {"format": DENSE_FORMAT if dense else FORMAT, "name": self.name, "pattern": self.pattern,
                 "dtype": self.dtype_name, "in_features": self.in_features,
                 "out_features": self.out_features, "bias": self.bias is not None,
                 "blobs": self._n_blobs, "kernels": _copy(self._kernels),

@@ -78,12 +78,12 @@ SPACE = {
 # per lane (one sector a token per nonzero).
 STAGED_RB = (4, 16)
 ROWS_SPLIT = ((4, 1), (2, 2), (4, 2), (1, 4), (2, 4), (1, 8))
-# Feature-major also in blocks of 8 to 32 rows: the block's warps read
+# Feature-major (global tables) also in blocks of 8 to 32 rows: the block's warps read
 # overlapping rows of X, which L1 then serves (H100, DLMC at 90%: 16 rows
 # a block 15-17% faster on ResNet-50 bottleneck_2 at N = 6272 and the
 # Transformer's ffn conv2 at N = 2048, level to 5% faster elsewhere;
 # bench/RESULTS.md, 2026-11-28).
-FM_ROWS_SPLIT = ROWS_SPLIT + ((8, 1), (16, 1), (32, 1), (8, 2), (16, 2), (8, 4))
+FM_ROWS_SPLIT = ((8, 1), (16, 1), (32, 1), (8, 2), (16, 2), (8, 4))
 CONST_UNROLL = (8,)
 IMM_ROWS_SPLIT = ((4, 1), (1, 4))
 IMM_VEC = (1, 2)
@@ -365,8 +365,7 @@ class CsrFamily(Family):
             shapes = IMM_ROWS_SPLIT if tables == "imm" else ROWS_SPLIT
             if op.layout == "fm" and tables == "global":
                 # (blocks of many rows where the matrix has at least 8 of them)
-                shapes += tuple(rs for rs in FM_ROWS_SPLIT[len(ROWS_SPLIT):]
-                                if 8 * rs[0] <= matrix.rows)
+                shapes += tuple(rs for rs in FM_ROWS_SPLIT if 8 * rs[0] <= matrix.rows)
             unrolls = {"imm": (1,), "const": CONST_UNROLL}.get(tables, space["unroll"])
             for vec in (IMM_VEC if tables == "imm" else space["vec"]):
                 for rows, split in shapes:
