@@ -202,6 +202,20 @@ def test_split_k_decode_tiles_are_followed_by_their_4_stage_form():
     assert all(c in space for c in got)
 
 
+def test_tall_matrices_at_n64_first_try_the_128_row_tile():
+    """At N = 64 a matrix whose 128-row tiles alone fill half the GPU gets
+    the 128-row tile without split K first; 4096 rows keep the 64-row tiles
+    splitting K first, and N = 16 keeps its order."""
+    op = Operation("fp16", "tm")
+    tall = random_matrix(8448, 1024, 0.05, seed=8)
+    got = split24.candidates(tall, op, H100, 64)
+    assert got[0]["bm"] == 128 and got[0].get("ks", 1) == 1 and got[0]["bn"] >= 64
+    short = random_matrix(8320, 1024, 0.05, seed=8)   # 65 tiles of 128 rows: not half of 132
+    assert split24.candidates(short, op, H100, 64)[0].get("ks", 1) > 1
+    assert split24.candidates(tall, op, H100, 16)[0]["bm"] == 64
+    assert split24.candidates(tall, op, dict(H100, sm_count=200), 64)[0].get("ks", 1) > 1
+
+
 @pytest.mark.parametrize("layout", ["fm", "tm"])
 def test_hints_compile_without_spills(layout, assert_no_spills):
     mat = random_matrix(300, 520, 0.1, seed=13)

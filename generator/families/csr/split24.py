@@ -34,7 +34,7 @@ import numpy as np
 
 from ...kernel import ConfigError, Kernel, Operation, config_name
 from ...matrix import SparseMatrix, round_to_dtype
-from ..nm24 import Nm24Family, Nm24Plan, TMA_KEYS, _align16, is_tma
+from ..nm24 import H100_SMS, Nm24Family, Nm24Plan, TMA_KEYS, _align16, is_tma
 
 KEY = "s24"
 REC = np.dtype([("col", "<i4"), ("val", "<f4")])   # a residual nonzero (sf::nm24::ResRec)
@@ -170,6 +170,19 @@ def candidates(matrix: SparseMatrix, op: Operation, device: Optional[dict],
                 continue
             if c not in out:
                 out.append(c)
+    sms = int((device or {}).get("sm_count") or H100_SMS)
+    if (n is not None and 16 < n <= 64 and not small
+            and matrix.rows >= 128 * (sms // 2)):
+        # tall matrices at N = 64: the 128-row tile without split K first,
+        # where it alone fills half the GPU (H100, 11008 x 4096 x 64 at
+        # density 0.1: 24.3 us against 31.4 for the 64-row tile with K over
+        # 2 and 38.9 with 8 stages; 2:4, 20.7 against 27.7; 4096 rows: the
+        # 64-row tiles, 12.3 against 23.4; bench/RESULTS.md, 2026-11-28).
+        # A budgeted search measures only its first few hints.
+        tall = [c for c in out if c["bm"] == 128 and c.get("ks", 1) == 1 and c["bn"] >= n]
+        if tall:
+            out.remove(tall[0])
+            out.insert(0, tall[0])
     return out
 
 
