@@ -147,7 +147,8 @@ def candidates(matrix: SparseMatrix, op: Operation, device: Optional[dict],
                n: Optional[int] = None) -> list[dict]:
     """For a small matrix SMALL_TILES, then the 2:4 family's TMA hints for
     this shape (N known: its regime's first), each as a split 2:4
-    configuration, those the device takes."""
+    configuration, those the device takes; at 16 < N <= 64 a matrix whose
+    128-row tiles fill half the GPU tries the 128-row tile first."""
     if device and device.get("arch") not in (None, "sm_90a"):
         return []
     if residual_fraction(matrix) > MAX_RESIDUAL:
