@@ -12,6 +12,11 @@ bench/csr.py's decode and prefill matrices; shflbw:64, bsr:64x64, nm24,
     python3 bench/csr_probe.py 4096 4096 16 --pattern shflbw:64 --densities 0.25 \\
         --configs '[{"bk":64,"bn":16,"stages":4,"wm":4,"wn":1,"ks":2}]'
 
+--two-of-four cuts each matrix to the two largest of every group of 4
+along K: the split 2:4 format's residual empty, the rest of the matrix
+as it was (what the residual costs a split 2:4 tile: bench/RESULTS.md,
+2026-11-28).
+
 --matrix FILE measures the one matrix of a weights file instead (a DLMC
 .smtx: its pattern, values drawn with seed 0; M and K must be its shape,
 --densities is not used):
@@ -42,6 +47,16 @@ from sparseforge.tuner.driver import QUICK_TIMING, Tuner, timing_for  # noqa: E4
 from sparseforge.tuner.worker import PeerJob  # noqa: E402
 
 
+def two_of_four(mat):
+    """The matrix cut to the two largest |w| of every aligned group of 4
+    along K (csr's split 2:4 part, its permutation kept)."""
+    from sparseforge.generator.families.csr import split24
+    part = split24.split(mat)[0]
+    part.perm = mat.perm
+    part.name = mat.name
+    return part
+
+
 def main(argv=None, worker=None) -> int:
     """`worker`: the tuner's (tests pass a replaying one); default the GPU's."""
     ap = argparse.ArgumentParser(description=__doc__,
@@ -61,6 +76,9 @@ def main(argv=None, worker=None) -> int:
                     help="fuse an activation into the epilogue")
     ap.add_argument("--matrix", help="a weights file holding one M x K matrix (e.g. a DLMC "
                                      ".smtx) instead of pruned normal weights")
+    ap.add_argument("--two-of-four", action="store_true",
+                    help="keep only the two largest of every group of 4 along K (csr's split "
+                         "2:4 part): the same matrix with the split 2:4 format's residual empty")
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--peer", action="store_true",
                     help="also time cuBLAS (dense, same dtype and layout) by the same protocol, "
@@ -89,13 +107,16 @@ def main(argv=None, worker=None) -> int:
                 t0 = time.time()
                 mat = fixed if fixed is not None else pruned_normal(args.m, args.k, d, args.dtype,
                                                                     0, args.pattern)
+                if args.two_of_four:
+                    mat = two_of_four(mat)
                 bias = (np.random.default_rng(1).standard_normal(mat.rows).astype(np.float32)
                         if op.epilogue.bias else None)
                 status, infos = tuner.measure_rounds(mat, fam.name, params, op, args.n, cfgs,
                                                      args.rounds, bias)
                 head = (f"{args.pattern} {args.m}x{args.k} N={args.n} {args.layout} {args.dtype} "
                         + ("" if op.epilogue.tag == "plain" else f"{op.epilogue.tag} ")
-                        + f"d={d:.3g}" + (f" {Path(args.matrix).name}" if fixed is not None else ""))
+                        + f"d={d:.3g}" + (f" {Path(args.matrix).name}" if fixed is not None else "")
+                        + (f" two of four (d={mat.density:.3g})" if args.two_of_four else ""))
                 if status != "ok":
                     print(f"{head}: {status} {str(infos)[:600]}", flush=True)
                     bad += 1

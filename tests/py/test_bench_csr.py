@@ -126,6 +126,16 @@ def test_probe_measures_side_by_side(capsys):
     lines = [x for x in capsys.readouterr().out.splitlines() if " us " in x]
     assert len(lines) == 4 and all("csr 64x96 N=16 tm fp16" in x for x in lines)
     assert len(w.trials) == 2 * 2 * 2
+    # the same matrices cut to two of every four along K (the split 2:4 residual empty)
+    w = ReplayWorker()
+    assert csr_probe.main(["64", "96", "16", "--densities", "0.5", "--rounds", "1",
+                           "--two-of-four", "--configs", cfgs], worker=w) == 0
+    lines = [x for x in capsys.readouterr().out.splitlines() if " us " in x]
+    assert len(lines) == 2 and all("two of four (d=0.4" in x for x in lines)
+    from csr import pruned_normal
+    from sparseforge.generator.families.nm24.pack import first_violation
+    cut = csr_probe.two_of_four(pruned_normal(64, 96, 0.5, "fp16", 0))
+    assert first_violation(cut) is None and 0.4 < cut.density < 0.5
     # another family: its own pattern and parameters
     w = ReplayWorker()
     assert csr_probe.main(["128", "96", "16", "--pattern", "bsr:32x32", "--densities", "0.5",
