@@ -173,3 +173,34 @@ def test_probe_measures_side_by_side(capsys):
     with pytest.raises(ConfigError, match="ksw"):
         csr_probe.main(["64", "96", "16", "--configs", '[{"mf":1,"wm":2,"wk":1,"ksw":3,'
                         '"bn":16,"stages":4,"ck":1}]'], worker=ReplayWorker())
+
+
+def test_ncu_top_reads_a_source_page(tmp_path, capsys):
+    """bench/ncu_top.py: totals by stall reason (samples with no named
+    reason counted apart), the busiest instructions, two files side by
+    side; a file that is not a source page is refused."""
+    import ncu_top
+    head = ["Address", "Source", "Warp Stall Sampling (All Samples)", "Instructions Executed",
+            "stall_long_sb", "stall_wait", "stall_wait (Not Issued)"]
+
+    def page(name, rows):
+        lines = ['"Kernel Name","sf_k",'] + [",".join(f'"{c}"' for c in r) for r in [head] + rows]
+        f = tmp_path / name
+        f.write_text("\n".join(lines) + "\n")
+        return str(f)
+    a = page("a.csv", [["0x100", "HGMMA.SP R24", "89", "4096", "0", "1", "0"],
+                       ["0x110", "@!P0 BRA 0x100", "90", "4,096", "90", "0", "0"],
+                       ["0x120", "LDS R2, [R3]", "3", "512", "0", "3", "3"]])
+    b = page("b.csv", [["0x100", "HGMMA.SP R24", "8", "4096", "0", "0", "0"]])
+    assert ncu_top.main([a, b, "--top", "2"]) == 0
+    out = capsys.readouterr().out
+    assert "| samples | 182 | 8 |" in out and "| executed | 8,704 | 4,096 |" in out
+    assert "| unnamed | 88 | 8 |" in out and "| stall_long_sb | 90 | 0 |" in out
+    busiest = [x for x in out.splitlines() if "%" in x]
+    assert len(busiest) == 2 and "+00010" in busiest[0] and "(long_sb 90)" in busiest[0]
+    assert "HGMMA" in busiest[1] and "wait 1, unnamed 88" in busiest[1]
+    bad = tmp_path / "c.csv"
+    bad.write_text('"Kernel Name","sf_k",\n"ID","Metric"\n')
+    with pytest.raises(ValueError, match="not an ncu source page"):
+        ncu_top.read(bad)
+    assert ncu_top.main([str(bad)]) == 2 and "not an ncu source page" in capsys.readouterr().err
