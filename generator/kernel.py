@@ -115,6 +115,15 @@ def make_launch(grid, block, n_axis: int = -1, n_tile: int = 0, shared_bytes: in
             "zero_output": int(bool(zero_output))}
 
 
+H100_SMS = 132   # multiprocessors where the device does not say
+
+
+def sm_count(device: Optional[dict]) -> int:
+    """The device's multiprocessors; with none given (or none said), an
+    H100's."""
+    return int((device or {}).get("sm_count") or H100_SMS)
+
+
 def smem_limit(device: Optional[dict]) -> int:
     """Largest dynamic shared memory per block: the device's opt-in limit
     when given, else by compute capability (227 KB on sm_90, 163 KB on

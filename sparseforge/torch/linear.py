@@ -209,7 +209,8 @@ class SparseLinear(nn.Module):
     def get_extra_state(self) -> dict:
         dense = any(v.get("layout") == DENSE for k in self._kernels.values()
                     for v in k["variants"])
-        return {"format": DENSE_FORMAT if dense else FORMAT, "name": self.name, "pattern": self.pattern,
+        return {"format": DENSE_FORMAT if dense else FORMAT, "name": self.name,
+                "pattern": self.pattern,
                 "dtype": self.dtype_name, "in_features": self.in_features,
                 "out_features": self.out_features, "bias": self.bias is not None,
                 "blobs": self._n_blobs, "kernels": _copy(self._kernels),

@@ -32,9 +32,9 @@ from typing import Optional
 
 import numpy as np
 
-from ...kernel import ConfigError, Kernel, Operation, config_name
+from ...kernel import ConfigError, Kernel, Operation, config_name, sm_count
 from ...matrix import SparseMatrix, round_to_dtype
-from ..nm24 import H100_SMS, Nm24Family, Nm24Plan, TMA_KEYS, _align16, is_tma
+from ..nm24 import Nm24Family, Nm24Plan, TMA_KEYS, _align16, is_tma
 
 KEY = "s24"
 REC = np.dtype([("col", "<i4"), ("val", "<f4")])   # a residual nonzero (sf::nm24::ResRec)
@@ -154,8 +154,8 @@ def candidates(matrix: SparseMatrix, op: Operation, device: Optional[dict],
     if residual_fraction(matrix) > MAX_RESIDUAL:
         return []
     out = []
-    small = list(SMALL_TILES) if matrix.rows * matrix.cols <= SMALL_ENTRIES else []
-    for hint in small + _NM24.hint_configs(matrix, op, {}, device, n):
+    is_small = matrix.rows * matrix.cols <= SMALL_ENTRIES
+    for hint in (list(SMALL_TILES) if is_small else []) + _NM24.hint_configs(matrix, op, {}, device, n):
         if not is_tma(hint):
             continue
         # a decode tile splitting K, then the same in 4 stages (H100, N = 64,
@@ -171,19 +171,19 @@ def candidates(matrix: SparseMatrix, op: Operation, device: Optional[dict],
                 continue
             if c not in out:
                 out.append(c)
-    sms = int((device or {}).get("sm_count") or H100_SMS)
-    if (n is not None and 16 < n <= 64 and not small
-            and matrix.rows >= 128 * (sms // 2)):
+    if (n is not None and 16 < n <= 64 and not is_small
+            and matrix.rows >= 128 * (sm_count(device) // 2)):
         # tall matrices at N = 64: the 128-row tile without split K first,
         # where it alone fills half the GPU (H100, 11008 x 4096 x 64 at
         # density 0.1: 24.3 us against 31.4 for the 64-row tile with K over
         # 2 and 38.9 with 8 stages; 2:4, 20.7 against 27.7; 4096 rows: the
         # 64-row tiles, 12.3 against 23.4; bench/RESULTS.md, 2026-11-28).
         # A budgeted search measures only its first few hints.
-        tall = [c for c in out if c["bm"] == 128 and c.get("ks", 1) == 1 and c["bn"] >= n]
-        if tall:
-            out.remove(tall[0])
-            out.insert(0, tall[0])
+        tall = next((c for c in out if c["bm"] == 128 and c.get("ks", 1) == 1 and c["bn"] >= n),
+                    None)
+        if tall is not None:
+            out.remove(tall)
+            out.insert(0, tall)
     return out
 
 

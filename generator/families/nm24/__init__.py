@@ -28,7 +28,8 @@ import numpy as np
 
 from .. import register
 from ...family import DECODE_MAX_N, Family, Fit, PatternError, Pruned, by_tile_n
-from ...kernel import ConfigError, Kernel, Operation, config_name, make_launch, render, smem_limit
+from ...kernel import (ConfigError, Kernel, Operation, config_name, make_launch, render,
+                       sm_count, smem_limit)
 from ...matrix import SparseMatrix, from_device_bytes
 from ...space import Constraint, Space
 from .pack import (AE_STEP, FRAG_BYTES, KSTEP, META_BYTES, MTILE, first_violation,
@@ -501,7 +502,7 @@ class Nm24Family(Family):
             # prefill: the 256 x 128 tile taking `mt` tiles a CTA, the number
             # that fills the GPU's waves best, second
             mt = tiles_per_cta(*matrix.shape, n, PREFILL_MT_TILE,
-                               int((device or {}).get("sm_count") or H100_SMS))
+                               sm_count(device))
             if mt > 1:
                 wg.insert(1, dict(PREFILL_MT_TILE, mt=mt))
         hopper = bool(device and device.get("arch") == "sm_90a")
@@ -650,7 +651,6 @@ class Nm24Family(Family):
 # warpgroups of two 64-row wgmma tiles, 4 stages (the output tile's own
 # buffer leaves no room for more).
 PREFILL_MT_TILE = dict(bm=256, bn=128, bk=64, wm=2, wn=1, stages=4, wg=1, tma=1, cm=1, mw=2)
-H100_SMS = 132   # where the device does not say
 
 
 def tiles_per_cta(m: int, k: int, n: int, config: dict, sms: int) -> int:

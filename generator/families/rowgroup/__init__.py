@@ -36,7 +36,7 @@ import numpy as np
 
 from ...family import Family, by_regime
 from ...kernel import (ConfigError, Kernel, Operation, config_name, make_launch, render,
-                       smem_limit)
+                       sm_count, smem_limit)
 from ...matrix import SparseMatrix
 from . import space
 from .plan import (ELEM_T, Grouping, RowGroupPlan, build_plan, build_shared_plan,
@@ -191,8 +191,7 @@ class RowGroupFamily(Family):
         """The TMA configuration as persistent CTAs: as many as the device
         holds at once (its multiprocessors x the CTAs one holds; without a
         device, an H100's 132)."""
-        sms = int((device or {}).get("sm_count") or 132)
-        return dict(config, pc=sms * min_blocks(bm, dict(config, pc=1), "tm"))
+        return dict(config, pc=sm_count(device) * min_blocks(bm, dict(config, pc=1), "tm"))
 
     @staticmethod
     def xs_space() -> list[dict]:
