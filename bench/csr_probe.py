@@ -17,6 +17,12 @@ along K: the split 2:4 format's residual empty, the rest of the matrix
 as it was (what the residual costs a split 2:4 tile: bench/RESULTS.md,
 2026-11-28).
 
+The kernels come from the checkout this script sits in (it puts the
+checkout first on sys.path, before any installed copy): to probe a variant
+of a template or header, edit the checkout's file, not the installed
+package's (bench/RESULTS.md, 2026-11-28: probes that patched the installed
+headers measured the unpatched kernels).
+
 --matrix FILE measures the one matrix of a weights file instead (a DLMC
 .smtx: its pattern, values drawn with seed 0; M and K must be its shape,
 --densities is not used):
