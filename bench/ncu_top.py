@@ -39,13 +39,17 @@ def number(s) -> float:
         return 0.0
 
 
+def reasons(head: list[str]) -> list[str]:
+    """The stall-reason columns (all samples; not the "Not Issued" ones)."""
+    return [h for h in head if h.startswith("stall_") and "Not Issued" not in h]
+
+
 def totals(head: list[str], rows: list[dict]) -> dict:
     """Samples, instructions executed and samples by stall reason."""
     out = {"samples": sum(number(r.get(SAMPLES)) for r in rows),
            "executed": sum(number(r.get(EXECUTED)) for r in rows)}
-    for h in head:
-        if h.startswith("stall_") and "Not Issued" not in h:
-            out[h] = sum(number(r[h]) for r in rows)
+    for h in reasons(head):
+        out[h] = sum(number(r[h]) for r in rows)
     # samples the export names no reason for (on Hopper: warps of a
     # warpgroup waiting at a wgmma for the others)
     out["unnamed"] = out["samples"] - sum(v for k, v in out.items() if k.startswith("stall_"))
@@ -73,15 +77,15 @@ def main(argv=None) -> int:
         print("| " + " | ".join([k] + [f"{s.get(k, 0):,.0f}" for s in sums]) + " |")
     head, rows = tables[0]
     base = int(rows[0]["Address"], 16) if rows and rows[0]["Address"].startswith("0x") else 0
-    reasons = [h for h in head if h.startswith("stall_") and "Not Issued" not in h]
     total = sums[0]["samples"] or 1.0
     print(f"\n{Path(args.files[0]).name}: the {args.top} instructions with the most samples")
     for r in sorted(rows, key=lambda r: -number(r.get(SAMPLES)))[:args.top]:
         off = int(r["Address"], 16) - base if r["Address"].startswith("0x") else r["Address"]
-        named = [(h[6:], number(r[h])) for h in reasons if number(r[h])]
-        rest = number(r.get(SAMPLES)) - sum(v for _, v in named)
+        samples = number(r.get(SAMPLES))
+        named = [(h[6:], number(r[h])) for h in reasons(head) if number(r[h])]
+        rest = samples - sum(v for _, v in named)
         why = ", ".join(f"{h} {v:.0f}" for h, v in named + ([("unnamed", rest)] if rest else []))
-        print(f"{number(r.get(SAMPLES)):6.0f} {100 * number(r.get(SAMPLES)) / total:5.1f}% "
+        print(f"{samples:6.0f} {100 * samples / total:5.1f}% "
               f"+{off:05x} x{number(r.get(EXECUTED)):<8.0f} {r['Source'].strip()[:70]}"
               + (f"  ({why})" if why else ""))
     return 0
