@@ -277,7 +277,9 @@ def _plan_steps(matrix: SparseMatrix, op: Operation, tag: str, config: dict, p: 
     rs_list = _align16(len(p.packed))
     rs_a = _align16(rs_list + lists.nbytes)
     rs_ptr = _align16(rs_a + len(ae))
-    total = _align16(rs_ptr + first.nbytes)
+    ends = step_end_words(lists, p.kp // bk)
+    rs_ends = _align16(rs_ptr + first.nbytes)
+    total = _align16(rs_ends + ends.nbytes)
 
     def assemble() -> bytes:
         buf = bytearray(total)
@@ -285,13 +287,27 @@ def _plan_steps(matrix: SparseMatrix, op: Operation, tag: str, config: dict, p: 
         buf[rs_list:rs_list + lists.nbytes] = lists.tobytes()
         buf[rs_a:rs_a + len(ae)] = ae
         buf[rs_ptr:rs_ptr + first.nbytes] = first.tobytes()
+        buf[rs_ends:rs_ends + ends.nbytes] = ends.tobytes()
         return bytes(buf)
     packed = matrix.cached(("csr.split24.steps.packed", op.dtype, p.mp, p.kp, bm, bk,
                             hashlib.blake2b(p.packed, digest_size=16).digest()), assemble)
     cfg = {k: int(v) for k, v in config.items()}
     return dataclasses.replace(
         p, name=config_name(tag, cfg, op), config=cfg, packed=packed, rs_list=rs_list,
-        rs_a=rs_a, rs_ptr=rs_ptr, perm=None if matrix.perm is None else matrix.perm.copy())
+        rs_a=rs_a, rs_ptr=rs_ptr, rs_ends=rs_ends,
+        perm=None if matrix.perm is None else matrix.perm.copy())
+
+
+def step_end_words(lists: np.ndarray, kts: int) -> np.ndarray:
+    """The lists' step ends as bits for the producer: uint32
+    [tiles][ceil(kts / 32)], bit kt % 32 of word kt // 32 set where K tile
+    kt ends a step."""
+    flags = (lists.reshape(-1, kts, LIST_BYTES)[:, :, 1] & 1).astype(np.uint64)
+    words = -(-kts // 32)
+    padded = np.zeros((flags.shape[0], words * 32), dtype=np.uint64)
+    padded[:, :kts] = flags
+    bits = padded.reshape(-1, words, 32) << np.arange(32, dtype=np.uint64)
+    return bits.sum(axis=2).astype("<u4")
 
 
 def _NM24_AE(stacked: SparseMatrix, dtype: str) -> bytes:
@@ -456,6 +472,9 @@ def _unpack_steps(p: Nm24Plan, part: SparseMatrix) -> SparseMatrix:
                           offset=p.rs_list).reshape(tiles, kts, LIST_BYTES)
     first = np.frombuffer(p.packed, dtype="<i4", count=tiles, offset=p.rs_ptr).astype(np.int64)
     nsteps = int((lists[:, :, 1] & 1).sum())
+    ends = step_end_words(lists, kts)
+    if ends.tobytes() != p.packed[p.rs_ends:p.rs_ends + ends.nbytes]:
+        raise ValueError("corrupt plan: residual step ends")
     if np.any(first != np.concatenate([[0], np.cumsum((lists[:, :, 1] & 1).sum(axis=1))[:-1]])):
         raise ValueError("corrupt plan: residual steps' first indices")
     dense = part.to_dense()

@@ -208,13 +208,21 @@ __device__ __forceinline__ void tma_fallback_b_fm(unsigned sB, const unsigned sh
 // 64 rows) at P::RS_A, the tile's first step at int32 P::RS_PTR[tile].
 // Each K tile has a list of LIST_BYTES at P::RS_LIST: byte 0 its residual
 // columns' count, byte 1 bit 0 set where it holds its step's last
-// column, then 2 bytes a column (its column within the K tile, its slot).
+// column, then 2 bytes a column (its column within the K tile, its slot);
+// the same ends as bits at P::RS_ENDS (rs_end_words).
 // The consumer warps copy those columns' rows of the stage's X tile into
 // the step's half (a warp a column, 16 bytes a lane); once a step's last
 // columns are copied, the next stage's group of wgmma adds the step's
 // sparse wgmma (its weights copied by the producer into a slot of their
 // own).  Two halves and two slots: a step is copied while the one before
 // is multiplied.
+// Words of a tile's step ends (bit kt % 32 of word kt / 32: K tile kt
+// holds its step's last column) at P::RS_ENDS, for the producer.
+template <class C, class P>
+constexpr int rs_end_words() {
+  return (P::KP / C::BK + 31) / 32;
+}
+
 template <class C, class P>
 __device__ __forceinline__ const unsigned char *rs_list(const unsigned char *packed, int tile,
                                                         int kt) {
@@ -257,7 +265,18 @@ __device__ __forceinline__ void tma_produce(const unsigned char *__restrict__ pa
                                             int kz, int lane, int early) {
   constexpr int KT = P::KP / C::BK / C::KS;  // this CTA's stages: K tiles kz .. kz + KT - 1
   constexpr int S = C::STAGES;
-  int rs_j = 0;  // (RS) the residual's steps whose weights are on their way
+  // (RS, one tile) the residual's steps whose weights are on their way; the
+  // tile's step ends, 32 K tiles a word: the current word and the next
+  // (loaded a word ahead: the producer never waits on device memory)
+  int rs_j = 0;
+  unsigned rs_ends = 0, rs_next = 0;
+  const unsigned *rs_words = nullptr;
+  if constexpr (C::RS) {
+    rs_words = reinterpret_cast<const unsigned *>(packed + P::RS_ENDS) +
+               (size_t)(m0 / C::BM) * rs_end_words<C, P>();
+    rs_ends = __ldg(rs_words);
+    rs_next = rs_end_words<C, P>() > 1 ? __ldg(rs_words + 1) : 0u;
+  }
 #pragma unroll 1
   for (int it = 0; it < tiles * KT; ++it) {
     const int kt = it % KT;
@@ -292,8 +311,12 @@ __device__ __forceinline__ void tma_produce(const unsigned char *__restrict__ pa
         }
       }
       if constexpr (C::RS) {  // this K tile ends a step: its weights into slot rs_j % 2
-        const int tile = (m0 + it / KT * step) / C::BM;
-        if (__ldg(rs_list<C, P>(packed, tile, kg) + 1) & 1) {
+        const int tile = m0 / C::BM;
+        if (kt > 0 && kt % 32 == 0) {
+          rs_ends = rs_next;
+          rs_next = kt / 32 + 1 < rs_end_words<C, P>() ? __ldg(rs_words + kt / 32 + 1) : 0u;
+        }
+        if ((rs_ends >> (kt % 32)) & 1) {
           const int h = rs_j & 1;
           const unsigned bar = full + C::RSBAR;
           if (rs_j >= 2) sm90::mbar_wait(bar + 32 + 8 * h, ((rs_j >> 1) - 1) & 1);  // rfree
