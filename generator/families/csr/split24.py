@@ -266,25 +266,29 @@ def plan(matrix: SparseMatrix, op: Operation, tag: str, config: dict,
 
 def _plan_steps(matrix: SparseMatrix, op: Operation, tag: str, config: dict, p: Nm24Plan,
                 res: SparseMatrix) -> Nm24Plan:
-    """The residual in steps appended to the 2:4 part's packed buffer:
-    the K tiles' lists, the steps' weights (2:4 runs), int32 first step
-    of each tile."""
+    """The packed buffer of the residual in steps: the 2:4 part's runs
+    with each K tile's list as blocks (block_weights), the bias, the
+    steps' weights (2:4 runs), int32 first step of each tile, the step
+    ends (step_end_words)."""
     bm, bk = int(config["bm"]), int(config["bk"])
     lists, first, stacked = matrix.cached(("csr.split24.steps", p.mp, p.kp, bm, bk),
                                           lambda: residual_steps(res, p.mp, p.kp, bm, bk))
-    rows = stacked.rows
-    ae = (_NM24_AE(stacked, op.dtype) if rows else b"")
-    rs_list = _align16(len(p.packed))
-    rs_a = _align16(rs_list + lists.nbytes)
-    rs_ptr = _align16(rs_a + len(ae))
+    ae = _NM24_AE(stacked, op.dtype) if stacked.rows else b""
     ends = step_end_words(lists, p.kp // bk)
+    blocks_len = len(lists) + p.mp // 64 * (p.kp // 32) * AE_STEP_BYTES
+    bias_len = p.mp * 4 if p.has_bias else 0
+    bias_offset = _align16(blocks_len) if p.has_bias else 0
+    rs_a = _align16(blocks_len + bias_len)
+    rs_ptr = _align16(rs_a + len(ae))
     rs_ends = _align16(rs_ptr + first.nbytes)
     total = _align16(rs_ends + ends.nbytes)
 
     def assemble() -> bytes:
         buf = bytearray(total)
-        buf[:len(p.packed)] = p.packed
-        buf[rs_list:rs_list + lists.nbytes] = lists.tobytes()
+        buf[:blocks_len] = block_weights(p.packed, lists, p.mp, p.kp, bm, bk).tobytes()
+        if p.has_bias:
+            buf[bias_offset:bias_offset + bias_len] = \
+                p.packed[p.bias_offset:p.bias_offset + bias_len]
         buf[rs_a:rs_a + len(ae)] = ae
         buf[rs_ptr:rs_ptr + first.nbytes] = first.tobytes()
         buf[rs_ends:rs_ends + ends.nbytes] = ends.tobytes()
@@ -293,9 +297,32 @@ def _plan_steps(matrix: SparseMatrix, op: Operation, tag: str, config: dict, p: 
                             hashlib.blake2b(p.packed, digest_size=16).digest()), assemble)
     cfg = {k: int(v) for k, v in config.items()}
     return dataclasses.replace(
-        p, name=config_name(tag, cfg, op), config=cfg, packed=packed, rs_list=rs_list,
-        rs_a=rs_a, rs_ptr=rs_ptr, rs_ends=rs_ends,
-        perm=None if matrix.perm is None else matrix.perm.copy())
+        p, name=config_name(tag, cfg, op), config=cfg, packed=packed, values_offset=0,
+        meta_offset=_align16(blocks_len), bias_offset=bias_offset, rs_a=rs_a, rs_ptr=rs_ptr,
+        rs_ends=rs_ends, perm=None if matrix.perm is None else matrix.perm.copy())
+
+
+def block_weights(ae: bytes, lists: np.ndarray, mp: int, kp: int, bm: int,
+                  bk: int) -> np.ndarray:
+    """The 2:4 part's runs (the TMA kernels' AE layout, from offset 0 of
+    `ae`) regrouped as the stages hold them, each K tile's list after:
+    uint8 [tiles][K tiles][bm / 64 x bk / 32 x AE_STEP + LIST_BYTES]."""
+    tiles, kts, t64, kst = mp // bm, kp // bk, bm // 64, bk // 32
+    a = np.frombuffer(ae, np.uint8, count=mp // 64 * (kp // 32) * AE_STEP_BYTES)
+    a = a.reshape(tiles, t64, kts, kst, AE_STEP_BYTES).transpose(0, 2, 1, 3, 4)
+    return np.concatenate([a.reshape(tiles, kts, t64 * kst * AE_STEP_BYTES),
+                           lists.reshape(tiles, kts, LIST_BYTES)], axis=2)
+
+
+def unblock_weights(blocks: bytes, mp: int, kp: int, bm: int,
+                    bk: int) -> tuple[bytes, np.ndarray]:
+    """block_weights' inverse: (the runs in the AE layout, the lists)."""
+    tiles, kts, t64, kst = mp // bm, kp // bk, bm // 64, bk // 32
+    size = t64 * kst * AE_STEP_BYTES
+    b = np.frombuffer(blocks, np.uint8, count=tiles * kts * (size + LIST_BYTES))
+    b = b.reshape(tiles, kts, size + LIST_BYTES)
+    a = b[:, :, :size].reshape(tiles, kts, t64, kst, AE_STEP_BYTES).transpose(0, 2, 1, 3, 4)
+    return np.ascontiguousarray(a).tobytes(), np.ascontiguousarray(b[:, :, size:])
 
 
 def step_end_words(lists: np.ndarray, kts: int) -> np.ndarray:
@@ -433,9 +460,9 @@ def render_kernel(p: Nm24Plan, op: Operation) -> Kernel:
 def unpack(p: Nm24Plan) -> SparseMatrix:
     """W back: the 2:4 part (the 2:4 family's unpacking) plus the residual
     read from the packed buffer."""
-    part = _NM24.unpack(dataclasses.replace(p, config=tile_config(p.config), perm=None))
     if p.config.get(KEY) == STEPS:
-        return _unpack_steps(p, part)
+        return _unpack_steps(p)
+    part = _NM24.unpack(dataclasses.replace(p, config=tile_config(p.config), perm=None))
     ks = int(p.config.get("ks", 1))
     ptr = np.frombuffer(p.packed, dtype="<i4", count=p.mp * (ks + 1),
                         offset=p.res_ptr).reshape(p.mp, ks + 1).astype(np.int64)
@@ -463,13 +490,15 @@ def unpack(p: Nm24Plan) -> SparseMatrix:
     return SparseMatrix.from_dense(dense, dtype=p.dtype, perm=p.perm)
 
 
-def _unpack_steps(p: Nm24Plan, part: SparseMatrix) -> SparseMatrix:
-    """s24 3: the 2:4 part plus the steps' weights put back at their
-    columns, read from the lists."""
+def _unpack_steps(p: Nm24Plan) -> SparseMatrix:
+    """s24 3: the 2:4 part (from the blocks) plus the steps' weights put
+    back at their columns, read from the lists."""
     bm, bk = int(p.config["bm"]), int(p.config["bk"])
     tiles, kts = p.mp // bm, p.kp // bk
-    lists = np.frombuffer(p.packed, dtype=np.uint8, count=tiles * kts * LIST_BYTES,
-                          offset=p.rs_list).reshape(tiles, kts, LIST_BYTES)
+    ae, lists = unblock_weights(p.packed[p.values_offset:], p.mp, p.kp, bm, bk)
+    part = _NM24.unpack(dataclasses.replace(
+        p, config={k: v for k, v in tile_config(p.config).items() if k != "rs"}, packed=ae,
+        values_offset=0, perm=None))
     first = np.frombuffer(p.packed, dtype="<i4", count=tiles, offset=p.rs_ptr).astype(np.int64)
     nsteps = int((lists[:, :, 1] & 1).sum())
     ends = step_end_words(lists, kts)
@@ -480,10 +509,10 @@ def _unpack_steps(p: Nm24Plan, part: SparseMatrix) -> SparseMatrix:
     dense = part.to_dense()
     if nsteps:
         n = nsteps * bm
-        ae = p.packed[p.rs_a:p.rs_a + n // 64 * AE_STEP_BYTES]
         steps = _NM24.unpack(dataclasses.replace(
             p, config={k: v for k, v in tile_config(p.config).items() if k != "rs"},
-            m=n, k=STEP_SLOTS, mp=n, kp=STEP_SLOTS, packed=ae, values_offset=0,
+            m=n, k=STEP_SLOTS, mp=n, kp=STEP_SLOTS,
+            packed=p.packed[p.rs_a:p.rs_a + n // 64 * AE_STEP_BYTES], values_offset=0,
             perm=None)).to_dense()
         for t in range(tiles):
             j = int(first[t])

@@ -349,10 +349,9 @@ class Nm24Plan:
     # `packed` (row offsets, records), 0 when there is none
     res_ptr: int = 0
     res_rec: int = 0
-    rs_list: int = 0      # (rs) csr's split 2:4 residual in steps: the K tiles' lists,
-    rs_a: int = 0         # the steps' weights, each tile's first step
-    rs_ptr: int = 0
-    rs_ends: int = 0
+    rs_a: int = 0         # (rs) csr's split 2:4 residual in steps: the steps' weights,
+    rs_ptr: int = 0       # each tile's first step, the step ends (the lists are in
+    rs_ends: int = 0      # the 2:4 part's blocks at values_offset)
 
 
 def top2_of_4(g: np.ndarray) -> np.ndarray:
@@ -663,7 +662,7 @@ class Nm24Family(Family):
                         bias_offset=plan.bias_offset, has_bias=plan.has_bias,
                         act=op.act_code, scale=_float_literal(scale), constraints=checks,
                         res_ptr=plan.res_ptr, res_rec=plan.res_rec, rs=c.get("rs", 0),
-                        rs_list=plan.rs_list, rs_a=plan.rs_a, rs_ptr=plan.rs_ptr,
+                        rs_a=plan.rs_a, rs_ptr=plan.rs_ptr,
                         rs_ends=plan.rs_ends)
         launch = make_launch(grid=plan.grid, block=(plan.threads,), n_axis=0,
                              n_tile=plan.config["bn"], shared_bytes=plan.smem_bytes)

@@ -206,10 +206,12 @@ __device__ __forceinline__ void tma_fallback_b_fm(unsigned sB, const unsigned sh
 // its columns, their slots ordered so that no row holds more than 2 of
 // any 4 consecutive slots), packed as the 2:4 part is (one AE_STEP run per
 // 64 rows) at P::RS_A, the tile's first step at int32 P::RS_PTR[tile].
-// Each K tile has a list of LIST_BYTES at P::RS_LIST: byte 0 its residual
+// Each K tile of a tile has a list of LIST_BYTES: byte 0 its residual
 // columns' count, byte 1 bit 0 set where it holds its step's last
 // column, then 2 bytes a column (its column within the K tile, its slot);
-// the same ends as bits at P::RS_ENDS (rs_end_words).
+// the same ends as bits at P::RS_ENDS (rs_end_words).  The 2:4 part's
+// runs of a stage and its list are one block at P::AE_OFFSET (block
+// [tile][K tile], the stage's layout: one bulk copy a stage).
 // The consumer warps copy those columns' rows of the stage's X tile into
 // the step's half (a warp a column, 16 bytes a lane); once a step's last
 // columns are copied, the next stage's group of wgmma adds the step's
@@ -224,9 +226,9 @@ constexpr int rs_end_words() {
 }
 
 template <class C, class P>
-__device__ __forceinline__ const unsigned char *rs_list(const unsigned char *packed, int tile,
-                                                        int kt) {
-  return packed + P::RS_LIST + ((size_t)tile * (P::KP / C::BK) + kt) * C::LIST_BYTES;
+__device__ __forceinline__ const unsigned *rs_end_ptr(const unsigned char *packed, int m0) {
+  return reinterpret_cast<const unsigned *>(packed + P::RS_ENDS) +
+         (size_t)(m0 / C::BM) * rs_end_words<C, P>();
 }
 
 // The producer warp's weights for stage `it` (lane 0): the stage's
@@ -241,14 +243,17 @@ __device__ __forceinline__ void tma_produce_weights(const unsigned char *__restr
   const unsigned sAE = stages + s * C::STAGE_BYTES + C::B_BYTES;
   const unsigned char *ae = packed + P::AE_OFFSET;
   sm90::mbar_arrive_expect(full + 8 * s, (use_map ? C::B_BYTES : 0) + C::AE_BYTES + C::LIST_BYTES);
+  if constexpr (C::RS) {  // the stage's runs and list as one block (rs_block)
+    constexpr int BLOCK = C::AE_BYTES + C::LIST_BYTES;
+    sm90::bulk_load(sAE, ae + ((size_t)(t0 * 64 / C::BM) * (P::KP / C::BK) + kz + kt) * BLOCK,
+                    BLOCK, full + 8 * s);
+  } else {
 #pragma unroll
-  for (int t = 0; t < C::BM / 64; ++t)
-    sm90::bulk_load(sAE + t * C::KSTEPS * AE_STEP,
-                    ae + ((size_t)(t0 + t) * P::KSTEPS + (size_t)(kz + kt) * C::KSTEPS) * AE_STEP,
-                    C::KSTEPS * AE_STEP, full + 8 * s);
-  if constexpr (C::RS)
-    sm90::bulk_load(sAE + C::AE_BYTES, rs_list<C, P>(packed, t0 * 64 / C::BM, kz + kt),
-                    C::LIST_BYTES, full + 8 * s);
+    for (int t = 0; t < C::BM / 64; ++t)
+      sm90::bulk_load(sAE + t * C::KSTEPS * AE_STEP,
+                      ae + ((size_t)(t0 + t) * P::KSTEPS + (size_t)(kz + kt) * C::KSTEPS) * AE_STEP,
+                      C::KSTEPS * AE_STEP, full + 8 * s);
+  }
 }
 
 // The producer warp: for each of the CTA's `tiles` tiles along M (rows m0,
@@ -262,19 +267,17 @@ __device__ __forceinline__ void tma_produce(const unsigned char *__restrict__ pa
                                             const sm90::TensorMap *map, bool use_map,
                                             unsigned stages, unsigned full, unsigned empty,
                                             int m0, int step, int tiles, int n0, unsigned rank,
-                                            int kz, int lane, int early) {
+                                            int kz, int lane, int early, unsigned rs_first) {
   constexpr int KT = P::KP / C::BK / C::KS;  // this CTA's stages: K tiles kz .. kz + KT - 1
   constexpr int S = C::STAGES;
   // (RS, one tile) the residual's steps whose weights are on their way; the
   // tile's step ends, 32 K tiles a word: the current word and the next
   // (loaded a word ahead: the producer never waits on device memory)
   int rs_j = 0;
-  unsigned rs_ends = 0, rs_next = 0;
+  unsigned rs_ends = rs_first, rs_next = 0;
   const unsigned *rs_words = nullptr;
   if constexpr (C::RS) {
-    rs_words = reinterpret_cast<const unsigned *>(packed + P::RS_ENDS) +
-               (size_t)(m0 / C::BM) * rs_end_words<C, P>();
-    rs_ends = __ldg(rs_words);
+    rs_words = rs_end_ptr<C, P>(packed, m0);
     rs_next = rs_end_words<C, P>() > 1 ? __ldg(rs_words + 1) : 0u;
   }
 #pragma unroll 1
@@ -742,9 +745,12 @@ __device__ __forceinline__ void tma_gemm(const unsigned char *__restrict__ packe
   // constant: copied while the stream's previous kernel drains; nothing
   // else before it is done (SF_DECLARE_PDL)
   const int early = min(S, tiles * KT);
-  if (warp == C::PRODUCER_WARP && lane == 0)
+  unsigned rs_first = 0;  // (RS) the tile's first word of step ends, loaded while the rest waits
+  if (warp == C::PRODUCER_WARP && lane == 0) {
     for (int it = 0; it < early; ++it)
       tma_produce_weights<C, P>(packed, use_map, stages, full, m_first, STEP, it, zrank * KT);
+    if constexpr (C::RS) rs_first = __ldg(rs_end_ptr<C, P>(packed, m_first));
+  }
   // (P::HAS_RES) the residual's cursors of the first tile, constant too
   if constexpr (C::RS)  // the halves' slots no column fills must hold no NaN
     if (warp != C::PRODUCER_WARP) {
@@ -761,7 +767,7 @@ __device__ __forceinline__ void tma_gemm(const unsigned char *__restrict__ packe
 
   if (warp == C::PRODUCER_WARP) {
     tma_produce<C, P>(packed, X, N, map, use_map, stages, full, empty, m_first, STEP, tiles, n0,
-                      rank, zrank * KT, lane, early);
+                      rank, zrank * KT, lane, early, rs_first);
     sm90::griddep_launch_dependents();
   } else {
     const int wg = warp >> 2;
