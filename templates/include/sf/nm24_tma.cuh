@@ -366,8 +366,9 @@ __device__ __forceinline__ void tma_load_meta(unsigned (&e)[TMA_META_REGS<C>], u
 }
 
 // One stage's sparse wgmma of this warpgroup, every K step of each of its
-// MW tiles (one committed group).
-template <class C, typename T>
+// MW tiles (one committed group; COMMIT false: the caller adds to the
+// group and commits it).
+template <class C, typename T, bool COMMIT = true>
 __device__ __forceinline__ void tma_compute_stage(float (&acc)[C::MW][C::WG_N / 8][4], unsigned sAE,
                                                   unsigned sB,
                                                   const unsigned (&e)[TMA_META_REGS<C>], int wg_m,
@@ -395,7 +396,7 @@ __device__ __forceinline__ void tma_compute_stage(float (&acc)[C::MW][C::WG_N / 
         sm90::mma_sp<T, C::WG_N, 1, TB>(acc[i], da, db, meta);
     }
   }
-  sm90::commit_group();
+  if constexpr (COMMIT) sm90::commit_group();
 }
 
 // The consumers' release of stage `s`: one thread of each warpgroup
@@ -420,7 +421,7 @@ __device__ __forceinline__ void tma_release(unsigned empty, int s) {
 
 // (RS) A warpgroup's sparse wgmma of step j: its weights (slot j % 2) times
 // its columns of X (half j % 2), once both are in shared memory.  Issued
-// with a stage's wgmma, in their group.
+// after a stage's wgmma, a group of its own (they run while it waits).
 template <class C, typename T>
 __device__ __forceinline__ void rs_mma(float (&acc)[C::MW][C::WG_N / 8][4], unsigned stages,
                                        unsigned bar, int j, int wg_m, int warp, int lane) {
@@ -800,16 +801,20 @@ __device__ __forceinline__ void tma_gemm(const unsigned char *__restrict__ packe
         const unsigned sB = stages + s * C::STAGE_BYTES;
         tma_load_meta<C>(e, sB + C::B_BYTES, wg_m, warp, lane);
         int issued = -1;
-        if constexpr (C::RS)
-          if (rs_issue) {  // the last step copied: its wgmma joins this stage's group
-            rs_mma<C, T>(acc, stages, rs_bar, rs_j - 1, wg_m, warp, lane);
-            issued = rs_j - 1;
-            rs_issue = false;
-          }
         tma_compute_stage<C, T>(acc, sB + C::B_BYTES, sB, e, wg_m, wg_n);
         if constexpr (P::HAS_RES)  // while the stage's wgmma run
           res_stage<C, P, T>(rs, packed, sB, (zrank * KT + it - it0) * C::BK, wg_n, lane);
-        sm90::wait_group<1>();  // stage it-1's wgmma is done: release it
+        if constexpr (C::RS)
+          if (rs_issue) {  // the last step copied: its wgmma, a group of its own after the
+            rs_mma<C, T>(acc, stages, rs_bar, rs_j - 1, wg_m, warp, lane);  // stage's
+            sm90::commit_group();
+            issued = rs_j - 1;
+            rs_issue = false;
+          }
+        if (issued >= 0)
+          sm90::wait_group<2>();  // stage it-1's wgmma (and any step's before) are done
+        else
+          sm90::wait_group<1>();  // stage it-1's wgmma is done: release it
         if (it > it0) tma_release<C>(empty, (it - 1) % S);
         if constexpr (C::RS) {
           // the last group's step wgmma is done in this warpgroup
