@@ -313,7 +313,17 @@ __device__ __forceinline__ void tma_produce(const unsigned char *__restrict__ pa
           }
         }
       }
-      if constexpr (C::RS) {  // this K tile ends a step: its weights into slot rs_j % 2
+    }
+    if (!use_map) {
+      if constexpr (!C::TOKEN_MAJOR)
+        tma_fallback_b_fm<C, P>(sB, X, kg * C::BK, n0, N, lane);
+      sm90::fence_proxy_async();  // the stores -> the tensor cores' proxy
+      sm90::mbar_arrive(full + 8 * s);
+    }
+    // (RS) this K tile ends a step: its weights into slot rs_j % 2, once the stage is
+    // on its way whole (the wait for the slot needs the consumers past this stage)
+    if constexpr (C::RS) {
+      if (lane == 0) {
         const int tile = m0 / C::BM;
         if (kt > 0 && kt % 32 == 0) {
           rs_ends = rs_next;
@@ -331,12 +341,6 @@ __device__ __forceinline__ void tma_produce(const unsigned char *__restrict__ pa
           ++rs_j;
         }
       }
-    }
-    if (!use_map) {
-      if constexpr (!C::TOKEN_MAJOR)
-        tma_fallback_b_fm<C, P>(sB, X, kg * C::BK, n0, N, lane);
-      sm90::fence_proxy_async();  // the stores -> the tensor cores' proxy
-      sm90::mbar_arrive(full + 8 * s);
     }
   }
 }
