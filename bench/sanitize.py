@@ -4,7 +4,9 @@ rows and groups, bias + GELU) so that compute-sanitizer can watch them:
 `--small`: smaller shapes and fewer kernels (racecheck); `--layout fm|tm`:
 only the cases of that layout; `--pattern P`: only the cases of that
 pattern; `--shape MxKxN`: that problem instead of the small awkward
-ones; `--configs JSON` (or @FILE): exactly these configurations, each on
+ones; `--density D`: the matrices' density (default 0.3; csr's split 2:4
+tiles in steps need a short residual, e.g. 0.1); `--configs JSON` (or
+@FILE): exactly these configurations, each on
 every case whose family accepts it, instead of a spread of the space:
     compute-sanitizer --tool racecheck python3 bench/sanitize.py --small \
         --pattern nm24 --configs '[{"bm": 256, ...}]'
@@ -28,6 +30,7 @@ ap.add_argument("--layout", choices=["fm", "tm"], help="only the cases of this l
 ap.add_argument("--pattern", help="only the cases of this pattern (e.g. nm24)")
 ap.add_argument("--shape", type=lambda v: tuple(int(x) for x in v.split("x")),
                 help="MxKxN instead of the small awkward shapes")
+ap.add_argument("--density", type=float, default=0.3, help="the matrices' density (0.3)")
 ap.add_argument("--configs", help="a JSON list of configurations (or @FILE holding one)")
 args = ap.parse_args()
 small, only_layout, only_pattern, shape = args.small, args.layout, args.pattern, args.shape
@@ -59,7 +62,7 @@ for pattern, dtype, layout in CASES:
             only_pattern not in (None, pattern):
         continue
     m, k, n = shape or ((130, 136, 72) if small else (200, 264, 72))  # 72: two tiles of 64 (tn)
-    mat = random_matrix(pattern, m, k, 0.3, dtype, seed=1)
+    mat = random_matrix(pattern, m, k, args.density, dtype, seed=1)
     op = Operation(dtype, layout, Epilogue(bias=True, activation="gelu"))
     picks = (fam.accepted(configs, mat, op, params, device) if configs is not None
              else spread(fam.search_space(mat, op, params, device), 2 if small else 4))

@@ -216,6 +216,67 @@ def test_tall_matrices_at_n64_first_try_the_128_row_tile():
     assert split24.candidates(tall, op, dict(H100, sm_count=200), 64)[0].get("ks", 1) > 1
 
 
+@pytest.mark.parametrize("shape,density,dtype", [((300, 520), 0.1, "fp16"),
+                                                 ((513, 1000), 0.12, "bf16"),
+                                                 ((64, 64), 0.0, "fp16")])
+def test_steps_read_back(shape, density, dtype):
+    """s24 3: the 2:4 part plus the steps put back at their columns is W
+    (values in the dtype, the bias and permutation carried); every K
+    tile's list within LIST_MAX, its slots unique in its step, each tile's
+    first step counted from the lists, each step 2:4."""
+    mat = random_matrix(*shape, density, seed=21, dtype=dtype)
+    mat.perm = np.random.default_rng(1).permutation(shape[0])
+    op = Operation(dtype, "fm", Epilogue(bias=True))
+    cfg = dict(split24.STEP_TILES[0], s24=3)
+    FAM.check_config(cfg, mat, op, {}, H100)
+    p = FAM.plan(mat, op, {}, cfg, bias=np.arange(shape[0], dtype=np.float64))
+    back = FAM.unpack(p)
+    want = round_to_dtype(mat.to_dense(), dtype)
+    np.testing.assert_array_equal(back.to_dense(), want)
+    np.testing.assert_array_equal(back.perm, mat.perm)
+    part, res = split24.split(mat)
+    lists, first, stacked = split24.residual_steps(res, p.mp, p.kp, cfg["bm"], cfg["bk"])
+    lists = lists.reshape(p.mp // cfg["bm"], p.kp // cfg["bk"], split24.LIST_BYTES)
+    assert lists[:, :, 0].max(initial=0) <= split24.LIST_MAX
+    ends = (lists[:, :, 1] & 1).sum(axis=1)
+    assert list(first) == list(np.concatenate([[0], np.cumsum(ends)[:-1]]))
+    assert stacked.rows == ends.sum() * cfg["bm"]
+    assert first_violation(stacked) is None
+    for t in range(lists.shape[0]):
+        slots = []
+        for w in range(lists.shape[1]):
+            cnt = lists[t, w, 0]
+            slots += list(lists[t, w, 5:5 + 2 * cnt:2])
+            if lists[t, w, 1] & 1:
+                assert len(slots) == len(set(slots)) and max(slots) < split24.STEP_SLOTS
+                slots = []
+        assert not slots
+    if density == 0:
+        assert stacked.rows == 0
+
+
+def test_steps_refuse_k_tiles_past_their_list():
+    """A K tile whose residual columns overflow its list is refused (the
+    tuner then takes other tiles), and the step tiles are offered only for
+    feature-major prefill."""
+    dense = random_matrix(128, 256, 0.3, seed=22)
+    cfg = dict(split24.STEP_TILES[1], s24=3)
+    with pytest.raises(ConfigError, match="list"):
+        FAM.plan(dense, Operation("fp16", "fm"), {}, cfg, None)
+    mat = random_matrix(512, 1024, 0.1, seed=23)
+    fm, tm = Operation("fp16", "fm"), Operation("fp16", "tm")
+    steps = [dict(t, s24=3) for t in split24.STEP_TILES]
+    assert split24.candidates(mat, fm, H100, 4096)[:2] == steps
+    assert not [c for c in split24.candidates(mat, fm, H100, 64) if c.get("s24") == 3]
+    assert not [c for c in split24.candidates(mat, tm, H100, 4096) if c.get("s24") == 3]
+    with pytest.raises(ConfigError, match="feature-major"):
+        FAM.check_config(steps[0], mat, tm, {}, H100)
+    with pytest.raises(ConfigError, match="rs"):
+        FAM.check_config(dict(steps[0], rs=1), mat, fm, {}, H100)
+    with pytest.raises(ConfigError, match="rs"):
+        get_family("nm24").check_config(dict(split24.STEP_TILES[0], rs=1), mat, fm, {}, H100)
+
+
 @pytest.mark.parametrize("layout", ["fm", "tm"])
 def test_hints_compile_without_spills(layout, assert_no_spills):
     mat = random_matrix(300, 520, 0.1, seed=13)
@@ -251,6 +312,19 @@ GPU_CASES = [
     ((130, 1152), 0.1, "bf16", "fm", Epilogue(), dict(bn=16, ks=1, stages=4), (7, 16, 784)),
     ((64, 64), 0.0, "fp16", "tm", Epilogue(bias=True), {}, (1, 16)),
     ((128, 128), 1.0, "fp16", "fm", Epilogue(), dict(bn=64, stages=8), (16, 64)),
+    # the residual in steps (s24 3, feature-major prefill tiles): odd shapes,
+    # K tiles full of residual columns (density 0.12: steps of one K tile,
+    # slots skipped for the 2:4 rule), long K (many steps: both halves
+    # reused), N not a multiple of 8 (the producer's own loads), no residual
+    ((300, 520), 0.1, "fp16", "fm", Epilogue(bias=True, activation="gelu"),
+     dict(split24.STEP_TILES[1], s24=3), (1, 256, 300)),
+    ((513, 1000), 0.12, "bf16", "fm", Epilogue(bias=True),
+     dict(split24.STEP_TILES[0], s24=3), (8, 256, 257)),
+    ((256, 4096), 0.1, "fp16", "fm", Epilogue(scale=0.5),
+     dict(split24.STEP_TILES[0], s24=3), (256, 512)),
+    ((200, 640), 0.02, "bf16", "fm", Epilogue(activation="relu"),
+     dict(split24.STEP_TILES[1], s24=3), (5, 256)),
+    ((64, 64), 0.0, "fp16", "fm", Epilogue(), dict(split24.STEP_TILES[1], s24=3), (256,)),
 ]
 
 

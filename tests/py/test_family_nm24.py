@@ -384,7 +384,7 @@ def test_tiles_per_cta_plan():
             assert plan.grid == (1, slots, 1), (c, plan.grid)
             k = FAM.render(plan, op, c)
             assert f", {c['mt']}, 0>;" in k.source and k.launch["grid"] == (1, slots, 1)
-            env = nm24_mod.TMA_SPACE.env(c, {"tm": int(layout == "tm"), "k": 200})
+            env = nm24_mod.TMA_SPACE.env(c, nm24_mod._layout_problem(layout, 200))
             assert plan.smem_bytes == 2048 + c["stages"] * env["stage_bytes"] + env["c_bytes"]
             same_matrix(FAM.unpack(plan), m, "fp16")
 

@@ -22,6 +22,17 @@ faster than the bitmaps at density 0.05, 1.5-2.1x at 0.1 with N = 64
 A configuration is one of the 2:4 family's TMA tiles with `s24`: 1; the
 candidates are that family's measured decode tiles (its hints), offered
 where the residual is short (MAX_RESIDUAL).
+
+`s24`: 3 is the same format on feature-major prefill tiles (128 x 256),
+where per-thread sums do not fit: the residual's columns of each tile of
+rows are numbered in K order into steps of 32 slots (a step the columns
+of whole K tiles), each step a 2:4 matrix of the tile's rows x 32 slots
+run by one more sparse wgmma on those columns of X, which the consumer
+warps copy out of the stages' X tiles (residual_steps; the kernel's side
+is sf/nm24_tma.cuh's RS).  Its cost is one sparse wgmma a step (about an
+eighth more tensor-core work at density 0.1) and 16-byte copies of whole
+rows of the X tile.  Token-major X tiles hold a column of X as one
+element a row: not offered there.
 """
 from __future__ import annotations
 
@@ -35,6 +46,7 @@ import numpy as np
 from ...kernel import ConfigError, Kernel, Operation, config_name, sm_count
 from ...matrix import SparseMatrix, round_to_dtype
 from ..nm24 import Nm24Family, Nm24Plan, TMA_KEYS, _align16, is_tma
+from ..nm24.pack import AE_STEP as AE_STEP_BYTES, interleave_ae, pack_matrix
 
 KEY = "s24"
 REC = np.dtype([("col", "<i4"), ("val", "<f4")])   # a residual nonzero (sf::nm24::ResRec)
@@ -62,13 +74,31 @@ SMALL_TILES = tuple(dict(bm=64, bn=bn, bk=128, wm=1, wn=1, mw=1, stages=4, wg=1,
 _NM24 = Nm24Family()   # the 2:4 kernels' planner (not registered twice: a private instance)
 
 
+STEPS = 3          # `s24` of the residual in steps (prefill, feature-major)
+STEP_SLOTS = 32    # columns a step (one sparse wgmma K step)
+LIST_BYTES = 64    # a K tile's list: count, flags, 30 entries of (column, slot)
+LIST_MAX = (LIST_BYTES - 4) // 2
+# the prefill tile with room for the steps' buffers beside 4 stages
+STEP_TILES = (dict(bm=128, bn=256, bk=64, wm=2, wn=1, mw=1, stages=4, wg=1, tma=1, cm=2,
+                   ks=1, mt=1, ra=0),
+              dict(bm=128, bn=256, bk=64, wm=2, wn=1, mw=1, stages=4, wg=1, tma=1, cm=1,
+                   ks=1, mt=1, ra=0))
+
+
 def is_split24(config: dict) -> bool:
     return bool(config.get(KEY, 0))
 
 
 def tile_config(config: dict) -> dict:
-    """The 2:4 kernel's configuration (without `s24`)."""
-    return {k: v for k, v in config.items() if k != KEY}
+    """The 2:4 kernel's configuration (without `s24`; `rs` 1 for steps)."""
+    out = {k: v for k, v in config.items() if k != KEY}
+    if config.get(KEY) == STEPS:
+        out["rs"] = 1
+    return out
+
+
+def _params(config: dict) -> dict:
+    return {"rs": True} if config.get(KEY) == STEPS else {}
 
 
 def split(matrix: SparseMatrix) -> tuple[SparseMatrix, SparseMatrix]:
@@ -128,19 +158,22 @@ def speedup_limit(density: float) -> float:
 
 def check(config: dict, matrix: SparseMatrix, op: Operation,
           device: Optional[dict] = None) -> None:
-    if config.get(KEY) != 1:
-        raise ConfigError(f"{KEY} must be 1 (the split 2:4 format), got {config.get(KEY)!r}")
+    if config.get(KEY) not in (1, STEPS):
+        raise ConfigError(f"{KEY} must be 1 (the split 2:4 format) or {STEPS} (its residual in "
+                          f"steps), got {config.get(KEY)!r}")
+    if "rs" in config:
+        raise ConfigError(f"rs: set by {KEY} {STEPS}, not a key of its own")
     tile = tile_config(config)
     if not is_tma(tile):
         raise ConfigError("the split 2:4 format runs on the 2:4 family's TMA kernels (tma: 1)")
     extra = sorted(set(tile) - set(TMA_KEYS))
     if extra:
         raise ConfigError(f"split 2:4 config has unknown keys {', '.join(extra)}")
-    if tile.get("bn", 0) // max(1, tile.get("wn", 1)) > MAX_WG_N:
+    if config[KEY] == 1 and tile.get("bn", 0) // max(1, tile.get("wn", 1)) > MAX_WG_N:
         raise ConfigError(f"bn / wn <= {MAX_WG_N}: the residual's sums take bn / wn / 2 "
                           "registers a thread more (decode tiles)")
     # the 2:4 kernel's rules read the matrix for its shape only
-    _NM24.check_config(tile, matrix, op, {}, device)
+    _NM24.check_config(tile, matrix, op, _params(config), device)
 
 
 def candidates(matrix: SparseMatrix, op: Operation, device: Optional[dict],
@@ -171,6 +204,18 @@ def candidates(matrix: SparseMatrix, op: Operation, device: Optional[dict],
                 continue
             if c not in out:
                 out.append(c)
+    if op.layout == "fm" and (n is None or n > 256):
+        # prefill: the residual in steps on the 128 x 256 tiles (first for a
+        # known N: the decode tiles above lose there)
+        steps = []
+        for c in STEP_TILES:
+            c = dict(c, **{KEY: STEPS})
+            try:
+                check(c, matrix, op, device)
+            except ConfigError:
+                continue
+            steps.append(c)
+        out = steps + out if n is not None else out + steps
     if (n is not None and 16 < n <= 64 and not is_small
             and matrix.rows >= 128 * (sm_count(device) // 2)):
         # tall matrices at N = 64: the 128-row tile without split K first,
@@ -193,7 +238,9 @@ def plan(matrix: SparseMatrix, op: Operation, tag: str, config: dict,
     packed buffer: ptr int32[MP + 1], then the records."""
     check(config, matrix, op)
     part, res = _split_cached(matrix)
-    p = _NM24.plan(part, op, {}, tile_config(config), bias)
+    p = _NM24.plan(part, op, _params(config), tile_config(config), bias)
+    if config[KEY] == STEPS:
+        return _plan_steps(matrix, op, tag, config, p, res)
     ptr = slice_starts(res, p.mp, p.kp, int(config.get("ks", 1))).astype("<i4")
     rec = np.empty(res.nnz, dtype=REC)
     rec["col"] = res.indices
@@ -215,6 +262,178 @@ def plan(matrix: SparseMatrix, op: Operation, tag: str, config: dict,
     return dataclasses.replace(
         p, name=config_name(tag, cfg, op), config=cfg, packed=packed, res_ptr=res_ptr,
         res_rec=res_rec, perm=None if matrix.perm is None else matrix.perm.copy())
+
+
+def _plan_steps(matrix: SparseMatrix, op: Operation, tag: str, config: dict, p: Nm24Plan,
+                res: SparseMatrix) -> Nm24Plan:
+    """The packed buffer of the residual in steps: the 2:4 part's runs
+    with each K tile's list as blocks (block_weights), the bias, the
+    steps' weights (2:4 runs), int32 first step of each tile, the step
+    ends (step_end_words)."""
+    bm, bk = int(config["bm"]), int(config["bk"])
+    lists, first, stacked = matrix.cached(("csr.split24.steps", p.mp, p.kp, bm, bk),
+                                          lambda: residual_steps(res, p.mp, p.kp, bm, bk))
+    ae = _NM24_AE(stacked, op.dtype) if stacked.rows else b""
+    ends = step_end_words(lists, p.kp // bk)
+    blocks_len = len(lists) + p.mp // 64 * (p.kp // 32) * AE_STEP_BYTES
+    bias_len = p.mp * 4 if p.has_bias else 0
+    bias_offset = _align16(blocks_len) if p.has_bias else 0
+    rs_a = _align16(blocks_len + bias_len)
+    rs_ptr = _align16(rs_a + len(ae))
+    rs_ends = _align16(rs_ptr + first.nbytes)
+    total = _align16(rs_ends + ends.nbytes)
+
+    def assemble() -> bytes:
+        buf = bytearray(total)
+        buf[:blocks_len] = block_weights(p.packed, lists, p.mp, p.kp, bm, bk).tobytes()
+        if p.has_bias:
+            buf[bias_offset:bias_offset + bias_len] = \
+                p.packed[p.bias_offset:p.bias_offset + bias_len]
+        buf[rs_a:rs_a + len(ae)] = ae
+        buf[rs_ptr:rs_ptr + first.nbytes] = first.tobytes()
+        buf[rs_ends:rs_ends + ends.nbytes] = ends.tobytes()
+        return bytes(buf)
+    packed = matrix.cached(("csr.split24.steps.packed", op.dtype, p.mp, p.kp, bm, bk,
+                            hashlib.blake2b(p.packed, digest_size=16).digest()), assemble)
+    cfg = {k: int(v) for k, v in config.items()}
+    return dataclasses.replace(
+        p, name=config_name(tag, cfg, op), config=cfg, packed=packed, values_offset=0,
+        meta_offset=_align16(blocks_len), bias_offset=bias_offset, rs_a=rs_a, rs_ptr=rs_ptr,
+        rs_ends=rs_ends, perm=None if matrix.perm is None else matrix.perm.copy())
+
+
+def block_weights(ae: bytes, lists: np.ndarray, mp: int, kp: int, bm: int,
+                  bk: int) -> np.ndarray:
+    """The 2:4 part's runs (the TMA kernels' AE layout, from offset 0 of
+    `ae`) regrouped as the stages hold them, each K tile's list after:
+    uint8 [tiles][K tiles][bm / 64 x bk / 32 x AE_STEP + LIST_BYTES]."""
+    tiles, kts, t64, kst = mp // bm, kp // bk, bm // 64, bk // 32
+    a = np.frombuffer(ae, np.uint8, count=mp // 64 * (kp // 32) * AE_STEP_BYTES)
+    a = a.reshape(tiles, t64, kts, kst, AE_STEP_BYTES).transpose(0, 2, 1, 3, 4)
+    return np.concatenate([a.reshape(tiles, kts, t64 * kst * AE_STEP_BYTES),
+                           lists.reshape(tiles, kts, LIST_BYTES)], axis=2)
+
+
+def unblock_weights(blocks: bytes, mp: int, kp: int, bm: int,
+                    bk: int) -> tuple[bytes, np.ndarray]:
+    """block_weights' inverse: (the runs in the AE layout, the lists)."""
+    tiles, kts, t64, kst = mp // bm, kp // bk, bm // 64, bk // 32
+    size = t64 * kst * AE_STEP_BYTES
+    b = np.frombuffer(blocks, np.uint8, count=tiles * kts * (size + LIST_BYTES))
+    b = b.reshape(tiles, kts, size + LIST_BYTES)
+    a = b[:, :, :size].reshape(tiles, kts, t64, kst, AE_STEP_BYTES).transpose(0, 2, 1, 3, 4)
+    return np.ascontiguousarray(a).tobytes(), np.ascontiguousarray(b[:, :, size:])
+
+
+def step_end_words(lists: np.ndarray, kts: int) -> np.ndarray:
+    """The lists' step ends as bits for the producer: uint32
+    [tiles][ceil(kts / 32)], bit kt % 32 of word kt // 32 set where K tile
+    kt ends a step."""
+    flags = (lists.reshape(-1, kts, LIST_BYTES)[:, :, 1] & 1).astype(np.uint64)
+    words = -(-kts // 32)
+    padded = np.zeros((flags.shape[0], words * 32), dtype=np.uint64)
+    padded[:, :kts] = flags
+    bits = padded.reshape(-1, words, 32) << np.arange(32, dtype=np.uint64)
+    return bits.sum(axis=2).astype("<u4")
+
+
+def _NM24_AE(stacked: SparseMatrix, dtype: str) -> bytes:
+    """The steps' weights as the TMA kernels' runs (64 rows x 32 columns each)."""
+    values, meta = pack_matrix(stacked, dtype, stacked.rows, STEP_SLOTS, wgmma=True)
+    return interleave_ae(values, meta, stacked.rows, STEP_SLOTS)
+
+
+def residual_steps(res: SparseMatrix, mp: int, kp: int, bm: int,
+                   bk: int) -> tuple[np.ndarray, np.ndarray, SparseMatrix]:
+    """The residual of each tile of `bm` rows in steps: (lists uint8
+    [tiles][K tiles][LIST_BYTES], first int32[tiles] (each tile's first
+    step), the steps' weights stacked: (steps x bm) x STEP_SLOTS, step j's
+    slots in its rows j bm ..).  A tile's residual columns take slots in K
+    order; a column moves to the next group of 4 slots where a row would
+    hold 3 in one (the 2:4 rule); a K tile's columns all go to one step,
+    a new step where they do not fit the current one.  ConfigError where a
+    K tile holds more columns than its list (LIST_MAX)."""
+    tiles, kts = mp // bm, kp // bk
+    lists = np.zeros((tiles, kts, LIST_BYTES), dtype=np.uint8)
+    first = np.zeros(tiles, dtype="<i4")
+    rows_of = res.row_ids()
+    cols_all = res.indices.astype(np.int64)
+    order = np.lexsort((rows_of, cols_all, rows_of // bm))   # by tile, column, row
+    t_sorted = rows_of[order] // bm
+    bounds = np.searchsorted(t_sorted, np.arange(tiles + 1))
+    out_rows, out_cols, out_vals = [], [], []
+    nsteps = 0
+    for t in range(tiles):
+        first[t] = nsteps
+        idx = order[bounds[t]:bounds[t + 1]]
+        if idx.size == 0:
+            continue
+        cols = cols_all[idx]
+        rloc = rows_of[idx] - t * bm
+        ucols, starts = np.unique(cols, return_index=True)
+        ends = np.append(starts[1:], cols.size)
+        windows = ucols // bk
+        wstarts = np.flatnonzero(np.diff(windows, prepend=-1))
+        wends = np.append(wstarts[1:], ucols.size)
+        slot, counts, last_w = 0, np.zeros((bm, STEP_SLOTS // 4), np.int8), -1
+
+        def place(lo: int, hi: int, slot: int, counts: np.ndarray):
+            counts = counts.copy()
+            slots = []
+            for u in range(lo, hi):
+                r = rloc[starts[u]:ends[u]]
+                while slot < STEP_SLOTS and np.any(counts[r, slot // 4] >= 2):
+                    slot = (slot // 4 + 1) * 4
+                if slot >= STEP_SLOTS:
+                    return None
+                counts[r, slot // 4] += 1
+                slots.append(slot)
+                slot += 1
+            return slots, slot, counts
+
+        def close(w: int):
+            nonlocal nsteps
+            lists[t, w, 1] |= 1
+            nsteps += 1
+
+        for lo, hi in zip(wstarts, wends):
+            w = int(windows[lo])
+            if hi - lo > LIST_MAX:
+                raise ConfigError(f"{KEY} {STEPS}: K tile {w} of rows {t * bm}.. holds "
+                                  f"{hi - lo} residual columns, more than a list's {LIST_MAX}")
+            got = place(lo, hi, slot, counts)
+            if got is None and slot > 0:   # the open step is full: the next one
+                close(last_w)
+                got = place(lo, hi, 0, np.zeros_like(counts))
+                if got is None:
+                    raise ConfigError(f"{KEY} {STEPS}: the residual columns of K tile {w} of "
+                                      f"rows {t * bm}.. do not fit one step")
+            slots, slot, counts = got
+            lists[t, w, 0] = hi - lo
+            ent = lists[t, w, 4:4 + 2 * (hi - lo)].reshape(-1, 2)
+            ent[:, 0] = ucols[lo:hi] - w * bk
+            ent[:, 1] = slots
+            for u, sl in zip(range(lo, hi), slots):
+                seg = idx[starts[u]:ends[u]]
+                out_rows.append(nsteps * bm + rloc[starts[u]:ends[u]])
+                out_cols.append(np.full(seg.size, sl, dtype=np.int64))
+                out_vals.append(res.values[seg])
+            last_w = w
+        if slot > 0:
+            close(last_w)
+    n = nsteps * bm
+    if out_rows:
+        r = np.concatenate(out_rows)
+        c = np.concatenate(out_cols)
+        v = np.concatenate(out_vals)
+        o = np.lexsort((c, r))
+        r, c, v = r[o], c[o], v[o]
+    else:
+        r = c = np.zeros(0, np.int64)
+        v = np.zeros(0, res.values.dtype)
+    indptr = np.concatenate([[0], np.cumsum(np.bincount(r, minlength=n))]).astype(np.int64)
+    stacked = SparseMatrix((n, STEP_SLOTS), indptr, c, v, dtype=res.dtype)
+    return lists.reshape(-1), first, stacked
 
 
 def slice_starts(res: SparseMatrix, mp: int, kp: int, ks: int) -> np.ndarray:
@@ -241,6 +460,8 @@ def render_kernel(p: Nm24Plan, op: Operation) -> Kernel:
 def unpack(p: Nm24Plan) -> SparseMatrix:
     """W back: the 2:4 part (the 2:4 family's unpacking) plus the residual
     read from the packed buffer."""
+    if p.config.get(KEY) == STEPS:
+        return _unpack_steps(p)
     part = _NM24.unpack(dataclasses.replace(p, config=tile_config(p.config), perm=None))
     ks = int(p.config.get("ks", 1))
     ptr = np.frombuffer(p.packed, dtype="<i4", count=p.mp * (ks + 1),
@@ -266,4 +487,58 @@ def unpack(p: Nm24Plan) -> SparseMatrix:
     if np.any(dense[rows, cols] != 0):
         raise ValueError("corrupt plan: a residual nonzero overlaps the 2:4 part")
     dense[rows, cols] = rec["val"]
+    return SparseMatrix.from_dense(dense, dtype=p.dtype, perm=p.perm)
+
+
+def _unpack_steps(p: Nm24Plan) -> SparseMatrix:
+    """s24 3: the 2:4 part (from the blocks) plus the steps' weights put
+    back at their columns, read from the lists."""
+    bm, bk = int(p.config["bm"]), int(p.config["bk"])
+    tiles, kts = p.mp // bm, p.kp // bk
+    ae, lists = unblock_weights(p.packed[p.values_offset:], p.mp, p.kp, bm, bk)
+    part = _NM24.unpack(dataclasses.replace(
+        p, config={k: v for k, v in tile_config(p.config).items() if k != "rs"}, packed=ae,
+        values_offset=0, perm=None))
+    first = np.frombuffer(p.packed, dtype="<i4", count=tiles, offset=p.rs_ptr).astype(np.int64)
+    nsteps = int((lists[:, :, 1] & 1).sum())
+    ends = step_end_words(lists, kts)
+    if ends.tobytes() != p.packed[p.rs_ends:p.rs_ends + ends.nbytes]:
+        raise ValueError("corrupt plan: residual step ends")
+    if np.any(first != np.concatenate([[0], np.cumsum((lists[:, :, 1] & 1).sum(axis=1))[:-1]])):
+        raise ValueError("corrupt plan: residual steps' first indices")
+    dense = part.to_dense()
+    if nsteps:
+        n = nsteps * bm
+        steps = _NM24.unpack(dataclasses.replace(
+            p, config={k: v for k, v in tile_config(p.config).items() if k != "rs"},
+            m=n, k=STEP_SLOTS, mp=n, kp=STEP_SLOTS,
+            packed=p.packed[p.rs_a:p.rs_a + n // 64 * AE_STEP_BYTES], values_offset=0,
+            perm=None)).to_dense()
+        for t in range(tiles):
+            j = int(first[t])
+            for w in range(kts):
+                cnt = int(lists[t, w, 0])
+                if cnt > LIST_MAX:
+                    raise ValueError("corrupt plan: a residual list's count")
+                if lists[t, w, 1] & 1 and (cnt == 0 or j >= nsteps):
+                    raise ValueError("corrupt plan: a residual step ends on an empty list")
+                if cnt == 0:
+                    continue
+                if j >= nsteps:
+                    raise ValueError("corrupt plan: residual columns past the last step")
+                ent = lists[t, w, 4:4 + 2 * cnt].reshape(-1, 2).astype(np.int64)
+                cols = w * bk + ent[:, 0]
+                block = steps[j * bm:(j + 1) * bm, ent[:, 1]]
+                rows = t * bm + np.arange(bm)
+                keep = rows < p.m
+                sub = dense[rows[keep][:, None], cols[None, :]]
+                add = block[keep]
+                if np.any((sub != 0) & (add != 0)):
+                    raise ValueError("corrupt plan: a residual nonzero overlaps the 2:4 part")
+                if cols.size and cols.max() >= p.k and np.any(add[:, cols >= p.k]):
+                    raise ValueError("corrupt plan: residual nonzeros past K")
+                ok = cols < p.k
+                dense[np.ix_(rows[keep], cols[ok])] += add[:, ok]
+                if lists[t, w, 1] & 1:
+                    j += 1
     return SparseMatrix.from_dense(dense, dtype=p.dtype, perm=p.perm)

@@ -127,8 +127,13 @@ WG_SPACE = Space(
 # warpgroups and a producer warp; the X tile shared by clusters of `cm`
 # CTAs along M.
 TMA_STAGE_CHOICES = (3, 4, 5, 6, 8, 12)
-TMA_KEYS = WG_KEYS + ("tma", "cm", "ks", "mw", "mt", "ra")
-TMA_OPTIONAL = ("ks", "mw", "mt", "ra")   # keys with defaults
+TMA_KEYS = WG_KEYS + ("tma", "cm", "ks", "mw", "mt", "ra", "rs")
+TMA_OPTIONAL = ("ks", "mw", "mt", "ra", "rs")   # keys with defaults
+# `rs` 1: csr's split 2:4 residual in steps of compacted columns
+# (generator/families/csr/split24.py); never a 2:4 matrix's own key, so
+# neither among the choices the family searches nor written into its
+# configurations: the problem's environment holds rs 0 (_problem), a
+# configuration's own rs overrides it
 MT_CHOICES = (1, 2, 3, 4, 6, 8)
 TMA_BN_CHOICES = (16, 32, 64, 128, 256)   # below 64: decode's few tokens
 TMA_SPACE = Space(
@@ -143,15 +148,18 @@ TMA_SPACE = Space(
         "b_bytes": "bk * bn * 2",
         "ae_bytes": f"bm // 64 * (bk // 32) * {AE_STEP}",
         "acc_regs": "mw * wg_n // 2",
-        "stage_bytes": "cdiv(b_bytes + ae_bytes, 1024) * 1024",
+        # (rs) each stage also holds its K tile's list of residual columns
+        "stage_bytes": "cdiv(b_bytes + ae_bytes + 64 * rs, 1024) * 1024",
         "c_bytes": "(bn if tm else bm) * ((bm if tm else bn) + 8) * 2",
         # the split's partial tile: [bm][bn + 4] floats, token-major [bn][bm + 4]
         "p_bytes": "((bn * (bm + 4)) if tm else (bm * (bn + 4))) * 4 if ks > 1 else 0",
         # split K: the partial sums the cluster's other CTAs push for this CTA's rows
         "recv_bytes": "(ks - 1) * (bm // ks) * bn * 4 if ks > 1 else 0",
+        # (rs) two halves of a step's 32 columns of X and two slots of its weights
+        "rs_bytes": f"rs * 2 * (bn * 64 + bm // 64 * {AE_STEP})",
         # with several tiles a CTA, the output tile has a buffer of its own
         "smem": "2048 + (stages * stage_bytes + c_bytes if mt > 1 else "
-                "max(max(stages * stage_bytes, c_bytes), p_bytes)) + recv_bytes",
+                "max(max(stages * stage_bytes, c_bytes), p_bytes)) + recv_bytes + rs_bytes",
         # the accumulators and about 40 registers of addresses and epilogue
         "regs": "threads * (acc_regs + 40)",
     },
@@ -163,6 +171,10 @@ TMA_SPACE = Space(
         # (both, a cluster of CM x KS, ran slower than either alone on every
         # token-major S2 problem: bench/RESULTS.md, 2026-11-26)
         Constraint("cm == 1 or ks == 1", "a cluster shares the X tile or splits K, not both"),
+        Constraint("rs == 0 or (not tm and ks == 1 and mt == 1 and wn == 1 and mw == 1 and "
+                   "bn >= 64)",
+                   "the residual in steps: feature-major, no split K, one tile a CTA, one "
+                   "64-row wgmma tile a warpgroup, whole 64-column X boxes"),
         Constraint(f"mt in {MT_CHOICES}", "tiles along M a CTA takes in turn"),
         Constraint("mt == 1 or ks == 1", "several tiles a CTA only without split K"),
         Constraint("ra in (0, 1)", "consecutive CTAs along N (0) or down M (1)"),
@@ -228,7 +240,11 @@ def _space(config: dict) -> Space:
 
 
 def _problem(op: Operation, k: int) -> dict:
-    return {"tm": int(op.layout == "tm"), "k": k}
+    return _layout_problem(op.layout, k)
+
+
+def _layout_problem(layout: str, k: int) -> dict:
+    return {"tm": int(layout == "tm"), "k": k, "rs": 0}
 
 
 def _device_env(device: Optional[dict]) -> dict:
@@ -255,7 +271,7 @@ def _align16(x: int) -> int:
 
 def smem_bytes(config: dict, layout: str, k: int = 0) -> int:
     """Dynamic shared memory of a configuration (the table's `smem`)."""
-    return _space(config).env(config, {"tm": int(layout == "tm"), "k": k})["smem"]
+    return _space(config).env(config, _layout_problem(layout, k))["smem"]
 
 
 # ---- analysis -------------------------------------------------------------------
@@ -333,6 +349,9 @@ class Nm24Plan:
     # `packed` (row offsets, records), 0 when there is none
     res_ptr: int = 0
     res_rec: int = 0
+    rs_a: int = 0         # (rs) csr's split 2:4 residual in steps: the steps' weights,
+    rs_ptr: int = 0       # each tile's first step, the step ends (the lists are in
+    rs_ends: int = 0      # the 2:4 part's blocks at values_offset)
 
 
 def top2_of_4(g: np.ndarray) -> np.ndarray:
@@ -427,6 +446,8 @@ class Nm24Family(Family):
         for k_ in keys:
             if not isinstance(config[k_], (int, np.integer)) or isinstance(config[k_], bool):
                 raise ConfigError(f"{k_}: must be an integer, got {config[k_]!r}")
+        if config.get("rs", 0) not in (0, 1) or (config.get("rs") and not params.get("rs")):
+            raise ConfigError("rs: 1 only for csr's split 2:4 residual (s24 3), else 0")
         self.check_op(op)
         _space(config).check(config, _problem(op, matrix.cols), _device_env(device))
 
@@ -627,7 +648,7 @@ class Nm24Family(Family):
     def render(self, plan: Nm24Plan, op: Operation, config: dict) -> Kernel:
         c = plan.config
         scale = np.float32(plan.epilogue.get("scale", 1.0))
-        checks = _space(c).static_asserts(c, {"tm": int(plan.layout == "tm"), "k": plan.k},
+        checks = _space(c).static_asserts(c, _layout_problem(plan.layout, plan.k),
                                           TABLE_SOURCE)
         template = ("nm24_tma.cu.j2" if is_tma(c) else "nm24_sm90.cu.j2" if is_wg(c)
                     else "nm24.cu.j2")
@@ -640,7 +661,9 @@ class Nm24Family(Family):
                         values_offset=plan.values_offset, meta_offset=plan.meta_offset,
                         bias_offset=plan.bias_offset, has_bias=plan.has_bias,
                         act=op.act_code, scale=_float_literal(scale), constraints=checks,
-                        res_ptr=plan.res_ptr, res_rec=plan.res_rec)
+                        res_ptr=plan.res_ptr, res_rec=plan.res_rec, rs=c.get("rs", 0),
+                        rs_a=plan.rs_a, rs_ptr=plan.rs_ptr,
+                        rs_ends=plan.rs_ends)
         launch = make_launch(grid=plan.grid, block=(plan.threads,), n_axis=0,
                              n_tile=plan.config["bn"], shared_bytes=plan.smem_bytes)
         return Kernel(name=plan.name, source=source, packed=plan.packed, launch=launch,

@@ -62,7 +62,7 @@ namespace nm24 {
 constexpr int AE_STEP = WG_A_BYTES + 4 * META_BYTES;  // one 64-row tile x one K step
 
 template <int BM_, int BN_, int BK_, int WM_, int WN_, int MW_, int STAGES_, int CM_, int KS_,
-          bool TM_, int MT_ = 1, int RA_ = 0>
+          bool TM_, int MT_ = 1, int RA_ = 0, int RS_ = 0>
 struct TmaConfig {
   static constexpr int BM = BM_;          // 64 x MW x WM
   static constexpr int BN = BN_;
@@ -76,6 +76,7 @@ struct TmaConfig {
   static constexpr bool TOKEN_MAJOR = TM_;
   static constexpr int MT = MT_;          // tiles along M a CTA takes in turn (1: one tile)
   static constexpr bool RA = RA_ != 0;    // consecutive CTAs go down M (else along N)
+  static constexpr bool RS = RS_ != 0;    // csr's split 2:4 residual in steps (see below)
 
   static constexpr int WG_N = BN / WN;
   static constexpr int THREADS = 128 * WM * WN;      // the consumers (store_tile's threads)
@@ -86,7 +87,9 @@ struct TmaConfig {
 
   static constexpr int B_BYTES = BK * BN * 2;
   static constexpr int AE_BYTES = (BM / 64) * KSTEPS * AE_STEP;
-  static constexpr int STAGE_BYTES = (B_BYTES + AE_BYTES + 1023) / 1024 * 1024;
+  // (RS) each stage also holds its K tile's list of residual columns
+  static constexpr int LIST_BYTES = RS ? 64 : 0;
+  static constexpr int STAGE_BYTES = (B_BYTES + AE_BYTES + LIST_BYTES + 1023) / 1024 * 1024;
   // the X tile a CTA loads itself and multicasts: feature-major, columns of
   // 64 (one box each) taken in turn by the CM ranks, or a narrower tile of
   // 16 or 32 columns (decode) as one box; token-major, rows split in CM
@@ -137,8 +140,24 @@ struct TmaConfig {
                                             : cmax(cmax(STAGES * STAGE_BYTES, C_BYTES), P_BYTES);
   static constexpr int RECV_BYTES = KS > 1 ? (KS - 1) * (BM / KS) * BN * 4 : 0;
   static constexpr int RBAR = 512;  // from the base (the stages' barriers take at most 8 * 2 * 12)
-  static constexpr int SMEM_BYTES = 2048 + RECV_OFFSET + RECV_BYTES;
-  static_assert(16 * STAGES <= RBAR, "the stages' full and empty barriers end before RBAR");
+  // (RS) after them, two halves of the residual's X columns (a step's
+  // RS_SLOTS rows of the X tile, laid out as a stage's) and two slots of
+  // its compressed weights (one 64-row run a warpgroup), the barriers at
+  // RSBAR: afull[2] (the producer's copy of a step's weights), bfull[2]
+  // (every consumer warp's copies of its columns), rfree[2] (each
+  // warpgroup's wgmma of the step done: both halves free again)
+  static constexpr int RS_SLOTS = 32;
+  static constexpr int RS_OFFSET = RECV_OFFSET + RECV_BYTES;
+  static constexpr int RS_HALF = RS ? BN * RS_SLOTS * 2 : 0;
+  static constexpr int RS_A_BYTES = RS ? (BM / 64) * AE_STEP : 0;
+  static constexpr int RS_BYTES = 2 * (RS_HALF + RS_A_BYTES);
+  static constexpr int RSBAR = 256;
+  static_assert(!RS || (!TOKEN_MAJOR && KS == 1 && MT == 1 && WN == 1 && MW == 1 &&
+                        BN % 64 == 0 && BK <= 128),
+                "the residual in steps: feature-major, one tile a CTA, no split K, one 64-row "
+                "wgmma tile a warpgroup, whole 64-column X boxes");
+  static constexpr int SMEM_BYTES = 2048 + RECV_OFFSET + RECV_BYTES + RS_BYTES;
+  static_assert(16 * STAGES <= RSBAR, "the stages' full and empty barriers end before RSBAR");
 
   // The configuration's constraints are asserted by the generated source,
   // from the table the search space filters with
@@ -179,6 +198,39 @@ __device__ __forceinline__ void tma_fallback_b_fm(unsigned sB, const unsigned sh
   }
 }
 
+// ---- the residual in steps (RS: csr's split 2:4 format on prefill tiles) ---------------
+// The nonzeros beyond the 2:4 part, for a tile of BM rows: the columns
+// holding any of them (its residual columns) are numbered in K order into
+// steps of RS_SLOTS slots, each step the columns of whole K tiles.  A
+// step's weights are a BM x RS_SLOTS 2:4 matrix (the residual's values of
+// its columns, their slots ordered so that no row holds more than 2 of
+// any 4 consecutive slots), packed as the 2:4 part is (one AE_STEP run per
+// 64 rows) at P::RS_A, the tile's first step at int32 P::RS_PTR[tile].
+// Each K tile of a tile has a list of LIST_BYTES: byte 0 its residual
+// columns' count, byte 1 bit 0 set where it holds its step's last
+// column, then 2 bytes a column (its column within the K tile, its slot);
+// the same ends as bits at P::RS_ENDS (rs_end_words).  The 2:4 part's
+// runs of a stage and its list are one block at P::AE_OFFSET (block
+// [tile][K tile], the stage's layout: one bulk copy a stage).
+// The consumer warps copy those columns' rows of the stage's X tile into
+// the step's half (a warp a column, 16 bytes a lane); once a step's last
+// columns are copied, the next stage's group of wgmma adds the step's
+// sparse wgmma (its weights copied by the producer into a slot of their
+// own).  Two halves and two slots: a step is copied while the one before
+// is multiplied.
+// Words of a tile's step ends (bit kt % 32 of word kt / 32: K tile kt
+// holds its step's last column) at P::RS_ENDS, for the producer.
+template <class C, class P>
+constexpr int rs_end_words() {
+  return (P::KP / C::BK + 31) / 32;
+}
+
+template <class C, class P>
+__device__ __forceinline__ const unsigned *rs_end_ptr(const unsigned char *packed, int m0) {
+  return reinterpret_cast<const unsigned *>(packed + P::RS_ENDS) +
+         (size_t)(m0 / C::BM) * rs_end_words<C, P>();
+}
+
 // The producer warp's weights for stage `it` (lane 0): the stage's
 // `full` barrier armed for all of its bytes, and the bulk copies of the
 // compressed weights and metadata of its 64-row tiles.
@@ -190,12 +242,18 @@ __device__ __forceinline__ void tma_produce_weights(const unsigned char *__restr
   const int kt = it % KT, t0 = (m0 + it / KT * step) / 64, s = it % C::STAGES;
   const unsigned sAE = stages + s * C::STAGE_BYTES + C::B_BYTES;
   const unsigned char *ae = packed + P::AE_OFFSET;
-  sm90::mbar_arrive_expect(full + 8 * s, use_map ? C::B_BYTES + C::AE_BYTES : C::AE_BYTES);
+  sm90::mbar_arrive_expect(full + 8 * s, (use_map ? C::B_BYTES : 0) + C::AE_BYTES + C::LIST_BYTES);
+  if constexpr (C::RS) {  // the stage's runs and list as one block (rs_block)
+    constexpr int BLOCK = C::AE_BYTES + C::LIST_BYTES;
+    sm90::bulk_load(sAE, ae + ((size_t)(t0 * 64 / C::BM) * (P::KP / C::BK) + kz + kt) * BLOCK,
+                    BLOCK, full + 8 * s);
+  } else {
 #pragma unroll
-  for (int t = 0; t < C::BM / 64; ++t)
-    sm90::bulk_load(sAE + t * C::KSTEPS * AE_STEP,
-                    ae + ((size_t)(t0 + t) * P::KSTEPS + (size_t)(kz + kt) * C::KSTEPS) * AE_STEP,
-                    C::KSTEPS * AE_STEP, full + 8 * s);
+    for (int t = 0; t < C::BM / 64; ++t)
+      sm90::bulk_load(sAE + t * C::KSTEPS * AE_STEP,
+                      ae + ((size_t)(t0 + t) * P::KSTEPS + (size_t)(kz + kt) * C::KSTEPS) * AE_STEP,
+                      C::KSTEPS * AE_STEP, full + 8 * s);
+  }
 }
 
 // The producer warp: for each of the CTA's `tiles` tiles along M (rows m0,
@@ -209,9 +267,19 @@ __device__ __forceinline__ void tma_produce(const unsigned char *__restrict__ pa
                                             const sm90::TensorMap *map, bool use_map,
                                             unsigned stages, unsigned full, unsigned empty,
                                             int m0, int step, int tiles, int n0, unsigned rank,
-                                            int kz, int lane, int early) {
+                                            int kz, int lane, int early, unsigned rs_first) {
   constexpr int KT = P::KP / C::BK / C::KS;  // this CTA's stages: K tiles kz .. kz + KT - 1
   constexpr int S = C::STAGES;
+  // (RS, one tile) the residual's steps whose weights are on their way; the
+  // tile's step ends, 32 K tiles a word: the current word and the next
+  // (loaded a word ahead: the producer never waits on device memory)
+  int rs_j = 0;
+  unsigned rs_ends = rs_first, rs_next = 0;
+  const unsigned *rs_words = nullptr;
+  if constexpr (C::RS) {
+    rs_words = rs_end_ptr<C, P>(packed, m0);
+    rs_next = rs_end_words<C, P>() > 1 ? __ldg(rs_words + 1) : 0u;
+  }
 #pragma unroll 1
   for (int it = 0; it < tiles * KT; ++it) {
     const int kt = it % KT;
@@ -252,6 +320,28 @@ __device__ __forceinline__ void tma_produce(const unsigned char *__restrict__ pa
       sm90::fence_proxy_async();  // the stores -> the tensor cores' proxy
       sm90::mbar_arrive(full + 8 * s);
     }
+    // (RS) this K tile ends a step: its weights into slot rs_j % 2, once the stage is
+    // on its way whole (the wait for the slot needs the consumers past this stage)
+    if constexpr (C::RS) {
+      if (lane == 0) {
+        const int tile = m0 / C::BM;
+        if (kt > 0 && kt % 32 == 0) {
+          rs_ends = rs_next;
+          rs_next = kt / 32 + 1 < rs_end_words<C, P>() ? __ldg(rs_words + kt / 32 + 1) : 0u;
+        }
+        if ((rs_ends >> (kt % 32)) & 1) {
+          const int h = rs_j & 1;
+          const unsigned bar = full + C::RSBAR;
+          if (rs_j >= 2) sm90::mbar_wait(bar + 32 + 8 * h, ((rs_j >> 1) - 1) & 1);  // rfree
+          sm90::mbar_arrive_expect(bar + 8 * h, C::RS_A_BYTES);                       // afull
+          const int first = __ldg(reinterpret_cast<const int *>(packed + P::RS_PTR) + tile);
+          sm90::bulk_load(stages + C::RS_OFFSET + 2 * C::RS_HALF + h * C::RS_A_BYTES,
+                          packed + P::RS_A + (size_t)(first + rs_j) * C::RS_A_BYTES,
+                          C::RS_A_BYTES, bar + 8 * h);
+          ++rs_j;
+        }
+      }
+    }
   }
 }
 
@@ -280,8 +370,9 @@ __device__ __forceinline__ void tma_load_meta(unsigned (&e)[TMA_META_REGS<C>], u
 }
 
 // One stage's sparse wgmma of this warpgroup, every K step of each of its
-// MW tiles (one committed group).
-template <class C, typename T>
+// MW tiles (one committed group; COMMIT false: the caller adds to the
+// group and commits it).
+template <class C, typename T, bool COMMIT = true>
 __device__ __forceinline__ void tma_compute_stage(float (&acc)[C::MW][C::WG_N / 8][4], unsigned sAE,
                                                   unsigned sB,
                                                   const unsigned (&e)[TMA_META_REGS<C>], int wg_m,
@@ -309,7 +400,7 @@ __device__ __forceinline__ void tma_compute_stage(float (&acc)[C::MW][C::WG_N / 
         sm90::mma_sp<T, C::WG_N, 1, TB>(acc[i], da, db, meta);
     }
   }
-  sm90::commit_group();
+  if constexpr (COMMIT) sm90::commit_group();
 }
 
 // The consumers' release of stage `s`: one thread of each warpgroup
@@ -330,6 +421,60 @@ __device__ __forceinline__ void tma_release(unsigned empty, int s) {
       sm90::mbar_arrive(empty + 8 * s);
     }
   }
+}
+
+// (RS) A warpgroup's sparse wgmma of step j: its weights (slot j % 2) times
+// its columns of X (half j % 2), once both are in shared memory.  Issued
+// after a stage's wgmma, a group of its own (they run while it waits).
+template <class C, typename T>
+__device__ __forceinline__ void rs_mma(float (&acc)[C::MW][C::WG_N / 8][4], unsigned stages,
+                                       unsigned bar, int j, int wg_m, int warp, int lane) {
+  const int h = j & 1;
+  sm90::mbar_wait(bar + 16 + 8 * h, (j >> 1) & 1);  // bfull: every warp's columns copied
+  sm90::mbar_wait(bar + 8 * h, (j >> 1) & 1);       // afull: its weights here
+  const unsigned a = stages + C::RS_OFFSET + 2 * C::RS_HALF + h * C::RS_A_BYTES + wg_m * AE_STEP;
+  const unsigned meta =
+      lds32(a + WG_A_BYTES + (warp & 3) * META_BYTES + ((lane >> 2) * 2 + (lane & 1)) * 4);
+  const unsigned long long da = sm90::make_desc(a, 128, 256, sm90::SWIZZLE_NONE);
+  const unsigned long long db =
+      sm90::make_desc(stages + C::RS_OFFSET + h * C::RS_HALF, C::RS_SLOTS * C::ROW_BYTES,
+                      8 * C::ROW_BYTES, C::B_SWIZZLE);
+  sm90::fence();
+  sm90::mma_sp<T, C::WG_N, 0, 1>(acc[0], da, db, meta);
+}
+
+// (RS) This warp's share of a stage's residual columns (the list at lst):
+// each its row of the X tile at sB into its slot of step j's half, 16
+// bytes a lane.  The step's first copy waits until its half is free (the
+// wgmma of step j - 2 done in every warpgroup).  Returns whether the
+// stage ends the step (every warp then arrives on bfull).
+template <class C>
+__device__ __forceinline__ bool rs_copy(unsigned stages, unsigned bar, unsigned sB, unsigned lst,
+                                        int j, int &waited, int warp, int lane) {
+  const unsigned head = lds32(lst);
+  const int count = head & 0xff;
+  const unsigned half = stages + C::RS_OFFSET + (j & 1) * C::RS_HALF;
+#pragma unroll 1
+  for (int e = warp; e < count; e += C::THREADS / 32) {
+    if (j >= 2 && waited != j) {
+      sm90::mbar_wait(bar + 32 + 8 * (j & 1), ((j >> 1) - 1) & 1);  // rfree
+      waited = j;
+    }
+    const unsigned ent = lds32(lst + 4 + 4 * (e >> 1)) >> (16 * (e & 1));
+    const int kk = ent & 0xff, slot = (ent >> 8) & 0xff;
+    if (lane < C::BN / 8) {
+      unsigned w[4];
+      lds128(w, sB + fm_chunk<C>(kk, lane) * 16);
+      sts128(half + atom_chunk<C::RS_SLOTS>(slot, lane) * 16, w[0], w[1], w[2], w[3]);
+    }
+  }
+  const bool last = (head >> 8) & 1;
+  if (last) {
+    sm90::fence_proxy_async();  // the copies -> the tensor cores' proxy
+    __syncwarp();
+    if (lane == 0) sm90::mbar_arrive(bar + 16 + 8 * (j & 1));  // bfull
+  }
+  return last;
 }
 
 // ---- the residual (csr's split 2:4 format) ---------------------------------------------
@@ -588,6 +733,12 @@ __device__ __forceinline__ void tma_gemm(const unsigned char *__restrict__ packe
     }
     if constexpr (C::KS > 1)  // split K: the others' partial sums of this CTA's slice
       sm90::recv_arm(base + C::RBAR, C::RECV_BYTES);
+    if constexpr (C::RS)
+      for (int h = 0; h < 2; ++h) {
+        sm90::mbar_init(base + C::RSBAR + 8 * h, 1);                        // afull
+        sm90::mbar_init(base + C::RSBAR + 16 + 8 * h, C::THREADS / 32);     // bfull
+        sm90::mbar_init(base + C::RSBAR + 32 + 8 * h, C::THREADS / 128);    // rfree
+      }
     sm90::fence_mbar_init();
   }
   if constexpr (CLUSTER)
@@ -599,10 +750,20 @@ __device__ __forceinline__ void tma_gemm(const unsigned char *__restrict__ packe
   // constant: copied while the stream's previous kernel drains; nothing
   // else before it is done (SF_DECLARE_PDL)
   const int early = min(S, tiles * KT);
-  if (warp == C::PRODUCER_WARP && lane == 0)
+  unsigned rs_first = 0;  // (RS) the tile's first word of step ends, loaded while the rest waits
+  if (warp == C::PRODUCER_WARP && lane == 0) {
     for (int it = 0; it < early; ++it)
       tma_produce_weights<C, P>(packed, use_map, stages, full, m_first, STEP, it, zrank * KT);
+    if constexpr (C::RS) rs_first = __ldg(rs_end_ptr<C, P>(packed, m_first));
+  }
   // (P::HAS_RES) the residual's cursors of the first tile, constant too
+  if constexpr (C::RS)  // the halves' slots no column fills must hold no NaN
+    if (warp != C::PRODUCER_WARP) {
+      for (int i = tid; i < 2 * C::RS_HALF / 16; i += C::THREADS)
+        sts128(stages + C::RS_OFFSET + 16 * i, 0u, 0u, 0u, 0u);
+      sm90::fence_proxy_async();
+      sm90::named_sync(1, C::THREADS);
+    }
   ResRows<C> rs;
   if constexpr (P::HAS_RES)
     if (warp != C::PRODUCER_WARP)
@@ -611,7 +772,7 @@ __device__ __forceinline__ void tma_gemm(const unsigned char *__restrict__ packe
 
   if (warp == C::PRODUCER_WARP) {
     tma_produce<C, P>(packed, X, N, map, use_map, stages, full, empty, m_first, STEP, tiles, n0,
-                      rank, zrank * KT, lane, early);
+                      rank, zrank * KT, lane, early, rs_first);
     sm90::griddep_launch_dependents();
   } else {
     const int wg = warp >> 2;
@@ -620,6 +781,12 @@ __device__ __forceinline__ void tma_gemm(const unsigned char *__restrict__ packe
     unsigned e0[TMA_META_REGS<C>], e1[TMA_META_REGS<C>];
     unsigned char *c_tile = smem + 1024 + C::C_OFFSET;
     int it0 = 0;  // stage counter at the tile's first K tile
+    // (RS, one tile) steps copied; whether step rs_j - 1 awaits its wgmma;
+    // the step whose wgmma the last committed group holds (-1: none); the
+    // last step whose half this warp waited for
+    int rs_j = 0, rs_prev = -1, rs_waited = 1;
+    bool rs_issue = false;
+    const unsigned rs_bar = base + C::RSBAR;
 #pragma unroll 1
     for (int t = 0; t < tiles; ++t, it0 += KT) {
       const int m0 = m_first + t * STEP;
@@ -637,11 +804,32 @@ __device__ __forceinline__ void tma_gemm(const unsigned char *__restrict__ packe
         keep(e);  // its last reader, stage it-2's wgmma, is done (the wait below, one stage ago)
         const unsigned sB = stages + s * C::STAGE_BYTES;
         tma_load_meta<C>(e, sB + C::B_BYTES, wg_m, warp, lane);
+        int issued = -1;
         tma_compute_stage<C, T>(acc, sB + C::B_BYTES, sB, e, wg_m, wg_n);
         if constexpr (P::HAS_RES)  // while the stage's wgmma run
           res_stage<C, P, T>(rs, packed, sB, (zrank * KT + it - it0) * C::BK, wg_n, lane);
-        sm90::wait_group<1>();  // stage it-1's wgmma is done: release it
+        if constexpr (C::RS)
+          if (rs_issue) {  // the last step copied: its wgmma, a group of its own after the
+            rs_mma<C, T>(acc, stages, rs_bar, rs_j - 1, wg_m, warp, lane);  // stage's
+            sm90::commit_group();
+            issued = rs_j - 1;
+            rs_issue = false;
+          }
+        if (issued >= 0)
+          sm90::wait_group<2>();  // stage it-1's wgmma (and any step's before) are done
+        else
+          sm90::wait_group<1>();  // stage it-1's wgmma is done: release it
         if (it > it0) tma_release<C>(empty, (it - 1) % S);
+        if constexpr (C::RS) {
+          // the last group's step wgmma is done in this warpgroup
+          if (rs_prev >= 0 && (tid & 127) == 0) sm90::mbar_arrive(rs_bar + 32 + 8 * (rs_prev & 1));
+          rs_prev = issued;
+          if (rs_copy<C>(stages, rs_bar, sB, sB + C::B_BYTES + C::AE_BYTES, rs_j, rs_waited, warp,
+                         lane)) {
+            rs_issue = true;
+            ++rs_j;
+          }
+        }
       };
       int kt = 0;
       for (; kt + 1 < KT; kt += 2) {
@@ -649,6 +837,11 @@ __device__ __forceinline__ void tma_gemm(const unsigned char *__restrict__ packe
         iteration(it0 + kt + 1, e1);
       }
       if (kt < KT) iteration(it0 + kt, e0);
+      if constexpr (C::RS)
+        if (rs_issue) {  // the last K tile ended a step
+          rs_mma<C, T>(acc, stages, rs_bar, rs_j - 1, wg_m, warp, lane);
+          sm90::commit_group();
+        }
       sm90::wait_group<0>();
       keep(e0);
       keep(e1);
