@@ -255,10 +255,10 @@ def test_steps_read_back(shape, density, dtype):
         assert stacked.rows == 0
 
 
-def test_steps_refuse_k_tiles_past_their_list():
+def test_steps_refuse_k_tiles_past_their_list(monkeypatch):
     """A K tile whose residual columns overflow its list is refused (the
-    tuner then takes other tiles), and the step tiles are offered only for
-    feature-major prefill."""
+    tuner then takes other tiles), and the step tiles, once offered, are
+    offered only for feature-major prefill."""
     dense = random_matrix(128, 256, 0.3, seed=22)
     cfg = dict(split24.STEP_TILES[1], s24=3)
     with pytest.raises(ConfigError, match="list"):
@@ -266,7 +266,12 @@ def test_steps_refuse_k_tiles_past_their_list():
     mat = random_matrix(512, 1024, 0.1, seed=23)
     fm, tm = Operation("fp16", "fm"), Operation("fp16", "tm")
     steps = [dict(t, s24=3) for t in split24.STEP_TILES]
+    # not offered until measured beyond 4096 x 4096 (split24.OFFER_STEPS) ...
+    assert not [c for c in split24.candidates(mat, fm, H100, 4096) if c.get("s24") == 3]
+    monkeypatch.setattr(split24, "OFFER_STEPS", True)
+    # ... then first for feature-major prefill, after the decode tiles with N unknown
     assert split24.candidates(mat, fm, H100, 4096)[:2] == steps
+    assert split24.candidates(mat, fm, H100)[-2:] == steps
     assert not [c for c in split24.candidates(mat, fm, H100, 64) if c.get("s24") == 3]
     assert not [c for c in split24.candidates(mat, tm, H100, 4096) if c.get("s24") == 3]
     with pytest.raises(ConfigError, match="feature-major"):
