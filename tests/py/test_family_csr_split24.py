@@ -330,6 +330,11 @@ GPU_CASES = [
     ((200, 640), 0.02, "bf16", "fm", Epilogue(activation="relu"),
      dict(split24.STEP_TILES[1], s24=3), (5, 256)),
     ((64, 64), 0.0, "fp16", "fm", Epilogue(), dict(split24.STEP_TILES[1], s24=3), (256,)),
+    # the shapes whose probes ended without a result (bench/RESULTS.md, 2026-11-28):
+    # K = 11008 (about 45 steps a tile, six words of step ends), and many tiles
+    ((256, 11008), 0.1, "fp16", "fm", Epilogue(), dict(split24.STEP_TILES[0], s24=3), (256,)),
+    ((2816, 4096), 0.1, "bf16", "fm", Epilogue(bias=True), dict(split24.STEP_TILES[0], s24=3),
+     (512,)),
 ]
 
 
