@@ -204,25 +204,14 @@ def candidates(matrix: SparseMatrix, op: Operation, device: Optional[dict],
         # 14.0 with 8 stages; 4096 x 11008 29.6 against 27.6;
         # bench/RESULTS.md, 2026-11-28)
         deep_split = hint.get("ks", 1) > 1 and hint["stages"] > 4
-        for c in [hint, dict(hint, stages=4)] if deep_split else [hint]:
-            c = dict(c, **{KEY: 1})
-            try:
-                check(c, matrix, op, device)
-            except ConfigError:
-                continue
+        for c in _valid([hint, dict(hint, stages=4)] if deep_split else [hint], 1, matrix, op,
+                        device):
             if c not in out:
                 out.append(c)
     if OFFER_STEPS and op.layout == "fm" and (n is None or n > 256):
         # prefill: the residual in steps on the 128 x 256 tiles (first for a
         # known N: the decode tiles above lose there)
-        steps = []
-        for c in STEP_TILES:
-            c = dict(c, **{KEY: STEPS})
-            try:
-                check(c, matrix, op, device)
-            except ConfigError:
-                continue
-            steps.append(c)
+        steps = _valid(STEP_TILES, STEPS, matrix, op, device)
         out = steps + out if n is not None else out + steps
     if (n is not None and 16 < n <= 64 and not is_small
             and matrix.rows >= 128 * (sm_count(device) // 2)):
@@ -237,6 +226,20 @@ def candidates(matrix: SparseMatrix, op: Operation, device: Optional[dict],
         if tall is not None:
             out.remove(tall)
             out.insert(0, tall)
+    return out
+
+
+def _valid(tiles, s24: int, matrix: SparseMatrix, op: Operation,
+           device: Optional[dict]) -> list[dict]:
+    """The tiles as split 2:4 configurations (`s24`) that `check` accepts."""
+    out = []
+    for t in tiles:
+        c = dict(t, **{KEY: s24})
+        try:
+            check(c, matrix, op, device)
+        except ConfigError:
+            continue
+        out.append(c)
     return out
 
 

@@ -218,6 +218,7 @@ __device__ __forceinline__ void tma_fallback_b_fm(unsigned sB, const unsigned sh
 // sparse wgmma (its weights copied by the producer into a slot of their
 // own).  Two halves and two slots: a step is copied while the one before
 // is multiplied.
+
 // Words of a tile's step ends (bit kt % 32 of word kt / 32: K tile kt
 // holds its step's last column) at P::RS_ENDS, for the producer.
 template <class C, class P>
@@ -756,7 +757,6 @@ __device__ __forceinline__ void tma_gemm(const unsigned char *__restrict__ packe
       tma_produce_weights<C, P>(packed, use_map, stages, full, m_first, STEP, it, zrank * KT);
     if constexpr (C::RS) rs_first = __ldg(rs_end_ptr<C, P>(packed, m_first));
   }
-  // (P::HAS_RES) the residual's cursors of the first tile, constant too
   if constexpr (C::RS)  // the halves' slots no column fills must hold no NaN
     if (warp != C::PRODUCER_WARP) {
       for (int i = tid; i < 2 * C::RS_HALF / 16; i += C::THREADS)
@@ -764,6 +764,7 @@ __device__ __forceinline__ void tma_gemm(const unsigned char *__restrict__ packe
       sm90::fence_proxy_async();
       sm90::named_sync(1, C::THREADS);
     }
+  // (P::HAS_RES) the residual's cursors of the first tile, constant too
   ResRows<C> rs;
   if constexpr (P::HAS_RES)
     if (warp != C::PRODUCER_WARP)
