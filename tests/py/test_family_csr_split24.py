@@ -126,6 +126,25 @@ def test_corrupt_residual_is_refused():
         FAM.unpack(dataclasses.replace(p, packed=bytes(raw)))
 
 
+def test_corrupt_steps_are_refused():
+    """s24 3: a list's count past LIST_MAX, step ends that disagree with
+    the lists, a tile's first step off by one: each a corrupt plan."""
+    import dataclasses
+    mat = random_matrix(256, 512, 0.1, seed=24)
+    p = FAM.plan(mat, Operation("fp16", "fm"), {}, dict(split24.STEP_TILES[1], s24=3))
+    FAM.unpack(p)   # intact
+    block = 2 * 2 * 2304 + split24.LIST_BYTES   # a stage: 2 x 64 rows x 2 K steps, its list
+    heads = [i * block + block - split24.LIST_BYTES for i in range(p.mp // 128 * p.kp // 64)]
+    ends_at = next(h for h in heads if p.packed[h + 1] & 1)
+    for offset, value in ((heads[0], split24.LIST_MAX + 1),        # a count past the list
+                          (ends_at + 1, 0),                       # a step end dropped
+                          (p.rs_ptr + 4, p.packed[p.rs_ptr + 4] + 1)):   # tile 1's first step
+        raw = bytearray(p.packed)
+        raw[offset] = value
+        with pytest.raises(ValueError, match="corrupt plan"):
+            FAM.unpack(dataclasses.replace(p, packed=bytes(raw)))
+
+
 def test_configs_are_the_tma_tiles_on_sm90a_only():
     mat = random_matrix(300, 520, 0.1, seed=2)
     op = Operation("fp16", "tm")
