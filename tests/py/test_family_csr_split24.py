@@ -282,6 +282,12 @@ def test_steps_refuse_k_tiles_past_their_list(monkeypatch):
     cfg = dict(split24.STEP_TILES[1], s24=3)
     with pytest.raises(ConfigError, match="list"):
         FAM.plan(dense, Operation("fp16", "fm"), {}, cfg, None)
+    # 30 residual columns of one row: within a list, but 2 a group of 4 slots need 60
+    w = np.zeros((128, 64), np.float32)
+    w[0, :60] = np.arange(1, 61)
+    with pytest.raises(ConfigError, match="do not fit one step"):
+        FAM.plan(SparseMatrix.from_dense(w, dtype="fp16"), Operation("fp16", "fm"), {}, cfg,
+                 None)
     mat = random_matrix(512, 1024, 0.1, seed=23)
     fm, tm = Operation("fp16", "fm"), Operation("fp16", "tm")
     steps = [dict(t, s24=3) for t in split24.STEP_TILES]

@@ -284,7 +284,7 @@ def _plan_steps(matrix: SparseMatrix, op: Operation, tag: str, config: dict, p: 
     bm, bk = int(config["bm"]), int(config["bk"])
     lists, first, stacked = matrix.cached(("csr.split24.steps", p.mp, p.kp, bm, bk),
                                           lambda: residual_steps(res, p.mp, p.kp, bm, bk))
-    ae = _NM24_AE(stacked, op.dtype) if stacked.rows else b""
+    ae = _step_runs(stacked, op.dtype) if stacked.rows else b""
     ends = step_end_words(lists, p.kp // bk)
     blocks_len = len(lists) + p.mp // 64 * (p.kp // 32) * AE_STEP_BYTES
     bias_len = p.mp * 4 if p.has_bias else 0
@@ -348,7 +348,7 @@ def step_end_words(lists: np.ndarray, kts: int) -> np.ndarray:
     return bits.sum(axis=2).astype("<u4")
 
 
-def _NM24_AE(stacked: SparseMatrix, dtype: str) -> bytes:
+def _step_runs(stacked: SparseMatrix, dtype: str) -> bytes:
     """The steps' weights as the TMA kernels' runs (64 rows x 32 columns each)."""
     values, meta = pack_matrix(stacked, dtype, stacked.rows, STEP_SLOTS, wgmma=True)
     return interleave_ae(values, meta, stacked.rows, STEP_SLOTS)
@@ -416,9 +416,9 @@ def residual_steps(res: SparseMatrix, mp: int, kp: int, bm: int,
             if got is None and slot > 0:   # the open step is full: the next one
                 close(last_w)
                 got = place(lo, hi, 0, np.zeros_like(counts))
-                if got is None:
-                    raise ConfigError(f"{KEY} {STEPS}: the residual columns of K tile {w} of "
-                                      f"rows {t * bm}.. do not fit one step")
+            if got is None:
+                raise ConfigError(f"{KEY} {STEPS}: the residual columns of K tile {w} of "
+                                  f"rows {t * bm}.. do not fit one step")
             slots, slot, counts = got
             lists[t, w, 0] = hi - lo
             ent = lists[t, w, 4:4 + 2 * (hi - lo)].reshape(-1, 2)
@@ -507,9 +507,9 @@ def _unpack_steps(p: Nm24Plan) -> SparseMatrix:
     bm, bk = int(p.config["bm"]), int(p.config["bk"])
     tiles, kts = p.mp // bm, p.kp // bk
     ae, lists = unblock_weights(p.packed[p.values_offset:], p.mp, p.kp, bm, bk)
-    part = _NM24.unpack(dataclasses.replace(
-        p, config={k: v for k, v in tile_config(p.config).items() if k != "rs"}, packed=ae,
-        values_offset=0, perm=None))
+    runs = {k: v for k, v in p.config.items() if k != KEY}   # the 2:4 runs' own layout
+    part = _NM24.unpack(dataclasses.replace(p, config=runs, packed=ae, values_offset=0,
+                                            perm=None))
     first = np.frombuffer(p.packed, dtype="<i4", count=tiles, offset=p.rs_ptr).astype(np.int64)
     nsteps = int((lists[:, :, 1] & 1).sum())
     ends = step_end_words(lists, kts)
@@ -521,8 +521,7 @@ def _unpack_steps(p: Nm24Plan) -> SparseMatrix:
     if nsteps:
         n = nsteps * bm
         steps = _NM24.unpack(dataclasses.replace(
-            p, config={k: v for k, v in tile_config(p.config).items() if k != "rs"},
-            m=n, k=STEP_SLOTS, mp=n, kp=STEP_SLOTS,
+            p, config=runs, m=n, k=STEP_SLOTS, mp=n, kp=STEP_SLOTS,
             packed=p.packed[p.rs_a:p.rs_a + n // 64 * AE_STEP_BYTES], values_offset=0,
             perm=None)).to_dense()
         for t in range(tiles):
