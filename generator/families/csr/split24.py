@@ -87,9 +87,11 @@ STEP_TILES = (dict(bm=128, bn=256, bk=64, wm=2, wn=1, mw=1, stages=4, wg=1, tma=
 
 # Whether the tuner offers the step tiles (they run when a configuration
 # names them).  Not yet: on an H100 they ran 4096 x 4096 x 4096 at 1.01x
-# of cuBLAS, but the probes of 11008 x 4096 and 4096 x 11008 ended without
-# a result, for a cause not found (bench/RESULTS.md, 2026-11-28); a
-# tuner offering them first would spend its first trials on them.
+# of cuBLAS, but on whole prefill problems the kernel hangs on some
+# matrices (4096 x 4096, 5504 x 4096, 11008 x 4096, 4096 x 11008 at
+# N = 4096), for a cause not found: builds with a never-taken branch before
+# each mbarrier wait ran the same matrices (bench/RESULTS.md, 2026-11-28;
+# the GPU test test_gpu_steps_finish_on_prefill_problems).
 OFFER_STEPS = False
 
 

@@ -268,12 +268,14 @@ __device__ __forceinline__ void tma_produce(const unsigned char *__restrict__ pa
                                             const sm90::TensorMap *map, bool use_map,
                                             unsigned stages, unsigned full, unsigned empty,
                                             int m0, int step, int tiles, int n0, unsigned rank,
-                                            int kz, int lane, int early, unsigned rs_first) {
+                                            int kz, int lane, int early, unsigned rs_first,
+                                            int rs_base) {
   constexpr int KT = P::KP / C::BK / C::KS;  // this CTA's stages: K tiles kz .. kz + KT - 1
   constexpr int S = C::STAGES;
-  // (RS, one tile) the residual's steps whose weights are on their way; the
-  // tile's step ends, 32 K tiles a word: the current word and the next
-  // (loaded a word ahead: the producer never waits on device memory)
+  // (RS, one tile) the residual's steps whose weights are on their way
+  // (the tile's first step is rs_base); the tile's step ends, 32 K tiles a
+  // word: the current word and the next (loaded a word ahead: the producer
+  // never waits on device memory)
   int rs_j = 0;
   unsigned rs_ends = rs_first, rs_next = 0;
   const unsigned *rs_words = nullptr;
@@ -325,7 +327,6 @@ __device__ __forceinline__ void tma_produce(const unsigned char *__restrict__ pa
     // on its way whole (the wait for the slot needs the consumers past this stage)
     if constexpr (C::RS) {
       if (lane == 0) {
-        const int tile = m0 / C::BM;
         if (kt > 0 && kt % 32 == 0) {
           rs_ends = rs_next;
           rs_next = kt / 32 + 1 < rs_end_words<C, P>() ? __ldg(rs_words + kt / 32 + 1) : 0u;
@@ -335,9 +336,8 @@ __device__ __forceinline__ void tma_produce(const unsigned char *__restrict__ pa
           const unsigned bar = full + C::RSBAR;
           if (rs_j >= 2) sm90::mbar_wait(bar + 32 + 8 * h, ((rs_j >> 1) - 1) & 1);  // rfree
           sm90::mbar_arrive_expect(bar + 8 * h, C::RS_A_BYTES);                       // afull
-          const int first = __ldg(reinterpret_cast<const int *>(packed + P::RS_PTR) + tile);
           sm90::bulk_load(stages + C::RS_OFFSET + 2 * C::RS_HALF + h * C::RS_A_BYTES,
-                          packed + P::RS_A + (size_t)(first + rs_j) * C::RS_A_BYTES,
+                          packed + P::RS_A + (size_t)(rs_base + rs_j) * C::RS_A_BYTES,
                           C::RS_A_BYTES, bar + 8 * h);
           ++rs_j;
         }
@@ -404,17 +404,22 @@ __device__ __forceinline__ void tma_compute_stage(float (&acc)[C::MW][C::WG_N / 
   if constexpr (COMMIT) sm90::commit_group();
 }
 
-// The consumers' release of stage `s`: one thread of each warpgroup
-// arrives on `empty` of every CTA of the cluster.  Its warpgroup's
-// wgmma_wait covers the other warps' reads of the stage too: their
-// metadata loads come before their part of the stage's wgmma, which
-// completes for the whole warpgroup or not at all.  (compute-sanitizer's
-// racecheck reports these loads racing the producer's refill of the stage
-// whether one thread a warpgroup or one a warp arrives: it does not follow
-// the order an mbarrier gives the bulk copies; bench/RESULTS.md, 2026-11-26.)
-template <class C>
+// The consumers' release of stage `s`: one thread of each warpgroup (or,
+// PER_WARP, of each warp) arrives on `empty` of every CTA of the cluster.
+// A warpgroup's wgmma_wait covers its other warps' metadata loads: they
+// come before their part of the stage's wgmma, which completes for the
+// whole warpgroup or not at all.  It does not cover loads a warp makes
+// after its part of the wgmma (the residual's X in res_stage, the step
+// columns and list in rs_copy): another warp of the warpgroup may still be
+// making them when the wgmma is done, so those kernels release per warp,
+// each warp after its own loads (with one arrival a warpgroup, the producer
+// could refill a stage under a late warp's reads).
+// (compute-sanitizer's racecheck reports the ordered loads racing the
+// producer's refill too: it does not follow the order an mbarrier gives the
+// bulk copies; bench/RESULTS.md, 2026-11-26.)
+template <class C, bool PER_WARP>
 __device__ __forceinline__ void tma_release(unsigned empty, int s) {
-  if ((threadIdx.x & 127) == 0) {
+  if ((threadIdx.x & (PER_WARP ? 31 : 127)) == 0) {
     if constexpr (C::CM > 1) {
 #pragma unroll
       for (int c = 0; c < C::CM; ++c) sm90::mbar_arrive_cluster(empty + 8 * s, c);
@@ -726,11 +731,14 @@ __device__ __forceinline__ void tma_gemm(const unsigned char *__restrict__ packe
   const bool use_map = C::TOKEN_MAJOR || (N & 7) == 0;
   constexpr int KT = P::KP / C::BK / C::KS;
   constexpr int S = C::STAGES;
+  // the consumers read stages after their wgmma (the residual, the steps):
+  // each warp releases a stage itself (tma_release)
+  constexpr bool WARP_RELEASE = C::RS || P::HAS_RES;
 
   if (tid == 0) {
     for (int s = 0; s < S; ++s) {
       sm90::mbar_init(full + 8 * s, use_map ? 1 : 33);
-      sm90::mbar_init(empty + 8 * s, (C::THREADS / 128) * C::CM);
+      sm90::mbar_init(empty + 8 * s, (C::THREADS / (WARP_RELEASE ? 32 : 128)) * C::CM);
     }
     if constexpr (C::KS > 1)  // split K: the others' partial sums of this CTA's slice
       sm90::recv_arm(base + C::RBAR, C::RECV_BYTES);
@@ -751,11 +759,16 @@ __device__ __forceinline__ void tma_gemm(const unsigned char *__restrict__ packe
   // constant: copied while the stream's previous kernel drains; nothing
   // else before it is done (SF_DECLARE_PDL)
   const int early = min(S, tiles * KT);
-  unsigned rs_first = 0;  // (RS) the tile's first word of step ends, loaded while the rest waits
+  // (RS) the tile's first word of step ends and its first step, loaded while the rest waits
+  unsigned rs_first = 0;
+  int rs_base = 0;
   if (warp == C::PRODUCER_WARP && lane == 0) {
     for (int it = 0; it < early; ++it)
       tma_produce_weights<C, P>(packed, use_map, stages, full, m_first, STEP, it, zrank * KT);
-    if constexpr (C::RS) rs_first = __ldg(rs_end_ptr<C, P>(packed, m_first));
+    if constexpr (C::RS) {
+      rs_first = __ldg(rs_end_ptr<C, P>(packed, m_first));
+      rs_base = __ldg(reinterpret_cast<const int *>(packed + P::RS_PTR) + m_first / C::BM);
+    }
   }
   if constexpr (C::RS)  // the halves' slots no column fills must hold no NaN
     if (warp != C::PRODUCER_WARP) {
@@ -773,7 +786,7 @@ __device__ __forceinline__ void tma_gemm(const unsigned char *__restrict__ packe
 
   if (warp == C::PRODUCER_WARP) {
     tma_produce<C, P>(packed, X, N, map, use_map, stages, full, empty, m_first, STEP, tiles, n0,
-                      rank, zrank * KT, lane, early, rs_first);
+                      rank, zrank * KT, lane, early, rs_first, rs_base);
     sm90::griddep_launch_dependents();
   } else {
     const int wg = warp >> 2;
@@ -820,7 +833,7 @@ __device__ __forceinline__ void tma_gemm(const unsigned char *__restrict__ packe
           sm90::wait_group<2>();  // stage it-1's wgmma (and any step's before) are done
         else
           sm90::wait_group<1>();  // stage it-1's wgmma is done: release it
-        if (it > it0) tma_release<C>(empty, (it - 1) % S);
+        if (it > it0) tma_release<C, WARP_RELEASE>(empty, (it - 1) % S);
         if constexpr (C::RS) {
           // the last group's step wgmma is done in this warpgroup
           if (rs_prev >= 0 && (tid & 127) == 0) sm90::mbar_arrive(rs_bar + 32 + 8 * (rs_prev & 1));
@@ -846,7 +859,7 @@ __device__ __forceinline__ void tma_gemm(const unsigned char *__restrict__ packe
       sm90::wait_group<0>();
       keep(e0);
       keep(e1);
-      tma_release<C>(empty, (it0 + KT - 1) % S);
+      tma_release<C, WARP_RELEASE>(empty, (it0 + KT - 1) % S);
       if constexpr (P::HAS_RES) res_end<C>(rs, acc);
       // the CTA's last main loop is done: the next kernel may start (its
       // weights' first stages load while this one stores)
