@@ -123,7 +123,7 @@ def main(argv=None, worker=None) -> int:
                         + ("" if op.epilogue.tag == "plain" else f"{op.epilogue.tag} ")
                         + f"d={d:.3g}" + (f" {Path(args.matrix).name}" if fixed is not None else "")
                         + (f" two of four (d={mat.density:.3g})" if args.two_of_four else ""))
-                if status != "ok":
+                if status != "ok":  # infos names the configuration that failed
                     print(f"{head}: {status} {str(infos)[:600]}", flush=True)
                     bad += 1
                     continue

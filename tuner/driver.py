@@ -219,6 +219,13 @@ class LayerJob:
         return self.fam.generate(self.matrix, self.op, self.params, config, bias=self.bias)
 
 
+def _naming(info, config: dict) -> dict:
+    """A failed trial's info (a dict, or a message) with the configuration
+    it ran (`config`, canonical JSON)."""
+    rest = dict(info) if isinstance(info, dict) else {"message": str(info)}
+    return {"config": canonical_config(config), **rest}   # first: printed infos are cut
+
+
 class Tuner:
     """Tunes matrices into one cache.  Without a GPU it generates and
     compiles for `arch` (a comma-separated list; default NO_GPU_ARCHS),
@@ -522,22 +529,25 @@ class Tuner:
         each built once, one X, then `rounds` rounds in which every
         configuration is a trial in turn (verified, then timed).  ("ok",
         the trials' infos per configuration, in round order), or the first
-        other status and its info."""
+        other status and its info, which names the configuration (`config`,
+        canonical JSON): a probe of several configurations says which one
+        failed (a compile error, a wrong result, a kernel that never
+        finished)."""
         if self.worker is None:
             raise RuntimeError(f"no GPU ({self.gpu_reason}): nothing to measure on")
         fam = get_family(pattern)
         kernels = [fam.generate(matrix, op, params, c, bias=bias) for c in configs]
         built = self.compile_all(kernels)
-        for cubin, _, err in built:
+        for config, (cubin, _, err) in zip(configs, built):
             if cubin is None:
-                return "compile_fail", {"message": err}
+                return "compile_fail", _naming(err, config)
         self._setup(matrix, op, n, bias)
         infos: list[list[dict]] = [[] for _ in configs]
         for _ in range(rounds):
-            for kernel, (cubin, _, _), out in zip(kernels, built, infos):
+            for config, kernel, (cubin, _, _), out in zip(configs, kernels, built, infos):
                 status, info = self._trial(kernel, cubin, n, None)
                 if status != "ok":
-                    return status, info
+                    return status, _naming(info, config)
                 out.append(info)
         return "ok", infos
 

@@ -9,7 +9,7 @@ import pytest
 
 from sparseforge.cache import Cache
 from sparseforge.generator.families import get_family
-from sparseforge.generator.kernel import Operation
+from sparseforge.generator.kernel import Operation, canonical_config
 from sparseforge.generator.matrix import SparseMatrix
 from sparseforge.tuner.driver import Tuner
 
@@ -190,6 +190,7 @@ def test_measure_rounds_builds_once_and_alternates(tmp_path, matrix):
         w.fail_names = {w.trials[1]}
         status, info = t.measure_rounds(matrix, "csr", {}, op, 64, [a, b], 3)
         assert status == "launch_fail" and len(w.trials) == 7 + 2
+        assert info["config"] == canonical_config(b)     # which one failed
         t.close()
 
 
