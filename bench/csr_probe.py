@@ -48,7 +48,8 @@ from csr import pruned_normal  # noqa: E402
 from sparseforge.cache import Cache  # noqa: E402
 from sparseforge.generator.families import family_of  # noqa: E402
 from sparseforge.generator.io import load_one  # noqa: E402
-from sparseforge.generator.kernel import ACTIVATIONS, ConfigError, Epilogue, Operation  # noqa: E402
+from sparseforge.generator.kernel import (ACTIVATIONS, ConfigError, Epilogue, Operation,  # noqa: E402
+                                         canonical_config)
 from sparseforge.tuner.driver import QUICK_TIMING, Tuner, timing_for  # noqa: E402
 from sparseforge.tuner.worker import PeerJob  # noqa: E402
 
@@ -117,15 +118,25 @@ def main(argv=None, worker=None) -> int:
                     mat = two_of_four(mat)
                 bias = (np.random.default_rng(1).standard_normal(mat.rows).astype(np.float32)
                         if op.epilogue.bias else None)
-                status, infos = tuner.measure_rounds(mat, fam.name, params, op, args.n, cfgs,
-                                                     args.rounds, bias)
                 head = (f"{args.pattern} {args.m}x{args.k} N={args.n} {args.layout} {args.dtype} "
                         + ("" if op.epilogue.tag == "plain" else f"{op.epilogue.tag} ")
                         + f"d={d:.3g}" + (f" {Path(args.matrix).name}" if fixed is not None else "")
                         + (f" two of four (d={mat.density:.3g})" if args.two_of_four else ""))
-                if status != "ok":  # infos names the configuration that failed
+                # a configuration that fails (its status printed) leaves the rest to
+                # be measured side by side again
+                run = list(cfgs)
+                while run:
+                    status, infos = tuner.measure_rounds(mat, fam.name, params, op, args.n, run,
+                                                         args.rounds, bias)
+                    if status == "ok":
+                        break
                     print(f"{head}: {status} {str(infos)[:600]}", flush=True)
                     bad += 1
+                    failed = [c for c in run if canonical_config(c) == infos.get("config")]
+                    if not failed:
+                        break
+                    run.remove(failed[0])
+                if status != "ok":
                     continue
                 peer_ms = None
                 if args.peer:
@@ -137,7 +148,7 @@ def main(argv=None, worker=None) -> int:
                         print(f"{head} cuBLAS: {peer_ms * 1000:.2f} us", flush=True)
                     else:
                         print(f"{head} cuBLAS: {pstatus} {str(pinfo)[:300]}", flush=True)
-                for cfg, inf in zip(cfgs, infos):
+                for cfg, inf in zip(run, infos):
                     med = statistics.median(i["median_ms"] for i in inf)
                     err = max(i.get("max_rel_err", 0.0) for i in inf)
                     ratio = f", {peer_ms / med:.2f}x cuBLAS" if peer_ms else ""

@@ -126,6 +126,15 @@ def test_probe_measures_side_by_side(capsys):
     lines = [x for x in capsys.readouterr().out.splitlines() if " us " in x]
     assert len(lines) == 4 and all("csr 64x96 N=16 tm fp16" in x for x in lines)
     assert len(w.trials) == 2 * 2 * 2
+    # a configuration that fails is named, and the other is measured without it
+    w = ReplayWorker(fail_names={"ksw2"})
+    assert csr_probe.main(["64", "96", "16", "--densities", "0.5", "--rounds", "2",
+                           "--configs", cfgs], worker=w) == 1
+    out = capsys.readouterr().out
+    failed = [x for x in out.splitlines() if "launch_fail" in x]
+    assert len(failed) == 1 and '"ksw":2' in failed[0]
+    lines = [x for x in out.splitlines() if " us " in x]
+    assert len(lines) == 1 and '"ksw": 4' in lines[0]
     # the same matrices cut to two of every four along K (the split 2:4 residual empty)
     w = ReplayWorker()
     assert csr_probe.main(["64", "96", "16", "--densities", "0.5", "--rounds", "1",
