@@ -222,8 +222,9 @@ class LayerJob:
 def _naming(info, config: dict) -> dict:
     """A failed trial's info (a dict, or a message) with the configuration
     it ran (`config`, canonical JSON)."""
-    rest = dict(info) if isinstance(info, dict) else {"message": str(info)}
-    return {"config": canonical_config(config), **rest}   # first: printed infos are cut
+    rest = info.items() if isinstance(info, dict) else [("message", str(info))]
+    # the configuration first: printed infos are cut
+    return {"config": canonical_config(config), **{k: v for k, v in rest if k != "config"}}
 
 
 class Tuner:
