@@ -32,6 +32,20 @@ from .matrix import SparseMatrix
 from .space import ConfigError
 
 
+def accepted_by(check, configs) -> list[dict]:
+    """The configurations of `configs` that `check` accepts (raises no
+    ConfigError for), each once, in order."""
+    out = []
+    for cfg in configs:
+        try:
+            check(cfg)
+        except ConfigError:
+            continue
+        if cfg not in out:
+            out.append(cfg)
+    return out
+
+
 class PatternError(ValueError):
     """A pattern string or its parameters that no family accepts."""
 
@@ -168,15 +182,8 @@ class Family(ABC):
                  device: Optional[dict] = None) -> list[dict]:
         """The configurations of `configs` that check_config accepts, each
         once, in order."""
-        out = []
-        for cfg in configs:
-            try:
-                self.check_config(cfg, matrix, op, params, device)
-            except ConfigError:
-                continue
-            if cfg not in out:
-                out.append(cfg)
-        return out
+        return accepted_by(lambda cfg: self.check_config(cfg, matrix, op, params, device),
+                           configs)
 
     def hint_configs(self, matrix: SparseMatrix, op: Operation, params: dict,
                      device: Optional[dict] = None, n: Optional[int] = None) -> list[dict]:

@@ -43,6 +43,7 @@ from typing import Optional
 
 import numpy as np
 
+from ...family import accepted_by
 from ...kernel import ConfigError, Kernel, Operation, config_name, sm_count
 from ...matrix import SparseMatrix, round_to_dtype
 from ..nm24 import Nm24Family, Nm24Plan, TMA_KEYS, _align16, is_tma
@@ -234,15 +235,8 @@ def candidates(matrix: SparseMatrix, op: Operation, device: Optional[dict],
 def _valid(tiles, s24: int, matrix: SparseMatrix, op: Operation,
            device: Optional[dict]) -> list[dict]:
     """The tiles as split 2:4 configurations (`s24`) that `check` accepts."""
-    out = []
-    for t in tiles:
-        c = dict(t, **{KEY: s24})
-        try:
-            check(c, matrix, op, device)
-        except ConfigError:
-            continue
-        out.append(c)
-    return out
+    return accepted_by(lambda c: check(c, matrix, op, device),
+                       [dict(t, **{KEY: s24}) for t in tiles])
 
 
 def plan(matrix: SparseMatrix, op: Operation, tag: str, config: dict,

@@ -35,7 +35,7 @@ from typing import Optional
 
 import numpy as np
 
-from ...family import by_tile_n
+from ...family import accepted_by, by_tile_n
 from ...kernel import ConfigError, Kernel, Operation, config_name, make_launch, render, smem_limit
 from ...matrix import SparseMatrix
 from ...space import Constraint, Space
@@ -341,18 +341,7 @@ def search_space(matrix: SparseMatrix, op: Operation, device: Optional[dict]) ->
 def _valid(cands: list[dict], matrix: SparseMatrix, op: Operation,
            device: Optional[dict]) -> list[dict]:
     """The candidates that pass the table, each once, in order."""
-    out, seen = [], set()
-    for c in cands:
-        key = tuple(sorted(c.items()))
-        if key in seen:
-            continue
-        seen.add(key)
-        try:
-            check(c, matrix, op, device)
-        except ConfigError:
-            continue
-        out.append(c)
-    return out
+    return accepted_by(lambda c: check(c, matrix, op, device), cands)
 
 
 def hint_configs(matrix: SparseMatrix, op: Operation, device: Optional[dict],
