@@ -324,23 +324,29 @@ __device__ __forceinline__ void tma_produce(const unsigned char *__restrict__ pa
       sm90::mbar_arrive(full + 8 * s);
     }
     // (RS) this K tile ends a step: its weights into slot rs_j % 2, once the stage is
-    // on its way whole (the wait for the slot needs the consumers past this stage)
+    // on its way whole (the wait for the slot needs the consumers past this stage).
+    // The whole warp follows the steps and waits for the slot; lane 0 alone
+    // copies.  (With lane 0 waiting alone, while the other lanes waited at
+    // the branch's reconvergence point, the kernel hung on some whole prefill
+    // problems: bench/RESULTS.md, 2026-11-28.  Every mbarrier wait of these
+    // kernels is now made by whole warps.)
     if constexpr (C::RS) {
-      if (lane == 0) {
-        if (kt > 0 && kt % 32 == 0) {
-          rs_ends = rs_next;
-          rs_next = kt / 32 + 1 < rs_end_words<C, P>() ? __ldg(rs_words + kt / 32 + 1) : 0u;
-        }
-        if ((rs_ends >> (kt % 32)) & 1) {
-          const int h = rs_j & 1;
-          const unsigned bar = full + C::RSBAR;
-          if (rs_j >= 2) sm90::mbar_wait(bar + 32 + 8 * h, ((rs_j >> 1) - 1) & 1);  // rfree
-          sm90::mbar_arrive_expect(bar + 8 * h, C::RS_A_BYTES);                       // afull
+      if (kt > 0 && kt % 32 == 0) {
+        rs_ends = rs_next;
+        rs_next = kt / 32 + 1 < rs_end_words<C, P>() ? __ldg(rs_words + kt / 32 + 1) : 0u;
+      }
+      if ((rs_ends >> (kt % 32)) & 1) {
+        const int h = rs_j & 1;
+        const unsigned bar = full + C::RSBAR;
+        if (rs_j >= 2) sm90::mbar_wait(bar + 32 + 8 * h, ((rs_j >> 1) - 1) & 1);  // rfree
+        if (lane == 0) {
+          sm90::mbar_arrive_expect(bar + 8 * h, C::RS_A_BYTES);  // afull
           sm90::bulk_load(stages + C::RS_OFFSET + 2 * C::RS_HALF + h * C::RS_A_BYTES,
                           packed + P::RS_A + (size_t)(rs_base + rs_j) * C::RS_A_BYTES,
                           C::RS_A_BYTES, bar + 8 * h);
-          ++rs_j;
         }
+        ++rs_j;
+        __syncwarp();
       }
     }
   }
@@ -762,10 +768,11 @@ __device__ __forceinline__ void tma_gemm(const unsigned char *__restrict__ packe
   // (RS) the tile's first word of step ends and its first step, loaded while the rest waits
   unsigned rs_first = 0;
   int rs_base = 0;
-  if (warp == C::PRODUCER_WARP && lane == 0) {
-    for (int it = 0; it < early; ++it)
-      tma_produce_weights<C, P>(packed, use_map, stages, full, m_first, STEP, it, zrank * KT);
-    if constexpr (C::RS) {
+  if (warp == C::PRODUCER_WARP) {
+    if (lane == 0)
+      for (int it = 0; it < early; ++it)
+        tma_produce_weights<C, P>(packed, use_map, stages, full, m_first, STEP, it, zrank * KT);
+    if constexpr (C::RS) {  // (every lane: the whole warp follows the steps)
       rs_first = __ldg(rs_end_ptr<C, P>(packed, m_first));
       rs_base = __ldg(reinterpret_cast<const int *>(packed + P::RS_PTR) + m_first / C::BM);
     }
