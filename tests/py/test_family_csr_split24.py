@@ -291,10 +291,11 @@ def test_steps_refuse_k_tiles_past_their_list(monkeypatch):
     mat = random_matrix(512, 1024, 0.1, seed=23)
     fm, tm = Operation("fp16", "fm"), Operation("fp16", "tm")
     steps = [dict(t, s24=3) for t in split24.STEP_TILES]
-    # not offered until measured beyond 4096 x 4096 (split24.OFFER_STEPS) ...
+    # offered (split24.OFFER_STEPS) first for feature-major prefill, after the decode
+    # tiles with N unknown; with the offer off, never
+    monkeypatch.setattr(split24, "OFFER_STEPS", False)
     assert not [c for c in split24.candidates(mat, fm, H100, 4096) if c.get("s24") == 3]
     monkeypatch.setattr(split24, "OFFER_STEPS", True)
-    # ... then first for feature-major prefill, after the decode tiles with N unknown
     assert split24.candidates(mat, fm, H100, 4096)[:2] == steps
     assert split24.candidates(mat, fm, H100)[-2:] == steps
     assert not [c for c in split24.candidates(mat, fm, H100, 64) if c.get("s24") == 3]
@@ -383,10 +384,9 @@ GPU_CHANGES = [case[5] for case in GPU_CASES if case[5]]
 
 
 # The step tiles on whole prefill problems, each in a process of its own (a hung kernel
-# cannot be stopped from inside): on an H100 these plain builds hung on these matrices
-# (and on 11008 x 4096 and 4096 x 11008) while builds with a never-taken branch before
-# each mbarrier wait ran them; the cause is not found (bench/RESULTS.md, 2026-11-28), and
-# split24.OFFER_STEPS stays off until these pass.
+# cannot be stopped from inside): these matrices (and 11008 x 4096, 4096 x 11008) hung
+# the kernel while the producer's lane 0 waited for a step's slot alone, its warp at the
+# branch's reconvergence point (bench/RESULTS.md, 2026-11-28).
 _STEP_RUN = """
 import sys
 import numpy as np
@@ -409,8 +409,6 @@ print(np.linalg.norm(y[rows] - ref) / np.linalg.norm(ref))
 
 
 @pytest.mark.gpu
-@pytest.mark.xfail(reason="s24 3 hangs on whole prefill problems (bench/RESULTS.md, 2026-11-28)",
-                   strict=False)
 @pytest.mark.parametrize("problem", [(4096, 4096, 4096, 0, 1), (5504, 4096, 4096, 1, 1)])
 def test_gpu_steps_finish_on_prefill_problems(problem):
     import subprocess

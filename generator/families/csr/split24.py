@@ -86,14 +86,14 @@ STEP_TILES = (dict(bm=128, bn=256, bk=64, wm=2, wn=1, mw=1, stages=4, wg=1, tma=
                    ks=1, mt=1, ra=0))
 
 
-# Whether the tuner offers the step tiles (they run when a configuration
-# names them).  Not yet: on an H100 they ran 4096 x 4096 x 4096 at 1.01x
-# of cuBLAS, but on whole prefill problems the kernel hangs on some
-# matrices (4096 x 4096, 5504 x 4096, 11008 x 4096, 4096 x 11008 at
-# N = 4096), for a cause not found: builds with a never-taken branch before
-# each mbarrier wait ran the same matrices (bench/RESULTS.md, 2026-11-28;
-# the GPU test test_gpu_steps_finish_on_prefill_problems).
-OFFER_STEPS = False
+# Whether the tuner offers the step tiles (first for feature-major prefill).
+# On an H100 they ran issue 19's prefill rows at density 0.1 at 1.00x
+# (4096 x 4096), 1.03x (11008 x 4096) and 1.04x (4096 x 11008) of cuBLAS,
+# where the bitmap tiles ran 0.94-0.98x (bench/RESULTS.md, 2026-11-28).
+# The offer was off while the kernel hung on some of those problems: the
+# producer's lane 0 waited for a step's slot alone (now the whole warp
+# waits; the GPU test test_gpu_steps_finish_on_prefill_problems).
+OFFER_STEPS = True
 
 
 def is_split24(config: dict) -> bool:
