@@ -56,6 +56,43 @@ def test_split_keeps_the_two_largest_of_each_group(m, k, density):
     assert split24.residual_fraction(mat) == pytest.approx(expect)
 
 
+@pytest.mark.parametrize("m,k,density,rows", [(300, 520, 0.1, 128), (64, 128, 0.6, 16),
+                                              (5, 7, 1.0, 128), (20, 40, 0.0, 128)])
+def test_split_for_steps_needs_fewer_columns_a_tile(m, k, density, rows):
+    """The residual in steps (tile_rows): a 2:4 part and the residual that
+    make W, as many residual nonzeros as the two-largest split, and no
+    more distinct columns in any tile of rows (fewer in all)."""
+    mat = random_matrix(m, k, density, seed=m + 1)
+    part, res = split24.split(mat, rows)
+    assert first_violation(part) is None
+    np.testing.assert_array_equal(part.to_dense() + res.to_dense(), mat.to_dense())
+    assert not np.any(part.mask() & res.mask())
+    _, res0 = split24.split(mat)
+    assert res.nnz == res0.nnz
+    np.testing.assert_array_equal(np.diff(res.indptr), np.diff(res0.indptr))
+
+    def columns(r):
+        return [len(set(r.indices[r.indptr[a]:r.indptr[min(a + rows, m)]]))
+                for a in range(0, m, rows)]
+    assert sum(columns(res)) <= sum(columns(res0))
+    if m == 300:
+        assert sum(columns(res)) < 0.9 * sum(columns(res0))
+
+
+def test_split_for_steps_shares_a_column_across_rows():
+    """Two rows of one tile, each a group of 3 (columns 0-2 and 1-3) whose
+    smallest members differ (0 and 3): one shared column (1) holds the
+    residual; tiles of one row each need a column each."""
+    w = np.zeros((2, 4), np.float32)
+    w[0, :3] = [1, 5, 6]
+    w[1, 1:] = [7, 8, 2]
+    mat = SparseMatrix.from_dense(w, dtype="fp16")
+    assert sorted(split24.split(mat)[1].indices) == [0, 3]
+    res = split24.split(mat, 2)[1]
+    assert list(res.indices) == [1, 1] and list(np.diff(res.indptr)) == [1, 1]
+    assert len(set(split24.split(mat, 1)[1].indices)) == 2
+
+
 @pytest.mark.parametrize("layout,dtype", [("fm", "fp16"), ("tm", "bf16")])
 def test_plan_reads_back_and_carries_bias_and_permutation(layout, dtype):
     mat = random_matrix(100, 200, 0.4, seed=3, dtype=dtype)
@@ -253,7 +290,7 @@ def test_steps_read_back(shape, density, dtype):
     want = round_to_dtype(mat.to_dense(), dtype)
     np.testing.assert_array_equal(back.to_dense(), want)
     np.testing.assert_array_equal(back.perm, mat.perm)
-    part, res = split24.split(mat)
+    part, res = split24.split(mat, cfg["bm"])
     lists, first, stacked = split24.residual_steps(res, p.mp, p.kp, cfg["bm"], cfg["bk"])
     lists = lists.reshape(p.mp // cfg["bm"], p.kp // cfg["bk"], split24.LIST_BYTES)
     assert lists[:, :, 0].max(initial=0) <= split24.LIST_MAX

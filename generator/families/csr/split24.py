@@ -112,10 +112,18 @@ def _params(config: dict) -> dict:
     return {"rs": True} if config.get(KEY) == STEPS else {}
 
 
-def split(matrix: SparseMatrix) -> tuple[SparseMatrix, SparseMatrix]:
-    """W = part + residual: `part` keeps the two largest |w| of every
-    aligned group of 4 along K (ties: the lower column), `residual` the
-    rest.  Both in W's dtype and shape, without W's permutation."""
+def split(matrix: SparseMatrix, tile_rows: Optional[int] = None
+          ) -> tuple[SparseMatrix, SparseMatrix]:
+    """W = part + residual, `part` a 2:4 matrix holding two nonzeros of
+    every aligned group of 4 along K that has more, `residual` the rest;
+    both in W's dtype and shape, without W's permutation.  Which two a
+    group keeps does not change the product (both parts run with fp32
+    sums), so:
+    - tile_rows None: the two largest |w| (ties: the lower column);
+    - tile_rows R (the residual in steps, one step list per tile of R
+      rows): in each tile, the residual's members chosen so that the tile
+      needs few distinct columns (_few_columns): each column the tile
+      needs is one more a step copies and multiplies."""
     m, k = matrix.shape
     rows = matrix.row_ids()
     nnz = matrix.nnz
@@ -126,16 +134,20 @@ def split(matrix: SparseMatrix) -> tuple[SparseMatrix, SparseMatrix]:
     keep = np.ones(nnz, dtype=bool)
     over = np.flatnonzero(sizes > 2)             # groups holding 3 or 4
     if over.size:
-        # their members as rows of 4 (|w|, -1 for no member), in column order
+        # their members as rows of 4 (-1 for no member), in column order
         member = starts[over, None] + np.arange(4)[None, :]
         present = np.arange(4)[None, :] < sizes[over, None]
-        mag = np.where(present, np.abs(matrix.values)[np.minimum(member, nnz - 1)], -1.0)
-        # rank: members before it by |w| descending, ties to the lower column
-        beats = (mag[:, None, :] > mag[:, :, None]) | (
-            (mag[:, None, :] == mag[:, :, None]) &
-            (np.arange(4)[None, None, :] < np.arange(4)[None, :, None]))
-        rank = beats.sum(axis=2)
-        keep[member[present]] = rank[present] < 2
+        if tile_rows is None:
+            mag = np.where(present, np.abs(matrix.values)[np.minimum(member, nnz - 1)], -1.0)
+            # rank: members before it by |w| descending, ties to the lower column
+            beats = (mag[:, None, :] > mag[:, :, None]) | (
+                (mag[:, None, :] == mag[:, :, None]) &
+                (np.arange(4)[None, None, :] < np.arange(4)[None, :, None]))
+            keep[member[present]] = beats.sum(axis=2)[present] < 2
+        else:
+            cols = np.where(present, matrix.indices[np.minimum(member, nnz - 1)], -1)
+            out = _few_columns(cols, sizes[over] - 2, rows[starts[over]] // tile_rows)
+            keep[member[out]] = False
 
     def part(mask: np.ndarray) -> SparseMatrix:
         counts = np.bincount(rows[mask], minlength=m)
@@ -145,8 +157,49 @@ def split(matrix: SparseMatrix) -> tuple[SparseMatrix, SparseMatrix]:
     return part(keep), part(~keep)
 
 
-def _split_cached(matrix: SparseMatrix) -> tuple[SparseMatrix, SparseMatrix]:
-    return matrix.cached(("csr.split24",), lambda: split(matrix))
+def _few_columns(cols: np.ndarray, need: np.ndarray, tile: np.ndarray) -> np.ndarray:
+    """Which members go to the residual: cols int[G][4] the columns of
+    each over-full group's members (-1: none), need[G] how many of each
+    (1 or 2), tile[G] each group's tile of rows (non-decreasing).  Greedy
+    cover, tile by tile: take the column that the most groups still
+    needing a member hold (ties: the lower column), one member of each of
+    those groups, until every group has its count (on a random pattern
+    at density 0.1, 15% fewer columns a tile of 128 rows than the
+    smallest members: bench/RESULTS.md, 2026-11-28).  Returns bool[G][4]."""
+    out = np.zeros(cols.shape, dtype=bool)
+    bounds = np.flatnonzero(np.diff(tile, prepend=-1, append=tile[-1] + 1 if tile.size else 0))
+    for lo, hi in zip(bounds[:-1], bounds[1:]):
+        c = cols[lo:hi]
+        left = need[lo:hi].copy()
+        # the tile's columns and, for each, the members holding it
+        uc, inv = np.unique(c, return_inverse=True)
+        inv = inv.reshape(c.shape)
+        valid = c >= 0
+        count = np.bincount(inv[valid], minlength=uc.size)
+        count[uc < 0] = 0
+        order = np.argsort(inv, axis=None, kind="stable")
+        first = np.searchsorted(inv.reshape(-1)[order], np.arange(uc.size + 1))
+        while True:
+            u = int(np.argmax(count))
+            if count[u] == 0:
+                break
+            flat = order[first[u]:first[u + 1]]
+            g, j = np.divmod(flat, 4)
+            take = left[g] > 0
+            g, j = g[take], j[take]
+            out[lo + g, j] = True
+            left[g] -= 1
+            count[u] = 0
+            done = g[left[g] == 0]
+            if done.size:   # their other members no longer count
+                rest = inv[done][valid[done] & ~out[lo + done]]
+                np.subtract.at(count, rest, 1)
+    return out
+
+
+def _split_cached(matrix: SparseMatrix, tile_rows: Optional[int] = None
+                  ) -> tuple[SparseMatrix, SparseMatrix]:
+    return matrix.cached(("csr.split24", tile_rows), lambda: split(matrix, tile_rows))
 
 
 def residual_fraction(matrix: SparseMatrix) -> float:
@@ -244,7 +297,8 @@ def plan(matrix: SparseMatrix, op: Operation, tag: str, config: dict,
     """The 2:4 part planned by the 2:4 family, the residual appended to its
     packed buffer: ptr int32[MP + 1], then the records."""
     check(config, matrix, op)
-    part, res = _split_cached(matrix)
+    # (steps) the residual chosen for few columns a tile of rows
+    part, res = _split_cached(matrix, int(config["bm"]) if config[KEY] == STEPS else None)
     p = _NM24.plan(part, op, _params(config), tile_config(config), bias)
     if config[KEY] == STEPS:
         return _plan_steps(matrix, op, tag, config, p, res)
