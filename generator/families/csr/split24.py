@@ -31,7 +31,8 @@ run by one more sparse wgmma on those columns of X, which the consumer
 warps copy out of the stages' X tiles (residual_steps; the kernel's side
 is sf/nm24_tma.cuh's RS).  Its cost is one sparse wgmma a step (about an
 eighth more tensor-core work at density 0.1) and 16-byte copies of whole
-rows of the X tile.  Token-major X tiles hold a column of X as one
+rows of the X tile, both per distinct column of a tile's residual: there
+the residual is chosen for few columns (split with tile_rows).  Token-major X tiles hold a column of X as one
 element a row: not offered there.
 """
 from __future__ import annotations
@@ -87,9 +88,10 @@ STEP_TILES = (dict(bm=128, bn=256, bk=64, wm=2, wn=1, mw=1, stages=4, wg=1, tma=
 
 
 # Whether the tuner offers the step tiles (first for feature-major prefill).
-# On an H100 they ran issue 19's prefill rows at density 0.1 at 1.00x
-# (4096 x 4096), 1.03x (11008 x 4096) and 1.04x (4096 x 11008) of cuBLAS,
-# where the bitmap tiles ran 0.94-0.98x (bench/RESULTS.md, 2026-11-28).
+# On an H100, tuned, they ran issue 19's prefill rows at density 0.1 at
+# 1.04x (4096 x 4096), 1.09x (11008 x 4096) and 1.11x (4096 x 11008) of
+# cuBLAS, where the bitmap tiles ran 0.93-0.98x (bench/RESULTS.md,
+# 2026-11-28).
 # The offer was off while the kernel hung on some of those problems: the
 # producer's lane 0 waited for a step's slot alone (now the whole warp
 # waits; the GPU test test_gpu_steps_finish_on_prefill_problems).
