@@ -333,6 +333,11 @@ def test_steps_refuse_k_tiles_past_their_list(monkeypatch):
     monkeypatch.setattr(split24, "OFFER_STEPS", False)
     assert not [c for c in split24.candidates(mat, fm, H100, 4096) if c.get("s24") == 3]
     monkeypatch.setattr(split24, "OFFER_STEPS", True)
+    # (a small matrix: after its small tiles)
+    small = [dict(t, s24=1) for t in split24.SMALL_TILES]
+    assert mat.rows * mat.cols <= split24.SMALL_ENTRIES
+    assert split24.candidates(mat, fm, H100, 4096)[:4] == small + steps
+    monkeypatch.setattr(split24, "SMALL_ENTRIES", mat.rows * mat.cols - 1)
     assert split24.candidates(mat, fm, H100, 4096)[:2] == steps
     assert split24.candidates(mat, fm, H100)[-2:] == steps
     assert not [c for c in split24.candidates(mat, fm, H100, 64) if c.get("s24") == 3]

@@ -268,9 +268,11 @@ def candidates(matrix: SparseMatrix, op: Operation, device: Optional[dict],
                 out.append(c)
     if OFFER_STEPS and op.layout == "fm" and (n is None or n > 256):
         # prefill: the residual in steps on the 128 x 256 tiles (first for a
-        # known N: the decode tiles above lose there)
+        # known N: the decode tiles above lose there; a small matrix keeps
+        # its small tiles first, since few 128 x 256 tiles cover it)
         steps = _valid(STEP_TILES, STEPS, matrix, op, device)
-        out = steps + out if n is not None else out + steps
+        lead = len(out) if n is None else sum(tile_config(c) in SMALL_TILES for c in out)
+        out = out[:lead] + steps + out[lead:]
     if (n is not None and 16 < n <= 64 and not is_small
             and matrix.rows >= 128 * (sm_count(device) // 2)):
         # tall matrices at N = 64: the 128-row tile without split K first,
