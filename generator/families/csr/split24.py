@@ -31,9 +31,10 @@ run by one more sparse wgmma on those columns of X, which the consumer
 warps copy out of the stages' X tiles (residual_steps; the kernel's side
 is sf/nm24_tma.cuh's RS).  Its cost is one sparse wgmma a step (about an
 eighth more tensor-core work at density 0.1) and 16-byte copies of whole
-rows of the X tile, both per distinct column of a tile's residual: there
-the residual is chosen for few columns (split with tile_rows).  Token-major X tiles hold a column of X as one
-element a row: not offered there.
+rows of the X tile, both per distinct column of a tile's residual, so
+there the residual is chosen for few columns (split with tile_rows).
+Token-major X tiles hold a column of X as one element a row: not offered
+there.
 """
 from __future__ import annotations
 
