@@ -350,6 +350,30 @@ def test_steps_refuse_k_tiles_past_their_list(monkeypatch):
         get_family("nm24").check_config(dict(split24.STEP_TILES[0], rs=1), mat, fm, {}, H100)
 
 
+def test_steps_not_offered_where_a_list_overflows(monkeypatch):
+    """A short residual overall, but one K tile of one tile of rows needs
+    32 columns (16 full groups of 4, one a row, no two sharing a column):
+    more than a list holds, so the tuner is not offered the step tiles
+    (it would only see them refused), and a plan says why."""
+    w = random_matrix(512, 1024, 0.04, seed=31).to_dense()
+    for r in range(16):
+        w[r, 4 * r:4 * r + 4] = 1.0 + r
+    mat = SparseMatrix.from_dense(w, dtype="fp16")
+    assert split24.residual_fraction(mat) <= split24.MAX_RESIDUAL
+    monkeypatch.setattr(split24, "OFFER_STEPS", True)
+    monkeypatch.setattr(split24, "SMALL_ENTRIES", 0)
+    fm = Operation("fp16", "fm")
+    cands = split24.candidates(mat, fm, H100, 4096)
+    assert cands and not [c for c in cands if c.get("s24") == 3]
+    with pytest.raises(ConfigError, match="list"):
+        FAM.plan(mat, fm, {}, dict(split24.STEP_TILES[0], s24=3), None)
+    # without those rows the step tiles come first
+    w[:16, :64] = 0
+    mat = SparseMatrix.from_dense(w, dtype="fp16")
+    assert split24.candidates(mat, fm, H100, 4096)[:2] == [dict(t, s24=3)
+                                                           for t in split24.STEP_TILES]
+
+
 @pytest.mark.parametrize("layout", ["fm", "tm"])
 def test_hints_compile_without_spills(layout, assert_no_spills):
     mat = random_matrix(300, 520, 0.1, seed=13)

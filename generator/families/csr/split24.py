@@ -48,7 +48,7 @@ import numpy as np
 from ...family import accepted_by
 from ...kernel import ConfigError, Kernel, Operation, config_name, sm_count
 from ...matrix import SparseMatrix, round_to_dtype
-from ..nm24 import Nm24Family, Nm24Plan, TMA_KEYS, _align16, is_tma
+from ..nm24 import Nm24Family, Nm24Plan, TMA_KEYS, _align16, is_tma, padded_shape
 from ..nm24.pack import AE_STEP as AE_STEP_BYTES, interleave_ae, pack_matrix
 
 KEY = "s24"
@@ -271,7 +271,8 @@ def candidates(matrix: SparseMatrix, op: Operation, device: Optional[dict],
         # prefill: the residual in steps on the 128 x 256 tiles (first for a
         # known N: the decode tiles above lose there; a small matrix keeps
         # its small tiles first, since few 128 x 256 tiles cover it)
-        steps = _valid(STEP_TILES, STEPS, matrix, op, device)
+        steps = [c for c in _valid(STEP_TILES, STEPS, matrix, op, device)
+                 if _steps_fit(matrix, c)]
         lead = len(out) if n is None else sum(tile_config(c) in SMALL_TILES for c in out)
         out = out[:lead] + steps + out[lead:]
     if (n is not None and 16 < n <= 64 and not is_small
@@ -290,6 +291,26 @@ def candidates(matrix: SparseMatrix, op: Operation, device: Optional[dict],
     return out
 
 
+def _steps_fit(matrix: SparseMatrix, config: dict) -> bool:
+    """Whether every K tile's residual columns fit its list and a step
+    (residual_steps raises otherwise: a configuration the tuner would only
+    see refused)."""
+    try:
+        _step_lists(matrix, config)
+    except ConfigError:
+        return False
+    return True
+
+
+def _step_lists(matrix: SparseMatrix, config: dict):
+    """residual_steps of the configuration's tiles (cached by the matrix)."""
+    bm, bk = int(config["bm"]), int(config["bk"])
+    mp, kp = padded_shape(matrix.rows, matrix.cols, tile_config(config))
+    res = _split_cached(matrix, bm)[1]
+    return matrix.cached(("csr.split24.steps", mp, kp, bm, bk),
+                         lambda: residual_steps(res, mp, kp, bm, bk))
+
+
 def _valid(tiles, s24: int, matrix: SparseMatrix, op: Operation,
            device: Optional[dict]) -> list[dict]:
     """The tiles as split 2:4 configurations (`s24`) that `check` accepts."""
@@ -306,7 +327,7 @@ def plan(matrix: SparseMatrix, op: Operation, tag: str, config: dict,
     part, res = _split_cached(matrix, int(config["bm"]) if config[KEY] == STEPS else None)
     p = _NM24.plan(part, op, _params(config), tile_config(config), bias)
     if config[KEY] == STEPS:
-        return _plan_steps(matrix, op, tag, config, p, res)
+        return _plan_steps(matrix, op, tag, config, p)
     ptr = slice_starts(res, p.mp, p.kp, int(config.get("ks", 1))).astype("<i4")
     rec = np.empty(res.nnz, dtype=REC)
     rec["col"] = res.indices
@@ -330,15 +351,15 @@ def plan(matrix: SparseMatrix, op: Operation, tag: str, config: dict,
         res_rec=res_rec, perm=None if matrix.perm is None else matrix.perm.copy())
 
 
-def _plan_steps(matrix: SparseMatrix, op: Operation, tag: str, config: dict, p: Nm24Plan,
-                res: SparseMatrix) -> Nm24Plan:
+def _plan_steps(matrix: SparseMatrix, op: Operation, tag: str, config: dict,
+                p: Nm24Plan) -> Nm24Plan:
     """The packed buffer of the residual in steps: the 2:4 part's runs
     with each K tile's list as blocks (block_weights), the bias, the
     steps' weights (2:4 runs), int32 first step of each tile, the step
     ends (step_end_words)."""
     bm, bk = int(config["bm"]), int(config["bk"])
-    lists, first, stacked = matrix.cached(("csr.split24.steps", p.mp, p.kp, bm, bk),
-                                          lambda: residual_steps(res, p.mp, p.kp, bm, bk))
+    lists, first, stacked = _step_lists(matrix, config)
+    assert lists.size == (p.mp // bm) * (p.kp // bk) * LIST_BYTES
     ae = _step_runs(stacked, op.dtype) if stacked.rows else b""
     ends = step_end_words(lists, p.kp // bk)
     blocks_len = len(lists) + p.mp // 64 * (p.kp // 32) * AE_STEP_BYTES

@@ -252,6 +252,15 @@ def _device_env(device: Optional[dict]) -> dict:
             "sm90a": int(not device or not device.get("arch") or device["arch"] == "sm_90a")}
 
 
+def padded_shape(m: int, k: int, config: dict) -> tuple[int, int]:
+    """(MP, KP): M and K padded as a configuration packs them (rows to the
+    tile, a TMA cluster's tiles; K to the tile times its split)."""
+    tma = is_tma(config)
+    ks = config.get("ks", 1) if tma else 1
+    return (_round_up(m, config["bm"] * (config["cm"] if tma else 1)),
+            _round_up(k, config["bk"] * ks))
+
+
 def _round_up(x: int, m: int) -> int:
     return max(m, -(-x // m) * m)
 
@@ -548,10 +557,9 @@ class Nm24Family(Family):
             raise ValueError(f"matrix is not 2:4: row {row} has more than 2 nonzeros in "
                              f"columns {col}..{col + 3} (prune it to 2:4 first)")
         m, k = matrix.shape
-        bm, bk = config["bm"], config["bk"]
         tma = is_tma(config)
         ks = config.get("ks", 1) if tma else 1
-        mp, kp = _round_up(m, bm * (config["cm"] if tma else 1)), _round_up(k, bk * ks)
+        mp, kp = padded_shape(m, k, config)
         wg = is_wg(config)
         # the same for every configuration that pads alike: packed once
         values, meta = matrix.cached(("nm24.pack", op.dtype, mp, kp, wg),
@@ -602,7 +610,7 @@ class Nm24Family(Family):
             values_offset=values_offset, meta_offset=meta_offset, bias_offset=bias_offset,
             has_bias=ep.bias, smem_bytes=smem_bytes(cfg, op.layout, k),
             threads=_space(cfg).env(cfg, _problem(op, k))["threads"],
-            grid=(1, _tile_slots(mp, bm, config), ks),
+            grid=(1, _tile_slots(mp, config["bm"], config), ks),
             perm=None if matrix.perm is None else matrix.perm.copy(),
             epilogue=dict(activation=ep.activation, scale=float(ep.scale)))
 
