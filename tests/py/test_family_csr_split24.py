@@ -328,20 +328,24 @@ def test_steps_refuse_k_tiles_past_their_list(monkeypatch):
     mat = random_matrix(512, 1024, 0.1, seed=23)
     fm, tm = Operation("fp16", "fm"), Operation("fp16", "tm")
     steps = [dict(t, s24=3) for t in split24.STEP_TILES]
-    # offered (split24.OFFER_STEPS) first for feature-major prefill, after the decode
-    # tiles with N unknown; with the offer off, never
+    # offered (split24.OFFER_STEPS) first for feature-major prefill where their
+    # tiles fill the GPU (4 x 64 tiles at N = 16384; 4 x 16 at 4096 do not), after the
+    # decode tiles with N unknown; with the offer off, never
+    big_n = 16384
     monkeypatch.setattr(split24, "OFFER_STEPS", False)
-    assert not [c for c in split24.candidates(mat, fm, H100, 4096) if c.get("s24") == 3]
+    assert not [c for c in split24.candidates(mat, fm, H100, big_n) if c.get("s24") == 3]
     monkeypatch.setattr(split24, "OFFER_STEPS", True)
     # (a small matrix: after its small tiles)
     small = [dict(t, s24=1) for t in split24.SMALL_TILES]
     assert mat.rows * mat.cols <= split24.SMALL_ENTRIES
-    assert split24.candidates(mat, fm, H100, 4096)[:4] == small + steps
+    assert split24.candidates(mat, fm, H100, big_n)[:4] == small + steps
     monkeypatch.setattr(split24, "SMALL_ENTRIES", mat.rows * mat.cols - 1)
-    assert split24.candidates(mat, fm, H100, 4096)[:2] == steps
+    assert split24.candidates(mat, fm, H100, big_n)[:2] == steps
     assert split24.candidates(mat, fm, H100)[-2:] == steps
+    assert not [c for c in split24.candidates(mat, fm, H100, 4096) if c.get("s24") == 3]
+    assert split24.candidates(mat, fm, dict(H100, sm_count=64), 4096)[:2] == steps
     assert not [c for c in split24.candidates(mat, fm, H100, 64) if c.get("s24") == 3]
-    assert not [c for c in split24.candidates(mat, tm, H100, 4096) if c.get("s24") == 3]
+    assert not [c for c in split24.candidates(mat, tm, H100, big_n) if c.get("s24") == 3]
     with pytest.raises(ConfigError, match="feature-major"):
         FAM.check_config(steps[0], mat, tm, {}, H100)
     with pytest.raises(ConfigError, match="rs"):
@@ -363,15 +367,15 @@ def test_steps_not_offered_where_a_list_overflows(monkeypatch):
     monkeypatch.setattr(split24, "OFFER_STEPS", True)
     monkeypatch.setattr(split24, "SMALL_ENTRIES", 0)
     fm = Operation("fp16", "fm")
-    cands = split24.candidates(mat, fm, H100, 4096)
+    cands = split24.candidates(mat, fm, H100, 16384)
     assert cands and not [c for c in cands if c.get("s24") == 3]
     with pytest.raises(ConfigError, match="list"):
         FAM.plan(mat, fm, {}, dict(split24.STEP_TILES[0], s24=3), None)
     # without those rows the step tiles come first
     w[:16, :64] = 0
     mat = SparseMatrix.from_dense(w, dtype="fp16")
-    assert split24.candidates(mat, fm, H100, 4096)[:2] == [dict(t, s24=3)
-                                                           for t in split24.STEP_TILES]
+    assert split24.candidates(mat, fm, H100, 16384)[:2] == [dict(t, s24=3)
+                                                            for t in split24.STEP_TILES]
 
 
 @pytest.mark.parametrize("layout", ["fm", "tm"])

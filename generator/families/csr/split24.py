@@ -267,7 +267,8 @@ def candidates(matrix: SparseMatrix, op: Operation, device: Optional[dict],
                         device):
             if c not in out:
                 out.append(c)
-    if OFFER_STEPS and op.layout == "fm" and (n is None or n > 256):
+    if OFFER_STEPS and op.layout == "fm" and (n is None or (n > 256 and _steps_fill(matrix, n,
+                                                                                  device))):
         # prefill: the residual in steps on the 128 x 256 tiles (first for a
         # known N: the decode tiles above lose there; a small matrix keeps
         # its small tiles first, since few 128 x 256 tiles cover it)
@@ -289,6 +290,16 @@ def candidates(matrix: SparseMatrix, op: Operation, device: Optional[dict],
             out.remove(tall)
             out.insert(0, tall)
     return out
+
+
+def _steps_fill(matrix: SparseMatrix, n: int, device: Optional[dict]) -> bool:
+    """Whether the step tiles (one 128 x 256 tile a CTA, one CTA an SM)
+    fill the GPU at least once at this N.  They were measured on prefill
+    problems of 512 to 1,376 tiles (bench/RESULTS.md, 2026-11-28); on the
+    DLMC subset in feature-major they would run 4 to 98 (a 128 x 1152 matrix
+    at N = 784: 4 CTAs on 132 SMs), where the decode tiles spread wider."""
+    tiles = -(-matrix.rows // STEP_TILES[0]["bm"]) * -(-n // STEP_TILES[0]["bn"])
+    return tiles >= sm_count(device)
 
 
 def _steps_fit(matrix: SparseMatrix, config: dict) -> bool:
