@@ -248,7 +248,8 @@ def candidates(matrix: SparseMatrix, op: Operation, device: Optional[dict],
     """For a small matrix SMALL_TILES, then the 2:4 family's TMA hints for
     this shape (N known: its regime's first), each as a split 2:4
     configuration, those the device takes; at 16 < N <= 64 a matrix whose
-    128-row tiles fill half the GPU tries the 128-row tile first."""
+    128-row tiles fill half the GPU tries the 128-row tile first; for
+    feature-major prefill the step tiles (STEP_TILES, OFFER_STEPS)."""
     if device and device.get("arch") not in (None, "sm_90a"):
         return []
     if residual_fraction(matrix) > MAX_RESIDUAL:
@@ -267,11 +268,11 @@ def candidates(matrix: SparseMatrix, op: Operation, device: Optional[dict],
                         device):
             if c not in out:
                 out.append(c)
-    if OFFER_STEPS and op.layout == "fm" and (n is None or (n > 256 and _steps_fill(matrix, n,
-                                                                                  device))):
-        # prefill: the residual in steps on the 128 x 256 tiles (first for a
-        # known N: the decode tiles above lose there; a small matrix keeps
-        # its small tiles first, since few 128 x 256 tiles cover it)
+    if OFFER_STEPS and op.layout == "fm" and (
+            n is None or (n > 256 and _steps_fill(matrix, n, device))):
+        # prefill: the residual in steps on the 128 x 256 tiles where they
+        # fill the GPU and every list fits (first for a known N: the decode
+        # tiles above lose there; a small matrix keeps its small tiles first)
         steps = [c for c in _valid(STEP_TILES, STEPS, matrix, op, device)
                  if _steps_fit(matrix, c)]
         lead = len(out) if n is None else sum(tile_config(c) in SMALL_TILES for c in out)
