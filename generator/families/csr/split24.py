@@ -170,7 +170,7 @@ def _few_columns(cols: np.ndarray, need: np.ndarray, tile: np.ndarray) -> np.nda
     at density 0.1, 15% fewer columns a tile of 128 rows than the
     smallest members: bench/RESULTS.md, 2026-11-28).  Returns bool[G][4]."""
     out = np.zeros(cols.shape, dtype=bool)
-    bounds = np.flatnonzero(np.diff(tile, prepend=-1, append=tile[-1] + 1 if tile.size else 0))
+    bounds = np.concatenate([[0], np.flatnonzero(np.diff(tile)) + 1, [tile.size]])
     for lo, hi in zip(bounds[:-1], bounds[1:]):
         c = cols[lo:hi]
         left = need[lo:hi].copy()
@@ -178,8 +178,7 @@ def _few_columns(cols: np.ndarray, need: np.ndarray, tile: np.ndarray) -> np.nda
         uc, inv = np.unique(c, return_inverse=True)
         inv = inv.reshape(c.shape)
         valid = c >= 0
-        count = np.bincount(inv[valid], minlength=uc.size)
-        count[uc < 0] = 0
+        count = np.bincount(inv[valid], minlength=uc.size)   # (no member: 0)
         order = np.argsort(inv, axis=None, kind="stable")
         first = np.searchsorted(inv.reshape(-1)[order], np.arange(uc.size + 1))
         while True:
