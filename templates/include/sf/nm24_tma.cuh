@@ -455,15 +455,33 @@ __device__ __forceinline__ void rs_mma(float (&acc)[C::MW][C::WG_N / 8][4], unsi
   sm90::mma_sp<T, C::WG_N, 0, 1>(acc[0], da, db, meta);
 }
 
-// (RS) This warp's share of a stage's residual columns (the list at lst):
-// each its row of the X tile at sB into its slot of step j's half, 16
-// bytes a lane.  The step's first copy waits until its half is free (the
-// wgmma of step j - 2 done in every warpgroup).  Returns whether the
-// stage ends the step (every warp then arrives on bfull).
+// (RS) A consumer warp's reads of a stage's list (at lst) ahead of its
+// copies: the head and the warp's first entry, right after the stage's full
+// wait, so that their latency overlaps the stage's wgmma issue (each was a
+// round trip to shared memory on the consumers' path: bench/RESULTS.md,
+// 2026-11-28).  (Reading the entry's X row ahead too kept 4 registers more
+// across the issue: 168, a spill on the cm 1 tile.)
+struct RsAhead {
+  unsigned head, ent;
+};
+
+template <class C>
+__device__ __forceinline__ void rs_read_list(RsAhead &a, unsigned lst, int warp) {
+  a.head = lds32(lst);
+  a.ent = lds32(lst + 4 + 4 * (warp >> 1)) >> (16 * (warp & 1));
+}
+
+// (RS) This warp's share of a stage's residual columns (the list at lst,
+// its head and the warp's first entry read ahead in `a`): each its row of the X tile at
+// sB into its slot of step j's half, 16 bytes a lane.  The step's first
+// copy waits until its half is free (the wgmma of step j - 2 done in
+// every warpgroup).  Returns whether the stage ends the step (every warp
+// then arrives on bfull).
 template <class C>
 __device__ __forceinline__ bool rs_copy(unsigned stages, unsigned bar, unsigned sB, unsigned lst,
-                                        int j, int &waited, int warp, int lane) {
-  const unsigned head = lds32(lst);
+                                        const RsAhead &a, int j, int &waited, int warp,
+                                        int lane) {
+  const unsigned head = a.head;
   const int count = head & 0xff;
   const unsigned half = stages + C::RS_OFFSET + (j & 1) * C::RS_HALF;
 #pragma unroll 1
@@ -472,7 +490,7 @@ __device__ __forceinline__ bool rs_copy(unsigned stages, unsigned bar, unsigned 
       sm90::mbar_wait(bar + 32 + 8 * (j & 1), ((j >> 1) - 1) & 1);  // rfree
       waited = j;
     }
-    const unsigned ent = lds32(lst + 4 + 4 * (e >> 1)) >> (16 * (e & 1));
+    const unsigned ent = e == warp ? a.ent : lds32(lst + 4 + 4 * (e >> 1)) >> (16 * (e & 1));
     const int kk = ent & 0xff, slot = (ent >> 8) & 0xff;
     if (lane < C::BN / 8) {
       unsigned w[4];
@@ -824,6 +842,9 @@ __device__ __forceinline__ void tma_gemm(const unsigned char *__restrict__ packe
         sm90::mbar_wait(full + 8 * s, (it / S) & 1);
         keep(e);  // its last reader, stage it-2's wgmma, is done (the wait below, one stage ago)
         const unsigned sB = stages + s * C::STAGE_BYTES;
+        const unsigned lst = sB + C::B_BYTES + C::AE_BYTES;  // (RS) the stage's list
+        RsAhead ahead;
+        if constexpr (C::RS) rs_read_list<C>(ahead, lst, warp);
         tma_load_meta<C>(e, sB + C::B_BYTES, wg_m, warp, lane);
         int issued = -1;
         tma_compute_stage<C, T>(acc, sB + C::B_BYTES, sB, e, wg_m, wg_n);
@@ -845,8 +866,7 @@ __device__ __forceinline__ void tma_gemm(const unsigned char *__restrict__ packe
           // the last group's step wgmma is done in this warpgroup
           if (rs_prev >= 0 && (tid & 127) == 0) sm90::mbar_arrive(rs_bar + 32 + 8 * (rs_prev & 1));
           rs_prev = issued;
-          if (rs_copy<C>(stages, rs_bar, sB, sB + C::B_BYTES + C::AE_BYTES, rs_j, rs_waited, warp,
-                         lane)) {
+          if (rs_copy<C>(stages, rs_bar, sB, lst, ahead, rs_j, rs_waited, warp, lane)) {
             rs_issue = true;
             ++rs_j;
           }
