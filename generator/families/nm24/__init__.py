@@ -158,7 +158,10 @@ TMA_SPACE = Space(
         # (rs) two halves of a step's 32 columns of X and two slots of its weights
         "rs_bytes": f"rs * 2 * (bn * 64 + bm // 64 * {AE_STEP})",
         # with several tiles a CTA, the output tile has a buffer of its own
-        "smem": "2048 + (stages * stage_bytes + c_bytes if mt > 1 else "
+        # mt > 1: each warpgroup's slice buffer (64 columns of N at a time)
+        "slice_bytes": "(min(bn // wn, 64) if tm else mw * 64) * "
+                       "((mw * 64 if tm else min(bn // wn, 64)) + 8) * 2",
+        "smem": "2048 + (stages * stage_bytes + wm * wn * slice_bytes if mt > 1 else "
                 "max(max(stages * stage_bytes, c_bytes), p_bytes)) + recv_bytes + rs_bytes",
         # the accumulators and about 40 registers of addresses and epilogue
         "regs": "threads * (acc_regs + 40)",
@@ -188,8 +191,9 @@ TMA_SPACE = Space(
         # every value of mt on every tile would triple the space a search
         # covers (482 to 1532 configurations); until measurements say where
         # else it pays, mt goes with the tiles the prefill hint takes
-        Constraint("mt == 1 or (bm == 256 and cm == 1)",
-                   "several tiles a CTA only on 256-row tiles without a cluster"),
+        Constraint("mt == 1 or (bm == 256 and cm == 1) or (bm == 128 and bn == 256)",
+                   "several tiles a CTA only on 256-row tiles without a cluster and on the "
+                   "128 x 256 tile"),
         # where each knob pays: splitting K and deep pipelines for decode's few
         # columns, sharing the X tile for prefill's wide ones
         Constraint("ks == 1 or bn <= 64", "K is split only for tiles of at most 64 columns"),
