@@ -281,7 +281,8 @@ def test_prefill_hints_take_several_tiles_a_cta_where_it_fills_the_waves():
     m = random_24(3072, 768, seed=9)
     op = Operation(dtype="fp16", layout="tm")
     pre = FAM.hint_configs(m, op, {}, H100, n=4096)
-    assert pre[1] == {**nm24_mod.TMA_SPACE.defaults, **nm24_mod.PREFILL_MT_TILE, "mt": 3}
+    assert pre[1] == {**nm24_mod.TMA_SPACE.defaults, **nm24_mod.CLUSTER_MT_TILE, "mt": 3}
+    assert pre[2] == {**nm24_mod.TMA_SPACE.defaults, **nm24_mod.PREFILL_MT_TILE, "mt": 3}
     assert not any(c.get("mt", 1) > 1 for c in FAM.hint_configs(m, op, {}, H100, n=16))
     from sparseforge.tuner.strategies import hinted
     assert hinted(FAM.search_space(m, op, {}, H100), pre) == pre
@@ -339,11 +340,11 @@ TMA = dict(bm=128, bn=256, bk=64, wm=2, wn=1, stages=4, wg=1, tma=1, cm=2)
     (dict(mt=5), "fm", 64, r"mt in \(1, 2, 3, 4, 6, 8\)"),
     (dict(mt=2, ks=2, cm=1, bn=64), "tm", 64, "several tiles a CTA only without split K"),
     (dict(mt=2, cm=1, bn=64), "tm", 64, "several tiles a CTA only for prefill"),
-    (dict(mt=2, stages=3), "fm", 64, "several tiles a CTA only on 256-row tiles"),
+    (dict(mt=2, bn=128, stages=3), "fm", 64, "several tiles a CTA only on 256-row tiles"),
     (dict(ra=2), "fm", 64, r"ra in \(0, 1\)"),
     (dict(ra=1, cm=1, bn=64), "tm", 64, "CTAs ordered down M only for prefill"),
     (dict(ra=1), "fm", 64, "CTAs ordered down M only on 256-row tiles"),
-    (dict(bm=256, bn=128, cm=1, mw=2, mt=2, stages=5), "fm", 64,
+    (dict(bm=256, bn=128, cm=1, mw=2, mt=2, stages=6), "fm", 64,
      "fits the GPU's per-block limit"),
 ])
 def test_check_config_refusals_tma(bad, layout, k, what):
@@ -373,7 +374,7 @@ def test_tma_plan_round_trip(layout):
 def test_tiles_per_cta_plan():
     """`mt` tiles along M a CTA: the grid's y counts CTAs (a cluster's CM
     side by side), the last slot taking what is left; the output tile gets
-    its own shared memory."""
+    its slices' shared memory."""
     m = random_24(1000, 200, seed=15)
     mt_tile = dict(TMA, bm=256, bn=128, cm=1, mw=2, stages=4)         # 4 tiles of 256 rows
     for c, slots in ((dict(mt_tile, mt=3), 2), (dict(mt_tile, mt=2), 2),
@@ -385,7 +386,8 @@ def test_tiles_per_cta_plan():
             k = FAM.render(plan, op, c)
             assert f", {c['mt']}, 0>;" in k.source and k.launch["grid"] == (1, slots, 1)
             env = nm24_mod.TMA_SPACE.env(c, nm24_mod._layout_problem(layout, 200))
-            assert plan.smem_bytes == 2048 + c["stages"] * env["stage_bytes"] + env["c_bytes"]
+            # (each warpgroup's slice buffer: its rows by 64 columns of N)
+            assert plan.smem_bytes == 2048 + c["stages"] * env["stage_bytes"] + 2 * env["slice_bytes"]
             same_matrix(FAM.unpack(plan), m, "fp16")
 
 

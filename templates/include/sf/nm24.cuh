@@ -325,9 +325,11 @@ struct CtaSync {
 
 // acc -> act(scale * acc + bias) -> T, staged in shared memory (rows m in
 // feature-major, n in token-major, C::C_LD apart).  Warp (warp_m, warp_n)'s
-// fragment row mi starts at row C::row_of(warp_m, mi) of the tile.
-template <class C, class P, typename T>
-__device__ __forceinline__ void stage_tile(unsigned char *smem, float (&acc)[C::MI][C::NI][4],
+// fragment row mi starts at row C::row_of(warp_m, mi) of the tile.  (NI0,
+// NACC: the tile's fragments are acc[.][NI0 .. NI0 + C::NI - 1] of a wider
+// accumulator, one slice of it.)
+template <class C, class P, typename T, int NI0 = 0, int NACC = C::NI>
+__device__ __forceinline__ void stage_tile(unsigned char *smem, float (&acc)[C::MI][NACC][4],
                                            const unsigned char *packed, int m0, int warp_m,
                                            int warp_n, int lane) {
   const int g = lane >> 2, t = lane & 3;
@@ -343,7 +345,8 @@ __device__ __forceinline__ void stage_tile(unsigned char *smem, float (&acc)[C::
       for (int ni = 0; ni < C::NI; ++ni) {
         const int nl = warp_n * C::WTN + ni * 8 + 2 * t;
         const unsigned pair = sm80::epilogue_pair<T, P::HAS_BIAS, P::ACT>(  // GELU: alternate pipes
-            acc[mi][ni][half * 2 + 0], acc[mi][ni][half * 2 + 1], P::SCALE, bv, (ni & 1) != 0);
+            acc[mi][NI0 + ni][half * 2 + 0], acc[mi][NI0 + ni][half * 2 + 1], P::SCALE, bv,
+            (ni & 1) != 0);
         if constexpr (C::TOKEN_MAJOR) {
           sc[nl * C::C_LD + ml] = static_cast<unsigned short>(pair & 0xffffu);
           sc[(nl + 1) * C::C_LD + ml] = static_cast<unsigned short>(pair >> 16);

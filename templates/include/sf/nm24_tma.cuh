@@ -646,27 +646,19 @@ struct SliceView {
 };
 
 // This warpgroup's tile (rows m0 .. m0 + MW 64 - 1, columns n0 .. n0 + WG_N
-// - 1) through its slice buffer at `buf`, SN columns at a time, its 128
-// threads meeting at named barrier `bar` around each slice.
-template <class C, class P, typename T>
+// - 1) through its slice buffer at `buf`, SN columns at a time (slice S on),
+// its 128 threads meeting at named barrier `bar` around each slice.
+template <class C, class P, typename T, int S = 0>
 __device__ __forceinline__ void store_sliced(unsigned char *buf, float (&acc)[C::MW][C::WG_N / 8][4],
                                              const unsigned char *packed, unsigned short *Y, int m0,
                                              int n0, int N, int warp, int lane, int bar) {
   using V = SliceView<C>;
-#pragma unroll
-  for (int s = 0; s < C::WG_N / C::SN; ++s) {
-    float part[C::MW][V::NI][4];
-#pragma unroll
-    for (int i = 0; i < C::MW; ++i)
-#pragma unroll
-      for (int j = 0; j < V::NI; ++j)
-#pragma unroll
-        for (int r = 0; r < 4; ++r) part[i][j][r] = acc[i][s * V::NI + j][r];
-    sm90::named_sync(bar, 128);  // the slice before (or the last tile's) is copied out
-    stage_tile<V, P, T>(buf, part, packed, m0, warp & 3, 0, lane);
-    sm90::named_sync(bar, 128);
-    copy_tile<V, P>(buf, Y, m0, n0 + s * C::SN, N, threadIdx.x & 127);
-  }
+  sm90::named_sync(bar, 128);  // the slice before (or the last tile's) is copied out
+  stage_tile<V, P, T, S * V::NI, C::WG_N / 8>(buf, acc, packed, m0, warp & 3, 0, lane);
+  sm90::named_sync(bar, 128);
+  copy_tile<V, P>(buf, Y, m0, n0 + S * C::SN, N, threadIdx.x & 127);
+  if constexpr ((S + 1) * C::SN < C::WG_N)
+    store_sliced<C, P, T, S + 1>(buf, acc, packed, Y, m0, n0, N, warp, lane, bar);
 }
 
 // ---- split K: the partial tiles summed over the cluster --------------------------------------
@@ -943,15 +935,15 @@ __device__ __forceinline__ void tma_gemm(const unsigned char *__restrict__ packe
         // warpgroup stores its rows through its own slice buffer
         store_sliced<C, P, T>(c_tile + wg * C::SLICE_BYTES, acc, packed, Y,
                               m0 + wg_m * C::MW * 64, n0 + wg_n * C::WG_N, N, warp, lane, 2 + wg);
-        continue;
-      }
-      // every consumer is done with the stages (the output tile reuses them)
-      sm90::named_sync(1, C::THREADS);
-      if constexpr (C::KS > 1) {
-        tma_store_partial<C>(stages, acc, wg_m * 4 + (warp & 3), wg_n, lane);
       } else {
-        store_tile<C, P, T, ConsumerSync<C::THREADS>>(c_tile, acc, packed, Y, m0, n0, N,
-                                                      wg_m * 4 + (warp & 3), wg_n, lane, tid);
+        // every consumer is done with the stages (the output tile reuses them)
+        sm90::named_sync(1, C::THREADS);
+        if constexpr (C::KS > 1) {
+          tma_store_partial<C>(stages, acc, wg_m * 4 + (warp & 3), wg_n, lane);
+        } else {
+          store_tile<C, P, T, ConsumerSync<C::THREADS>>(c_tile, acc, packed, Y, m0, n0, N,
+                                                        wg_m * 4 + (warp & 3), wg_n, lane, tid);
+        }
       }
     }
   }
