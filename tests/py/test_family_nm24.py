@@ -344,8 +344,9 @@ TMA = dict(bm=128, bn=256, bk=64, wm=2, wn=1, stages=4, wg=1, tma=1, cm=2)
     (dict(ra=2), "fm", 64, r"ra in \(0, 1\)"),
     (dict(ra=1, cm=1, bn=64), "tm", 64, "CTAs ordered down M only for prefill"),
     (dict(ra=1), "fm", 64, "CTAs ordered down M only on 256-row tiles"),
-    (dict(bm=256, bn=128, cm=1, mw=2, mt=2, stages=6), "fm", 64,
+    (dict(bm=256, bn=128, cm=1, mw=2, mt=2, stages=5), "fm", 64,
      "fits the GPU's per-block limit"),
+    (dict(mt=2, stages=6), "fm", 64, "fits the GPU's per-block limit"),
 ])
 def test_check_config_refusals_tma(bad, layout, k, what):
     m = random_24(64, k, seed=8)
@@ -374,7 +375,7 @@ def test_tma_plan_round_trip(layout):
 def test_tiles_per_cta_plan():
     """`mt` tiles along M a CTA: the grid's y counts CTAs (a cluster's CM
     side by side), the last slot taking what is left; the output tile gets
-    its slices' shared memory."""
+    its own shared memory."""
     m = random_24(1000, 200, seed=15)
     mt_tile = dict(TMA, bm=256, bn=128, cm=1, mw=2, stages=4)         # 4 tiles of 256 rows
     for c, slots in ((dict(mt_tile, mt=3), 2), (dict(mt_tile, mt=2), 2),
@@ -386,8 +387,7 @@ def test_tiles_per_cta_plan():
             k = FAM.render(plan, op, c)
             assert f", {c['mt']}, 0>;" in k.source and k.launch["grid"] == (1, slots, 1)
             env = nm24_mod.TMA_SPACE.env(c, nm24_mod._layout_problem(layout, 200))
-            # (each warpgroup's slice buffer: its rows by 64 columns of N)
-            assert plan.smem_bytes == 2048 + c["stages"] * env["stage_bytes"] + 2 * env["slice_bytes"]
+            assert plan.smem_bytes == 2048 + c["stages"] * env["stage_bytes"] + env["c_bytes"]
             same_matrix(FAM.unpack(plan), m, "fp16")
 
 
@@ -499,6 +499,9 @@ WG_COMPILE_CASES = [
     ("bf16", "tm", dict(TMA, bm=64, wm=1, bn=64, bk=128, stages=8, cm=2),
      Epilogue(bias=True, activation="gelu")),
     ("bf16", "fm", dict(TMA, bm=256, bn=128, cm=1, mw=2, stages=4, mt=2, ra=1), Epilogue(bias=True)),
+    # the 128 x 256 tile taking several tiles, its output in slices
+    ("fp16", "tm", dict(TMA, stages=5, mt=3), Epilogue(bias=True, activation="gelu")),
+    ("bf16", "fm", dict(TMA, stages=5, cm=1, mt=2), Epilogue(bias=True, activation="gelu")),
     ("fp16", "fm", dict(WG), Epilogue()),
     ("bf16", "tm", dict(WG, bn=128, stages=5), Epilogue(bias=True, activation="gelu")),
     ("fp16", "fm", dict(WG, bm=64, bn=64, bk=32, wm=1, stages=3), Epilogue(activation="relu")),
@@ -630,7 +633,10 @@ TMA_GPU_CONFIGS = [
 # M, a cluster pair, output rows by bulk copies or (odd N, feature-major) not
 TMA_MT = [dict(bm=256, bn=128, bk=64, wm=2, wn=1, stages=3, wg=1, tma=1, cm=1, mw=2, mt=2),
           dict(bm=256, bn=128, bk=64, wm=2, wn=1, stages=4, wg=1, tma=1, cm=1, mw=2, mt=3),
-          dict(bm=256, bn=128, bk=64, wm=2, wn=2, stages=4, wg=1, tma=1, cm=1, mw=2, mt=2)]
+          dict(bm=256, bn=128, bk=64, wm=2, wn=2, stages=4, wg=1, tma=1, cm=1, mw=2, mt=2),
+          # the 128 x 256 tile, its output in slices: a cluster pair, and alone
+          dict(bm=128, bn=256, bk=64, wm=2, wn=1, stages=5, wg=1, tma=1, cm=2, mt=3),
+          dict(bm=128, bn=256, bk=64, wm=2, wn=1, stages=5, wg=1, tma=1, cm=1, mt=2)]
 # consecutive CTAs down M (`ra`): with a cluster pair (the remap keeps a
 # cluster's CTAs on one column of N), with several tiles a CTA
 TMA_RA = [dict(bm=256, bn=128, bk=64, wm=2, wn=1, stages=5, wg=1, tma=1, cm=2, mw=2, ra=1),
@@ -730,7 +736,8 @@ def test_gpu_tma_epilogues(hopper, layout, dtype):
 def test_gpu_tma_large(hopper, layout):
     m = random_24(1024, 2048, seed=46, mode="full")
     op = Operation(dtype="fp16", layout=layout)
-    for c in TMA_GPU_CONFIGS[:3] + [dict(TMA_MT[0], mt=4), dict(TMA_MT[2], mt=3)] + TMA_RA:
+    for c in (TMA_GPU_CONFIGS[:3] + [dict(TMA_MT[0], mt=4), dict(TMA_MT[2], mt=3)] + TMA_MT[3:]
+              + TMA_RA):
         _verify(m, op, c, 4096)
 
 

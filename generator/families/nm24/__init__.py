@@ -158,10 +158,12 @@ TMA_SPACE = Space(
         # (rs) two halves of a step's 32 columns of X and two slots of its weights
         "rs_bytes": f"rs * 2 * (bn * 64 + bm // 64 * {AE_STEP})",
         # with several tiles a CTA, the output tile has a buffer of its own
-        # mt > 1: each warpgroup's slice buffer (64 columns of N at a time)
+        # mt > 1, one 64-row wgmma tile a warpgroup: each warpgroup's slice
+        # buffer (64 columns of N at a time); with two, the whole output tile
         "slice_bytes": "(min(bn // wn, 64) if tm else mw * 64) * "
                        "((mw * 64 if tm else min(bn // wn, 64)) + 8) * 2",
-        "smem": "2048 + (stages * stage_bytes + wm * wn * slice_bytes if mt > 1 else "
+        "out_bytes": "wm * wn * slice_bytes if mw == 1 else c_bytes",
+        "smem": "2048 + (stages * stage_bytes + out_bytes if mt > 1 else "
                 "max(max(stages * stage_bytes, c_bytes), p_bytes)) + recv_bytes + rs_bytes",
         # the accumulators and about 40 registers of addresses and epilogue
         "regs": "threads * (acc_regs + 40)",

@@ -360,7 +360,7 @@ __device__ __forceinline__ void stage_tile(unsigned char *smem, float (&acc)[C::
 
 // The staged tile -> Y by C::THREADS threads (tid < C::THREADS): 16-byte
 // stores where the row alignment allows, else element by element.
-template <class C, class P>
+template <class C, class P, int UNROLL = 4>
 __device__ __forceinline__ void copy_tile(const unsigned char *smem, unsigned short *Y, int m0,
                                           int n0, int N, int tid) {
   const unsigned short *sc = reinterpret_cast<const unsigned short *>(smem);
@@ -373,7 +373,7 @@ __device__ __forceinline__ void copy_tile(const unsigned char *smem, unsigned sh
   const bool vec = C::TOKEN_MAJOR ? (P::M % 8 == 0) : (N % 8 == 0);
   unsigned short *ybase =
       Y + (C::TOKEN_MAJOR ? (size_t)n0 * P::M + m0 : (size_t)m0 * N + n0);
-#pragma unroll 4
+#pragma unroll UNROLL
   for (int it = 0; it < (COUNT + C::THREADS - 1) / C::THREADS; ++it) {
     const int i = it * C::THREADS + tid;
     if (COUNT % C::THREADS == 0 || i < COUNT) {

@@ -117,13 +117,17 @@ struct TmaConfig {
   static constexpr int C_COLS = TOKEN_MAJOR ? BM : BN;
   static constexpr int C_LD = C_COLS + 8;
   static constexpr int C_BYTES = C_ROWS * C_LD * 2;
-  // MT > 1: each warpgroup stores its tile in slices of SN columns of N
-  // through a buffer of its own (store_sliced), so that the stages keep the
-  // room a whole output tile would take
+  // MT > 1 with one 64-row wgmma tile a warpgroup: each warpgroup stores
+  // its tile in slices of SN columns of N through a buffer of its own
+  // (store_sliced), so that the stages keep the room a whole output tile
+  // would take.  (MW = 2: the slices' accumulators still live during the
+  // copies push ptxas past its registers and it serializes the wgmma:
+  // the whole tile's buffer, as with one tile a CTA.)
+  static constexpr bool SLICED = MT > 1 && MW == 1;
   static constexpr int SN = WG_N < 64 ? WG_N : 64;
   static constexpr int SLICE_LD = TOKEN_MAJOR ? MW * 64 + 8 : SN + 8;
   static constexpr int SLICE_BYTES = (TOKEN_MAJOR ? SN : MW * 64) * SLICE_LD * 2;
-  static constexpr int OUT_BYTES = MT > 1 ? WM * WN * SLICE_BYTES : C_BYTES;
+  static constexpr int OUT_BYTES = SLICED ? WM * WN * SLICE_BYTES : C_BYTES;
   // split K: the fp32 partial tile, rows padded by 4 floats
   // (feature-major [BM][BN + 4], rows of Y; token-major [BN][BM + 4],
   // columns of Y: its reduction reads down M, the way its stores run,
@@ -656,7 +660,8 @@ __device__ __forceinline__ void store_sliced(unsigned char *buf, float (&acc)[C:
   sm90::named_sync(bar, 128);  // the slice before (or the last tile's) is copied out
   stage_tile<V, P, T, S * V::NI, C::WG_N / 8>(buf, acc, packed, m0, warp & 3, 0, lane);
   sm90::named_sync(bar, 128);
-  copy_tile<V, P>(buf, Y, m0, n0 + S * C::SN, N, threadIdx.x & 127);
+  // (one chunk at a time: the later slices' accumulators are still live)
+  copy_tile<V, P, 1>(buf, Y, m0, n0 + S * C::SN, N, threadIdx.x & 127);
   if constexpr ((S + 1) * C::SN < C::WG_N)
     store_sliced<C, P, T, S + 1>(buf, acc, packed, Y, m0, n0, N, warp, lane, bar);
 }
@@ -930,13 +935,15 @@ __device__ __forceinline__ void tma_gemm(const unsigned char *__restrict__ packe
       // the CTA's last main loop is done: the next kernel may start (its
       // weights' first stages load while this one stores)
       if (t + 1 == tiles) sm90::griddep_launch_dependents();
-      if constexpr (C::MT > 1) {
+      if constexpr (C::SLICED) {
         // (the producer meanwhile fills the next tile's stages) each
         // warpgroup stores its rows through its own slice buffer
         store_sliced<C, P, T>(c_tile + wg * C::SLICE_BYTES, acc, packed, Y,
                               m0 + wg_m * C::MW * 64, n0 + wg_n * C::WG_N, N, warp, lane, 2 + wg);
       } else {
-        // every consumer is done with the stages (the output tile reuses them)
+        // every consumer is done with the stages (MT == 1: the output tile
+        // reuses them) or with the last tile's output buffer (MT > 1: the
+        // producer meanwhile fills the next tile's stages)
         sm90::named_sync(1, C::THREADS);
         if constexpr (C::KS > 1) {
           tma_store_partial<C>(stages, acc, wg_m * 4 + (warp & 3), wg_n, lane);
