@@ -281,7 +281,8 @@ def test_prefill_hints_take_several_tiles_a_cta_where_it_fills_the_waves():
     m = random_24(3072, 768, seed=9)
     op = Operation(dtype="fp16", layout="tm")
     pre = FAM.hint_configs(m, op, {}, H100, n=4096)
-    assert pre[1] == {**nm24_mod.TMA_SPACE.defaults, **nm24_mod.PREFILL_MT_TILE, "mt": 3}
+    assert pre[1] == {**nm24_mod.TMA_SPACE.defaults, **nm24_mod.CLUSTER_MT_TILE, "mt": 3}
+    assert pre[2] == {**nm24_mod.TMA_SPACE.defaults, **nm24_mod.PREFILL_MT_TILE, "mt": 3}
     assert not any(c.get("mt", 1) > 1 for c in FAM.hint_configs(m, op, {}, H100, n=16))
     from sparseforge.tuner.strategies import hinted
     assert hinted(FAM.search_space(m, op, {}, H100), pre) == pre
@@ -339,12 +340,13 @@ TMA = dict(bm=128, bn=256, bk=64, wm=2, wn=1, stages=4, wg=1, tma=1, cm=2)
     (dict(mt=5), "fm", 64, r"mt in \(1, 2, 3, 4, 6, 8\)"),
     (dict(mt=2, ks=2, cm=1, bn=64), "tm", 64, "several tiles a CTA only without split K"),
     (dict(mt=2, cm=1, bn=64), "tm", 64, "several tiles a CTA only for prefill"),
-    (dict(mt=2, stages=3), "fm", 64, "several tiles a CTA only on 256-row tiles"),
+    (dict(mt=2, bn=128, stages=3), "fm", 64, "several tiles a CTA only on 256-row tiles"),
     (dict(ra=2), "fm", 64, r"ra in \(0, 1\)"),
     (dict(ra=1, cm=1, bn=64), "tm", 64, "CTAs ordered down M only for prefill"),
     (dict(ra=1), "fm", 64, "CTAs ordered down M only on 256-row tiles"),
     (dict(bm=256, bn=128, cm=1, mw=2, mt=2, stages=5), "fm", 64,
      "fits the GPU's per-block limit"),
+    (dict(mt=2, stages=6), "fm", 64, "fits the GPU's per-block limit"),
 ])
 def test_check_config_refusals_tma(bad, layout, k, what):
     m = random_24(64, k, seed=8)
@@ -497,6 +499,9 @@ WG_COMPILE_CASES = [
     ("bf16", "tm", dict(TMA, bm=64, wm=1, bn=64, bk=128, stages=8, cm=2),
      Epilogue(bias=True, activation="gelu")),
     ("bf16", "fm", dict(TMA, bm=256, bn=128, cm=1, mw=2, stages=4, mt=2, ra=1), Epilogue(bias=True)),
+    # the 128 x 256 tile taking several tiles, its output in slices
+    ("fp16", "tm", dict(TMA, stages=5, mt=3), Epilogue(bias=True, activation="gelu")),
+    ("bf16", "fm", dict(TMA, stages=5, cm=1, mt=2), Epilogue(bias=True, activation="gelu")),
     ("fp16", "fm", dict(WG), Epilogue()),
     ("bf16", "tm", dict(WG, bn=128, stages=5), Epilogue(bias=True, activation="gelu")),
     ("fp16", "fm", dict(WG, bm=64, bn=64, bk=32, wm=1, stages=3), Epilogue(activation="relu")),
@@ -628,7 +633,10 @@ TMA_GPU_CONFIGS = [
 # M, a cluster pair, output rows by bulk copies or (odd N, feature-major) not
 TMA_MT = [dict(bm=256, bn=128, bk=64, wm=2, wn=1, stages=3, wg=1, tma=1, cm=1, mw=2, mt=2),
           dict(bm=256, bn=128, bk=64, wm=2, wn=1, stages=4, wg=1, tma=1, cm=1, mw=2, mt=3),
-          dict(bm=256, bn=128, bk=64, wm=2, wn=2, stages=4, wg=1, tma=1, cm=1, mw=2, mt=2)]
+          dict(bm=256, bn=128, bk=64, wm=2, wn=2, stages=4, wg=1, tma=1, cm=1, mw=2, mt=2),
+          # the 128 x 256 tile, its output in slices: a cluster pair, and alone
+          dict(bm=128, bn=256, bk=64, wm=2, wn=1, stages=5, wg=1, tma=1, cm=2, mt=3),
+          dict(bm=128, bn=256, bk=64, wm=2, wn=1, stages=5, wg=1, tma=1, cm=1, mt=2)]
 # consecutive CTAs down M (`ra`): with a cluster pair (the remap keeps a
 # cluster's CTAs on one column of N), with several tiles a CTA
 TMA_RA = [dict(bm=256, bn=128, bk=64, wm=2, wn=1, stages=5, wg=1, tma=1, cm=2, mw=2, ra=1),
@@ -728,7 +736,8 @@ def test_gpu_tma_epilogues(hopper, layout, dtype):
 def test_gpu_tma_large(hopper, layout):
     m = random_24(1024, 2048, seed=46, mode="full")
     op = Operation(dtype="fp16", layout=layout)
-    for c in TMA_GPU_CONFIGS[:3] + [dict(TMA_MT[0], mt=4), dict(TMA_MT[2], mt=3)] + TMA_RA:
+    for c in (TMA_GPU_CONFIGS[:3] + [dict(TMA_MT[0], mt=4), dict(TMA_MT[2], mt=3)] + TMA_MT[3:]
+              + TMA_RA):
         _verify(m, op, c, 4096)
 
 

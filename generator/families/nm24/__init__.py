@@ -158,7 +158,12 @@ TMA_SPACE = Space(
         # (rs) two halves of a step's 32 columns of X and two slots of its weights
         "rs_bytes": f"rs * 2 * (bn * 64 + bm // 64 * {AE_STEP})",
         # with several tiles a CTA, the output tile has a buffer of its own
-        "smem": "2048 + (stages * stage_bytes + c_bytes if mt > 1 else "
+        # mt > 1, one 64-row wgmma tile a warpgroup: each warpgroup's slice
+        # buffer (64 columns of N at a time); with two, the whole output tile
+        "slice_bytes": "(min(bn // wn, 64) if tm else mw * 64) * "
+                       "((mw * 64 if tm else min(bn // wn, 64)) + 8) * 2",
+        "out_bytes": "wm * wn * slice_bytes if mw == 1 else c_bytes",
+        "smem": "2048 + (stages * stage_bytes + out_bytes if mt > 1 else "
                 "max(max(stages * stage_bytes, c_bytes), p_bytes)) + recv_bytes + rs_bytes",
         # the accumulators and about 40 registers of addresses and epilogue
         "regs": "threads * (acc_regs + 40)",
@@ -186,10 +191,12 @@ TMA_SPACE = Space(
         Constraint("mt == 1 or bn >= 128", "several tiles a CTA only for prefill's wide tiles "
                    "(they hide a tile's pipeline fill and output store behind the next)"),
         # every value of mt on every tile would triple the space a search
-        # covers (482 to 1532 configurations); until measurements say where
-        # else it pays, mt goes with the tiles the prefill hint takes
-        Constraint("mt == 1 or (bm == 256 and cm == 1)",
-                   "several tiles a CTA only on 256-row tiles without a cluster"),
+        # covers (482 to 1532 configurations); mt goes with the tiles the
+        # prefill hints take (the 128 x 256 one since its output went to
+        # slices: bench/RESULTS.md, 2026-11-28)
+        Constraint("mt == 1 or (bm == 256 and cm == 1) or (bm == 128 and bn == 256)",
+                   "several tiles a CTA only on 256-row tiles without a cluster and on the "
+                   "128 x 256 tile"),
         # where each knob pays: splitting K and deep pipelines for decode's few
         # columns, sharing the X tile for prefill's wide ones
         Constraint("ks == 1 or bn <= 64", "K is split only for tiles of at most 64 columns"),
@@ -535,6 +542,12 @@ class Nm24Family(Family):
                                sm_count(device))
             if mt > 1:
                 wg.insert(1, dict(PREFILL_MT_TILE, mt=mt))
+            # and before it the 128 x 256 cluster pair taking `mt` tiles (5
+            # stages beside its slices: -2 to -5% on 3072 x 768, 4096 x 4096
+            # and 1024 x 4096 x 8192; bench/RESULTS.md, 2026-11-28)
+            mt = tiles_per_cta(*matrix.shape, n, CLUSTER_MT_TILE, sm_count(device))
+            if mt > 1:
+                wg.insert(1, dict(CLUSTER_MT_TILE, mt=mt))
         hopper = bool(device and device.get("arch") == "sm_90a")
         out = []
         for cfg in wg + ([] if hopper else [dict(BASE_CONFIG)]):   # as the space has them
@@ -682,6 +695,8 @@ class Nm24Family(Family):
 # warpgroups of two 64-row wgmma tiles, 4 stages (the output tile's own
 # buffer leaves no room for more).
 PREFILL_MT_TILE = dict(bm=256, bn=128, bk=64, wm=2, wn=1, stages=4, wg=1, tma=1, cm=1, mw=2)
+# the same for the 128 x 256 tile of a cluster pair
+CLUSTER_MT_TILE = dict(bm=128, bn=256, bk=64, wm=2, wn=1, stages=5, wg=1, tma=1, cm=2)
 
 
 def tiles_per_cta(m: int, k: int, n: int, config: dict, sms: int) -> int:

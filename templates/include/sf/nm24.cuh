@@ -325,9 +325,11 @@ struct CtaSync {
 
 // acc -> act(scale * acc + bias) -> T, staged in shared memory (rows m in
 // feature-major, n in token-major, C::C_LD apart).  Warp (warp_m, warp_n)'s
-// fragment row mi starts at row C::row_of(warp_m, mi) of the tile.
-template <class C, class P, typename T>
-__device__ __forceinline__ void stage_tile(unsigned char *smem, float (&acc)[C::MI][C::NI][4],
+// fragment row mi starts at row C::row_of(warp_m, mi) of the tile.  (NI0,
+// NACC: the tile's fragments are acc[.][NI0 .. NI0 + C::NI - 1] of a wider
+// accumulator, one slice of it.)
+template <class C, class P, typename T, int NI0 = 0, int NACC = C::NI>
+__device__ __forceinline__ void stage_tile(unsigned char *smem, float (&acc)[C::MI][NACC][4],
                                            const unsigned char *packed, int m0, int warp_m,
                                            int warp_n, int lane) {
   const int g = lane >> 2, t = lane & 3;
@@ -343,7 +345,8 @@ __device__ __forceinline__ void stage_tile(unsigned char *smem, float (&acc)[C::
       for (int ni = 0; ni < C::NI; ++ni) {
         const int nl = warp_n * C::WTN + ni * 8 + 2 * t;
         const unsigned pair = sm80::epilogue_pair<T, P::HAS_BIAS, P::ACT>(  // GELU: alternate pipes
-            acc[mi][ni][half * 2 + 0], acc[mi][ni][half * 2 + 1], P::SCALE, bv, (ni & 1) != 0);
+            acc[mi][NI0 + ni][half * 2 + 0], acc[mi][NI0 + ni][half * 2 + 1], P::SCALE, bv,
+            (ni & 1) != 0);
         if constexpr (C::TOKEN_MAJOR) {
           sc[nl * C::C_LD + ml] = static_cast<unsigned short>(pair & 0xffffu);
           sc[(nl + 1) * C::C_LD + ml] = static_cast<unsigned short>(pair >> 16);
@@ -357,7 +360,7 @@ __device__ __forceinline__ void stage_tile(unsigned char *smem, float (&acc)[C::
 
 // The staged tile -> Y by C::THREADS threads (tid < C::THREADS): 16-byte
 // stores where the row alignment allows, else element by element.
-template <class C, class P>
+template <class C, class P, int UNROLL = 4>
 __device__ __forceinline__ void copy_tile(const unsigned char *smem, unsigned short *Y, int m0,
                                           int n0, int N, int tid) {
   const unsigned short *sc = reinterpret_cast<const unsigned short *>(smem);
@@ -370,7 +373,7 @@ __device__ __forceinline__ void copy_tile(const unsigned char *smem, unsigned sh
   const bool vec = C::TOKEN_MAJOR ? (P::M % 8 == 0) : (N % 8 == 0);
   unsigned short *ybase =
       Y + (C::TOKEN_MAJOR ? (size_t)n0 * P::M + m0 : (size_t)m0 * N + n0);
-#pragma unroll 4
+#pragma unroll UNROLL
   for (int it = 0; it < (COUNT + C::THREADS - 1) / C::THREADS; ++it) {
     const int i = it * C::THREADS + tid;
     if (COUNT % C::THREADS == 0 || i < COUNT) {

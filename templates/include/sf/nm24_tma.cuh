@@ -117,6 +117,17 @@ struct TmaConfig {
   static constexpr int C_COLS = TOKEN_MAJOR ? BM : BN;
   static constexpr int C_LD = C_COLS + 8;
   static constexpr int C_BYTES = C_ROWS * C_LD * 2;
+  // MT > 1 with one 64-row wgmma tile a warpgroup: each warpgroup stores
+  // its tile in slices of SN columns of N through a buffer of its own
+  // (store_sliced), so that the stages keep the room a whole output tile
+  // would take.  (MW = 2: the slices' accumulators still live during the
+  // copies push ptxas past its registers and it serializes the wgmma:
+  // the whole tile's buffer, as with one tile a CTA.)
+  static constexpr bool SLICED = MT > 1 && MW == 1;
+  static constexpr int SN = WG_N < 64 ? WG_N : 64;
+  static constexpr int SLICE_LD = TOKEN_MAJOR ? MW * 64 + 8 : SN + 8;
+  static constexpr int SLICE_BYTES = (TOKEN_MAJOR ? SN : MW * 64) * SLICE_LD * 2;
+  static constexpr int OUT_BYTES = SLICED ? WM * WN * SLICE_BYTES : C_BYTES;
   // split K: the fp32 partial tile, rows padded by 4 floats
   // (feature-major [BM][BN + 4], rows of Y; token-major [BN][BM + 4],
   // columns of Y: its reduction reads down M, the way its stores run,
@@ -136,7 +147,7 @@ struct TmaConfig {
   // cluster's other CTAs push ([KS - 1][BM / KS * BN] fp32 in the
   // reduction's element order; never reused, as they may come while this
   // CTA still computes), counted on the barrier at RBAR (in the barriers' KB)
-  static constexpr int RECV_OFFSET = MT > 1 ? STAGES * STAGE_BYTES + C_BYTES
+  static constexpr int RECV_OFFSET = MT > 1 ? STAGES * STAGE_BYTES + OUT_BYTES
                                             : cmax(cmax(STAGES * STAGE_BYTES, C_BYTES), P_BYTES);
   static constexpr int RECV_BYTES = KS > 1 ? (KS - 1) * (BM / KS) * BN * 4 : 0;
   static constexpr int RBAR = 512;  // from the base (the stages' barriers take at most 8 * 2 * 12)
@@ -622,6 +633,39 @@ __device__ __forceinline__ void res_end(const ResRows<C> &rs,
       for (int v = 0; v < 4; ++v) acc[i][j][v] += rs.acc[i][j][v];
 }
 
+// ---- several tiles a CTA: the output in slices ---------------------------------------------
+// store_tile's view of one warpgroup's slice: its MW 64-row wgmma tiles by
+// SN columns of N, staged [SN][MW 64 + 8] (token-major) or [MW 64][SN + 8].
+template <class C>
+struct SliceView {
+  static constexpr bool TOKEN_MAJOR = C::TOKEN_MAJOR;
+  static constexpr int MI = C::MW;
+  static constexpr int NI = C::SN / 8;
+  static constexpr int WTN = C::SN;
+  static constexpr int THREADS = 128;
+  __device__ __forceinline__ static int row_of(int warp_m, int mi) { return mi * 64 + (warp_m & 3) * 16; }
+  static constexpr int C_ROWS = TOKEN_MAJOR ? C::SN : C::MW * 64;
+  static constexpr int C_COLS = TOKEN_MAJOR ? C::MW * 64 : C::SN;
+  static constexpr int C_LD = C::SLICE_LD;
+};
+
+// This warpgroup's tile (rows m0 .. m0 + MW 64 - 1, columns n0 .. n0 + WG_N
+// - 1) through its slice buffer at `buf`, SN columns at a time (slice S on),
+// its 128 threads meeting at named barrier `bar` around each slice.
+template <class C, class P, typename T, int S = 0>
+__device__ __forceinline__ void store_sliced(unsigned char *buf, float (&acc)[C::MW][C::WG_N / 8][4],
+                                             const unsigned char *packed, unsigned short *Y, int m0,
+                                             int n0, int N, int warp, int lane, int bar) {
+  using V = SliceView<C>;
+  sm90::named_sync(bar, 128);  // the slice before (or the last tile's) is copied out
+  stage_tile<V, P, T, S * V::NI, C::WG_N / 8>(buf, acc, packed, m0, warp & 3, 0, lane);
+  sm90::named_sync(bar, 128);
+  // (one chunk at a time: the later slices' accumulators are still live)
+  copy_tile<V, P, 1>(buf, Y, m0, n0 + S * C::SN, N, threadIdx.x & 127);
+  if constexpr ((S + 1) * C::SN < C::WG_N)
+    store_sliced<C, P, T, S + 1>(buf, acc, packed, Y, m0, n0, N, warp, lane, bar);
+}
+
 // ---- split K: the partial tiles summed over the cluster --------------------------------------
 // acc -> this CTA's fp32 partial tile in shared memory (part_at).
 template <class C>
@@ -891,15 +935,22 @@ __device__ __forceinline__ void tma_gemm(const unsigned char *__restrict__ packe
       // the CTA's last main loop is done: the next kernel may start (its
       // weights' first stages load while this one stores)
       if (t + 1 == tiles) sm90::griddep_launch_dependents();
-      // every consumer is done with the stages (MT == 1: the output tile
-      // reuses them) or with the last tile's output buffer (MT > 1: the
-      // producer meanwhile fills the next tile's stages)
-      sm90::named_sync(1, C::THREADS);
-      if constexpr (C::KS > 1) {
-        tma_store_partial<C>(stages, acc, wg_m * 4 + (warp & 3), wg_n, lane);
+      if constexpr (C::SLICED) {
+        // (the producer meanwhile fills the next tile's stages) each
+        // warpgroup stores its rows through its own slice buffer
+        store_sliced<C, P, T>(c_tile + wg * C::SLICE_BYTES, acc, packed, Y,
+                              m0 + wg_m * C::MW * 64, n0 + wg_n * C::WG_N, N, warp, lane, 2 + wg);
       } else {
-        store_tile<C, P, T, ConsumerSync<C::THREADS>>(c_tile, acc, packed, Y, m0, n0, N,
-                                                      wg_m * 4 + (warp & 3), wg_n, lane, tid);
+        // every consumer is done with the stages (MT == 1: the output tile
+        // reuses them) or with the last tile's output buffer (MT > 1: the
+        // producer meanwhile fills the next tile's stages)
+        sm90::named_sync(1, C::THREADS);
+        if constexpr (C::KS > 1) {
+          tma_store_partial<C>(stages, acc, wg_m * 4 + (warp & 3), wg_n, lane);
+        } else {
+          store_tile<C, P, T, ConsumerSync<C::THREADS>>(c_tile, acc, packed, Y, m0, n0, N,
+                                                        wg_m * 4 + (warp & 3), wg_n, lane, tid);
+        }
       }
     }
   }
