@@ -38,7 +38,10 @@
 // (the launch record's grid is fixed per N tile): the tuner picks MT so
 // that the CTAs fill whole waves of the GPU (bench/RESULTS.md: short K,
 // -7 to -10% a tile).  Rows of Y by asynchronous bulk copies (the TMA
-// unit) were slower: they queue behind the producer's loads.
+// unit) were slower: they queue behind the producer's loads.  With one
+// 64-row wgmma tile a warpgroup (the 128 x 256 tile) each warpgroup stores
+// its rows in slices of 64 columns of N through a small buffer of its own
+// (store_sliced), so that 5 stages fit beside it.
 //
 // The order of the tiles (RA): the hardware starts CTAs (clusters) in the
 // order of blockIdx, x first.  RA 0 takes x along N (consecutive CTAs read
@@ -50,7 +53,8 @@
 // Shared memory (from a 1024-byte aligned base): the barriers in the first
 // 1 KB, then the stages (X tile, then the weight and metadata runs), reused
 // at the end for the output tile (or the partial tile); with MT > 1 the
-// output tile has its own buffer after the stages.
+// output tile (or the warpgroups' slices) has its own buffer after the
+// stages.
 #pragma once
 
 #include "sf/nm24_sm90.cuh"
@@ -120,9 +124,9 @@ struct TmaConfig {
   // MT > 1 with one 64-row wgmma tile a warpgroup: each warpgroup stores
   // its tile in slices of SN columns of N through a buffer of its own
   // (store_sliced), so that the stages keep the room a whole output tile
-  // would take.  (MW = 2: the slices' accumulators still live during the
-  // copies push ptxas past its registers and it serializes the wgmma:
-  // the whole tile's buffer, as with one tile a CTA.)
+  // would take.  (MW = 2 keeps the whole tile's buffer: with slices, the
+  // accumulators of the slices still to store are live during the copies,
+  // and ptxas spilled and serialized the wgmma.)
   static constexpr bool SLICED = MT > 1 && MW == 1;
   static constexpr int SN = WG_N < 64 ? WG_N : 64;
   static constexpr int SLICE_LD = TOKEN_MAJOR ? MW * 64 + 8 : SN + 8;
