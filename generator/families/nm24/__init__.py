@@ -159,9 +159,8 @@ TMA_SPACE = Space(
         "rs_bytes": f"rs * 2 * (bn * 64 + bm // 64 * {AE_STEP})",
         # with several tiles a CTA, the output tile has a buffer of its own
         # mt > 1, one 64-row wgmma tile a warpgroup: each warpgroup's slice
-        # buffer (64 columns of N at a time); with two, the whole output tile
-        "slice_bytes": "(min(bn // wn, 64) if tm else mw * 64) * "
-                       "((mw * 64 if tm else min(bn // wn, 64)) + 8) * 2",
+        # buffer (64 x 64, rows padded by 16 bytes); with two, the whole output tile
+        "slice_bytes": "64 * (64 + 8) * 2",
         "out_bytes": "wm * wn * slice_bytes if mw == 1 else c_bytes",
         "smem": "2048 + (stages * stage_bytes + out_bytes if mt > 1 else "
                 "max(max(stages * stage_bytes, c_bytes), p_bytes)) + recv_bytes + rs_bytes",

@@ -127,11 +127,15 @@ struct TmaConfig {
   // would take.  (MW = 2 keeps the whole tile's buffer: with slices, the
   // accumulators of the slices still to store are live during the copies,
   // and ptxas spilled and serialized the wgmma.)
+  // A slice is 64 x 64 (the warpgroup's rows by 64 columns of N; several
+  // tiles a CTA take tiles of 128 columns or more, so WG_N >= 64), staged
+  // with rows 16 bytes apart.
   static constexpr bool SLICED = MT > 1 && MW == 1;
-  static constexpr int SN = WG_N < 64 ? WG_N : 64;
-  static constexpr int SLICE_LD = TOKEN_MAJOR ? MW * 64 + 8 : SN + 8;
-  static constexpr int SLICE_BYTES = (TOKEN_MAJOR ? SN : MW * 64) * SLICE_LD * 2;
+  static constexpr int SN = 64;
+  static constexpr int SLICE_LD = 64 + 8;
+  static constexpr int SLICE_BYTES = 64 * SLICE_LD * 2;
   static constexpr int OUT_BYTES = SLICED ? WM * WN * SLICE_BYTES : C_BYTES;
+  static_assert(!SLICED || WG_N % SN == 0, "slices of 64 columns of N");
   // split K: the fp32 partial tile, rows padded by 4 floats
   // (feature-major [BM][BN + 4], rows of Y; token-major [BN][BM + 4],
   // columns of Y: its reduction reads down M, the way its stores run,
@@ -638,22 +642,22 @@ __device__ __forceinline__ void res_end(const ResRows<C> &rs,
 }
 
 // ---- several tiles a CTA: the output in slices ---------------------------------------------
-// store_tile's view of one warpgroup's slice: its MW 64-row wgmma tiles by
-// SN columns of N, staged [SN][MW 64 + 8] (token-major) or [MW 64][SN + 8].
+// store_tile's view of one warpgroup's slice: its 64-row wgmma tile by SN
+// columns of N, staged [SN][64 + 8] (token-major) or [64][SN + 8].
 template <class C>
 struct SliceView {
   static constexpr bool TOKEN_MAJOR = C::TOKEN_MAJOR;
-  static constexpr int MI = C::MW;
+  static constexpr int MI = 1;
   static constexpr int NI = C::SN / 8;
   static constexpr int WTN = C::SN;
   static constexpr int THREADS = 128;
-  __device__ __forceinline__ static int row_of(int warp_m, int mi) { return mi * 64 + (warp_m & 3) * 16; }
-  static constexpr int C_ROWS = TOKEN_MAJOR ? C::SN : C::MW * 64;
-  static constexpr int C_COLS = TOKEN_MAJOR ? C::MW * 64 : C::SN;
+  __device__ __forceinline__ static int row_of(int warp_m, int) { return (warp_m & 3) * 16; }
+  static constexpr int C_ROWS = 64;
+  static constexpr int C_COLS = 64;
   static constexpr int C_LD = C::SLICE_LD;
 };
 
-// This warpgroup's tile (rows m0 .. m0 + MW 64 - 1, columns n0 .. n0 + WG_N
+// This warpgroup's tile (rows m0 .. m0 + 63, columns n0 .. n0 + WG_N
 // - 1) through its slice buffer at `buf`, SN columns at a time (slice S on),
 // its 128 threads meeting at named barrier `bar` around each slice.
 template <class C, class P, typename T, int S = 0>
