@@ -135,7 +135,9 @@ TMA_OPTIONAL = ("ks", "mw", "mt", "ra", "rs")   # keys with defaults
 # configurations: the problem's environment holds rs 0 (_problem), a
 # configuration's own rs overrides it
 MT_CHOICES = (1, 2, 3, 4, 6, 8)
-TMA_BN_CHOICES = (16, 32, 64, 128, 256)   # below 64: decode's few tokens
+# below 64: decode's few tokens; 192: 22 column tiles of N = 4096 (132 CTAs
+# of 128 x 192 on 768 rows, one full wave)
+TMA_BN_CHOICES = (16, 32, 64, 128, 192, 256)
 TMA_SPACE = Space(
     choices={"bm": WG_BM_CHOICES, "bn": TMA_BN_CHOICES, "bk": WG_BK_CHOICES, "wn": (1, 2),
              "stages": TMA_STAGE_CHOICES, "cm": (1, 2), "ks": (1, 2, 4), "mw": (1, 2),
@@ -193,7 +195,7 @@ TMA_SPACE = Space(
         # covers (482 to 1532 configurations); mt goes with the tiles the
         # prefill hints take (the 128 x 256 one since its output went to
         # slices: bench/RESULTS.md, 2026-11-28)
-        Constraint("mt == 1 or (bm == 256 and cm == 1) or (bm == 128 and bn == 256)",
+        Constraint("mt == 1 or (bm == 256 and cm == 1) or (bm == 128 and bn >= 192)",
                    "several tiles a CTA only on 256-row tiles without a cluster and on the "
                    "128 x 256 tile"),
         # where each knob pays: splitting K and deep pipelines for decode's few
@@ -205,8 +207,8 @@ TMA_SPACE = Space(
                    "of 128 columns or more (whole 64-column boxes for each CTA)"),
         Constraint("(mw == 1 and wn == 1) or bn >= 128",
                    "two tiles per warpgroup, or two warpgroups along N, only for 128 columns or more"),
-        Constraint("wg_n * wn == bn and wg_n in (16, 32, 64, 128, 256)",
-                   "a warpgroup's columns are one wgmma N of 16, 32, 64, 128 or 256"),
+        Constraint("wg_n * wn == bn and wg_n in (16, 32, 64, 128, 192, 256)",
+                   "a warpgroup's columns are one wgmma N of 16, 32, 64, 128, 192 or 256"),
         # (feature-major X tiles are whole 64-column swizzle atoms, or one
         # atom of 16 or 32 columns, 32- or 64-byte swizzle: what the rules
         # on wg_n and wn above already leave)
@@ -215,8 +217,9 @@ TMA_SPACE = Space(
         Constraint("not tm or k % 8 == 0",
                    "token-major X rows (K values) must be 16-byte aligned to be mapped"),
         Constraint("cm in (1, 2)", "1 or 2 CTAs of a cluster share the X tile"),
-        Constraint("regs <= 65536 and acc_regs + 40 <= 255",
-                   "the accumulators (mw x bn / wn / 2 a thread) and the rest fit the registers"),
+        Constraint("regs <= 65536 and acc_regs <= 128",
+                   "the accumulators (mw x bn / wn / 2 a thread, at most 128) and the rest fit "
+                   "the registers"),
         Constraint(f"bn in {TMA_BN_CHOICES}", "BN of a CTA tile"),
         Constraint(f"bk in {WG_BK_CHOICES}", "BK: one to four sparse wgmma K steps per stage"),
         Constraint(f"stages in {TMA_STAGE_CHOICES}", "pipeline depth"),
