@@ -288,6 +288,19 @@ def test_prefill_hints_take_several_tiles_a_cta_where_it_fills_the_waves():
     assert hinted(FAM.search_space(m, op, {}, H100), pre) == pre
 
 
+@pytest.mark.parametrize("shape,first", [((768, 3072), True), ((3072, 768), False),
+                                         ((4096, 4096), False), ((1024, 4096), False)])
+def test_prefill_hints_lead_with_the_192_column_tile_where_it_fills_a_wave(shape, first):
+    """768 rows x N = 4096: 96 tiles of 128 x 256 on 132 SMs, 132 of 128 x
+    192; elsewhere in S1 the wider tile's waves cost no more."""
+    m = random_24(*shape, seed=10)
+    pre = FAM.hint_configs(m, Operation(dtype="fp16", layout="tm"), {}, H100, n=4096)
+    wave = {**nm24_mod.TMA_SPACE.defaults, **nm24_mod.WAVE_TILE}
+    assert (pre[0] == wave) == first
+    assert nm24_mod.wave_cost(768, 4096, nm24_mod.WAVE_TILE, 132) == 128 * 192
+    assert nm24_mod.wave_cost(768, 4096, nm24_mod.CLUSTER_MT_TILE, 132) == 128 * 256
+
+
 @pytest.mark.parametrize("bad,what", [
     (dict(bm=96), r"bm in \(64, 128\): BM of a CTA tile"),
     (dict(bn=32), r"bn in \(64, 128, 256\): BN of a CTA tile"),

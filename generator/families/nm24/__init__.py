@@ -529,7 +529,8 @@ class Nm24Family(Family):
               dict(bm=64, bn=16, bk=64, wm=1, wn=1, stages=12, wg=1, tma=1, cm=1, ks=4),
               dict(bm=256, bn=128, bk=64, wm=2, wn=1, stages=6, wg=1, tma=1, cm=2, mw=2),
               dict(bm=128, bn=256, bk=64, wm=2, wn=1, stages=4, wg=1),
-              dict(bm=64, bn=64, bk=128, wm=1, wn=1, stages=5, wg=1)]
+              dict(bm=64, bn=64, bk=128, wm=1, wn=1, stages=5, wg=1),
+              dict(WAVE_TILE)]
         wg = by_tile_n(wg, n)   # N known: its regime's tiles first, the rest in turn
         if n is not None and n <= DECODE_MAX_N:
             # decode: the tiles at least N wide first (at N = 64 a 16-column
@@ -550,6 +551,13 @@ class Nm24Family(Family):
             mt = tiles_per_cta(*matrix.shape, n, CLUSTER_MT_TILE, sm_count(device))
             if mt > 1:
                 wg.insert(1, dict(CLUSTER_MT_TILE, mt=mt))
+            # first of all, where its tiles fill the waves better than the
+            # 128 x 256 ones: the 128 x 192 cluster pair (768 x 3072 x 4096:
+            # 132 tiles, one full wave, against 96 of 128 x 256; -8% in both
+            # layouts, bench/RESULTS.md, 2026-11-28)
+            if (wave_cost(matrix.shape[0], n, WAVE_TILE, sm_count(device))
+                    < wave_cost(matrix.shape[0], n, CLUSTER_MT_TILE, sm_count(device))):
+                wg.sort(key=lambda c: c != WAVE_TILE)
         hopper = bool(device and device.get("arch") == "sm_90a")
         out = []
         for cfg in wg + ([] if hopper else [dict(BASE_CONFIG)]):   # as the space has them
@@ -699,6 +707,19 @@ class Nm24Family(Family):
 PREFILL_MT_TILE = dict(bm=256, bn=128, bk=64, wm=2, wn=1, stages=4, wg=1, tma=1, cm=1, mw=2)
 # the same for the 128 x 256 tile of a cluster pair
 CLUSTER_MT_TILE = dict(bm=128, bn=256, bk=64, wm=2, wn=1, stages=5, wg=1, tma=1, cm=2)
+
+
+# the 128 x 192 tile (wgmma N = 192) for problems whose 128 x 256 tiles
+# leave much of the last wave idle (wave_cost)
+WAVE_TILE = dict(bm=128, bn=192, bk=64, wm=2, wn=1, stages=6, wg=1, tma=1, cm=2)
+
+
+def wave_cost(m: int, n: int, config: dict, sms: int) -> int:
+    """A tile's work times the waves of one CTA a tile: the time a problem
+    takes in units of a column of N's work, every wave costing as much as a
+    full one."""
+    tiles = -(-m // config["bm"]) * -(-n // config["bn"])
+    return -(-tiles // sms) * config["bm"] * config["bn"]
 
 
 def tiles_per_cta(m: int, k: int, n: int, config: dict, sms: int) -> int:
