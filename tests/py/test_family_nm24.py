@@ -288,6 +288,19 @@ def test_prefill_hints_take_several_tiles_a_cta_where_it_fills_the_waves():
     assert hinted(FAM.search_space(m, op, {}, H100), pre) == pre
 
 
+@pytest.mark.parametrize("shape,first", [((768, 3072), True), ((3072, 768), False),
+                                         ((4096, 4096), False), ((1024, 4096), False)])
+def test_prefill_hints_lead_with_the_192_column_tile_where_it_fills_a_wave(shape, first):
+    """768 rows x N = 4096: 96 tiles of 128 x 256 on 132 SMs, 132 of 128 x
+    192; elsewhere in S1 the wider tile's waves cost no more."""
+    m = random_24(*shape, seed=10)
+    pre = FAM.hint_configs(m, Operation(dtype="fp16", layout="tm"), {}, H100, n=4096)
+    wave = {**nm24_mod.TMA_SPACE.defaults, **nm24_mod.WAVE_TILE}
+    assert (pre[0] == wave) == first
+    assert nm24_mod.wave_cost(768, 4096, nm24_mod.WAVE_TILE, 132) == 128 * 192
+    assert nm24_mod.wave_cost(768, 4096, nm24_mod.CLUSTER_MT_TILE, 132) == 128 * 256
+
+
 @pytest.mark.parametrize("bad,what", [
     (dict(bm=96), r"bm in \(64, 128\): BM of a CTA tile"),
     (dict(bn=32), r"bn in \(64, 128, 256\): BN of a CTA tile"),
@@ -502,6 +515,9 @@ WG_COMPILE_CASES = [
     # the 128 x 256 tile taking several tiles, its output in slices
     ("fp16", "tm", dict(TMA, stages=5, mt=3), Epilogue(bias=True, activation="gelu")),
     ("bf16", "fm", dict(TMA, stages=5, cm=1, mt=2), Epilogue(bias=True, activation="gelu")),
+    # wgmma N = 192 (the 128 x 192 tile)
+    ("fp16", "tm", dict(TMA, bn=192, stages=5), Epilogue(bias=True, activation="gelu")),
+    ("bf16", "fm", dict(TMA, bn=192, cm=1, stages=6, mt=3), Epilogue()),
     ("fp16", "fm", dict(WG), Epilogue()),
     ("bf16", "tm", dict(WG, bn=128, stages=5), Epilogue(bias=True, activation="gelu")),
     ("fp16", "fm", dict(WG, bm=64, bn=64, bk=32, wm=1, stages=3), Epilogue(activation="relu")),
@@ -628,6 +644,7 @@ TMA_GPU_CONFIGS = [
     dict(bm=256, bn=128, bk=64, wm=2, wn=1, stages=6, wg=1, tma=1, cm=1, mw=2),  # 2 tiles a warpgroup
     dict(bm=256, bn=128, bk=64, wm=2, wn=1, stages=5, wg=1, tma=1, cm=2, mw=2),
     dict(bm=64, bn=64, bk=64, wm=1, wn=1, stages=12, wg=1, tma=1, cm=1, ks=2),   # deep, split
+    dict(bm=128, bn=192, bk=64, wm=2, wn=1, stages=5, wg=1, tma=1, cm=2),  # wgmma N = 192
 ]
 # several tiles along M a CTA (`mt`): a slot with fewer tiles at the end of
 # M, a cluster pair, output rows by bulk copies or (odd N, feature-major) not
@@ -636,7 +653,9 @@ TMA_MT = [dict(bm=256, bn=128, bk=64, wm=2, wn=1, stages=3, wg=1, tma=1, cm=1, m
           dict(bm=256, bn=128, bk=64, wm=2, wn=2, stages=4, wg=1, tma=1, cm=1, mw=2, mt=2),
           # the 128 x 256 tile, its output in slices: a cluster pair, and alone
           dict(bm=128, bn=256, bk=64, wm=2, wn=1, stages=5, wg=1, tma=1, cm=2, mt=3),
-          dict(bm=128, bn=256, bk=64, wm=2, wn=1, stages=5, wg=1, tma=1, cm=1, mt=2)]
+          dict(bm=128, bn=256, bk=64, wm=2, wn=1, stages=5, wg=1, tma=1, cm=1, mt=2),
+          # 192 columns, sliced in three
+          dict(bm=128, bn=192, bk=64, wm=2, wn=1, stages=6, wg=1, tma=1, cm=1, mt=2)]
 # consecutive CTAs down M (`ra`): with a cluster pair (the remap keeps a
 # cluster's CTAs on one column of N), with several tiles a CTA
 TMA_RA = [dict(bm=256, bn=128, bk=64, wm=2, wn=1, stages=5, wg=1, tma=1, cm=2, mw=2, ra=1),

@@ -135,7 +135,9 @@ TMA_OPTIONAL = ("ks", "mw", "mt", "ra", "rs")   # keys with defaults
 # configurations: the problem's environment holds rs 0 (_problem), a
 # configuration's own rs overrides it
 MT_CHOICES = (1, 2, 3, 4, 6, 8)
-TMA_BN_CHOICES = (16, 32, 64, 128, 256)   # below 64: decode's few tokens
+# below 64: decode's few tokens; 192: 22 column tiles of N = 4096 (132 CTAs
+# of 128 x 192 on 768 rows, one full wave)
+TMA_BN_CHOICES = (16, 32, 64, 128, 192, 256)
 TMA_SPACE = Space(
     choices={"bm": WG_BM_CHOICES, "bn": TMA_BN_CHOICES, "bk": WG_BK_CHOICES, "wn": (1, 2),
              "stages": TMA_STAGE_CHOICES, "cm": (1, 2), "ks": (1, 2, 4), "mw": (1, 2),
@@ -193,7 +195,7 @@ TMA_SPACE = Space(
         # covers (482 to 1532 configurations); mt goes with the tiles the
         # prefill hints take (the 128 x 256 one since its output went to
         # slices: bench/RESULTS.md, 2026-11-28)
-        Constraint("mt == 1 or (bm == 256 and cm == 1) or (bm == 128 and bn == 256)",
+        Constraint("mt == 1 or (bm == 256 and cm == 1) or (bm == 128 and bn >= 192)",
                    "several tiles a CTA only on 256-row tiles without a cluster and on the "
                    "128 x 256 tile"),
         # where each knob pays: splitting K and deep pipelines for decode's few
@@ -205,8 +207,8 @@ TMA_SPACE = Space(
                    "of 128 columns or more (whole 64-column boxes for each CTA)"),
         Constraint("(mw == 1 and wn == 1) or bn >= 128",
                    "two tiles per warpgroup, or two warpgroups along N, only for 128 columns or more"),
-        Constraint("wg_n * wn == bn and wg_n in (16, 32, 64, 128, 256)",
-                   "a warpgroup's columns are one wgmma N of 16, 32, 64, 128 or 256"),
+        Constraint("wg_n * wn == bn and wg_n in (16, 32, 64, 128, 192, 256)",
+                   "a warpgroup's columns are one wgmma N of 16, 32, 64, 128, 192 or 256"),
         # (feature-major X tiles are whole 64-column swizzle atoms, or one
         # atom of 16 or 32 columns, 32- or 64-byte swizzle: what the rules
         # on wg_n and wn above already leave)
@@ -215,8 +217,9 @@ TMA_SPACE = Space(
         Constraint("not tm or k % 8 == 0",
                    "token-major X rows (K values) must be 16-byte aligned to be mapped"),
         Constraint("cm in (1, 2)", "1 or 2 CTAs of a cluster share the X tile"),
-        Constraint("regs <= 65536 and acc_regs + 40 <= 255",
-                   "the accumulators (mw x bn / wn / 2 a thread) and the rest fit the registers"),
+        Constraint("regs <= 65536 and acc_regs <= 128",
+                   "the accumulators (mw x bn / wn / 2 a thread, at most 128) and the rest fit "
+                   "the registers"),
         Constraint(f"bn in {TMA_BN_CHOICES}", "BN of a CTA tile"),
         Constraint(f"bk in {WG_BK_CHOICES}", "BK: one to four sparse wgmma K steps per stage"),
         Constraint(f"stages in {TMA_STAGE_CHOICES}", "pipeline depth"),
@@ -526,7 +529,8 @@ class Nm24Family(Family):
               dict(bm=64, bn=16, bk=64, wm=1, wn=1, stages=12, wg=1, tma=1, cm=1, ks=4),
               dict(bm=256, bn=128, bk=64, wm=2, wn=1, stages=6, wg=1, tma=1, cm=2, mw=2),
               dict(bm=128, bn=256, bk=64, wm=2, wn=1, stages=4, wg=1),
-              dict(bm=64, bn=64, bk=128, wm=1, wn=1, stages=5, wg=1)]
+              dict(bm=64, bn=64, bk=128, wm=1, wn=1, stages=5, wg=1),
+              dict(WAVE_TILE)]
         wg = by_tile_n(wg, n)   # N known: its regime's tiles first, the rest in turn
         if n is not None and n <= DECODE_MAX_N:
             # decode: the tiles at least N wide first (at N = 64 a 16-column
@@ -547,6 +551,13 @@ class Nm24Family(Family):
             mt = tiles_per_cta(*matrix.shape, n, CLUSTER_MT_TILE, sm_count(device))
             if mt > 1:
                 wg.insert(1, dict(CLUSTER_MT_TILE, mt=mt))
+            # first of all, where its tiles fill the waves better than the
+            # 128 x 256 ones: the 128 x 192 cluster pair (768 x 3072 x 4096:
+            # 132 tiles, one full wave, against 96 of 128 x 256; -8% in both
+            # layouts, bench/RESULTS.md, 2026-11-28)
+            if (wave_cost(matrix.shape[0], n, WAVE_TILE, sm_count(device))
+                    < wave_cost(matrix.shape[0], n, CLUSTER_MT_TILE, sm_count(device))):
+                wg.sort(key=lambda c: c != WAVE_TILE)
         hopper = bool(device and device.get("arch") == "sm_90a")
         out = []
         for cfg in wg + ([] if hopper else [dict(BASE_CONFIG)]):   # as the space has them
@@ -696,6 +707,19 @@ class Nm24Family(Family):
 PREFILL_MT_TILE = dict(bm=256, bn=128, bk=64, wm=2, wn=1, stages=4, wg=1, tma=1, cm=1, mw=2)
 # the same for the 128 x 256 tile of a cluster pair
 CLUSTER_MT_TILE = dict(bm=128, bn=256, bk=64, wm=2, wn=1, stages=5, wg=1, tma=1, cm=2)
+
+
+# the 128 x 192 tile (wgmma N = 192) for problems whose 128 x 256 tiles
+# leave much of the last wave idle (wave_cost)
+WAVE_TILE = dict(bm=128, bn=192, bk=64, wm=2, wn=1, stages=6, wg=1, tma=1, cm=2)
+
+
+def wave_cost(m: int, n: int, config: dict, sms: int) -> int:
+    """A tile's work times the waves of one CTA a tile: the time a problem
+    takes in units of a column of N's work, every wave costing as much as a
+    full one."""
+    tiles = -(-m // config["bm"]) * -(-n // config["bn"])
+    return -(-tiles // sms) * config["bm"] * config["bn"]
 
 
 def tiles_per_cta(m: int, k: int, n: int, config: dict, sms: int) -> int:
