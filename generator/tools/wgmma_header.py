@@ -17,7 +17,8 @@ from pathlib import Path
 
 N_CHOICES = (16, 32, 64, 128, 256)   # the N of a warpgroup tile (rowgroup WG_N_CHOICES, nm24's,
                                     # csr's decode tiles down to a few tokens)
-SPARSE_N_CHOICES = (16, 32, 64, 128, 256)   # nm24's, down to decode's few tokens
+# nm24's, down to decode's few tokens; 192: the 128 x 192 prefill tile
+SPARSE_N_CHOICES = (16, 32, 64, 128, 192, 256)
 TYPES = (("__half", "f16"), ("__nv_bfloat16", "bf16"))
 
 HEAD = """\
