@@ -197,7 +197,7 @@ TMA_SPACE = Space(
         # slices: bench/RESULTS.md, 2026-11-28)
         Constraint("mt == 1 or (bm == 256 and cm == 1) or (bm == 128 and bn >= 192)",
                    "several tiles a CTA only on 256-row tiles without a cluster and on the "
-                   "128 x 256 tile"),
+                   "128 x 192 and 128 x 256 tiles"),
         # where each knob pays: splitting K and deep pipelines for decode's few
         # columns, sharing the X tile for prefill's wide ones
         Constraint("ks == 1 or bn <= 64", "K is split only for tiles of at most 64 columns"),
@@ -715,9 +715,9 @@ WAVE_TILE = dict(bm=128, bn=192, bk=64, wm=2, wn=1, stages=6, wg=1, tma=1, cm=2)
 
 
 def wave_cost(m: int, n: int, config: dict, sms: int) -> int:
-    """A tile's work times the waves of one CTA a tile: the time a problem
-    takes in units of a column of N's work, every wave costing as much as a
-    full one."""
+    """The waves of one CTA a tile (`sms` CTAs at a time) times the tile's
+    area: what the problem takes if every wave, the last one too, costs as
+    much as a full one (the units: one output element's work)."""
     tiles = -(-m // config["bm"]) * -(-n // config["bn"])
     return -(-tiles // sms) * config["bm"] * config["bn"]
 
