@@ -729,9 +729,9 @@ def tiles_per_cta(m: int, k: int, n: int, config: dict, sms: int) -> int:
     pipeline fill and store that the next tile's loads hide.  That share
     is taken as 1.6 / (K tiles), at most 15%: an estimate, which the
     tuner's S1 suites on an H200 bore out (bench/RESULTS.md, 2026-11-28:
-    on all six shapes the 128 x 256 tile won with the `mt` this gives, 3,
-    1, 8, 2, 1 and 4; the tuner still measures the hint beside the
-    others)."""
+    on each of the six shapes every winner took the `mt` this gives for
+    the 128 x 256 tile, 3, 1, 8, 2, 1 and 4; the tuner still measures the
+    hint beside the others)."""
     rows = -(-m // config["bm"])
     cols = -(-n // config["bn"])
     gain = min(0.15, 1.6 / -(-k // config["bk"]))
