@@ -354,6 +354,8 @@ TMA = dict(bm=128, bn=256, bk=64, wm=2, wn=1, stages=4, wg=1, tma=1, cm=2)
     (dict(mt=2, ks=2, cm=1, bn=64), "tm", 64, "several tiles a CTA only without split K"),
     (dict(mt=2, cm=1, bn=64), "tm", 64, "several tiles a CTA only for prefill"),
     (dict(mt=2, bn=128, stages=3), "fm", 64, "several tiles a CTA only on 256-row tiles"),
+    (dict(mt=2, bn=192, stages=5), "fm", 64, "several tiles a CTA only on 256-row tiles"),
+    (dict(mw=2, bm=256, bn=192, cm=1), "fm", 64, "the accumulators .* at most 128"),
     (dict(ra=2), "fm", 64, r"ra in \(0, 1\)"),
     (dict(ra=1, cm=1, bn=64), "tm", 64, "CTAs ordered down M only for prefill"),
     (dict(ra=1), "fm", 64, "CTAs ordered down M only on 256-row tiles"),
@@ -517,7 +519,7 @@ WG_COMPILE_CASES = [
     ("bf16", "fm", dict(TMA, stages=5, cm=1, mt=2), Epilogue(bias=True, activation="gelu")),
     # wgmma N = 192 (the 128 x 192 tile)
     ("fp16", "tm", dict(TMA, bn=192, stages=5), Epilogue(bias=True, activation="gelu")),
-    ("bf16", "fm", dict(TMA, bn=192, cm=1, stages=6, mt=3), Epilogue()),
+    ("bf16", "fm", dict(TMA, bn=192, cm=1, stages=6), Epilogue()),
     ("fp16", "fm", dict(WG), Epilogue()),
     ("bf16", "tm", dict(WG, bn=128, stages=5), Epilogue(bias=True, activation="gelu")),
     ("fp16", "fm", dict(WG, bm=64, bn=64, bk=32, wm=1, stages=3), Epilogue(activation="relu")),
@@ -653,9 +655,7 @@ TMA_MT = [dict(bm=256, bn=128, bk=64, wm=2, wn=1, stages=3, wg=1, tma=1, cm=1, m
           dict(bm=256, bn=128, bk=64, wm=2, wn=2, stages=4, wg=1, tma=1, cm=1, mw=2, mt=2),
           # the 128 x 256 tile, its output in slices: a cluster pair, and alone
           dict(bm=128, bn=256, bk=64, wm=2, wn=1, stages=5, wg=1, tma=1, cm=2, mt=3),
-          dict(bm=128, bn=256, bk=64, wm=2, wn=1, stages=5, wg=1, tma=1, cm=1, mt=2),
-          # 192 columns, sliced in three
-          dict(bm=128, bn=192, bk=64, wm=2, wn=1, stages=6, wg=1, tma=1, cm=1, mt=2)]
+          dict(bm=128, bn=256, bk=64, wm=2, wn=1, stages=5, wg=1, tma=1, cm=1, mt=2)]
 # consecutive CTAs down M (`ra`): with a cluster pair (the remap keeps a
 # cluster's CTAs on one column of N), with several tiles a CTA
 TMA_RA = [dict(bm=256, bn=128, bk=64, wm=2, wn=1, stages=5, wg=1, tma=1, cm=2, mw=2, ra=1),

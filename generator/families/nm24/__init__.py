@@ -195,9 +195,9 @@ TMA_SPACE = Space(
         # covers (482 to 1532 configurations); mt goes with the tiles the
         # prefill hints take (the 128 x 256 one since its output went to
         # slices: bench/RESULTS.md, 2026-11-28)
-        Constraint("mt == 1 or (bm == 256 and cm == 1) or (bm == 128 and bn >= 192)",
+        Constraint("mt == 1 or (bm == 256 and cm == 1) or (bm == 128 and bn == 256)",
                    "several tiles a CTA only on 256-row tiles without a cluster and on the "
-                   "128 x 192 and 128 x 256 tiles"),
+                   "128 x 256 tile"),
         # where each knob pays: splitting K and deep pipelines for decode's few
         # columns, sharing the X tile for prefill's wide ones
         Constraint("ks == 1 or bn <= 64", "K is split only for tiles of at most 64 columns"),
