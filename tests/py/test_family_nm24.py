@@ -362,6 +362,10 @@ TMA = dict(bm=128, bn=256, bk=64, wm=2, wn=1, stages=4, wg=1, tma=1, cm=2)
     (dict(bm=256, bn=128, cm=1, mw=2, mt=2, stages=5), "fm", 64,
      "fits the GPU's per-block limit"),
     (dict(mt=2, stages=6), "fm", 64, "fits the GPU's per-block limit"),
+    (dict(ys=1), "tm", 64, "tensor stores of Y only for the output in slices"),
+    (dict(ys=1, bm=256, bn=128, cm=1, mw=2, mt=2), "fm", 64,
+     "tensor stores of Y only for the output in slices"),
+    (dict(ys=2, mt=2), "fm", 64, "ys: 0 or 1"),
 ])
 def test_check_config_refusals_tma(bad, layout, k, what):
     m = random_24(64, k, seed=8)
@@ -517,6 +521,9 @@ WG_COMPILE_CASES = [
     # the 128 x 256 tile taking several tiles, its output in slices
     ("fp16", "tm", dict(TMA, stages=5, mt=3), Epilogue(bias=True, activation="gelu")),
     ("bf16", "fm", dict(TMA, stages=5, cm=1, mt=2), Epilogue(bias=True, activation="gelu")),
+    # ... its slices sent to Y by tensor stores
+    ("fp16", "tm", dict(TMA, stages=5, mt=3, ys=1), Epilogue(bias=True, activation="gelu")),
+    ("bf16", "fm", dict(TMA, stages=5, cm=1, mt=2, ys=1), Epilogue(scale=0.5)),
     # wgmma N = 192 (the 128 x 192 tile)
     ("fp16", "tm", dict(TMA, bn=192, stages=5), Epilogue(bias=True, activation="gelu")),
     ("bf16", "fm", dict(TMA, bn=192, cm=1, stages=6), Epilogue()),
@@ -655,7 +662,10 @@ TMA_MT = [dict(bm=256, bn=128, bk=64, wm=2, wn=1, stages=3, wg=1, tma=1, cm=1, m
           dict(bm=256, bn=128, bk=64, wm=2, wn=2, stages=4, wg=1, tma=1, cm=1, mw=2, mt=2),
           # the 128 x 256 tile, its output in slices: a cluster pair, and alone
           dict(bm=128, bn=256, bk=64, wm=2, wn=1, stages=5, wg=1, tma=1, cm=2, mt=3),
-          dict(bm=128, bn=256, bk=64, wm=2, wn=1, stages=5, wg=1, tma=1, cm=1, mt=2)]
+          dict(bm=128, bn=256, bk=64, wm=2, wn=1, stages=5, wg=1, tma=1, cm=1, mt=2),
+          # ... its slices sent to Y by tensor stores (`ys`)
+          dict(bm=128, bn=256, bk=64, wm=2, wn=1, stages=5, wg=1, tma=1, cm=2, mt=3, ys=1),
+          dict(bm=128, bn=256, bk=64, wm=2, wn=1, stages=5, wg=1, tma=1, cm=1, mt=2, ys=1)]
 # consecutive CTAs down M (`ra`): with a cluster pair (the remap keeps a
 # cluster's CTAs on one column of N), with several tiles a CTA
 TMA_RA = [dict(bm=256, bn=128, bk=64, wm=2, wn=1, stages=5, wg=1, tma=1, cm=2, mw=2, ra=1),
@@ -739,6 +749,24 @@ def test_gpu_tma_odd_shapes(hopper, layout, dtype):
 @pytest.mark.gpu
 @pytest.mark.parametrize("dtype", ["fp16", "bf16"])
 @pytest.mark.parametrize("layout", ["fm", "tm"])
+def test_gpu_tma_y_stores(hopper, layout, dtype):
+    """The output slices sent to Y by tensor stores (`ys`): M a multiple
+    of 8 but not of the tiles (token-major: the map's rows are then
+    16-byte aligned; the store clips the box at M and at N), N = 1, odd N
+    (feature-major: Y's rows are not 16-byte aligned, no map, the slices
+    copied out by the warpgroups), N ending inside a tile and past
+    several; token-major with M % 8 != 0 (no map declared)."""
+    for rows, n_list in ((296, (1, 77, 264, 520)), (300, (77, 520))):
+        m = random_24(rows, 520, seed=48, zero_rows=(0, 64, rows - 1), dtype=dtype)
+        op = Operation(dtype=dtype, layout=layout)
+        for c in TMA_MT[-2:]:
+            for n in n_list:
+                _verify(m, op, c, n)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", ["fp16", "bf16"])
+@pytest.mark.parametrize("layout", ["fm", "tm"])
 def test_gpu_tma_epilogues(hopper, layout, dtype):
     m = random_24(256, 512, seed=45, mode="full", dtype=dtype)
     bias = np.random.default_rng(1).standard_normal(256).astype(np.float32)
@@ -764,7 +792,8 @@ def test_gpu_tma_large(hopper, layout):
 @pytest.mark.parametrize("config", [
     dict(bm=64, bn=16, bk=128, wm=1, wn=1, stages=12, wg=1, tma=1, cm=1, ks=2),   # decode, split K
     dict(bm=256, bn=128, bk=64, wm=2, wn=1, stages=4, wg=1, tma=1, cm=1, mw=2, mt=2),
-    dict(bm=128, bn=256, bk=64, wm=2, wn=1, stages=4, wg=1, tma=1, cm=2)])
+    dict(bm=128, bn=256, bk=64, wm=2, wn=1, stages=4, wg=1, tma=1, cm=2),
+    dict(bm=128, bn=256, bk=64, wm=2, wn=1, stages=5, wg=1, tma=1, cm=2, mt=2, ys=1)])
 def test_gpu_tma_dependent_launches(hopper, config):
     """The TMA kernels are launched as programmatic dependents of the
     stream's previous work (SF_DECLARE_PDL): three of them back to back
