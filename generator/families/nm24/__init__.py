@@ -127,15 +127,13 @@ WG_SPACE = Space(
 # warpgroups and a producer warp; the X tile shared by clusters of `cm`
 # CTAs along M.
 TMA_STAGE_CHOICES = (3, 4, 5, 6, 8, 12)
-TMA_KEYS = WG_KEYS + ("tma", "cm", "ks", "mw", "mt", "ra", "rs", "ys")
-TMA_OPTIONAL = ("ks", "mw", "mt", "ra", "rs", "ys")   # keys with defaults
+TMA_KEYS = WG_KEYS + ("tma", "cm", "ks", "mw", "mt", "ra", "rs")
+TMA_OPTIONAL = ("ks", "mw", "mt", "ra", "rs")   # keys with defaults
 # `rs` 1: csr's split 2:4 residual in steps of compacted columns
 # (generator/families/csr/split24.py); never a 2:4 matrix's own key, so
 # neither among the choices the family searches nor written into its
 # configurations: the problem's environment holds rs 0 (_problem), a
-# configuration's own rs overrides it.  `ys` 1: the output slices (several
-# tiles a CTA) go to Y by tensor stores; not among the searched choices
-# either (the problem's environment holds ys 0): the hints name it
+# configuration's own rs overrides it
 MT_CHOICES = (1, 2, 3, 4, 6, 8)
 # below 64: decode's few tokens; 192: 22 column tiles of N = 4096 (132 CTAs
 # of 128 x 192 on 768 rows, one full wave)
@@ -185,8 +183,6 @@ TMA_SPACE = Space(
                    "64-row wgmma tile a warpgroup, whole 64-column X boxes"),
         Constraint(f"mt in {MT_CHOICES}", "tiles along M a CTA takes in turn"),
         Constraint("mt == 1 or ks == 1", "several tiles a CTA only without split K"),
-        Constraint("ys == 0 or (mt > 1 and mw == 1)", "tensor stores of Y only for the output "
-                   "in slices (several tiles a CTA, one 64-row wgmma tile a warpgroup)"),
         Constraint("ra in (0, 1)", "consecutive CTAs along N (0) or down M (1)"),
         Constraint("ra == 0 or bn >= 128", "CTAs ordered down M only for prefill's wide tiles "
                    "(decode has one column of N tiles)"),
@@ -257,7 +253,7 @@ def _problem(op: Operation, k: int) -> dict:
 
 
 def _layout_problem(layout: str, k: int) -> dict:
-    return {"tm": int(layout == "tm"), "k": k, "rs": 0, "ys": 0}
+    return {"tm": int(layout == "tm"), "k": k, "rs": 0}
 
 
 def _device_env(device: Optional[dict]) -> dict:
@@ -470,8 +466,6 @@ class Nm24Family(Family):
                 raise ConfigError(f"{k_}: must be an integer, got {config[k_]!r}")
         if config.get("rs", 0) not in (0, 1) or (config.get("rs") and not params.get("rs")):
             raise ConfigError("rs: 1 only for csr's split 2:4 residual (s24 3), else 0")
-        if config.get("ys", 0) not in (0, 1):
-            raise ConfigError("ys: 0 or 1")
         self.check_op(op)
         _space(config).check(config, _problem(op, matrix.cols), _device_env(device))
 
@@ -699,8 +693,11 @@ class Nm24Family(Family):
                         bias_offset=plan.bias_offset, has_bias=plan.has_bias,
                         act=op.act_code, scale=_float_literal(scale), constraints=checks,
                         res_ptr=plan.res_ptr, res_rec=plan.res_rec, rs=c.get("rs", 0),
-                        # a map of Y token-major needs its rows 16-byte aligned
-                        ys=int(bool(c.get("ys")) and (plan.layout == "fm" or plan.m % 8 == 0)),
+                        # the output in slices (several tiles a CTA, one 64-row wgmma
+                        # tile a warpgroup) goes to Y by tensor stores where the runtime
+                        # can map Y (token-major: rows of M 16-byte aligned)
+                        ys=int(c.get("mt", 1) > 1 and c.get("mw", 1) == 1
+                               and (plan.layout == "fm" or plan.m % 8 == 0)),
                         rs_a=plan.rs_a, rs_ptr=plan.rs_ptr,
                         rs_ends=plan.rs_ends)
         launch = make_launch(grid=plan.grid, block=(plan.threads,), n_axis=0,

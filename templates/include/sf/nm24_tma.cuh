@@ -37,11 +37,14 @@
 // the pipeline's fill nor the store is paid once a tile.  A static split
 // (the launch record's grid is fixed per N tile): the tuner picks MT so
 // that the CTAs fill whole waves of the GPU (bench/RESULTS.md: short K,
-// -7 to -10% a tile).  Rows of Y by asynchronous bulk copies (the TMA
-// unit) were slower: they queue behind the producer's loads.  With one
-// 64-row wgmma tile a warpgroup (the 128 x 256 tile) each warpgroup stores
-// its rows in slices of 64 columns of N through a small buffer of its own
-// (store_sliced), so that 5 stages fit beside it.
+// -7 to -10% a tile).  Rows of Y by one-dimensional bulk copies were
+// slower: they queue behind the producer's loads.  With one 64-row wgmma
+// tile a warpgroup (the 128 x 256 tile) each warpgroup stores its rows in
+// slices of 64 columns of N through a small buffer of its own
+// (store_sliced), so that 5 stages fit beside it; each slice goes to Y by
+// one tensor store (a 64 x 64 box of the runtime's map of Y) where Y can
+// be mapped, 1-4% faster than the warpgroup's own copies on S1
+// (bench/RESULTS.md, 2026-11-28).
 //
 // The order of the tiles (RA): the hardware starts CTAs (clusters) in the
 // order of blockIdx, x first.  RA 0 takes x along N (consecutive CTAs read
@@ -81,7 +84,8 @@ struct TmaConfig {
   static constexpr int MT = MT_;          // tiles along M a CTA takes in turn (1: one tile)
   static constexpr bool RA = RA_ != 0;    // consecutive CTAs go down M (else along N)
   static constexpr bool RS = RS_ != 0;    // csr's split 2:4 residual in steps (see below)
-  // (sliced output) the slices go to Y by tensor stores through the map of Y
+  // (sliced output) the slices go to Y by tensor stores through the map of
+  // Y (the generator sets it where the runtime can map Y)
   static constexpr bool YS = YS_ != 0;
 
   static constexpr int WG_N = BN / WN;
