@@ -180,6 +180,9 @@ struct sf_kernel {
   /* the module's sf_x_map: {layout (1 feature-major, 2 token-major), K,
    * box width, box rows}; all 0 when it declares none */
   int x_map[4];
+  /* the module's sf_y_map, the same for Y: {layout, M, box width, box
+   * rows}; all 0 when it declares none */
+  int y_map[4];
   /* launched as a programmatic dependent of the stream's previous work
    * (the module declares sf_pdl: its kernels wait for it with
    * griddepcontrol.wait before reading what that work wrote; SF_PDL=0

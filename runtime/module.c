@@ -91,20 +91,22 @@ static sf_status read_module_ints(sf_context *ctx, sf_module *mod, const char *n
   return SF_OK;
 }
 
-/* The module's sf_x_map (sf_kernel_args_set), into k->x_map: zeros where
- * the module declares none. */
-static sf_status read_x_map(sf_context *ctx, sf_module *mod, struct sf_kernel *k) {
+/* The module's tensor map declaration `sym` (sf_x_map or sf_y_map, see
+ * sf_kernel_args_set) into `out`: zeros where the module declares none.
+ * `dim` names the declared length (K for X, M for Y) in the message. */
+static sf_status read_map(sf_context *ctx, sf_module *mod, const char *sym, const char *dim,
+                          int out[4]) {
   int v[4] = {0, 0, 0, 0}, found = 0;
-  memset(k->x_map, 0, sizeof k->x_map);
-  sf_status st = read_module_ints(ctx, mod, "sf_x_map", v, 4, &found);
+  memset(out, 0, 4 * sizeof *out);
+  sf_status st = read_module_ints(ctx, mod, sym, v, 4, &found);
   if (st != SF_OK || !found) return st;
   if ((v[0] != 1 && v[0] != 2) || v[1] < 1 || (v[2] != 16 && v[2] != 32 && v[2] != 64) ||
       v[3] < 1 || v[3] > 256)
     return sf__fail(ctx, SF_ERR_INVALID_ARG,
-                    "the module's sf_x_map {%d, %d, %d, %d} is malformed (layout 1 or 2, "
-                    "K >= 1, box of 16, 32 or 64 by 1..256)",
-                    v[0], v[1], v[2], v[3]);
-  memcpy(k->x_map, v, sizeof v);
+                    "the module's %s {%d, %d, %d, %d} is malformed (layout 1 or 2, "
+                    "%s >= 1, box of 16, 32 or 64 by 1..256)",
+                    sym, v[0], v[1], v[2], v[3], dim);
+  memcpy(out, v, sizeof v);
   return SF_OK;
 }
 
@@ -120,6 +122,42 @@ static sf_status read_pdl(sf_context *ctx, sf_module *mod, struct sf_kernel *k) 
   if (st != SF_OK || !found) return st;
   const char *env = getenv("SF_PDL");
   k->pdl = v == 1 && !(env && strcmp(env, "0") == 0);
+  return SF_OK;
+}
+
+/* The tensor map a module declares (`decl`: {layout, the declared length
+ * D, box width, box rows}) of the 16-bit matrix at `base` (layout 1: D
+ * rows of n, row-major; 2: n rows of D), encoded into `map` and appended
+ * to the launch's arguments; nothing where the module declares none, and
+ * a zero map where layout 1's rows are not 16-byte aligned (n % 8 != 0):
+ * the kernel, which knows n, then does without it.  `what` names the
+ * map in the driver's error. */
+static sf_status add_map(sf_context *ctx, const int decl[4], sf_devptr base, int n,
+                         sf_kernel_args *out, unsigned char map_out[128], const char *what) {
+  if (!decl[0]) return SF_OK;
+  out->ptrs[out->n_args++] = map_out;
+  const int fm = decl[0] == 1;
+  const uint64_t d = (uint64_t)decl[1];
+  if (fm && n % 8 != 0) return SF_OK; /* rows not 16-byte aligned: no map */
+  cuuint64_t dims[2] = {fm ? (cuuint64_t)n : d, fm ? d : (cuuint64_t)n};
+  cuuint64_t strides[1] = {2 * dims[0]};
+  cuuint32_t box[2] = {(cuuint32_t)decl[2], (cuuint32_t)decl[3]};
+  cuuint32_t elem[2] = {1, 1};
+  /* swizzled to the box's row: 128, 64 or 32 bytes (read_map) */
+  const CUtensorMapSwizzle swizzle = box[0] == 64   ? CU_TENSOR_MAP_SWIZZLE_128B
+                                     : box[0] == 32 ? CU_TENSOR_MAP_SWIZZLE_64B
+                                                    : CU_TENSOR_MAP_SWIZZLE_32B;
+  CUtensorMap map;
+  CUresult r = ctx->drv->TensorMapEncodeTiled(
+      &map, CU_TENSOR_MAP_DATA_TYPE_UINT16, 2, (void *)(uintptr_t)base, dims, strides, box,
+      elem, CU_TENSOR_MAP_INTERLEAVE_NONE, swizzle,
+      CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+  if (r != CUDA_SUCCESS) {
+    char msg[96];
+    snprintf(msg, sizeof msg, "mapping %s (cuTensorMapEncodeTiled)", what);
+    return sf__cu_fail(ctx, SF_ERR_INVALID_ARG, r, msg);
+  }
+  memcpy(map_out, &map, sizeof map);
   return SF_OK;
 }
 
@@ -142,30 +180,11 @@ sf_status sf_kernel_args_set(sf_context *ctx, sf_kernel *k, sf_devptr packed,
   out->ptrs[2] = &out->y;
   out->ptrs[3] = &out->n;
   out->n_args = 4;
-  if (!k->x_map[0]) return SF_OK;
-  out->ptrs[4] = out->x_map;
-  out->n_args = 5;
-  const int fm = k->x_map[0] == 1;
-  const uint64_t kk = (uint64_t)k->x_map[1];
-  if (fm && n % 8 != 0) return SF_OK; /* rows not 16-byte aligned: no map */
-  cuuint64_t dims[2] = {fm ? (cuuint64_t)n : kk, fm ? kk : (cuuint64_t)n};
-  cuuint64_t strides[1] = {2 * dims[0]};
-  cuuint32_t box[2] = {(cuuint32_t)k->x_map[2], (cuuint32_t)k->x_map[3]};
-  cuuint32_t elem[2] = {1, 1};
-  /* swizzled to the box's row: 128, 64 or 32 bytes (read_x_map) */
-  const CUtensorMapSwizzle swizzle = box[0] == 64   ? CU_TENSOR_MAP_SWIZZLE_128B
-                                     : box[0] == 32 ? CU_TENSOR_MAP_SWIZZLE_64B
-                                                    : CU_TENSOR_MAP_SWIZZLE_32B;
-  CUtensorMap map;
-  CUresult r = ctx->drv->TensorMapEncodeTiled(
-      &map, CU_TENSOR_MAP_DATA_TYPE_UINT16, 2, (void *)(uintptr_t)x, dims, strides, box,
-      elem, CU_TENSOR_MAP_INTERLEAVE_NONE, swizzle,
-      CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
-  if (r != CUDA_SUCCESS)
-    return sf__cu_fail(ctx, SF_ERR_INVALID_ARG, r,
-                       "mapping X for the kernel's tensor loads (cuTensorMapEncodeTiled)");
-  memcpy(out->x_map, &map, sizeof out->x_map);
-  return SF_OK;
+  sf_status st = add_map(ctx, k->x_map, x, out->n, out, out->x_map,
+                         "X for the kernel's tensor loads");
+  if (st == SF_OK) st = add_map(ctx, k->y_map, y, out->n, out, out->y_map,
+                            "Y for the kernel's tensor stores");
+  return st;
 }
 
 sf_status sf_kernel_get(sf_context *ctx, sf_module *mod, const char *name,
@@ -209,7 +228,9 @@ sf_status sf_kernel_get(sf_context *ctx, sf_module *mod, const char *name,
   k->fn = fn;
   k->name = copy;
   k->dyn_smem_limit = SF_DEFAULT_DYN_SMEM;
-  if ((st = read_x_map(ctx, mod, k)) != SF_OK || (st = read_pdl(ctx, mod, k)) != SF_OK) {
+  if ((st = read_map(ctx, mod, "sf_x_map", "K", k->x_map)) != SF_OK ||
+      (st = read_map(ctx, mod, "sf_y_map", "M", k->y_map)) != SF_OK ||
+      (st = read_pdl(ctx, mod, k)) != SF_OK) {
     free(k);
     free(copy);
     return st;

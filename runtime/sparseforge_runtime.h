@@ -284,15 +284,17 @@ typedef struct sf_launch_config {
 
 /* The arguments of one launch of a generated kernel, made by
  * sf_kernel_args_set: (packed, X, Y, N) and, for a kernel whose module
- * declares a TMA tensor map of X, the map as a fifth parameter.  `ptrs`
- * (what sf_launch and the timers take as `args`) points into the struct
- * itself: fill it in place and do not copy it. */
+ * declares TMA tensor maps of X and (or) Y, the maps as the next
+ * parameters, X's first.  `ptrs` (what sf_launch and the timers take as
+ * `args`) points into the struct itself: fill it in place and do not copy
+ * it. */
 typedef struct sf_kernel_args {
-  void *ptrs[5];
+  void *ptrs[6];
   uint64_t packed, x, y;
   int n;
-  int n_args;                /* 4, or 5 with the map */
+  int n_args;                /* 4, plus one a map */
   unsigned char x_map[128];  /* the CUtensorMap of X (zeros: none for this N) */
+  unsigned char y_map[128];  /* the CUtensorMap of Y (zeros: none for this N) */
 } sf_kernel_args;
 
 /* Fills `out` for one launch of `k` on (packed, X, Y, N).  A module may
@@ -302,11 +304,15 @@ typedef struct sf_kernel_args {
  * (16, 32 or 64) elements along X's contiguous dimension by `box rows`
  * (1..256), swizzled to the box's row (32-, 64- or 128-byte swizzle),
  * zeros outside X: the map of this X and N is then encoded
- * (cuTensorMapEncodeTiled) as the fifth argument.  X of layout 1 with N %
- * 8 != 0 has rows that are not 16-byte aligned: the map is left zero and
- * the kernel, which knows N, reads X without it.  SF_ERR_INVALID_ARG for N
- * outside 1..INT_MAX, a malformed sf_x_map, or an X the driver cannot map
- * (its message).  Touches no GPU memory. */
+ * (cuTensorMapEncodeTiled) as the fifth argument.  Likewise `int
+ * sf_y_map[4]` = {layout, M, box width, box rows} declares a map of Y
+ * (layout 1: Y is M x N; 2: Y is N x M) for the kernel's tensor stores,
+ * the argument after X's map (the fifth where there is none).  A matrix
+ * of layout 1 with N % 8 != 0 has rows that are not 16-byte aligned: its
+ * map is left zero and the kernel, which knows N, does without it.
+ * SF_ERR_INVALID_ARG for N outside 1..INT_MAX, a malformed declaration,
+ * or a matrix the driver cannot map (its message).  Touches no GPU
+ * memory. */
 SF_API sf_status sf_kernel_args_set(sf_context *ctx, sf_kernel *k, sf_devptr packed,
                                     sf_devptr x, sf_devptr y, int64_t n,
                                     sf_kernel_args *out);

@@ -124,13 +124,14 @@ class sf_launch_config(Structure):
 
 class sf_kernel_args(Structure):
     _fields_ = [
-        ('ptrs', c_void_p * 5),
+        ('ptrs', c_void_p * 6),
         ('packed', c_uint64),
         ('x', c_uint64),
         ('y', c_uint64),
         ('n', c_int),
         ('n_args', c_int),
         ('x_map', c_ubyte * 128),
+        ('y_map', c_ubyte * 128),
     ]
 
 

@@ -614,7 +614,7 @@ def _infer_sig(args) -> str:
 
 class KernelArgs:
     """The arguments of one launch of a generated kernel (packed, X, Y, N
-    and, where its module declares one, the tensor map of X), as
+    and, where its module declares them, the tensor maps of X and Y), as
     Context.kernel_args makes them (sf_kernel_args_set).  launch(), time()
     and time_sets() take it in place of an argument list."""
 
@@ -624,7 +624,14 @@ class KernelArgs:
 
     @property
     def has_x_map(self) -> bool:
-        return self._raw.n_args == 5
+        """Whether the kernel takes a map (of X, or of Y where its module
+        declares one alone) after its four arguments."""
+        return self._raw.n_args >= 5
+
+    @property
+    def maps(self) -> int:
+        """The tensor maps the kernel takes (0, 1 or 2)."""
+        return self._raw.n_args - 4
 
 
 def _kernel_args(args, sig: Optional[str]):

@@ -400,10 +400,31 @@ def test_tiles_per_cta_plan():
             plan = FAM.plan(m, op, {}, c)
             assert plan.grid == (1, slots, 1), (c, plan.grid)
             k = FAM.render(plan, op, c)
-            assert f", {c['mt']}, 0>;" in k.source and k.launch["grid"] == (1, slots, 1)
+            # (rs 0; ys 0: two wgmma tiles a warpgroup store the whole tile)
+            assert f", {c['mt']}, 0, 0, 0>;" in k.source and k.launch["grid"] == (1, slots, 1)
             env = nm24_mod.TMA_SPACE.env(c, nm24_mod._layout_problem(layout, 200))
             assert plan.smem_bytes == 2048 + c["stages"] * env["stage_bytes"] + env["c_bytes"]
             same_matrix(FAM.unpack(plan), m, "fp16")
+
+
+@pytest.mark.parametrize("layout,rows,mt,maps", [
+    ("tm", 296, 2, True),     # token-major: Y's rows of M 16-byte aligned
+    ("tm", 300, 2, False),    # ... not aligned: the warpgroups copy the slices out
+    ("fm", 300, 2, True),     # feature-major: the runtime maps Y where N % 8 == 0
+    ("fm", 296, 1, False),    # one tile a CTA: the whole tile through the stages
+])
+def test_sliced_output_declares_a_map_of_y(layout, rows, mt, maps):
+    """The 128 x 256 tile taking several tiles a CTA sends its output
+    slices to Y by tensor stores: its module declares a map of Y (64 x 64
+    boxes), which the kernel takes after X's."""
+    m = random_24(rows, 256, seed=17)
+    c = dict(TMA, stages=5, mt=mt)
+    op = Operation(layout=layout)
+    FAM.check_config(c, m, op, {}, H100)
+    k = FAM.generate(m, op, {}, c)
+    decl = f"SF_DECLARE_Y_MAP({2 if layout == 'tm' else 1}, {rows}, 64, 64);"
+    assert (decl in k.source) == maps
+    assert ("TensorMap y_map" in k.source) == maps and (f", {int(maps)}>;" in k.source)
 
 
 def test_split_k_plan():
@@ -649,7 +670,8 @@ TMA_GPU_CONFIGS = [
     dict(bm=128, bn=192, bk=64, wm=2, wn=1, stages=5, wg=1, tma=1, cm=2),  # wgmma N = 192
 ]
 # several tiles along M a CTA (`mt`): a slot with fewer tiles at the end of
-# M, a cluster pair, output rows by bulk copies or (odd N, feature-major) not
+# M, a cluster pair; the 128 x 256 tile's output slices by tensor stores
+# (where Y can be mapped) or copied out by the warpgroups
 TMA_MT = [dict(bm=256, bn=128, bk=64, wm=2, wn=1, stages=3, wg=1, tma=1, cm=1, mw=2, mt=2),
           dict(bm=256, bn=128, bk=64, wm=2, wn=1, stages=4, wg=1, tma=1, cm=1, mw=2, mt=3),
           dict(bm=256, bn=128, bk=64, wm=2, wn=2, stages=4, wg=1, tma=1, cm=1, mw=2, mt=2),
@@ -739,6 +761,24 @@ def test_gpu_tma_odd_shapes(hopper, layout, dtype):
 @pytest.mark.gpu
 @pytest.mark.parametrize("dtype", ["fp16", "bf16"])
 @pytest.mark.parametrize("layout", ["fm", "tm"])
+def test_gpu_tma_y_stores(hopper, layout, dtype):
+    """The output slices sent to Y by tensor stores: M a multiple
+    of 8 but not of the tiles (token-major: the map's rows are then
+    16-byte aligned; the store clips the box at M and at N), N = 1, odd N
+    (feature-major: Y's rows are not 16-byte aligned, no map, the slices
+    copied out by the warpgroups), N ending inside a tile and past
+    several; token-major with M % 8 != 0 (no map declared)."""
+    for rows, n_list in ((296, (1, 77, 264, 520)), (300, (77, 520))):
+        m = random_24(rows, 520, seed=48, zero_rows=(0, 64, rows - 1), dtype=dtype)
+        op = Operation(dtype=dtype, layout=layout)
+        for c in TMA_MT[3:]:   # the 128 x 256 tile's, in slices
+            for n in n_list:
+                _verify(m, op, c, n)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", ["fp16", "bf16"])
+@pytest.mark.parametrize("layout", ["fm", "tm"])
 def test_gpu_tma_epilogues(hopper, layout, dtype):
     m = random_24(256, 512, seed=45, mode="full", dtype=dtype)
     bias = np.random.default_rng(1).standard_normal(256).astype(np.float32)
@@ -764,7 +804,8 @@ def test_gpu_tma_large(hopper, layout):
 @pytest.mark.parametrize("config", [
     dict(bm=64, bn=16, bk=128, wm=1, wn=1, stages=12, wg=1, tma=1, cm=1, ks=2),   # decode, split K
     dict(bm=256, bn=128, bk=64, wm=2, wn=1, stages=4, wg=1, tma=1, cm=1, mw=2, mt=2),
-    dict(bm=128, bn=256, bk=64, wm=2, wn=1, stages=4, wg=1, tma=1, cm=2)])
+    dict(bm=128, bn=256, bk=64, wm=2, wn=1, stages=4, wg=1, tma=1, cm=2),
+    dict(bm=128, bn=256, bk=64, wm=2, wn=1, stages=5, wg=1, tma=1, cm=2, mt=2)])
 def test_gpu_tma_dependent_launches(hopper, config):
     """The TMA kernels are launched as programmatic dependents of the
     stream's previous work (SF_DECLARE_PDL): three of them back to back
@@ -799,7 +840,7 @@ def test_tile_order_plan():
         c = dict(base, ra=ra)
         plan = FAM.plan(m, op, {}, c)
         k = FAM.render(plan, op, c)
-        assert f", 2, {ra}>;" in k.source and plan.threads == 288
+        assert f", 2, {ra}, 0, 0>;" in k.source and plan.threads == 288
         assert k.launch["grid"] == (1, 2, 1) and k.launch["block"] == (288, 1, 1)
 
 

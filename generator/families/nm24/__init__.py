@@ -693,6 +693,11 @@ class Nm24Family(Family):
                         bias_offset=plan.bias_offset, has_bias=plan.has_bias,
                         act=op.act_code, scale=_float_literal(scale), constraints=checks,
                         res_ptr=plan.res_ptr, res_rec=plan.res_rec, rs=c.get("rs", 0),
+                        # the output in slices (several tiles a CTA, one 64-row wgmma
+                        # tile a warpgroup) goes to Y by tensor stores where the runtime
+                        # can map Y (token-major: rows of M 16-byte aligned)
+                        ys=int(c.get("mt", 1) > 1 and c.get("mw", 1) == 1
+                               and (plan.layout == "fm" or plan.m % 8 == 0)),
                         rs_a=plan.rs_a, rs_ptr=plan.rs_ptr,
                         rs_ends=plan.rs_ends)
         launch = make_launch(grid=plan.grid, block=(plan.threads,), n_axis=0,

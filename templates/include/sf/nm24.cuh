@@ -323,12 +323,23 @@ struct CtaSync {
   __device__ __forceinline__ static void sync() { __syncthreads(); }
 };
 
+// Element (row r, column c) of a staged tile: rows C::C_LD apart, or (SW)
+// as a tensor map's box of 64-element rows lands, 128-byte swizzled (the
+// 16-byte chunks of row r permuted by r % 8).
+template <class C, bool SW>
+__device__ __forceinline__ int staged_at(int r, int c) {
+  if constexpr (SW)
+    return r * 64 + (((c >> 3) ^ (r & 7)) << 3) + (c & 7);
+  else
+    return r * C::C_LD + c;
+}
+
 // acc -> act(scale * acc + bias) -> T, staged in shared memory (rows m in
-// feature-major, n in token-major, C::C_LD apart).  Warp (warp_m, warp_n)'s
-// fragment row mi starts at row C::row_of(warp_m, mi) of the tile.  (NI0,
-// NACC: the tile's fragments are acc[.][NI0 .. NI0 + C::NI - 1] of a wider
-// accumulator, one slice of it.)
-template <class C, class P, typename T, int NI0 = 0, int NACC = C::NI>
+// feature-major, n in token-major, laid out by staged_at).  Warp (warp_m,
+// warp_n)'s fragment row mi starts at row C::row_of(warp_m, mi) of the
+// tile.  (NI0, NACC: the tile's fragments are acc[.][NI0 .. NI0 + C::NI -
+// 1] of a wider accumulator, one slice of it.)
+template <class C, class P, typename T, int NI0 = 0, int NACC = C::NI, bool SW = false>
 __device__ __forceinline__ void stage_tile(unsigned char *smem, float (&acc)[C::MI][NACC][4],
                                            const unsigned char *packed, int m0, int warp_m,
                                            int warp_n, int lane) {
@@ -348,10 +359,10 @@ __device__ __forceinline__ void stage_tile(unsigned char *smem, float (&acc)[C::
             acc[mi][NI0 + ni][half * 2 + 0], acc[mi][NI0 + ni][half * 2 + 1], P::SCALE, bv,
             (ni & 1) != 0);
         if constexpr (C::TOKEN_MAJOR) {
-          sc[nl * C::C_LD + ml] = static_cast<unsigned short>(pair & 0xffffu);
-          sc[(nl + 1) * C::C_LD + ml] = static_cast<unsigned short>(pair >> 16);
+          sc[staged_at<C, SW>(nl, ml)] = static_cast<unsigned short>(pair & 0xffffu);
+          sc[staged_at<C, SW>(nl + 1, ml)] = static_cast<unsigned short>(pair >> 16);
         } else {
-          *reinterpret_cast<unsigned *>(sc + ml * C::C_LD + nl) = pair;
+          *reinterpret_cast<unsigned *>(sc + staged_at<C, SW>(ml, nl)) = pair;
         }
       }
     }

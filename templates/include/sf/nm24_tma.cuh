@@ -37,11 +37,14 @@
 // the pipeline's fill nor the store is paid once a tile.  A static split
 // (the launch record's grid is fixed per N tile): the tuner picks MT so
 // that the CTAs fill whole waves of the GPU (bench/RESULTS.md: short K,
-// -7 to -10% a tile).  Rows of Y by asynchronous bulk copies (the TMA
-// unit) were slower: they queue behind the producer's loads.  With one
-// 64-row wgmma tile a warpgroup (the 128 x 256 tile) each warpgroup stores
-// its rows in slices of 64 columns of N through a small buffer of its own
-// (store_sliced), so that 5 stages fit beside it.
+// -7 to -10% a tile).  Rows of Y by one-dimensional bulk copies were
+// slower: they queue behind the producer's loads.  With one 64-row wgmma
+// tile a warpgroup (the 128 x 256 tile) each warpgroup stores its rows in
+// slices of 64 columns of N through a small buffer of its own
+// (store_sliced), so that 5 stages fit beside it; each slice goes to Y by
+// one tensor store (a 64 x 64 box of the runtime's map of Y) where Y can
+// be mapped, 1-4% faster than the warpgroup's own copies on S1
+// (bench/RESULTS.md, 2026-11-28).
 //
 // The order of the tiles (RA): the hardware starts CTAs (clusters) in the
 // order of blockIdx, x first.  RA 0 takes x along N (consecutive CTAs read
@@ -66,7 +69,7 @@ namespace nm24 {
 constexpr int AE_STEP = WG_A_BYTES + 4 * META_BYTES;  // one 64-row tile x one K step
 
 template <int BM_, int BN_, int BK_, int WM_, int WN_, int MW_, int STAGES_, int CM_, int KS_,
-          bool TM_, int MT_ = 1, int RA_ = 0, int RS_ = 0>
+          bool TM_, int MT_ = 1, int RA_ = 0, int RS_ = 0, int YS_ = 0>
 struct TmaConfig {
   static constexpr int BM = BM_;          // 64 x MW x WM
   static constexpr int BN = BN_;
@@ -81,6 +84,9 @@ struct TmaConfig {
   static constexpr int MT = MT_;          // tiles along M a CTA takes in turn (1: one tile)
   static constexpr bool RA = RA_ != 0;    // consecutive CTAs go down M (else along N)
   static constexpr bool RS = RS_ != 0;    // csr's split 2:4 residual in steps (see below)
+  // (sliced output) the slices go to Y by tensor stores through the map of
+  // Y (the generator sets it where the runtime can map Y)
+  static constexpr bool YS = YS_ != 0;
 
   static constexpr int WG_N = BN / WN;
   static constexpr int THREADS = 128 * WM * WN;      // the consumers (store_tile's threads)
@@ -131,6 +137,7 @@ struct TmaConfig {
   // tiles a CTA take tiles of 128 columns or more, so WG_N >= 64), staged
   // with rows 16 bytes apart.
   static constexpr bool SLICED = MT > 1 && MW == 1;
+  static_assert(!YS || SLICED, "tensor stores of Y only for the sliced output");
   static constexpr int SN = 64;
   static constexpr int SLICE_LD = 64 + 8;
   static constexpr int SLICE_BYTES = 64 * SLICE_LD * 2;
@@ -659,19 +666,44 @@ struct SliceView {
 
 // This warpgroup's tile (rows m0 .. m0 + 63, columns n0 .. n0 + WG_N
 // - 1) through its slice buffer at `buf`, SN columns at a time (slice S on),
-// its 128 threads meeting at named barrier `bar` around each slice.
+// its 128 threads meeting at named barrier `bar` around each slice.  With
+// `ymap` (YS, the runtime's map of Y) the warpgroup's first thread sends
+// each staged slice to Y by one tensor store and the warpgroup goes on:
+// the slice laid out as the map's box (64 rows of 128 bytes, swizzled),
+// written again once the store has read it (the next slice, or the next
+// tile's first).  Without it, the warpgroup copies the slice out itself.
 template <class C, class P, typename T, int S = 0>
 __device__ __forceinline__ void store_sliced(unsigned char *buf, float (&acc)[C::MW][C::WG_N / 8][4],
                                              const unsigned char *packed, unsigned short *Y, int m0,
-                                             int n0, int N, int warp, int lane, int bar) {
+                                             int n0, int N, int warp, int lane, int bar,
+                                             const sm90::TensorMap *ymap) {
   using V = SliceView<C>;
+  const bool first = (threadIdx.x & 127) == 0;
+  if constexpr (C::YS)
+    if (ymap && first) sm90::wait_bulk_read<0>();  // the store before has read the buffer
   sm90::named_sync(bar, 128);  // the slice before (or the last tile's) is copied out
+  if constexpr (C::YS) {
+    if (ymap) {
+      stage_tile<V, P, T, S * V::NI, C::WG_N / 8, true>(buf, acc, packed, m0, warp & 3, 0, lane);
+      sm90::fence_proxy_async();  // this thread's writes -> the tensor store's reads
+      sm90::named_sync(bar, 128);
+      if (first) {
+        const int ns = n0 + S * C::SN;
+        sm90::tma_store_2d(ymap, C::TOKEN_MAJOR ? m0 : ns, C::TOKEN_MAJOR ? ns : m0,
+                           sm80::smem_addr(buf));
+        sm90::commit_bulk();
+      }
+      if constexpr ((S + 1) * C::SN < C::WG_N)
+        store_sliced<C, P, T, S + 1>(buf, acc, packed, Y, m0, n0, N, warp, lane, bar, ymap);
+      return;
+    }
+  }
   stage_tile<V, P, T, S * V::NI, C::WG_N / 8>(buf, acc, packed, m0, warp & 3, 0, lane);
   sm90::named_sync(bar, 128);
   // (one chunk at a time: the later slices' accumulators are still live)
   copy_tile<V, P, 1>(buf, Y, m0, n0 + S * C::SN, N, threadIdx.x & 127);
   if constexpr ((S + 1) * C::SN < C::WG_N)
-    store_sliced<C, P, T, S + 1>(buf, acc, packed, Y, m0, n0, N, warp, lane, bar);
+    store_sliced<C, P, T, S + 1>(buf, acc, packed, Y, m0, n0, N, warp, lane, bar, ymap);
 }
 
 // ---- split K: the partial tiles summed over the cluster --------------------------------------
@@ -774,7 +806,8 @@ __device__ __forceinline__ void tma_reduce_store(unsigned part, const float *rec
 template <class C, class P, typename T>
 __device__ __forceinline__ void tma_gemm(const unsigned char *__restrict__ packed,
                                          const void *__restrict__ Xv, void *__restrict__ Yv,
-                                         int N, const sm90::TensorMap *map) {
+                                         int N, const sm90::TensorMap *map,
+                                         const sm90::TensorMap *ymap_arg = nullptr) {
   static_assert(!P::HAS_RES || C::WG_N <= 64,
                 "the residual's sums take WG_N / 2 registers a thread more: decode tiles only");
   static_assert(P::MP % (C::BM * C::CM) == 0 && P::KP % (C::BK * C::KS) == 0,
@@ -805,6 +838,9 @@ __device__ __forceinline__ void tma_gemm(const unsigned char *__restrict__ packe
   constexpr bool CLUSTER = C::CM * C::KS > 1;
   // the runtime maps X unless its rows are not 16-byte aligned (layout 1, N % 8 != 0)
   const bool use_map = C::TOKEN_MAJOR || (N & 7) == 0;
+  // ... and Y likewise (YS): without it the slices are copied out by the
+  // warpgroups
+  const sm90::TensorMap *ymap = C::YS && use_map ? ymap_arg : nullptr;
   constexpr int KT = P::KP / C::BK / C::KS;
   constexpr int S = C::STAGES;
   // the consumers read stages after their wgmma (the residual, the steps):
@@ -947,7 +983,8 @@ __device__ __forceinline__ void tma_gemm(const unsigned char *__restrict__ packe
         // (the producer meanwhile fills the next tile's stages) each
         // warpgroup stores its rows through its own slice buffer
         store_sliced<C, P, T>(c_tile + wg * C::SLICE_BYTES, acc, packed, Y,
-                              m0 + wg_m * C::MW * 64, n0 + wg_n * C::WG_N, N, warp, lane, 2 + wg);
+                              m0 + wg_m * C::MW * 64, n0 + wg_n * C::WG_N, N, warp, lane, 2 + wg,
+                              ymap);
       } else {
         // every consumer is done with the stages (MT == 1: the output tile
         // reuses them) or with the last tile's output buffer (MT > 1: the
@@ -961,6 +998,9 @@ __device__ __forceinline__ void tma_gemm(const unsigned char *__restrict__ packe
         }
       }
     }
+    // (YS) the warpgroup's tensor stores are done before its CTA leaves
+    if constexpr (C::YS)
+      if (ymap && (tid & 127) == 0) sm90::wait_bulk<0>();
   }
   if constexpr (C::KS > 1) {
     if (warp != C::PRODUCER_WARP) {  // (one tile)

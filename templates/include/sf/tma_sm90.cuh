@@ -1,10 +1,10 @@
 // tma_sm90.cuh -- Hopper's asynchronous copies and barriers (sm_90): the
-// tensor map of X a kernel receives as its fifth parameter (the runtime
-// encodes it per launch: sf_kernel_args_set), TMA tile loads (optionally
-// multicast to the CTAs of a cluster), 1-D bulk copies, mbarriers (local
-// and across a cluster) and cluster barriers.  Thin wrappers over PTX
-// (PTX ISA: cp.async.bulk.tensor, cp.async.bulk, mbarrier, mapa,
-// barrier.cluster).
+// tensor maps of X (and Y) a kernel receives after its four parameters
+// (the runtime encodes them per launch: sf_kernel_args_set), TMA tile
+// loads (optionally multicast to the CTAs of a cluster) and stores, 1-D
+// bulk copies, mbarriers (local and across a cluster) and cluster
+// barriers.  Thin wrappers over PTX (PTX ISA: cp.async.bulk.tensor,
+// cp.async.bulk, mbarrier, mapa, barrier.cluster).
 #pragma once
 
 namespace sf {
@@ -20,6 +20,11 @@ struct alignas(64) TensorMap {
 // K, box width (elements along X's contiguous dimension), box rows}.
 #define SF_DECLARE_X_MAP(layout, k, box_w, box_rows) \
   extern "C" __device__ const int sf_x_map[4] = {(layout), (k), (box_w), (box_rows)}
+
+// ... and its map of Y, for tensor stores: {layout (1: Y is M x N, 2: Y is
+// N x M), M, box width, box rows}; the parameter after X's map.
+#define SF_DECLARE_Y_MAP(layout, m, box_w, box_rows) \
+  extern "C" __device__ const int sf_y_map[4] = {(layout), (m), (box_w), (box_rows)}
 
 __device__ __forceinline__ unsigned cluster_rank() {
   unsigned r;
@@ -133,6 +138,37 @@ __device__ __forceinline__ void tma_load_2d_multicast(unsigned dst, const Tensor
       ".multicast::cluster [%0], [%1, {%2, %3}], [%4], %5;\n" ::"r"(dst),
       "l"(reinterpret_cast<unsigned long long>(map)), "r"(c0), "r"(c1), "r"(bar), "h"(mask)
       : "memory");
+}
+
+// A 2-D box of shared memory at `src` (laid out as the map's loads land
+// it: swizzled to the box's row) to the map's coordinates (c0 along the
+// contiguous dimension, c1); what lies outside the matrix is not written.
+// One bulk group per commit_bulk(); the source may be written again once
+// wait_bulk_read() says the group has been read.
+__device__ __forceinline__ void tma_store_2d(const TensorMap *map, int c0, int c1, unsigned src) {
+  asm volatile(
+      "cp.async.bulk.tensor.2d.global.shared::cta.bulk_group [%0, {%1, %2}], [%3];\n" ::"l"(
+          reinterpret_cast<unsigned long long>(map)),
+      "r"(c0), "r"(c1), "r"(src)
+      : "memory");
+}
+
+__device__ __forceinline__ void commit_bulk() {
+  asm volatile("cp.async.bulk.commit_group;\n" ::: "memory");
+}
+
+// Until at most N of this thread's bulk groups have their sources still to
+// read (their shared memory may then be written).
+template <int N>
+__device__ __forceinline__ void wait_bulk_read() {
+  asm volatile("cp.async.bulk.wait_group.read %0;\n" ::"n"(N) : "memory");
+}
+
+// Until at most N of this thread's bulk groups are still to complete (their
+// writes done).
+template <int N>
+__device__ __forceinline__ void wait_bulk() {
+  asm volatile("cp.async.bulk.wait_group %0;\n" ::"n"(N) : "memory");
 }
 
 // `bytes` (a multiple of 16) contiguous bytes of global memory into shared
