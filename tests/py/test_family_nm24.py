@@ -422,7 +422,7 @@ def test_sliced_output_declares_a_map_of_y(layout, rows, mt, maps):
     op = Operation(layout=layout)
     FAM.check_config(c, m, op, {}, H100)
     k = FAM.generate(m, op, {}, c)
-    decl = f"SF_DECLARE_Y_MAP({2 if layout == 'tm' else 1}, {rows}, 64, 64);"
+    decl = f"SF_DECLARE_Y_MAP({2 if layout == 'tm' else 1}, {rows}, Cfg::YBOX_W, Cfg::YBOX_ROWS);"
     assert (decl in k.source) == maps
     assert ("TensorMap y_map" in k.source) == maps and (f", {int(maps)}>;" in k.source)
 

@@ -323,13 +323,16 @@ struct CtaSync {
   __device__ __forceinline__ static void sync() { __syncthreads(); }
 };
 
-// Element (row r, column c) of a staged tile: rows C::C_LD apart, or (SW)
-// as a tensor map's box of 64-element rows lands, 128-byte swizzled (the
-// 16-byte chunks of row r permuted by r % 8).
-template <class C, bool SW>
+// Element (row r, column c) of a staged tile: rows C::C_LD apart, or (SW
+// = 128 or 64) as a tensor map's box of rows of SW bytes lands, swizzled
+// to the row (the 16-byte chunks of row r permuted by r % 8, or by (r / 2)
+// % 4).
+template <class C, int SW>
 __device__ __forceinline__ int staged_at(int r, int c) {
-  if constexpr (SW)
+  if constexpr (SW == 128)
     return r * 64 + (((c >> 3) ^ (r & 7)) << 3) + (c & 7);
+  else if constexpr (SW == 64)
+    return r * 32 + (((c >> 3) ^ ((r >> 1) & 3)) << 3) + (c & 7);
   else
     return r * C::C_LD + c;
 }
@@ -339,7 +342,7 @@ __device__ __forceinline__ int staged_at(int r, int c) {
 // warp_n)'s fragment row mi starts at row C::row_of(warp_m, mi) of the
 // tile.  (NI0, NACC: the tile's fragments are acc[.][NI0 .. NI0 + C::NI -
 // 1] of a wider accumulator, one slice of it.)
-template <class C, class P, typename T, int NI0 = 0, int NACC = C::NI, bool SW = false>
+template <class C, class P, typename T, int NI0 = 0, int NACC = C::NI, int SW = 0>
 __device__ __forceinline__ void stage_tile(unsigned char *smem, float (&acc)[C::MI][NACC][4],
                                            const unsigned char *packed, int m0, int warp_m,
                                            int warp_n, int lane) {

@@ -85,8 +85,11 @@ struct TmaConfig {
   static constexpr bool RA = RA_ != 0;    // consecutive CTAs go down M (else along N)
   static constexpr bool RS = RS_ != 0;    // csr's split 2:4 residual in steps (see below)
   // (sliced output) the slices go to Y by tensor stores through the map of
-  // Y (the generator sets it where the runtime can map Y)
+  // Y (the generator sets it where the runtime can map Y), in halves of 32
+  // columns of N: the map's box (store_halves)
   static constexpr bool YS = YS_ != 0;
+  static constexpr int YBOX_W = TOKEN_MAJOR ? 64 : 32;
+  static constexpr int YBOX_ROWS = TOKEN_MAJOR ? 32 : 64;
 
   static constexpr int WG_N = BN / WN;
   static constexpr int THREADS = 128 * WM * WN;      // the consumers (store_tile's threads)
@@ -664,40 +667,61 @@ struct SliceView {
   static constexpr int C_LD = C::SLICE_LD;
 };
 
+// A half slice, for the tensor stores: the warpgroup's 64 rows by SN / 2
+// columns of N, staged as the map of Y's box lands (token-major: 32 rows
+// of 64 values, 128-byte swizzle; feature-major: 64 rows of 32, 64-byte).
+template <class C>
+struct HalfView : SliceView<C> {
+  static constexpr int NI = C::SN / 16;
+  static constexpr int WTN = C::SN / 2;
+  static constexpr int SWIZZLE = C::TOKEN_MAJOR ? 128 : 64;
+};
+
+// The warpgroup's tile to Y by tensor stores, SN / 2 columns of N at a
+// time (half slice H on) through the two halves of its slice buffer in
+// turn: each half staged as the map's box lands, fenced to the async proxy,
+// then sent by one tensor store that the warpgroup's first thread issues,
+// and written again once that store has read it (two stores later, so the
+// warpgroup seldom waits: at a tile's first half, for the last tile's
+// second to last).
+template <class C, class P, typename T, int H = 0>
+__device__ __forceinline__ void store_halves(unsigned char *buf, float (&acc)[C::MW][C::WG_N / 8][4],
+                                             const unsigned char *packed, int m0, int n0,
+                                             int warp, int lane, int bar,
+                                             const sm90::TensorMap *ymap) {
+  using V = HalfView<C>;
+  constexpr int HALF_BYTES = 64 * (C::SN / 2) * 2;
+  unsigned char *half = buf + (H & 1) * HALF_BYTES;
+  const bool first = (threadIdx.x & 127) == 0;
+  if (first) sm90::wait_bulk_read<1>();  // this half's store before (two stores ago) has read it
+  sm90::named_sync(bar, 128);
+  stage_tile<V, P, T, H * V::NI, C::WG_N / 8, V::SWIZZLE>(half, acc, packed, m0, warp & 3, 0, lane);
+  sm90::fence_proxy_async();  // this thread's writes -> the tensor store's reads
+  sm90::named_sync(bar, 128);
+  if (first) {
+    const int ns = n0 + H * (C::SN / 2);
+    sm90::tma_store_2d(ymap, C::TOKEN_MAJOR ? m0 : ns, C::TOKEN_MAJOR ? ns : m0,
+                       sm80::smem_addr(half));
+    sm90::commit_bulk();
+  }
+  if constexpr ((H + 1) * (C::SN / 2) < C::WG_N)
+    store_halves<C, P, T, H + 1>(buf, acc, packed, m0, n0, warp, lane, bar, ymap);
+}
+
 // This warpgroup's tile (rows m0 .. m0 + 63, columns n0 .. n0 + WG_N
 // - 1) through its slice buffer at `buf`, SN columns at a time (slice S on),
 // its 128 threads meeting at named barrier `bar` around each slice.  With
-// `ymap` (YS, the runtime's map of Y) the warpgroup's first thread sends
-// each staged slice to Y by one tensor store and the warpgroup goes on:
-// the slice laid out as the map's box (64 rows of 128 bytes, swizzled),
-// written again once the store has read it (the next slice, or the next
-// tile's first).  Without it, the warpgroup copies the slice out itself.
+// `ymap` (YS, the runtime's map of Y) the tile goes to Y by tensor stores
+// (store_halves); without it the warpgroup copies the slices out itself.
 template <class C, class P, typename T, int S = 0>
 __device__ __forceinline__ void store_sliced(unsigned char *buf, float (&acc)[C::MW][C::WG_N / 8][4],
                                              const unsigned char *packed, unsigned short *Y, int m0,
                                              int n0, int N, int warp, int lane, int bar,
                                              const sm90::TensorMap *ymap) {
   using V = SliceView<C>;
-  const bool first = (threadIdx.x & 127) == 0;
   if constexpr (C::YS)
-    if (ymap && first) sm90::wait_bulk_read<0>();  // the store before has read the buffer
+    if (ymap) return store_halves<C, P, T>(buf, acc, packed, m0, n0, warp, lane, bar, ymap);
   sm90::named_sync(bar, 128);  // the slice before (or the last tile's) is copied out
-  if constexpr (C::YS) {
-    if (ymap) {
-      stage_tile<V, P, T, S * V::NI, C::WG_N / 8, true>(buf, acc, packed, m0, warp & 3, 0, lane);
-      sm90::fence_proxy_async();  // this thread's writes -> the tensor store's reads
-      sm90::named_sync(bar, 128);
-      if (first) {
-        const int ns = n0 + S * C::SN;
-        sm90::tma_store_2d(ymap, C::TOKEN_MAJOR ? m0 : ns, C::TOKEN_MAJOR ? ns : m0,
-                           sm80::smem_addr(buf));
-        sm90::commit_bulk();
-      }
-      if constexpr ((S + 1) * C::SN < C::WG_N)
-        store_sliced<C, P, T, S + 1>(buf, acc, packed, Y, m0, n0, N, warp, lane, bar, ymap);
-      return;
-    }
-  }
   stage_tile<V, P, T, S * V::NI, C::WG_N / 8>(buf, acc, packed, m0, warp & 3, 0, lane);
   sm90::named_sync(bar, 128);
   // (one chunk at a time: the later slices' accumulators are still live)
