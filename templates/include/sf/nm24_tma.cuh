@@ -41,10 +41,11 @@
 // slower: they queue behind the producer's loads.  With one 64-row wgmma
 // tile a warpgroup (the 128 x 256 tile) each warpgroup stores its rows in
 // slices of 64 columns of N through a small buffer of its own
-// (store_sliced), so that 5 stages fit beside it; each slice goes to Y by
-// one tensor store (a 64 x 64 box of the runtime's map of Y) where Y can
-// be mapped, 1-4% faster than the warpgroup's own copies on S1
-// (bench/RESULTS.md, 2026-11-28).
+// (store_sliced), so that 5 stages fit beside it.  Where Y can be mapped
+// the slices go to Y by tensor stores instead, in halves of 32 columns
+// through the buffer's two halves (store_halves): 1-4% faster than the
+// warpgroup's own copies on S1, and the halves 1-3% more (bench/RESULTS.md,
+// 2026-11-28).
 //
 // The order of the tiles (RA): the hardware starts CTAs (clusters) in the
 // order of blockIdx, x first.  RA 0 takes x along N (consecutive CTAs read
