@@ -127,8 +127,8 @@ static sf_status read_pdl(sf_context *ctx, sf_module *mod, struct sf_kernel *k) 
 
 /* The tensor map a module declares (`decl`: {layout, the declared length
  * D, box width, box rows}) of the 16-bit matrix at `base` (layout 1: D
- * rows of n, row-major; 2: n rows of D), encoded into `map` and appended
- * to the launch's arguments; nothing where the module declares none, and
+ * rows of n, row-major; 2: n rows of D), encoded into `map_out` and
+ * appended to the launch's arguments `out`; nothing where the module declares none, and
  * a zero map where layout 1's rows are not 16-byte aligned (n % 8 != 0):
  * the kernel, which knows n, then does without it.  `what` names the
  * map in the driver's error. */
