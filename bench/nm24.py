@@ -18,6 +18,7 @@ the measured copy bandwidth.
 
     python3 bench/nm24.py --db /tmp/nm24.db --results bench/RESULTS.md
     python3 bench/nm24.py --suites s2 --configs '[{"bm":64,...,"wg":1}]'   # probe configurations
+    python3 bench/nm24.py --shapes 3072x1536x4096 --layouts tm --configs @c.json --rounds 3
 """
 from __future__ import annotations
 
@@ -55,23 +56,59 @@ def time_sparselt(ctx, dtype, m, k, n, layout, timing) -> tuple[float, str]:
     return t["median_ms"], f"alg {t['alg_id']}"
 
 
+def problems(suites: str, shapes: str, layouts: str) -> list[tuple[str, tuple, str]]:
+    """(suite, (M, K, N), layout) of a run: the suites' shapes, or exactly
+    the `shapes` named (MxKxN, comma-separated), each under the suite that
+    holds it, else "custom"."""
+    known = {"s1": S1_SHAPES, "s2": S2_SHAPES}
+    chosen = []
+    for suite in suites.split(","):
+        if suite not in known:
+            raise ValueError(f"unknown suite {suite!r}: expected s1 or s2")
+        chosen += [(suite, shape) for shape in known[suite]]
+    if shapes:
+        named = []
+        for text in shapes.split(","):
+            try:
+                shape = tuple(int(v) for v in text.lower().split("x"))
+            except ValueError:
+                shape = ()
+            if len(shape) != 3 or min(shape) < 1:
+                raise ValueError(f"shape {text!r}: expected MxKxN of positive integers")
+            named.append((next((s for s, sh in chosen if sh == shape),
+                               next((s for s, sh in known.items() if shape in sh), "custom")),
+                          shape))
+        chosen = named
+    return [(suite, shape, layout) for suite, shape in chosen for layout in layouts.split(",")]
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--db", default="/tmp/sparseforge-nm24.db")
     ap.add_argument("--suites", default="s1,s2", help="s1, s2 or both")
     ap.add_argument("--layouts", default="fm,tm")
-    ap.add_argument("--shapes", default="", help="only these MxKxN, comma-separated")
+    ap.add_argument("--shapes", default="",
+                    help="exactly these MxKxN, comma-separated (any shape, in or out of the suites)")
     ap.add_argument("--dtype", default="fp16", choices=["fp16", "bf16"])
     ap.add_argument("--budget", default="16", help="trials per problem (tuner --budget)")
     ap.add_argument("--strategy", default="greedy")
     ap.add_argument("--configs", help="a JSON list of configurations (or @FILE holding one): "
                                       "measure each on every problem instead of tuning (a probe)")
+    ap.add_argument("--rounds", type=int, default=1,
+                    help="(--configs) rounds in which every configuration is measured in turn "
+                         "(verified, then timed), for side-by-side comparisons")
     ap.add_argument("--no-variants", action="store_true",
                     help="skip the winner's bf16 and fused bias + GELU measurements")
     ap.add_argument("--results", help="append the table to this markdown file")
     ap.add_argument("--label", default="", help="a note for the results heading")
     args = ap.parse_args(argv)
+    try:
+        todo = problems(args.suites, args.shapes, args.layouts)
+    except ValueError as e:
+        ap.error(str(e))
+    if args.rounds < 1:
+        ap.error("--rounds must be at least 1")
 
     import numpy as np
 
@@ -93,16 +130,6 @@ def main(argv=None) -> int:
     peak = measure_dense_peak(ctx)
     print(f"{dev['name']}: copy {bw / 1e12:.2f} TB/s, cuBLAS fp16 8192^3 {peak / 1e12:.0f} TFLOP/s",
           flush=True)
-    problems = []
-    for suite in args.suites.split(","):
-        shapes = S1_SHAPES if suite == "s1" else S2_SHAPES if suite == "s2" else None
-        if shapes is None:
-            ap.error(f"unknown suite {suite!r}: expected s1 or s2")
-        for shape in shapes:
-            if args.shapes and "x".join(map(str, shape)) not in args.shapes.split(","):
-                continue
-            for layout in args.layouts.split(","):
-                problems.append((suite, shape, layout))
     probe = None
     if args.configs:
         text = Path(args.configs[1:]).read_text() if args.configs.startswith("@") else args.configs
@@ -113,27 +140,37 @@ def main(argv=None) -> int:
         tuner = Tuner(cache, strategy=args.strategy, budget=args.budget, timing=QUICK_TIMING,
                       progress=Progress(), seed=1)
         try:
-            for suite, (m, k, n), layout in problems:
+            for suite, (m, k, n), layout in todo:
                 mat = random_matrix("nm24", m, k, 0.5, args.dtype, seed=0)
                 op = Operation(args.dtype, layout, Epilogue())
                 timing = timing_for(QUICK_TIMING, n, dev)
                 lt_ms, lt_note = time_sparselt(ctx, args.dtype, m, k, n, layout, timing)
                 if probe:
                     peer = ctx.time_gemm(args.dtype, m, n, k, layout="best", **timing)["median_ms"]
+                    accepted = []
                     for cfg in probe:
                         try:
                             get_family("nm24").check_config(cfg, mat, op, {}, dev)
+                            accepted.append(cfg)
                         except ConfigError as e:
                             print(f"  {suite} {m}x{k}x{n} {layout} {json.dumps(cfg, sort_keys=True)}: "
                                   f"skipped ({e})", flush=True)
-                            continue
-                        status, info = tuner.measure(mat, "nm24", {}, op, n, cfg)
-                        ms = info.get("median_ms", math.nan) if status == "ok" else math.nan
-                        print(f"  {suite} {m}x{k}x{n} {layout} {json.dumps(cfg, sort_keys=True)}: "
-                              f"{status} {ms:.4f} ms, {peer / ms:.2f}x cuBLAS ({peer:.4f}), "
-                              f"{lt_ms / ms:.2f}x cuSPARSELt ({lt_ms:.4f}), "
-                              f"HBM {nm24_bytes(m, k, n) / (ms * 1e-3) / bw:.2f}"
-                              + ("" if status == "ok" else f" {str(info)[:300]}"), flush=True)
+                    if not accepted:
+                        continue
+                    # side by side: every configuration a trial in turn, round after round
+                    status, infos = tuner.measure_rounds(mat, "nm24", {}, op, n, accepted,
+                                                         args.rounds)
+                    if status != "ok":
+                        print(f"  {suite} {m}x{k}x{n} {layout}: {status} {str(infos)[:300]}",
+                              flush=True)
+                        continue
+                    for cfg, rounds in zip(accepted, infos):
+                        ms = [r["median_ms"] for r in rounds]
+                        mid = sorted(ms)[len(ms) // 2]   # the rounds' median
+                        print(f"  {suite} {m}x{k}x{n} {layout} {json.dumps(cfg, sort_keys=True)}: ok "
+                              + " / ".join(f"{v:.4f}" for v in ms) + f" ms, {peer / mid:.2f}x "
+                              f"cuBLAS ({peer:.4f}), {lt_ms / mid:.2f}x cuSPARSELt ({lt_ms:.4f}), "
+                              f"HBM {nm24_bytes(m, k, n) / (mid * 1e-3) / bw:.2f}", flush=True)
                     continue
                 res = tuner.tune(mat, "nm24", {}, op, [n], f"nm24/{suite}/{m}x{k}x{n}/{layout}")
                 nr = res.per_n[n]
