@@ -160,16 +160,26 @@ def main(argv=None) -> int:
                     # side by side: every configuration a trial in turn, round after round
                     status, infos = tuner.measure_rounds(mat, "nm24", {}, op, n, accepted,
                                                          args.rounds)
-                    if status != "ok":
-                        print(f"  {suite} {m}x{k}x{n} {layout}: {status} {str(infos)[:300]}",
-                              flush=True)
-                        continue
-                    for cfg, rounds in zip(accepted, infos):
+                    if status == "ok":
+                        results = [(cfg, "ok", r) for cfg, r in zip(accepted, infos)]
+                    else:   # one failed (it is named): each alone, so that the others report
+                        print(f"  {suite} {m}x{k}x{n} {layout}: {status} {str(infos)[:300]}; "
+                              "each configuration alone", flush=True)
+                        results = []
+                        for cfg in accepted:
+                            st, inf = tuner.measure_rounds(mat, "nm24", {}, op, n, [cfg],
+                                                           args.rounds)
+                            results.append((cfg, st, inf[0] if st == "ok" else inf))
+                    for cfg, st, rounds in results:
+                        head = f"  {suite} {m}x{k}x{n} {layout} {json.dumps(cfg, sort_keys=True)}: {st}"
+                        if st != "ok":
+                            print(f"{head} {str(rounds)[:300]}", flush=True)
+                            continue
                         ms = [r["median_ms"] for r in rounds]
                         mid = sorted(ms)[len(ms) // 2]   # the rounds' median
-                        print(f"  {suite} {m}x{k}x{n} {layout} {json.dumps(cfg, sort_keys=True)}: ok "
-                              + " / ".join(f"{v:.4f}" for v in ms) + f" ms, {peer / mid:.2f}x "
-                              f"cuBLAS ({peer:.4f}), {lt_ms / mid:.2f}x cuSPARSELt ({lt_ms:.4f}), "
+                        print(f"{head} " + " / ".join(f"{v:.4f}" for v in ms) + f" ms, "
+                              f"{peer / mid:.2f}x cuBLAS ({peer:.4f}), {lt_ms / mid:.2f}x "
+                              f"cuSPARSELt ({lt_ms:.4f}), "
                               f"HBM {nm24_bytes(m, k, n) / (mid * 1e-3) / bw:.2f}", flush=True)
                     continue
                 res = tuner.tune(mat, "nm24", {}, op, [n], f"nm24/{suite}/{m}x{k}x{n}/{layout}")
