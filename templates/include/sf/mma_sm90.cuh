@@ -65,11 +65,19 @@ __device__ __forceinline__ void fence_accumulators(float (&acc)[F][4]) {
 // (r[i] holds matrix i as an mma fragment: row lane / 4, columns
 // 2 (lane % 4)..+1); lane l gives the address of row l % 8 of matrix l / 8.
 // With matrices (rows 0-7, k 0-7), (8-15, 0-7), (0-7, 8-15), (8-15, 8-15)
-// the four registers are an mma.sync m16n8k16 A fragment.
+// the four registers are an mma.sync m16n8k16 A fragment.  TRANS: each
+// matrix stored transposed (lane l's address is then that of column l % 8
+// of matrix l / 8, its 8 rows' elements contiguous there).
+template <bool TRANS = false>
 __device__ __forceinline__ void stmatrix_x4(unsigned addr, const unsigned (&r)[4]) {
-  asm volatile("stmatrix.sync.aligned.m8n8.x4.shared.b16 [%0], {%1, %2, %3, %4};\n" ::"r"(addr),
-               "r"(r[0]), "r"(r[1]), "r"(r[2]), "r"(r[3])
-               : "memory");
+  if constexpr (TRANS)
+    asm volatile("stmatrix.sync.aligned.m8n8.x4.trans.shared.b16 [%0], {%1, %2, %3, %4};\n"
+                 ::"r"(addr), "r"(r[0]), "r"(r[1]), "r"(r[2]), "r"(r[3])
+                 : "memory");
+  else
+    asm volatile("stmatrix.sync.aligned.m8n8.x4.shared.b16 [%0], {%1, %2, %3, %4};\n"
+                 ::"r"(addr), "r"(r[0]), "r"(r[1]), "r"(r[2]), "r"(r[3])
+                 : "memory");
 }
 
 // Makes this thread's generic-proxy writes to shared memory (st.shared,

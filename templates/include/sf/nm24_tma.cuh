@@ -678,6 +678,42 @@ struct HalfView : SliceView<C> {
   static constexpr int SWIZZLE = C::TOKEN_MAJOR ? 128 : 64;
 };
 
+// stage_tile for a half slice (HalfView), by stmatrix: the warp's pairs of
+// fragment columns ni, ni + 1 at its rows +0 and +8 as four 8 x 8 matrices
+// a store (matrix q: fragment ni + q / 2, rows + 8 (q % 2)), lane l giving
+// the address of row l % 8 of matrix l / 8, 16 bytes of the box where the
+// map's swizzle puts them; token-major transposed (the box's rows are
+// tokens).  Two instructions a half and warp where stage_tile's element
+// stores take sixteen.
+template <class V, class P, typename T, int NI0, int NACC>
+__device__ __forceinline__ void stage_half(unsigned char *smem, float (&acc)[1][NACC][4],
+                                           const unsigned char *packed, int m0, int warp_m,
+                                           int lane) {
+  static_assert(V::MI == 1 && V::NI % 2 == 0 && V::SWIZZLE != 0, "a half slice of pairs");
+  const int g = lane >> 2, q = lane >> 3, i = lane & 7;
+  const int mw = V::row_of(warp_m, 0);
+  const float *bias = section<float>(packed, P::BIAS_OFFSET);
+  float bv[2];
+#pragma unroll
+  for (int hh = 0; hh < 2; ++hh) bv[hh] = P::HAS_BIAS ? bias[m0 + mw + g + 8 * hh] : 0.0f;
+  const unsigned base = sm80::smem_addr(smem);
+#pragma unroll
+  for (int ni = 0; ni < V::NI; ni += 2) {
+    unsigned r[4];
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+      const int nj = ni + (e >> 1), hh = e & 1;
+      r[e] = sm80::epilogue_pair<T, P::HAS_BIAS, P::ACT>(  // GELU: alternate pipes
+          acc[0][NI0 + nj][2 * hh], acc[0][NI0 + nj][2 * hh + 1], P::SCALE, bv[hh],
+          (nj & 1) != 0);
+    }
+    const int nj = ni + (q >> 1), m8 = mw + 8 * (q & 1);  // this lane's row of matrix q
+    const int at = V::TOKEN_MAJOR ? staged_at<V, V::SWIZZLE>(8 * nj + i, m8)
+                                  : staged_at<V, V::SWIZZLE>(m8 + i, 8 * nj);
+    sm90::stmatrix_x4<V::TOKEN_MAJOR>(base + 2u * static_cast<unsigned>(at), r);
+  }
+}
+
 // The warpgroup's tile to Y by tensor stores, SN / 2 columns of N at a
 // time (half slice H on) through the two halves of its slice buffer in
 // turn: each half staged as the map's box lands, fenced to the async proxy,
@@ -696,7 +732,7 @@ __device__ __forceinline__ void store_halves(unsigned char *buf, float (&acc)[C:
   const bool first = (threadIdx.x & 127) == 0;
   if (first) sm90::wait_bulk_read<1>();  // this half's store before (two stores ago) has read it
   sm90::named_sync(bar, 128);
-  stage_tile<V, P, T, H * V::NI, C::WG_N / 8, V::SWIZZLE>(half, acc, packed, m0, warp & 3, 0, lane);
+  stage_half<V, P, T, H * V::NI, C::WG_N / 8>(half, acc, packed, m0, warp & 3, lane);
   sm90::fence_proxy_async();  // this thread's writes -> the tensor store's reads
   sm90::named_sync(bar, 128);
   if (first) {
