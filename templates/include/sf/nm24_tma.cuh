@@ -678,39 +678,46 @@ struct HalfView : SliceView<C> {
   static constexpr int SWIZZLE = C::TOKEN_MAJOR ? 128 : 64;
 };
 
-// stage_tile for a half slice (HalfView), by stmatrix: the warp's pairs of
-// fragment columns ni, ni + 1 at its rows +0 and +8 as four 8 x 8 matrices
-// a store (matrix q: fragment ni + q / 2, rows + 8 (q % 2)), lane l giving
-// the address of row l % 8 of matrix l / 8, 16 bytes of the box where the
-// map's swizzle puts them; token-major transposed (the box's rows are
-// tokens).  Two instructions a half and warp where stage_tile's element
-// stores take sixteen.
-template <class V, class P, typename T, int NI0, int NACC>
-__device__ __forceinline__ void stage_half(unsigned char *smem, float (&acc)[1][NACC][4],
-                                           const unsigned char *packed, int m0, int warp_m,
-                                           int lane) {
-  static_assert(V::MI == 1 && V::NI % 2 == 0 && V::SWIZZLE != 0, "a half slice of pairs");
-  const int g = lane >> 2, q = lane >> 3, i = lane & 7;
-  const int mw = V::row_of(warp_m, 0);
-  const float *bias = section<float>(packed, P::BIAS_OFFSET);
-  float bv[2];
+// stage_tile by stmatrix (V: the staged view; SW: as staged_at): each
+// warp's pairs of fragment columns ni, ni + 1 at its rows +0 and +8 as four
+// 8 x 8 matrices a store (matrix q: fragment ni + q / 2, rows + 8 (q % 2)),
+// lane l giving the address of row l % 8 of matrix l / 8 (16 bytes, where
+// the layout puts them); token-major transposed (the staged rows are
+// tokens).  One instruction for four of stage_tile's 32-bit stores, or for
+// eight of its token-major element stores.  (Odd NI, and two wgmma tiles a
+// warpgroup, where ptxas then spilled: stage_tile.)
+template <class V, class P, typename T, int NI0 = 0, int NACC = V::NI, int SW = 0>
+__device__ __forceinline__ void stage_tile_x4(unsigned char *smem, float (&acc)[V::MI][NACC][4],
+                                              const unsigned char *packed, int m0, int warp_m,
+                                              int warp_n, int lane) {
+  if constexpr (V::NI % 2 != 0 || V::MI > 1) {
+    stage_tile<V, P, T, NI0, NACC, SW>(smem, acc, packed, m0, warp_m, warp_n, lane);
+  } else {
+    const int g = lane >> 2, q = lane >> 3, i = lane & 7;
+    const float *bias = section<float>(packed, P::BIAS_OFFSET);
+    const unsigned base = sm80::smem_addr(smem);
 #pragma unroll
-  for (int hh = 0; hh < 2; ++hh) bv[hh] = P::HAS_BIAS ? bias[m0 + mw + g + 8 * hh] : 0.0f;
-  const unsigned base = sm80::smem_addr(smem);
+    for (int mi = 0; mi < V::MI; ++mi) {
+      const int mw = V::row_of(warp_m, mi);
+      float bv[2];
 #pragma unroll
-  for (int ni = 0; ni < V::NI; ni += 2) {
-    unsigned r[4];
+      for (int hh = 0; hh < 2; ++hh) bv[hh] = P::HAS_BIAS ? bias[m0 + mw + g + 8 * hh] : 0.0f;
 #pragma unroll
-    for (int e = 0; e < 4; ++e) {
-      const int nj = ni + (e >> 1), hh = e & 1;
-      r[e] = sm80::epilogue_pair<T, P::HAS_BIAS, P::ACT>(  // GELU: alternate pipes
-          acc[0][NI0 + nj][2 * hh], acc[0][NI0 + nj][2 * hh + 1], P::SCALE, bv[hh],
-          (nj & 1) != 0);
+      for (int ni = 0; ni < V::NI; ni += 2) {
+        unsigned r[4];
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          const int nj = ni + (e >> 1), hh = e & 1;
+          r[e] = sm80::epilogue_pair<T, P::HAS_BIAS, P::ACT>(  // GELU: alternate pipes
+              acc[mi][NI0 + nj][2 * hh], acc[mi][NI0 + nj][2 * hh + 1], P::SCALE, bv[hh],
+              (nj & 1) != 0);
+        }
+        // this lane's row of matrix q
+        const int n8 = warp_n * V::WTN + 8 * (ni + (q >> 1)), m8 = mw + 8 * (q & 1);
+        const int at = V::TOKEN_MAJOR ? staged_at<V, SW>(n8 + i, m8) : staged_at<V, SW>(m8 + i, n8);
+        sm90::stmatrix_x4<V::TOKEN_MAJOR>(base + 2u * static_cast<unsigned>(at), r);
+      }
     }
-    const int nj = ni + (q >> 1), m8 = mw + 8 * (q & 1);  // this lane's row of matrix q
-    const int at = V::TOKEN_MAJOR ? staged_at<V, V::SWIZZLE>(8 * nj + i, m8)
-                                  : staged_at<V, V::SWIZZLE>(m8 + i, 8 * nj);
-    sm90::stmatrix_x4<V::TOKEN_MAJOR>(base + 2u * static_cast<unsigned>(at), r);
   }
 }
 
@@ -732,7 +739,8 @@ __device__ __forceinline__ void store_halves(unsigned char *buf, float (&acc)[C:
   const bool first = (threadIdx.x & 127) == 0;
   if (first) sm90::wait_bulk_read<1>();  // this half's store before (two stores ago) has read it
   sm90::named_sync(bar, 128);
-  stage_half<V, P, T, H * V::NI, C::WG_N / 8>(half, acc, packed, m0, warp & 3, lane);
+  stage_tile_x4<V, P, T, H * V::NI, C::WG_N / 8, V::SWIZZLE>(half, acc, packed, m0, warp & 3, 0,
+                                                         lane);
   sm90::fence_proxy_async();  // this thread's writes -> the tensor store's reads
   sm90::named_sync(bar, 128);
   if (first) {
@@ -759,7 +767,7 @@ __device__ __forceinline__ void store_sliced(unsigned char *buf, float (&acc)[C:
   if constexpr (C::YS)
     if (ymap) return store_halves<C, P, T>(buf, acc, packed, m0, n0, warp, lane, bar, ymap);
   sm90::named_sync(bar, 128);  // the slice before (or the last tile's) is copied out
-  stage_tile<V, P, T, S * V::NI, C::WG_N / 8>(buf, acc, packed, m0, warp & 3, 0, lane);
+  stage_tile_x4<V, P, T, S * V::NI, C::WG_N / 8>(buf, acc, packed, m0, warp & 3, 0, lane);
   sm90::named_sync(bar, 128);
   // (one chunk at a time: the later slices' accumulators are still live)
   copy_tile<V, P, 1>(buf, Y, m0, n0 + S * C::SN, N, threadIdx.x & 127);
@@ -1054,8 +1062,10 @@ __device__ __forceinline__ void tma_gemm(const unsigned char *__restrict__ packe
         if constexpr (C::KS > 1) {
           tma_store_partial<C>(stages, acc, wg_m * 4 + (warp & 3), wg_n, lane);
         } else {
-          store_tile<C, P, T, ConsumerSync<C::THREADS>>(c_tile, acc, packed, Y, m0, n0, N,
-                                                        wg_m * 4 + (warp & 3), wg_n, lane, tid);
+          // (store_tile, staged by stmatrix)
+          stage_tile_x4<C, P, T>(c_tile, acc, packed, m0, wg_m * 4 + (warp & 3), wg_n, lane);
+          ConsumerSync<C::THREADS>::sync();
+          copy_tile<C, P>(c_tile, Y, m0, n0, N, tid);
         }
       }
     }
