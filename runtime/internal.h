@@ -45,6 +45,15 @@ sf_status sf__fail(sf_context *ctx, sf_status code, const char *fmt, ...)
 #endif
     ;
 
+/* Which of `names` (n of them, at most 32) a cubin's symbol table holds,
+ * one bit each (bit i: names[i]) into *found: 1 where `data` (`size`
+ * bytes) is a 64-bit little-endian ELF whose section and symbol tables lie
+ * inside it, else 0 with *found 0 (PTX, or a damaged image).  module.c:
+ * the runtime asks the driver only for the optional symbols a module has,
+ * so that a sanitizer sees no failed look-ups. */
+int sf__cubin_symbols(const void *data, size_t size, const char *const *names, size_t n,
+                      unsigned *found);
+
 /* A binary made of `data` (`size` bytes, NUL-terminated one byte past size)
  * and `log`, both malloc'd: the binary takes them over, and frees them
  * itself when it cannot be made (SF_ERR_NOMEM).  binary.c; compile.c makes
@@ -196,6 +205,11 @@ struct sf_module {
   sf_context *ctx;
   CUmodule mod;
   struct sf_kernel *kernels;
+  /* which optional symbols (module.c's optional_symbols, one bit each) the
+   * cubin's symbol table holds; symbols_known is 0 where it could not be
+   * read (PTX), and the driver is then asked for each */
+  unsigned symbols;
+  int symbols_known;
 };
 
 struct sf_context {

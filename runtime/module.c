@@ -16,6 +16,49 @@
 
 /* ---- modules ------------------------------------------------------------ */
 
+/* The optional symbols a module may declare (read_map, read_pdl). */
+static const char *const optional_symbols[] = {"sf_x_map", "sf_y_map", "sf_pdl"};
+#define SF_N_OPTIONAL (sizeof optional_symbols / sizeof *optional_symbols)
+
+static uint64_t le_read(const unsigned char *p, int bytes) {
+  uint64_t v = 0;
+  for (int i = bytes - 1; i >= 0; --i) v = (v << 8) | p[i];
+  return v;
+}
+
+int sf__cubin_symbols(const void *data, size_t size, const char *const *names, size_t n,
+                      unsigned *found) {
+  const unsigned char *d = data;
+  *found = 0;
+  if (!d || size < 64 || memcmp(d, "\177ELF", 4) != 0 || d[4] != 2 || d[5] != 1) return 0;
+  const uint64_t shoff = le_read(d + 0x28, 8);
+  const uint64_t shentsize = le_read(d + 0x3A, 2), shnum = le_read(d + 0x3C, 2);
+  if (shentsize < 64 || shoff > size || shnum > (size - shoff) / shentsize) return 0;
+  unsigned seen = 0;
+  for (uint64_t i = 0; i < shnum; ++i) {
+    const unsigned char *sh = d + shoff + i * shentsize;
+    if (le_read(sh + 4, 4) != 2) continue; /* SHT_SYMTAB */
+    const uint64_t off = le_read(sh + 0x18, 8), bytes = le_read(sh + 0x20, 8);
+    const uint64_t link = le_read(sh + 0x28, 4), entsize = le_read(sh + 0x38, 8);
+    if (link >= shnum || entsize < 24 || off > size || bytes > size - off) return 0;
+    const unsigned char *strs = d + shoff + link * shentsize;
+    const uint64_t str_off = le_read(strs + 0x18, 8), str_bytes = le_read(strs + 0x20, 8);
+    if (str_off > size || str_bytes > size - str_off) return 0;
+    for (uint64_t j = 0; j < bytes / entsize; ++j) {
+      const uint64_t name = le_read(d + off + j * entsize, 4); /* st_name */
+      if (name >= str_bytes) return 0;
+      const char *s = (const char *)d + str_off + name;
+      const size_t left = (size_t)(str_bytes - name);
+      for (size_t b = 0; b < n && b < 32; ++b) {
+        const size_t len = strlen(names[b]);
+        if (len < left && memcmp(s, names[b], len + 1) == 0) seen |= 1u << b;
+      }
+    }
+  }
+  *found = seen;
+  return 1;
+}
+
 /* Frees a module's host and device side; it is no longer owned. */
 static void module_release(sf__owned *o) {
   struct sf_module *m = SF__OWNER(o, struct sf_module, owned);
@@ -52,6 +95,9 @@ sf_status sf_module_load(sf_context *ctx, const sf_binary *bin,
     return sf__cu_fail(ctx, SF_ERR_CUDA, r, what);
   }
   m->ctx = ctx;
+  if (kind == SF_BINARY_CUBIN)
+    m->symbols_known =
+        sf__cubin_symbols(data, size, optional_symbols, SF_N_OPTIONAL, &m->symbols);
   sf__own(ctx, &m->owned, module_release);
   *out = m;
   return SF_OK;
@@ -73,6 +119,9 @@ static sf_status read_module_ints(sf_context *ctx, sf_module *mod, const char *n
   size_t bytes = 0;
   char what[96];
   *found = 0;
+  /* (the cubin's own symbol table says whether it is there) */
+  for (size_t b = 0; b < SF_N_OPTIONAL && mod->symbols_known; ++b)
+    if (strcmp(name, optional_symbols[b]) == 0 && !(mod->symbols >> b & 1u)) return SF_OK;
   CUresult r = ctx->drv->ModuleGetGlobal(&ptr, &bytes, mod->mod, name);
   if (r == CUDA_ERROR_NOT_FOUND) return SF_OK;
   if (r != CUDA_SUCCESS) {
