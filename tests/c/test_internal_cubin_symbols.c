@@ -43,14 +43,15 @@ static unsigned symbols_of(const sf_binary *bin, int *ok) {
   return found;
 }
 
-/* Every prefix of the image and every damaged byte of its headers: never
- * read past the image; a result is either "unknown" (0, nothing found) or
- * a subset of what the whole image declares. */
+/* Every prefix of the image (each copy exactly its length, so that an
+ * overread shows under AddressSanitizer) and damaged bytes of its ELF
+ * header: a result is either "unknown" (0, nothing found) or a subset of
+ * what the whole image declares. */
 static void damaged(const sf_binary *bin, unsigned whole) {
   size_t size = 0;
   const unsigned char *data = sf_binary_data(bin, &size);
   for (size_t len = 0; len < size; len += len < 256 ? 1 : 97) {
-    unsigned char *copy = malloc(len ? len : 1); /* exactly len: ASan sees overreads */
+    unsigned char *copy = malloc(len ? len : 1);
     CHECK(copy != NULL);
     memcpy(copy, data, len);
     unsigned found = 99;

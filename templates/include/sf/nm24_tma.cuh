@@ -739,8 +739,8 @@ __device__ __forceinline__ void store_halves(unsigned char *buf, float (&acc)[C:
   const bool first = (threadIdx.x & 127) == 0;
   if (first) sm90::wait_bulk_read<1>();  // this half's store before (two stores ago) has read it
   sm90::named_sync(bar, 128);
-  stage_tile_x4<V, P, T, H * V::NI, C::WG_N / 8, V::SWIZZLE>(half, acc, packed, m0, warp & 3, 0,
-                                                         lane);
+  stage_tile_x4<V, P, T, H * V::NI, C::WG_N / 8, V::SWIZZLE>(half, acc, packed, m0, warp & 3,
+                                                              0, lane);
   sm90::fence_proxy_async();  // this thread's writes -> the tensor store's reads
   sm90::named_sync(bar, 128);
   if (first) {
