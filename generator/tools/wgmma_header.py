@@ -104,6 +104,25 @@ __device__ __forceinline__ void stmatrix_x4(unsigned addr, const unsigned (&r)[4
                  : "memory");
 }
 
+// A warp's accumulator fragments to shared memory by stmatrix_x4: its
+// NF columns of 8 at its rows +0 and +8, four 8 x 8 matrices a store
+// (columns j, j + 1; matrix q: column j + q / 2, rows + 8 (q % 2)).
+// pair(j, h): the lane's 32-bit pair of column j at rows + 8 h; at(j, h,
+// i): the shared address of the 16 bytes that hold row i of that matrix
+// (TRANS: its column i).
+template <int NF, bool TRANS, class Pair, class At>
+__device__ __forceinline__ void stmatrix_fragments(int lane, Pair pair, At at) {
+  static_assert(NF % 2 == 0, "pairs of fragment columns");
+  const int q = lane >> 3, i = lane & 7;
+#pragma unroll
+  for (int j = 0; j < NF; j += 2) {
+    unsigned r[4];
+#pragma unroll
+    for (int e = 0; e < 4; ++e) r[e] = pair(j + (e >> 1), e & 1);
+    stmatrix_x4<TRANS>(at(j + (q >> 1), q & 1, i), r);
+  }
+}
+
 // Makes this thread's generic-proxy writes to shared memory (st.shared,
 // cp.async) visible to the async proxy (wgmma operand reads).
 __device__ __forceinline__ void fence_proxy_async() {

@@ -693,7 +693,7 @@ __device__ __forceinline__ void stage_tile_x4(unsigned char *smem, float (&acc)[
   if constexpr (V::NI % 2 != 0 || V::MI > 1) {
     stage_tile<V, P, T, NI0, NACC, SW>(smem, acc, packed, m0, warp_m, warp_n, lane);
   } else {
-    const int g = lane >> 2, q = lane >> 3, i = lane & 7;
+    const int g = lane >> 2;
     const float *bias = section<float>(packed, P::BIAS_OFFSET);
     const unsigned base = sm80::smem_addr(smem);
 #pragma unroll
@@ -702,21 +702,19 @@ __device__ __forceinline__ void stage_tile_x4(unsigned char *smem, float (&acc)[
       float bv[2];
 #pragma unroll
       for (int hh = 0; hh < 2; ++hh) bv[hh] = P::HAS_BIAS ? bias[m0 + mw + g + 8 * hh] : 0.0f;
-#pragma unroll
-      for (int ni = 0; ni < V::NI; ni += 2) {
-        unsigned r[4];
-#pragma unroll
-        for (int e = 0; e < 4; ++e) {
-          const int nj = ni + (e >> 1), hh = e & 1;
-          r[e] = sm80::epilogue_pair<T, P::HAS_BIAS, P::ACT>(  // GELU: alternate pipes
-              acc[mi][NI0 + nj][2 * hh], acc[mi][NI0 + nj][2 * hh + 1], P::SCALE, bv[hh],
-              (nj & 1) != 0);
-        }
-        // this lane's row of matrix q
-        const int n8 = warp_n * V::WTN + 8 * (ni + (q >> 1)), m8 = mw + 8 * (q & 1);
-        const int at = V::TOKEN_MAJOR ? staged_at<V, SW>(n8 + i, m8) : staged_at<V, SW>(m8 + i, n8);
-        sm90::stmatrix_x4<V::TOKEN_MAJOR>(base + 2u * static_cast<unsigned>(at), r);
-      }
+      sm90::stmatrix_fragments<V::NI, V::TOKEN_MAJOR>(
+          lane,
+          [&](int j, int hh) {  // GELU: alternate pipes
+            return sm80::epilogue_pair<T, P::HAS_BIAS, P::ACT>(
+                acc[mi][NI0 + j][2 * hh], acc[mi][NI0 + j][2 * hh + 1], P::SCALE, bv[hh],
+                (j & 1) != 0);
+          },
+          [&](int j, int hh, int i) {
+            const int n8 = warp_n * V::WTN + 8 * j, m8 = mw + 8 * hh;
+            const int at =
+                V::TOKEN_MAJOR ? staged_at<V, SW>(n8 + i, m8) : staged_at<V, SW>(m8 + i, n8);
+            return base + 2u * static_cast<unsigned>(at);
+          });
     }
   }
 }
