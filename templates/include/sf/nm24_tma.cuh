@@ -678,14 +678,11 @@ struct HalfView : SliceView<C> {
   static constexpr int SWIZZLE = C::TOKEN_MAJOR ? 128 : 64;
 };
 
-// stage_tile by stmatrix (V: the staged view; SW: as staged_at): each
-// warp's pairs of fragment columns ni, ni + 1 at its rows +0 and +8 as four
-// 8 x 8 matrices a store (matrix q: fragment ni + q / 2, rows + 8 (q % 2)),
-// lane l giving the address of row l % 8 of matrix l / 8 (16 bytes, where
-// the layout puts them); token-major transposed (the staged rows are
-// tokens).  One instruction for four of stage_tile's 32-bit stores, or for
-// eight of its token-major element stores.  (Odd NI, and two wgmma tiles a
-// warpgroup, where ptxas then spilled: stage_tile.)
+// stage_tile by stmatrix (stmatrix_fragments; V: the staged view; SW: as
+// staged_at), token-major transposed (the staged rows are tokens): one
+// instruction for four of stage_tile's 32-bit stores, or for eight of its
+// token-major element stores.  (Odd NI, and two wgmma tiles a warpgroup,
+// where ptxas then spilled: stage_tile.)
 template <class V, class P, typename T, int NI0 = 0, int NACC = V::NI, int SW = 0>
 __device__ __forceinline__ void stage_tile_x4(unsigned char *smem, float (&acc)[V::MI][NACC][4],
                                               const unsigned char *packed, int m0, int warp_m,
