@@ -623,12 +623,6 @@ class KernelArgs:
         self._keep = keep   # the buffers it points at
 
     @property
-    def has_x_map(self) -> bool:
-        """Whether the kernel takes a map (of X, or of Y where its module
-        declares one alone) after its four arguments."""
-        return self._raw.n_args >= 5
-
-    @property
     def maps(self) -> int:
         """The tensor maps the kernel takes (0, 1 or 2)."""
         return self._raw.n_args - 4

@@ -690,29 +690,25 @@ __device__ __forceinline__ void stage_tile_x4(unsigned char *smem, float (&acc)[
   if constexpr (V::NI % 2 != 0 || V::MI > 1) {
     stage_tile<V, P, T, NI0, NACC, SW>(smem, acc, packed, m0, warp_m, warp_n, lane);
   } else {
-    const int g = lane >> 2;
+    const int g = lane >> 2, mw = V::row_of(warp_m, 0);  // (MI == 1)
     const float *bias = section<float>(packed, P::BIAS_OFFSET);
     const unsigned base = sm80::smem_addr(smem);
+    float bv[2];
 #pragma unroll
-    for (int mi = 0; mi < V::MI; ++mi) {
-      const int mw = V::row_of(warp_m, mi);
-      float bv[2];
-#pragma unroll
-      for (int hh = 0; hh < 2; ++hh) bv[hh] = P::HAS_BIAS ? bias[m0 + mw + g + 8 * hh] : 0.0f;
-      sm90::stmatrix_fragments<V::NI, V::TOKEN_MAJOR>(
-          lane,
-          [&](int j, int hh) {  // GELU: alternate pipes
-            return sm80::epilogue_pair<T, P::HAS_BIAS, P::ACT>(
-                acc[mi][NI0 + j][2 * hh], acc[mi][NI0 + j][2 * hh + 1], P::SCALE, bv[hh],
-                (j & 1) != 0);
-          },
-          [&](int j, int hh, int i) {
-            const int n8 = warp_n * V::WTN + 8 * j, m8 = mw + 8 * hh;
-            const int at =
-                V::TOKEN_MAJOR ? staged_at<V, SW>(n8 + i, m8) : staged_at<V, SW>(m8 + i, n8);
-            return base + 2u * static_cast<unsigned>(at);
-          });
-    }
+    for (int hh = 0; hh < 2; ++hh) bv[hh] = P::HAS_BIAS ? bias[m0 + mw + g + 8 * hh] : 0.0f;
+    sm90::stmatrix_fragments<V::NI, V::TOKEN_MAJOR>(
+        lane,
+        [&](int j, int hh) {  // GELU: alternate pipes
+          return sm80::epilogue_pair<T, P::HAS_BIAS, P::ACT>(
+              acc[0][NI0 + j][2 * hh], acc[0][NI0 + j][2 * hh + 1], P::SCALE, bv[hh],
+              (j & 1) != 0);
+        },
+        [&](int j, int hh, int i) {
+          const int n8 = warp_n * V::WTN + 8 * j, m8 = mw + 8 * hh;
+          const int at =
+              V::TOKEN_MAJOR ? staged_at<V, SW>(n8 + i, m8) : staged_at<V, SW>(m8 + i, n8);
+          return base + 2u * static_cast<unsigned>(at);
+        });
   }
 }
 
